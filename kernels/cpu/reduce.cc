@@ -1,0 +1,163 @@
+#include "kernels/cpu/reduce.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/dtype.h"
+
+namespace scape {
+namespace kernels {
+namespace {
+
+struct OpSum {
+  template <typename T>
+  static T Apply(T a, T b) { return a + b; }
+};
+struct OpMax {
+  static float Apply(float a, float b) { return std::fmax(a, b); }
+  template <typename T>
+  static T Apply(T a, T b) { return a > b ? a : b; }
+};
+struct OpMin {
+  static float Apply(float a, float b) { return std::fmin(a, b); }
+  template <typename T>
+  static T Apply(T a, T b) { return a < b ? a : b; }
+};
+
+// Integers: two's complement wrap-around, done in unsigned arithmetic to avoid UB.
+template <typename T, typename U>
+struct IntSum {
+  static T Apply(T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }
+};
+
+template <typename Op>
+void ReduceF32(float* dst, const float* a, const float* b, size_t n, int div) {
+  if (div > 1) {
+    const float d = static_cast<float>(div);
+    for (size_t i = 0; i < n; ++i) dst[i] = Op::Apply(a[i], b[i]) / d;
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = Op::Apply(a[i], b[i]);
+  }
+}
+
+template <typename Op, float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int div) {
+  const float d = static_cast<float>(div > 1 ? div : 1);
+  if (div > 1) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FromF(Op::Apply(ToF(a[i]), ToF(b[i])) / d);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = FromF(Op::Apply(ToF(a[i]), ToF(b[i])));
+  }
+}
+
+template <typename T, typename Op>
+void ReduceInt(T* dst, const T* a, const T* b, size_t n, int div) {
+  for (size_t i = 0; i < n; ++i) {
+    T r = Op::Apply(a[i], b[i]);
+    dst[i] = div > 1 ? static_cast<T>(r / div) : r;
+  }
+}
+
+template <typename T>
+bool ReduceIntAny(scapeRedOp_t op, T* dst, const T* a, const T* b, size_t n, int div) {
+  using U = typename std::make_unsigned<T>::type;
+  switch (op) {
+    case scapeSum:
+    case scapeAvg: ReduceInt<T, IntSum<T, U>>(dst, a, b, n, div); return true;
+    case scapeMax: ReduceInt<T, OpMax>(dst, a, b, n, div); return true;
+    case scapeMin: ReduceInt<T, OpMin>(dst, a, b, n, div); return true;
+    default: return false;
+  }
+}
+
+template <typename Op>
+bool ReduceTyped(scapeDataType_t dtype, void* dst, const void* a, const void* b, size_t n,
+                 int div) {
+  switch (dtype) {
+    case scapeFloat32:
+      ReduceF32<Op>(static_cast<float*>(dst), static_cast<const float*>(a),
+                    static_cast<const float*>(b), n, div);
+      return true;
+    case scapeFloat16:
+      ReduceHalf<Op, Fp16ToFloat, FloatToFp16>(static_cast<uint16_t*>(dst),
+                                               static_cast<const uint16_t*>(a),
+                                               static_cast<const uint16_t*>(b), n, div);
+      return true;
+    case scapeBfloat16:
+      ReduceHalf<Op, Bf16ToFloat, FloatToBf16>(static_cast<uint16_t*>(dst),
+                                               static_cast<const uint16_t*>(a),
+                                               static_cast<const uint16_t*>(b), n, div);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a, const void* b,
+                size_t n, int finalDivisor) {
+  if (dtype == scapeInt32)
+    return ReduceIntAny(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                        static_cast<const int32_t*>(b), n, finalDivisor);
+  if (dtype == scapeInt64)
+    return ReduceIntAny(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                        static_cast<const int64_t*>(b), n, finalDivisor);
+  switch (op) {
+    case scapeSum:
+    case scapeAvg: return ReduceTyped<OpSum>(dtype, dst, a, b, n, finalDivisor);
+    case scapeMax: return ReduceTyped<OpMax>(dtype, dst, a, b, n, finalDivisor);
+    case scapeMin: return ReduceTyped<OpMin>(dtype, dst, a, b, n, finalDivisor);
+    default: return false;
+  }
+}
+
+bool DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
+  if (divisor <= 1) return dtype >= 0 && dtype < scapeNumTypes;
+  switch (dtype) {
+    case scapeFloat32: {
+      float* p = static_cast<float*>(buf);
+      const float d = static_cast<float>(divisor);
+      for (size_t i = 0; i < n; ++i) p[i] = p[i] / d;
+      return true;
+    }
+    case scapeFloat16: {
+      uint16_t* p = static_cast<uint16_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] = FloatToFp16(Fp16ToFloat(p[i]) / divisor);
+      return true;
+    }
+    case scapeBfloat16: {
+      uint16_t* p = static_cast<uint16_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] = FloatToBf16(Bf16ToFloat(p[i]) / divisor);
+      return true;
+    }
+    case scapeInt32: {
+      int32_t* p = static_cast<int32_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= divisor;
+      return true;
+    }
+    case scapeInt64: {
+      int64_t* p = static_cast<int64_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= divisor;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+void ConvertFloatToBf16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+void ConvertBf16ToFloat(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+}
+void ConvertFloatToFp16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+}
+void ConvertFp16ToFloat(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(src[i]);
+}
+
+}  // namespace kernels
+}  // namespace scape

@@ -1,0 +1,95 @@
+// The endpoint interface every algorithm talks to. One Transport object is one rank's view of
+// the network for one communicator: it publishes an opaque address blob, connects to peers from
+// theirs, and moves contiguous buffers with tagged, non-blocking sends and receives.
+//
+// Contract:
+// - Isend/Irecv return a Request the caller owns (unique_ptr). The buffer must stay valid and
+//   untouched until Test reports the request complete. Destroying an incomplete receive
+//   cancels it; destroying an incomplete send is allowed only after CloseAll(force=true) or
+//   when the peer has failed (the transport then no longer touches the buffer).
+// - Receives match on (tag & tagMask) == (wantedTag & tagMask); messages from one peer with
+//   the same tag are matched in the order they were sent. RecvInfo reports the sender's full
+//   tag and the received length.
+// - Nothing blocks: Test and Progress return at once. WaitForEvent sleeps at most timeoutMs.
+// - A peer whose connection fails is reported by PeerFailed; requests to it fail.
+// - Not thread-safe: one thread drives a Transport at a time.
+#ifndef SCAPE_TRANSPORT_TRANSPORT_H_
+#define SCAPE_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/base/status.h"
+
+namespace scape {
+namespace transport {
+
+struct RecvInfo {
+  uint64_t senderTag = 0;
+  size_t length = 0;
+};
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  int peer() const { return peer_; }
+  bool isRecv() const { return isRecv_; }
+
+ protected:
+  Request(int peer, bool isRecv) : peer_(peer), isRecv_(isRecv) {}
+
+ private:
+  int peer_;
+  bool isRecv_;
+};
+
+struct TransportOptions {
+  int rank = 0;
+  int nranks = 1;
+  int timeoutMs = 120000;
+  bool wakeup = false;        // enable WaitForEvent (blocking progress)
+  std::string netDevices;     // UCX NET_DEVICES; empty: UCX default
+  std::string tls;            // UCX TLS; empty: UCX default
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Opaque address of this rank, to be handed to peers by the bootstrap.
+  virtual const std::vector<uint8_t>& LocalAddress() const = 0;
+  // Creates the endpoint to `peer` from the blob it published. Validates the blob's size.
+  virtual Status Connect(int peer, const uint8_t* blob, size_t len) = 0;
+
+  virtual Status Isend(int peer, uint64_t tag, const void* buf, size_t len,
+                       std::unique_ptr<Request>* req) = 0;
+  // `peer` is only used for failure reporting; matching is by tag.
+  virtual Status Irecv(int peer, uint64_t tag, uint64_t tagMask, void* buf, size_t len,
+                       std::unique_ptr<Request>* req) = 0;
+
+  // *done = true when the request completed; a failed transfer returns its error (with done
+  // set). For receives, `info` (optional) gets the sender tag and length.
+  virtual Status Test(Request* req, bool* done, RecvInfo* info = nullptr) = 0;
+
+  // Makes progress on all outstanding operations; returns true if anything happened.
+  virtual bool Progress() = 0;
+  // Sleeps until the network has an event or timeoutMs passes. Returns false if this
+  // transport cannot sleep on events (the caller then yields instead).
+  virtual bool WaitForEvent(int timeoutMs) = 0;
+
+  // True (with a reason) once the connection to `peer` has failed.
+  virtual bool PeerFailed(int peer, std::string* why) const = 0;
+
+  // Closes every endpoint: flushing (bounded by the timeout) or forcibly (pending sends fail).
+  virtual void CloseAll(bool force) = 0;
+};
+
+std::unique_ptr<Transport> CreateUcxTransport(const TransportOptions& opts, Status* st);
+
+}  // namespace transport
+}  // namespace scape
+
+#endif  // SCAPE_TRANSPORT_TRANSPORT_H_
