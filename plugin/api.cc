@@ -1,0 +1,432 @@
+// The SCAPE API entry points: argument checks, error translation, and the guarantee that no
+// C++ exception crosses into the caller. Everything below this file speaks scape::Status.
+#include <exception>
+#include <memory>
+#include <new>
+#include <set>
+#include <string>
+
+#include "plugin/comm.h"
+#include "scape/scape.h"
+#include "transport/base/log.h"
+#include "transport/base/param.h"
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/launcher_env.h"
+
+struct scapeRequest;
+
+struct scapeComm {
+  std::unique_ptr<scape::Comm> impl;
+  std::string lastError;
+  std::set<scapeRequest*> requests;  // live request handles
+};
+
+struct scapeRequest {
+  scapeComm* comm;
+  std::shared_ptr<scape::PendingOp> op;
+};
+
+namespace {
+
+using scape::Status;
+using scape::StrFormat;
+
+thread_local std::string t_lastError;
+
+scapeResult_t Report(scapeComm* comm, const Status& st) {
+  if (st.ok()) return scapeSuccess;
+  if (comm) comm->lastError = st.message();
+  else t_lastError = st.message();
+  return st.code();
+}
+
+// Runs `body`, turning any escaped exception into an error instead of unwinding into C.
+template <typename F>
+scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
+  try {
+    Status st = body();
+    if (!st.ok()) {
+      if (st.message().rfind(fn, 0) != 0) st.Prepend(fn);
+      return Report(comm, st);
+    }
+    return scapeSuccess;
+  } catch (const std::bad_alloc&) {
+    return Report(comm, scape::SystemError(std::string(fn) + ": out of memory"));
+  } catch (const std::exception& e) {
+    return Report(comm, scape::InternalError(std::string(fn) + ": " + e.what()));
+  } catch (...) {
+    return Report(comm, scape::InternalError(std::string(fn) + ": unknown exception"));
+  }
+}
+
+bool ValidType(scapeDataType_t t) { return t >= 0 && t < scapeNumTypes; }
+bool ValidOp(scapeRedOp_t o) { return o >= 0 && o < scapeNumOps; }
+
+bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return alen && blen && x < y + blen && y < x + alen;
+}
+
+Status CheckComm(scapeComm* comm) {
+  if (!comm || !comm->impl) return scape::InvalidArgument("comm is NULL");
+  return Status::Ok();
+}
+
+// Validates a collective call and queues it. For the blocking forms, waits for it.
+Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask,
+                 void* stream, scapeRequest_t* request, bool blocking) {
+  using scape::coll::CollType;
+  SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+  scape::Comm& c = *comm->impl;
+  const int rank = c.rank(), p = c.nranks();
+  if (!blocking && !request) return scape::InvalidArgument("request is NULL");
+  if (stream)
+    return scape::Unsupported("stream must be NULL: the CUDA/NCCL stream backend is not built "
+                              "into this release");
+  if (mask)
+    return scape::Unsupported("mask must be NULL: agreed-mask collectives are not available in "
+                              "this release");
+  if (a.type != CollType::kBarrier) {
+    if (!ValidType(a.dtype))
+      return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t "
+                                              "(0..%d)", rank, static_cast<int>(a.dtype),
+                                              scapeNumTypes - 1));
+    if ((a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter) && !ValidOp(a.op))
+      return scape::InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)",
+                                              rank, static_cast<int>(a.op), scapeNumOps - 1));
+    if (a.type == CollType::kBroadcast && (a.root < 0 || a.root >= p))
+      return scape::InvalidArgument(StrFormat("rank %d: root %d out of range 0..%d", rank,
+                                              a.root, p - 1));
+    const size_t esz = scapeTypeSize(a.dtype);
+    size_t sendElems = a.count, recvElems = a.count;
+    if (a.type == CollType::kReduceScatter) sendElems = a.count * static_cast<size_t>(p);
+    if (a.type == CollType::kAllGather) recvElems = a.count * static_cast<size_t>(p);
+    if (a.count > (SIZE_MAX / 2) / esz / static_cast<size_t>(p))
+      return scape::InvalidArgument(StrFormat("rank %d: count %zu is too large", rank, a.count));
+    const bool needSend = a.type != CollType::kBroadcast || rank == a.root;
+    if (a.count > 0 && needSend && !a.send)
+      return scape::InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank,
+                                              a.count));
+    if (a.count > 0 && !a.recv)
+      return scape::InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank,
+                                              a.count));
+    if (needSend && a.send != a.recv) {
+      bool inPlace = false;
+      const char* r = static_cast<const char*>(a.recv);
+      const char* s = static_cast<const char*>(a.send);
+      if (a.type == CollType::kAllGather) inPlace = s == r + static_cast<size_t>(rank) * a.count * esz;
+      if (a.type == CollType::kReduceScatter)
+        inPlace = r == s + static_cast<size_t>(rank) * a.count * esz;
+      if (!inPlace && Overlap(a.send, sendElems * esz, a.recv, recvElems * esz))
+        return scape::InvalidArgument(StrFormat(
+            "rank %d: sendbuf and recvbuf overlap without being the in-place layout", rank));
+    }
+  }
+  std::shared_ptr<scape::PendingOp> op;
+  SCAPE_RETURN_IF_ERROR(c.Submit(a, &op));
+  if (blocking) return c.Wait(op.get());
+  auto* req = new scapeRequest{comm, op};
+  comm->requests.insert(req);
+  *request = req;
+  return Status::Ok();
+}
+
+scape::coll::CollArgs Args(scape::coll::CollType t, const void* s, void* r, size_t n,
+                           scapeDataType_t d, scapeRedOp_t o, int root) {
+  scape::coll::CollArgs a;
+  a.type = t;
+  a.send = s;
+  a.recv = r;
+  a.count = n;
+  a.dtype = d;
+  a.op = o;
+  a.root = root;
+  return a;
+}
+
+Status InitWithRoot(scapeComm_t* comm, int nranks, const scape::bootstrap::RootAddress& root,
+                    int rank, const scape::CommConfig& cfg) {
+  std::unique_ptr<scape::Comm> impl;
+  SCAPE_RETURN_IF_ERROR(scape::Comm::Create(nranks, rank, root, cfg, &impl));
+  auto* c = new scapeComm();
+  c->impl = std::move(impl);
+  *comm = c;
+  return Status::Ok();
+}
+
+Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
+  if (!comm) return scape::InvalidArgument("comm is NULL");
+  if (nranks < 1 || nranks > scape::bootstrap::kMaxRanks)
+    return scape::InvalidArgument(StrFormat("nranks = %d: expected 1..%d", nranks,
+                                            scape::bootstrap::kMaxRanks));
+  if (rank < 0 || rank >= nranks)
+    return scape::InvalidArgument(StrFormat("rank = %d: expected 0..%d (nranks = %d)", rank,
+                                            nranks - 1, nranks));
+  return Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+SCAPE_API const char* scapeGetErrorString(scapeResult_t r) {
+  switch (r) {
+    case scapeSuccess: return "success";
+    case scapeInvalidArgument: return "invalid argument";
+    case scapeInvalidUsage: return "invalid usage";
+    case scapeSystemError: return "system error";
+    case scapeRemoteError: return "remote error";
+    case scapeTimeout: return "timeout";
+    case scapeUnsupported: return "unsupported";
+    case scapeInternalError: return "internal error";
+    case scapeInProgress: return "in progress";
+    default: return "unknown result";
+  }
+}
+
+SCAPE_API scapeResult_t scapeGetVersion(int* version) {
+  if (!version) return Report(nullptr, scape::InvalidArgument("scapeGetVersion: version is NULL"));
+  *version = SCAPE_VERSION_CODE;
+  return scapeSuccess;
+}
+
+SCAPE_API size_t scapeTypeSize(scapeDataType_t t) {
+  switch (t) {
+    case scapeFloat32: case scapeInt32: return 4;
+    case scapeFloat16: case scapeBfloat16: return 2;
+    case scapeInt64: return 8;
+    default: return 0;
+  }
+}
+
+SCAPE_API scapeResult_t scapeGetUniqueId(scapeUniqueId* id) {
+  return Guard(nullptr, "scapeGetUniqueId", [&]() -> Status {
+    if (!id) return scape::InvalidArgument("uniqueId is NULL");
+    scape::CommConfig cfg;
+    SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(nullptr, &cfg));
+    scape::bootstrap::SockAddr addr;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::InterfaceAddress(cfg.netIf, &addr, nullptr));
+    scape::bootstrap::Secret secret;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::RandomSecret(&secret));
+    scape::bootstrap::RootAddress root;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::StartRoot(addr, secret, cfg.timeoutMs, &root));
+    scape::bootstrap::EncodeUniqueId(root, id);
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeCommInitRankConfig(scapeComm_t* comm, int nranks, scapeUniqueId id,
+                                                int rank, const scapeConfig_t* config) {
+  return Guard(nullptr, "scapeCommInitRank", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckInitArgs(comm, nranks, rank));
+    scape::CommConfig cfg;
+    SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
+    scape::bootstrap::RootAddress root;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::DecodeUniqueId(id, &root));
+    Status st = InitWithRoot(comm, nranks, root, rank, cfg);
+    if (!st.ok()) st.Prepend(StrFormat("rank %d", rank));
+    return st;
+  });
+}
+
+SCAPE_API scapeResult_t scapeCommInitRank(scapeComm_t* comm, int nranks, scapeUniqueId id,
+                                          int rank) {
+  return scapeCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfig_t* config) {
+  return Guard(nullptr, "scapeCommInitFromEnv", [&]() -> Status {
+    if (!comm) return scape::InvalidArgument("comm is NULL");
+    scape::CommConfig cfg;
+    SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
+    scape::bootstrap::LauncherInfo li;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::ReadLauncherEnv(
+        [](const char* k) -> const char* {
+          const char* v = std::getenv(k);
+          return (v && *v) ? v : nullptr;
+        },
+        &li));
+    scape::bootstrap::RootAddress root;
+    SCAPE_RETURN_IF_ERROR(scape::bootstrap::ResolveHost(li.rootHost, li.rootPort, &root.addr));
+    root.secret = li.secret;
+    if (li.rank == 0) {
+      // Rank 0 hosts the rendezvous root on the agreed address (any local address if the name
+      // does not belong to this host).
+      scape::bootstrap::RootAddress bound;
+      Status st = scape::bootstrap::StartRoot(root.addr, li.secret, cfg.timeoutMs, &bound);
+      if (!st.ok()) {
+        scape::bootstrap::SockAddr any = root.addr;
+        if (any.ss.ss_family == AF_INET)
+          reinterpret_cast<sockaddr_in*>(&any.ss)->sin_addr.s_addr = htonl(INADDR_ANY);
+        else
+          reinterpret_cast<sockaddr_in6*>(&any.ss)->sin6_addr = in6addr_any;
+        Status st2 = scape::bootstrap::StartRoot(any, li.secret, cfg.timeoutMs, &bound);
+        if (!st2.ok())
+          return st.Prepend(StrFormat("%s rank 0: cannot host the bootstrap root on %s",
+                                      li.launcher.c_str(), root.addr.ToString().c_str()));
+      }
+    }
+    Status st = InitWithRoot(comm, li.nranks, root, li.rank, cfg);
+    if (!st.ok()) st.Prepend(StrFormat("%s rank %d", li.launcher.c_str(), li.rank));
+    return st;
+  });
+}
+
+SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
+  if (!comm) return scapeSuccess;
+  return Guard(comm, "scapeCommDestroy", [&]() -> Status {
+    if (!comm->requests.empty())
+      return scape::InvalidUsage(StrFormat("%zu request(s) of this communicator have not been "
+                                           "completed with scapeTest/scapeWait; complete them or "
+                                           "use scapeCommAbort",
+                                           comm->requests.size()));
+    delete comm;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
+  if (!comm) return scapeSuccess;
+  try {
+    if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
+    for (scapeRequest* r : comm->requests) delete r;
+    comm->requests.clear();
+    delete comm;
+  } catch (...) {
+    // Abort must not fail; anything left is leaked rather than thrown into the caller.
+  }
+  return scapeSuccess;
+}
+
+SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
+  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommCount: comm is NULL"));
+  if (!nranks) return Report(comm, scape::InvalidArgument("scapeCommCount: nranks is NULL"));
+  *nranks = comm->impl->nranks();
+  return scapeSuccess;
+}
+
+SCAPE_API scapeResult_t scapeCommUserRank(const scapeComm_t comm, int* rank) {
+  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommUserRank: comm is NULL"));
+  if (!rank) return Report(comm, scape::InvalidArgument("scapeCommUserRank: rank is NULL"));
+  *rank = comm->impl->rank();
+  return scapeSuccess;
+}
+
+SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
+  return comm ? comm->lastError.c_str() : t_lastError.c_str();
+}
+
+SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {
+  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommGetAsyncError: comm is NULL"));
+  if (!asyncError) return Report(comm, scape::InvalidArgument("scapeCommGetAsyncError: asyncError is NULL"));
+  *asyncError = comm->impl->error().code();
+  return scapeSuccess;
+}
+
+#define SCAPE_COLL(fnName, blocking, request, ...)                                        \
+  Guard(comm, fnName, [&]() -> Status {                                                   \
+    return StartColl(comm, Args(__VA_ARGS__), mask, stream, request, blocking);           \
+  })
+
+SCAPE_API scapeResult_t scapeAllReduce(const void* sendbuf, void* recvbuf, size_t count,
+                                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask_t mask,
+                                       scapeComm_t comm, void* stream) {
+  return SCAPE_COLL("scapeAllReduce", true, nullptr, scape::coll::CollType::kAllReduce, sendbuf,
+                    recvbuf, count, dtype, op, 0);
+}
+SCAPE_API scapeResult_t scapeAllReduceAsync(const void* sendbuf, void* recvbuf, size_t count,
+                                            scapeDataType_t dtype, scapeRedOp_t op,
+                                            scapeMask_t mask, scapeComm_t comm, void* stream,
+                                            scapeRequest_t* request) {
+  return SCAPE_COLL("scapeAllReduceAsync", false, request, scape::coll::CollType::kAllReduce,
+                    sendbuf, recvbuf, count, dtype, op, 0);
+}
+
+SCAPE_API scapeResult_t scapeReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                           scapeDataType_t dtype, scapeRedOp_t op,
+                                           scapeComm_t comm, void* stream) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeReduceScatter", true, nullptr, scape::coll::CollType::kReduceScatter,
+                    sendbuf, recvbuf, recvcount, dtype, op, 0);
+}
+SCAPE_API scapeResult_t scapeReduceScatterAsync(const void* sendbuf, void* recvbuf,
+                                                size_t recvcount, scapeDataType_t dtype,
+                                                scapeRedOp_t op, scapeComm_t comm, void* stream,
+                                                scapeRequest_t* request) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeReduceScatterAsync", false, request,
+                    scape::coll::CollType::kReduceScatter, sendbuf, recvbuf, recvcount, dtype,
+                    op, 0);
+}
+
+SCAPE_API scapeResult_t scapeAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                       scapeDataType_t dtype, scapeComm_t comm, void* stream) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeAllGather", true, nullptr, scape::coll::CollType::kAllGather, sendbuf,
+                    recvbuf, sendcount, dtype, scapeSum, 0);
+}
+SCAPE_API scapeResult_t scapeAllGatherAsync(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                            scapeDataType_t dtype, scapeComm_t comm,
+                                            void* stream, scapeRequest_t* request) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeAllGatherAsync", false, request, scape::coll::CollType::kAllGather,
+                    sendbuf, recvbuf, sendcount, dtype, scapeSum, 0);
+}
+
+SCAPE_API scapeResult_t scapeBroadcast(const void* sendbuf, void* recvbuf, size_t count,
+                                       scapeDataType_t dtype, int root, scapeComm_t comm,
+                                       void* stream) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeBroadcast", true, nullptr, scape::coll::CollType::kBroadcast, sendbuf,
+                    recvbuf, count, dtype, scapeSum, root);
+}
+SCAPE_API scapeResult_t scapeBroadcastAsync(const void* sendbuf, void* recvbuf, size_t count,
+                                            scapeDataType_t dtype, int root, scapeComm_t comm,
+                                            void* stream, scapeRequest_t* request) {
+  scapeMask_t mask = nullptr;
+  return SCAPE_COLL("scapeBroadcastAsync", false, request, scape::coll::CollType::kBroadcast,
+                    sendbuf, recvbuf, count, dtype, scapeSum, root);
+}
+
+SCAPE_API scapeResult_t scapeBarrier(scapeComm_t comm) {
+  scapeMask_t mask = nullptr;
+  void* stream = nullptr;
+  return SCAPE_COLL("scapeBarrier", true, nullptr, scape::coll::CollType::kBarrier, nullptr,
+                    nullptr, 0, scapeFloat32, scapeSum, 0);
+}
+SCAPE_API scapeResult_t scapeBarrierAsync(scapeComm_t comm, scapeRequest_t* request) {
+  scapeMask_t mask = nullptr;
+  void* stream = nullptr;
+  return SCAPE_COLL("scapeBarrierAsync", false, request, scape::coll::CollType::kBarrier,
+                    nullptr, nullptr, 0, scapeFloat32, scapeSum, 0);
+}
+
+SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
+  if (!request || !done)
+    return Report(request ? request->comm : nullptr,
+                  scape::InvalidArgument(request ? "scapeTest: done is NULL"
+                                                 : "scapeTest: request is NULL"));
+  scapeComm* comm = request->comm;
+  bool fin = false;
+  scapeResult_t r = Guard(comm, "scapeTest", [&]() -> Status {
+    return comm->impl->Test(request->op.get(), &fin);
+  });
+  *done = fin ? 1 : 0;
+  if (!fin) return r == scapeSuccess ? scapeInProgress : r;
+  comm->requests.erase(request);
+  delete request;
+  return r;
+}
+
+SCAPE_API scapeResult_t scapeWait(scapeRequest_t request) {
+  if (!request) return Report(nullptr, scape::InvalidArgument("scapeWait: request is NULL"));
+  scapeComm* comm = request->comm;
+  scapeResult_t r = Guard(comm, "scapeWait", [&]() -> Status {
+    return comm->impl->Wait(request->op.get());
+  });
+  comm->requests.erase(request);
+  delete request;
+  return r;
+}
+
+}  // extern "C"

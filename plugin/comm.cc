@@ -1,0 +1,333 @@
+#include "plugin/comm.h"
+
+#include <sched.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "transport/base/clock.h"
+#include "transport/base/log.h"
+#include "transport/base/param.h"
+
+namespace scape {
+namespace {
+
+constexpr uint32_t kNoticeMagic = 0x5ca9ab07u;
+constexpr size_t kNoticeMsgBytes = 240;
+
+struct Notice {
+  uint32_t magic;
+  int32_t rank;
+  int32_t code;
+  uint32_t len;
+  char msg[kNoticeMsgBytes];
+};
+
+int OnlineCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+Status ParseProgress(const std::string& v, scapeProgressMode_t* out) {
+  const char* names[] = {"auto", "spin", "yield", "blocking"};
+  for (int i = 0; i < scapeNumProgressModes; ++i)
+    if (strcasecmp(v.c_str(), names[i]) == 0) {
+      *out = static_cast<scapeProgressMode_t>(i);
+      return Status::Ok();
+    }
+  return InvalidArgument(StrFormat("SCAPE_PROGRESS='%s': expected auto, spin, yield or blocking",
+                                   v.c_str()));
+}
+
+}  // namespace
+
+Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
+  CommConfig c;
+  bool ok = true;
+  int64_t t = ParamInt("SCAPE_TIMEOUT_MS", 120000, &ok);
+  if (!ok || t <= 0 || t > 24LL * 3600 * 1000)
+    return InvalidArgument(StrFormat("SCAPE_TIMEOUT_MS='%s': expected milliseconds in 1..86400000",
+                                     ParamString("SCAPE_TIMEOUT_MS").c_str()));
+  c.timeoutMs = static_cast<int>(t);
+  SCAPE_RETURN_IF_ERROR(ParseProgress(ParamString("SCAPE_PROGRESS"), &c.progress));
+  c.netIf = ParamString("SCAPE_SOCKET_IFNAME");
+  if (cfg) {
+    if (cfg->magic != SCAPE_CONFIG_MAGIC || cfg->size < sizeof(size_t) + 2 * sizeof(unsigned))
+      return InvalidArgument("config: not initialised with SCAPE_CONFIG_INITIALIZER (bad magic "
+                             "or size)");
+    if (cfg->timeoutMs != SCAPE_CONFIG_UNDEF_INT) {
+      if (cfg->timeoutMs <= 0)
+        return InvalidArgument(StrFormat("config->timeoutMs = %d: expected > 0", cfg->timeoutMs));
+      c.timeoutMs = cfg->timeoutMs;
+    }
+    if (cfg->progressMode != SCAPE_CONFIG_UNDEF_INT) {
+      if (cfg->progressMode < 0 || cfg->progressMode >= scapeNumProgressModes)
+        return InvalidArgument(StrFormat("config->progressMode = %d: expected a "
+                                         "scapeProgressMode_t (0..%d)",
+                                         cfg->progressMode, scapeNumProgressModes - 1));
+      c.progress = static_cast<scapeProgressMode_t>(cfg->progressMode);
+    }
+    if (cfg->netIf) c.netIf = cfg->netIf;
+  }
+  *out = c;
+  return Status::Ok();
+}
+
+Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root,
+                    const CommConfig& cfg, std::unique_ptr<Comm>* out) {
+  std::unique_ptr<Comm> c(new Comm());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  c->cfg_ = cfg;
+  SCAPE_RETURN_IF_ERROR(c->Init(root));
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status Comm::Init(const bootstrap::RootAddress& root) {
+  tuning_.ringThresholdBytes =
+      static_cast<size_t>(ParamInt("SCAPE_RING_THRESHOLD", 64 * 1024));
+  int64_t chunk = ParamInt("SCAPE_CHUNK_BYTES", 512 * 1024);
+  tuning_.chunkBytes = static_cast<size_t>(chunk >= 4096 ? chunk : 4096);
+  const std::string algo = ParamString("SCAPE_ALLREDUCE_ALGO");
+  if (algo == "ring") tuning_.allreduceAlgo = 1;
+  else if (algo == "rd") tuning_.allreduceAlgo = 2;
+  else if (algo != "auto")
+    return InvalidArgument(StrFormat("SCAPE_ALLREDUCE_ALGO='%s': expected auto, ring or rd",
+                                     algo.c_str()));
+
+  transport::TransportOptions to;
+  to.rank = rank_;
+  to.nranks = nranks_;
+  to.timeoutMs = cfg_.timeoutMs;
+  to.wakeup = cfg_.progress == scapeProgressBlocking;
+  to.tls = ParamString("SCAPE_UCX_TLS");
+  // A communicator bootstrapped over loopback lives on one host: keep UCX's TCP on loopback
+  // too, unless the user chose UCX's devices.
+  bootstrap::SockAddr ifaddr;
+  std::string ifname;
+  SCAPE_RETURN_IF_ERROR(bootstrap::InterfaceAddress(cfg_.netIf, &ifaddr, &ifname));
+  const char* userDevices = std::getenv("UCX_NET_DEVICES");
+  if ((!userDevices || !*userDevices) && bootstrap::IsLoopback(ifaddr)) to.netDevices = ifname;
+
+  Status st;
+  tp_ = transport::CreateUcxTransport(to, &st);
+  if (!st.ok()) return st.Prepend("UCX initialisation");
+
+  std::vector<bootstrap::PeerEntry> table;
+  const uint64_t host = bootstrap::HostHash();
+  SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, host, tp_->LocalAddress(),
+                                              cfg_.timeoutMs, &table));
+  localRanks_ = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    const bootstrap::PeerEntry& e = table[static_cast<size_t>(r)];
+    if (e.hostHash == host) ++localRanks_;
+    if (r == rank_) continue;
+    SCAPE_RETURN_IF_ERROR(tp_->Connect(r, e.blob.data(), e.blob.size()));
+  }
+  mode_ = cfg_.progress;
+  if (mode_ == scapeProgressAuto)
+    mode_ = localRanks_ > OnlineCpus() ? scapeProgressYield : scapeProgressSpin;
+  SCAPE_INFO("rank %d/%d: %d ranks on this host, progress mode %d, interface %s", rank_,
+             nranks_, localRanks_, static_cast<int>(mode_), ifname.c_str());
+
+  ctrlBuf_.resize(sizeof(Notice));
+  SCAPE_RETURN_IF_ERROR(PostControlRecv());
+  // Wire up every endpoint now, so that the first collective does not pay for it and a peer
+  // that cannot be reached is an init error.
+  coll::CollArgs barrier;
+  barrier.type = coll::CollType::kBarrier;
+  std::shared_ptr<PendingOp> op;
+  SCAPE_RETURN_IF_ERROR(Submit(barrier, &op));
+  Status w = Wait(op.get());
+  if (!w.ok()) return w.Prepend("connecting the ranks");
+  return Status::Ok();
+}
+
+Comm::~Comm() {
+  for (auto& p : queue_) p->op.reset();
+  ctrlReq_.reset();
+  if (tp_) tp_->CloseAll(!error_.ok());
+}
+
+Status Comm::PostControlRecv() {
+  const uint64_t tag = coll::MakeTag(coll::kKindControl, 0, 0, 0, 0);
+  return tp_->Irecv(rank_, tag, coll::kKindMask, ctrlBuf_.data(), ctrlBuf_.size(), &ctrlReq_);
+}
+
+Status Comm::CheckControl() {
+  if (!ctrlReq_) return Status::Ok();
+  bool done = false;
+  transport::RecvInfo info;
+  Status st = tp_->Test(ctrlReq_.get(), &done, &info);
+  if (!done && st.ok()) return Status::Ok();
+  ctrlReq_.reset();
+  if (!st.ok()) return st.Prepend("control channel");
+  const int src = static_cast<int>((info.senderTag >> 42) & ((1u << coll::kSrcBits) - 1));
+  Notice n;
+  std::memcpy(&n, ctrlBuf_.data(), sizeof(n));
+  if (info.length != sizeof(Notice) || n.magic != kNoticeMagic || n.rank != src ||
+      src >= nranks_ || n.len > kNoticeMsgBytes || n.code <= 0 || n.code >= scapeNumResults)
+    return RemoteError(StrFormat("rank %d sent a malformed control message (%zu bytes)", src,
+                                 info.length));
+  std::string msg(n.msg, n.len);
+  Status remote = RemoteError(StrFormat("rank %d aborted the communicator: %s", src,
+                                        msg.c_str()));
+  error_ = remote;  // set first, so that Fail does not echo the notice back to everyone
+  return remote;
+}
+
+Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out) {
+  if (!error_.ok()) return error_;
+  auto p = std::make_shared<PendingOp>();
+  p->args = args;
+  p->seq = nextSeq_++;
+  p->op = coll::MakeOp(args, rank_, nranks_, tuning_);
+  if (!p->op) return InternalError("no algorithm for this collective");
+  queue_.push_back(p);
+  *out = p;
+  // Start at once when nothing is ahead of it, so that its first messages go out now.
+  if (queue_.size() == 1) {
+    bool adv = false;
+    Status st = Poll(&adv);
+    if (!st.ok()) return Fail(st);
+  }
+  return Status::Ok();
+}
+
+Status Comm::Poll(bool* advanced) {
+  tp_->Progress();
+  SCAPE_RETURN_IF_ERROR(CheckControl());
+  while (!queue_.empty()) {
+    PendingOp* head = queue_.front().get();
+    coll::Ctx ctx(tp_.get(), rank_, nranks_, head->seq, coll::Signature(head->args), tuning_);
+    if (!head->started) {
+      head->started = true;
+      *advanced = true;
+      Status st = head->op->Start(ctx);
+      if (!st.ok()) return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
+    }
+    bool done = false;
+    Status st = head->op->Progress(ctx, &done, advanced);
+    if (!st.ok()) return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
+    if (!done) break;
+    head->done = true;
+    head->op.reset();
+    queue_.pop_front();
+    *advanced = true;
+  }
+  return Status::Ok();
+}
+
+Status Comm::Test(PendingOp* op, bool* done) {
+  if (!op->done && error_.ok()) {
+    bool adv = false;
+    Status st = Poll(&adv);
+    if (!st.ok()) (void)Fail(st);
+  }
+  *done = op->done;
+  return op->done ? op->result : Status::Ok();
+}
+
+Status Comm::Wait(PendingOp* op) {
+  int64_t last = NowNs();
+  int idle = 0;
+  const int64_t limit = static_cast<int64_t>(cfg_.timeoutMs) * 1000000;
+  while (!op->done) {
+    if (!error_.ok()) return error_;
+    bool adv = false;
+    Status st = Poll(&adv);
+    if (!st.ok()) return Fail(st);
+    if (op->done) break;
+    if (adv) {
+      last = NowNs();
+      idle = 0;
+      continue;
+    }
+    if (NowNs() - last > limit) {
+      const PendingOp* head = queue_.front().get();
+      return Fail(TimeoutError(StrFormat("%s #%u made no progress for %d ms (a peer is dead, "
+                                         "stuck, or not calling the same collective)",
+                                         coll::CollName(head->args.type), head->seq,
+                                         cfg_.timeoutMs)));
+    }
+    Backoff(++idle);
+  }
+  return op->result;
+}
+
+void Comm::Backoff(int idle) {
+  switch (mode_) {
+    case scapeProgressSpin:
+      return;
+    case scapeProgressBlocking:
+      if (idle > 16 && tp_->WaitForEvent(20)) return;
+      [[fallthrough]];
+    default:
+      if (idle < 32) return;
+      if (idle < 2000) {
+        sched_yield();
+        return;
+      }
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, nullptr);
+  }
+}
+
+Status Comm::Fail(Status st) {
+  const bool fromPeer = !error_.ok();  // CheckControl recorded a peer's abort
+  if (!fromPeer) error_ = st;
+  SCAPE_WARN("rank %d: %s", rank_, error_.message().c_str());
+  if (!fromPeer) Abort(error_.message());
+  for (auto& p : queue_) {
+    p->done = true;
+    p->result = error_;
+    p->op.reset();
+  }
+  queue_.clear();
+  ctrlReq_.reset();
+  if (tp_) tp_->CloseAll(true);
+  return error_;
+}
+
+void Comm::Abort(const std::string& why) {
+  if (!tp_) return;
+  Notice n;
+  std::memset(&n, 0, sizeof(n));
+  n.magic = kNoticeMagic;
+  n.rank = rank_;
+  n.code = error_.ok() ? scapeRemoteError : error_.code();
+  n.len = static_cast<uint32_t>(why.size() < kNoticeMsgBytes ? why.size() : kNoticeMsgBytes);
+  std::memcpy(n.msg, why.data(), n.len);
+  std::vector<std::unique_ptr<transport::Request>> sends;
+  const uint64_t tag = coll::MakeTag(coll::kKindControl, rank_, 0, 0, 0);
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_ || tp_->PeerFailed(r, nullptr)) continue;
+    std::unique_ptr<transport::Request> req;
+    if (tp_->Isend(r, tag, &n, sizeof(n), &req).ok()) sends.push_back(std::move(req));
+  }
+  // Give the notices a moment to leave; never wait long for a peer that is gone.
+  Deadline dl = Deadline::AfterMs(cfg_.timeoutMs < 1000 ? cfg_.timeoutMs : 1000);
+  size_t left = sends.size();
+  while (left > 0 && !dl.Expired()) {
+    tp_->Progress();
+    left = 0;
+    for (auto& s : sends) {
+      if (!s) continue;
+      bool done = false;
+      Status st = tp_->Test(s.get(), &done);
+      if (done) s.reset();
+      else ++left;
+    }
+  }
+  tp_->CloseAll(true);
+  for (auto& s : sends) s.reset();
+  if (error_.ok()) error_ = InvalidUsage("the communicator was aborted by this rank");
+}
+
+}  // namespace scape

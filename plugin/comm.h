@@ -1,0 +1,88 @@
+// The communicator: owns the transport, the queue of collective tasks and the error state.
+// Internal; the public handle (struct scapeComm) wraps it in plugin/api.cc.
+#ifndef SCAPE_PLUGIN_COMM_H_
+#define SCAPE_PLUGIN_COMM_H_
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "plugin/coll/coll.h"
+#include "scape/scape.h"
+#include "transport/base/status.h"
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/transport.h"
+
+namespace scape {
+
+struct CommConfig {
+  int timeoutMs = 120000;
+  scapeProgressMode_t progress = scapeProgressAuto;
+  std::string netIf;  // empty: default interface
+};
+
+// Resolves a public config (NULL allowed) against SCAPE_* variables and defaults.
+Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out);
+
+// A pending or finished operation. Owned by the caller's request handle once returned.
+struct PendingOp {
+  coll::CollArgs args;
+  std::unique_ptr<coll::Op> op;
+  uint32_t seq = 0;
+  bool started = false;
+  bool done = false;
+  Status result;
+};
+
+class Comm {
+ public:
+  // Collective over all ranks: rendezvous, connect, wire up. Fails on every rank that came if
+  // one does not.
+  static Status Create(int nranks, int rank, const bootstrap::RootAddress& root,
+                       const CommConfig& cfg, std::unique_ptr<Comm>* out);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const CommConfig& config() const { return cfg_; }
+  // The error that broke the communicator (ok while usable).
+  const Status& error() const { return error_; }
+  size_t pending() const { return queue_.size(); }
+
+  // Queues a validated collective; it starts when every earlier one has finished.
+  Status Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out);
+  // Drives the queue until `op` is done (or the timeout / an error ends it).
+  Status Wait(PendingOp* op);
+  // One non-blocking pass; *done reports whether `op` has finished.
+  Status Test(PendingOp* op, bool* done);
+
+  // Best effort: tells every peer we are aborting, then closes all endpoints.
+  void Abort(const std::string& why);
+
+ private:
+  Comm() = default;
+  Status Init(const bootstrap::RootAddress& root);
+  // One pass over the network and the head of the queue.
+  Status Poll(bool* advanced);
+  Status PostControlRecv();
+  Status CheckControl();
+  // Records a fatal error: peers are told, queued operations fail, endpoints close.
+  Status Fail(Status st);
+  void Backoff(int idle);
+
+  int rank_ = 0, nranks_ = 1, localRanks_ = 1;
+  CommConfig cfg_;
+  scapeProgressMode_t mode_ = scapeProgressSpin;
+  coll::Tuning tuning_;
+  std::unique_ptr<transport::Transport> tp_;
+  std::deque<std::shared_ptr<PendingOp>> queue_;
+  uint32_t nextSeq_ = 0;
+  Status error_;
+  // Control channel: abort notices from peers.
+  std::unique_ptr<transport::Request> ctrlReq_;
+  std::vector<char> ctrlBuf_;
+};
+
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_COMM_H_

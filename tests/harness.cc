@@ -1,0 +1,115 @@
+#include "tests/harness.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace scape_test {
+
+bool RunResult::AllOk() const {
+  if (watchdogFired) return false;
+  for (int c : exitCodes)
+    if (c != 0) return false;
+  return true;
+}
+
+std::string RunResult::Describe() const {
+  std::ostringstream os;
+  if (watchdogFired) os << "watchdog fired (ranks killed); ";
+  os << "exit codes:";
+  for (size_t r = 0; r < exitCodes.size(); ++r) os << " rank" << r << "=" << exitCodes[r];
+  return os.str();
+}
+
+unsigned FreshSeed() {
+  static unsigned seed = [] {
+    unsigned s = std::random_device{}();
+    std::printf("[ seed ] %u\n", s);
+    return s;
+  }();
+  return seed;
+}
+
+RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body,
+                   const RankOptions& opts) {
+  RunResult res;
+  res.exitCodes.assign(static_cast<size_t>(nranks), -1);
+  scapeUniqueId id;
+  scapeResult_t r = scapeGetUniqueId(&id);
+  if (r != scapeSuccess) {
+    ADD_FAILURE() << "scapeGetUniqueId: " << scapeGetLastError(nullptr);
+    return res;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids(static_cast<size_t>(nranks), -1);
+  for (int rank = 0; rank < nranks; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      RankCtx ctx{rank, nranks, nullptr, id, &opts};
+      bool ok = true;
+      if (opts.initComm) {
+        scapeConfig_t cfg = SCAPE_CONFIG_INITIALIZER;
+        cfg.timeoutMs = opts.timeoutMs;
+        cfg.progressMode = opts.progressMode;
+        scapeResult_t ir = scapeCommInitRankConfig(&ctx.comm, nranks, id, rank, &cfg);
+        if (ir != scapeSuccess) {
+          std::fprintf(stderr, "rank %d: init failed: %s: %s\n", rank, scapeGetErrorString(ir),
+                       scapeGetLastError(nullptr));
+          ok = false;
+        }
+      }
+      if (ok) ok = body(ctx);
+      if (ctx.comm) {
+        scapeResult_t dr = scapeCommDestroy(ctx.comm);
+        if (dr != scapeSuccess) {
+          std::fprintf(stderr, "rank %d: destroy: %s\n", rank, scapeGetLastError(ctx.comm));
+          ok = false;
+        }
+      }
+      if (::testing::Test::HasFailure()) ok = false;
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(ok ? 0 : 1);
+    }
+    pids[static_cast<size_t>(rank)] = pid;
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts.watchdogMs);
+  int left = nranks;
+  while (left > 0) {
+    int status = 0;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      for (int rank = 0; rank < nranks; ++rank)
+        if (pids[static_cast<size_t>(rank)] == p) {
+          res.exitCodes[static_cast<size_t>(rank)] =
+              WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+          pids[static_cast<size_t>(rank)] = -1;
+          --left;
+        }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      res.watchdogFired = true;
+      for (pid_t q : pids)
+        if (q > 0) kill(q, SIGKILL);
+      for (int rank = 0; rank < nranks; ++rank)
+        if (pids[static_cast<size_t>(rank)] > 0) {
+          waitpid(pids[static_cast<size_t>(rank)], nullptr, 0);
+          res.exitCodes[static_cast<size_t>(rank)] = -SIGKILL;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return res;
+}
+
+}  // namespace scape_test
