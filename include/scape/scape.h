@@ -224,9 +224,11 @@ typedef struct {
  * token to every rank (that process included) before they call scapeCommInitRank.
  *
  * It opens a listening TCP socket on the configured interface (SCAPE_SOCKET_IFNAME) and starts
- * a background thread that waits for the ranks; the thread ends when the communicator is
- * formed, or after SCAPE_TIMEOUT_MS if it is not (the ranks that came then get scapeTimeout).
- * One token forms one communicator.
+ * a background thread that waits for the ranks. The thread ends when the communicator is
+ * formed; or when no rank has come within 5 x SCAPE_TIMEOUT_MS; or when, after the first rank
+ * came, the others have not all come within the first rank's timeout (config or
+ * SCAPE_TIMEOUT_MS), in which case every rank that came gets scapeTimeout naming the missing
+ * ranks. One token forms one communicator.
  *
  * @param uniqueId  out: the token. Must not be NULL.
  * @return scapeSuccess; scapeInvalidArgument (NULL); scapeSystemError (no usable interface,

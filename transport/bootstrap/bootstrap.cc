@@ -40,6 +40,8 @@ struct Hello {
   uint32_t blobLen;
   uint64_t hostHash;
   uint8_t secret[16];
+  int32_t timeoutMs;  // the rank's own timeout: the root waits no longer than the first rank's
+  uint32_t reserved;
 };
 
 struct ReplyHeader {
@@ -161,6 +163,8 @@ void RootMain(Socket listener, Secret secret, int timeoutMs) {
       nranks = h.nranks;
       ranks.resize(static_cast<size_t>(nranks));
       table.resize(static_cast<size_t>(nranks));
+      // The ranks give up after their own timeout: answer them before that.
+      if (h.timeoutMs > 0 && h.timeoutMs < timeoutMs) timeoutMs = h.timeoutMs;
       dl = Deadline::AfterMs(timeoutMs);
     }
     if (h.nranks != nranks) {
@@ -279,6 +283,7 @@ Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHa
   h.nranks = nranks;
   h.blobLen = static_cast<uint32_t>(blob.size());
   h.hostHash = hostHash;
+  h.timeoutMs = timeoutMs;
   std::memcpy(h.secret, root.secret.data(), 16);
   SCAPE_RETURN_IF_ERROR(s.SendAll(&h, sizeof(h), dl));
   SCAPE_RETURN_IF_ERROR(s.SendAll(blob.data(), blob.size(), dl));

@@ -40,8 +40,9 @@ Status RandomSecret(Secret* secret);
 
 // Starts the rendezvous root on `bindAddr` (port 0 picks a free port) in a detached thread.
 // `root` receives the bound address. The root waits up to 5 * timeoutMs for the first rank,
-// then up to timeoutMs from the first arrival for the rest; the ranks that came get
-// scapeTimeout if the others do not.
+// then, from the first arrival, up to the smaller of timeoutMs and that rank's own timeout for
+// the rest; the ranks that came get scapeTimeout (naming the missing ranks) if the others do
+// not.
 Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs,
                  RootAddress* root);
 
