@@ -280,6 +280,15 @@ void Comm::Backoff(int idle) {
 }
 
 Status Comm::Fail(Status st) {
+  if (error_.ok() && st.code() == scapeRemoteError && ctrlReq_) {
+    // A peer's connection failed. If it failed because the peer aborted, its notice is
+    // usually right behind: give it a moment, so every rank reports the root cause.
+    Deadline grace = Deadline::AfterMs(200);
+    while (error_.ok() && ctrlReq_ && !grace.Expired()) {
+      tp_->Progress();
+      (void)CheckControl();
+    }
+  }
   const bool fromPeer = !error_.ok();  // CheckControl recorded a peer's abort
   if (!fromPeer) error_ = st;
   SCAPE_WARN("rank %d: %s", rank_, error_.message().c_str());

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <new>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -41,18 +44,39 @@ RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body,
                    const RankOptions& opts) {
   RunResult res;
   res.exitCodes.assign(static_cast<size_t>(nranks), -1);
-  scapeUniqueId id;
-  scapeResult_t r = scapeGetUniqueId(&id);
-  if (r != scapeSuccess) {
-    ADD_FAILURE() << "scapeGetUniqueId: " << scapeGetLastError(nullptr);
+  // Rank 0 makes the unique id (its bootstrap root thread lives in rank 0, as in a real job)
+  // and publishes it through shared memory. The parent never starts a thread, so forking it
+  // is safe.
+  struct Shared {
+    std::atomic<int> state;  // 0 pending, 1 ready, 2 failed
+    scapeUniqueId id;
+  };
+  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    ADD_FAILURE() << "mmap failed";
     return res;
   }
+  Shared* shared = new (mem) Shared();
+  shared->state.store(0);
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(static_cast<size_t>(nranks), -1);
   for (int rank = 0; rank < nranks; ++rank) {
     pid_t pid = fork();
     if (pid == 0) {
+      scapeUniqueId id;
+      if (rank == 0) {
+        if (scapeGetUniqueId(&shared->id) != scapeSuccess) {
+          std::fprintf(stderr, "scapeGetUniqueId: %s\n", scapeGetLastError(nullptr));
+          shared->state.store(2);
+          _exit(3);
+        }
+        shared->state.store(1);
+      }
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (shared->state.load() == 0 && std::chrono::steady_clock::now() < until) usleep(1000);
+      if (shared->state.load() != 1) _exit(3);
+      id = shared->id;
       RankCtx ctx{rank, nranks, nullptr, id, &opts};
       bool ok = true;
       if (opts.initComm) {
@@ -109,6 +133,7 @@ RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  munmap(mem, sizeof(Shared));
   return res;
 }
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what the build, the tests and scape-perf need on a Debian 12 machine, skipping what
+# is already there (so a warm machine does not touch the network). The CUDA toolkit is not
+# installed here: CMake uses /usr/local/cuda when present and builds CPU-only otherwise.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
+      openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
