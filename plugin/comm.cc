@@ -5,6 +5,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,6 +123,7 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
   tp_ = transport::CreateUcxTransport(to, &st);
   if (!st.ok()) return st.Prepend("UCX initialisation");
 
+  const bool localShm = ParamInt("SCAPE_LOCAL_SHM", 1) != 0;
   std::vector<bootstrap::PeerEntry> table;
   const uint64_t host = bootstrap::HostHash();
   SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, host, tp_->LocalAddress(),
@@ -128,7 +133,9 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
     const bootstrap::PeerEntry& e = table[static_cast<size_t>(r)];
     if (e.hostHash == host) ++localRanks_;
     if (r == rank_) continue;
-    SCAPE_RETURN_IF_ERROR(tp_->Connect(r, e.blob.data(), e.blob.size()));
+    const bool sameHost = e.hostHash == host && localShm;
+    if (sameHost) localPeers_.push_back(LocalPeer{r, static_cast<pid_t>(e.pid)});
+    SCAPE_RETURN_IF_ERROR(tp_->Connect(r, e.blob.data(), e.blob.size(), sameHost));
   }
   mode_ = cfg_.progress;
   if (mode_ == scapeProgressAuto)
@@ -200,8 +207,35 @@ Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out)
   return Status::Ok();
 }
 
+void Comm::WatchLocalPeers() {
+  const int64_t now = NowNs();
+  if (now - lastLivenessCheckNs_ < 50 * 1000000LL) return;
+  lastLivenessCheckNs_ = now;
+  for (const LocalPeer& p : localPeers_) {
+    if (p.pid <= 0 || tp_->PeerFailed(p.rank, nullptr)) continue;
+    bool dead = kill(p.pid, 0) != 0 && errno == ESRCH;
+    if (!dead) {
+      // A zombie (exited, not yet reaped by its parent) is dead too.
+      char path[64];
+      std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(p.pid));
+      if (FILE* f = std::fopen(path, "r")) {
+        char buf[256];
+        size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+        std::fclose(f);
+        buf[n] = '\0';
+        const char* rp = std::strrchr(buf, ')');
+        dead = rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+      }
+    }
+    if (dead)
+      tp_->MarkPeerFailed(p.rank, StrFormat("its process (pid %d on this host) has exited",
+                                            static_cast<int>(p.pid)));
+  }
+}
+
 Status Comm::Poll(bool* advanced) {
   tp_->Progress();
+  WatchLocalPeers();
   SCAPE_RETURN_IF_ERROR(CheckControl());
   while (!queue_.empty()) {
     PendingOp* head = queue_.front().get();

@@ -3,6 +3,8 @@
 #ifndef SCAPE_PLUGIN_COMM_H_
 #define SCAPE_PLUGIN_COMM_H_
 
+#include <sys/types.h>
+
 #include <deque>
 #include <memory>
 #include <string>
@@ -69,12 +71,21 @@ class Comm {
   // Records a fatal error: peers are told, queued operations fail, endpoints close.
   Status Fail(Status st);
   void Backoff(int idle);
+  // Shared-memory channels cannot report a dead peer: look at the processes of the ranks on
+  // this host (at most every 50 ms) and mark the ones that are gone.
+  void WatchLocalPeers();
 
   int rank_ = 0, nranks_ = 1, localRanks_ = 1;
   CommConfig cfg_;
   scapeProgressMode_t mode_ = scapeProgressSpin;
   coll::Tuning tuning_;
   std::unique_ptr<transport::Transport> tp_;
+  struct LocalPeer {
+    int rank;
+    pid_t pid;
+  };
+  std::vector<LocalPeer> localPeers_;
+  int64_t lastLivenessCheckNs_ = 0;
   std::deque<std::shared_ptr<PendingOp>> queue_;
   uint32_t nextSeq_ = 0;
   Status error_;

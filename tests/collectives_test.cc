@@ -138,7 +138,7 @@ TEST_P(Collectives, AllGatherSweep) {
           for (size_t i = 0; i < n; ++i) Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
           const char* in = send.data();
           if (inPlace) {
-            std::memcpy(recv.data() + static_cast<size_t>(c.rank) * n * esz, send.data(), n * esz);
+            if (n > 0) std::memcpy(recv.data() + static_cast<size_t>(c.rank) * n * esz, send.data(), n * esz);
             in = recv.data() + static_cast<size_t>(c.rank) * n * esz;
           }
           scapeResult_t r = scapeAllGather(in, recv.data(), n, t, c.comm, nullptr);
@@ -212,6 +212,20 @@ TEST_P(Collectives, AsyncRequests) {
     EXPECT_SCAPE_OK(scapeWait(b), c.comm);
     return true;
   });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The same all-reduce over UCX's TCP transport only, the path ranks on different hosts take.
+TEST(CollectivesOverTcp, AllReduceP3) {
+  setenv("SCAPE_LOCAL_SHM", "0", 1);
+  const unsigned seed = FreshSeed() + 500u;
+  RunResult res = RunRanks(3, [&](RankCtx& c) {
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16})
+      for (size_t n : {size_t{7}, kBigCount})
+        if (!AllReduceCase(c, t, scapeSum, n, false, seed)) return false;
+    return true;
+  });
+  unsetenv("SCAPE_LOCAL_SHM");
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 

@@ -240,7 +240,7 @@ TEST(Errors, RanksDisagreeOnNranks) {
 
 // A rank that dies in the middle of a collective: every survivor gets an error within the
 // timeout, and the communicator stays in error state.
-TEST(Errors, RankDeathMidCollectiveFailsEverySurvivor) {
+void RankDeathCase() {
   RankOptions o;
   o.timeoutMs = 4000;
   RunResult res = RunRanks(4, [&](RankCtx& c) {
@@ -268,6 +268,16 @@ TEST(Errors, RankDeathMidCollectiveFailsEverySurvivor) {
   EXPECT_FALSE(res.watchdogFired);
   EXPECT_EQ(res.exitCodes[2], -SIGKILL);
   for (int r : {0, 1, 3}) EXPECT_EQ(res.exitCodes[static_cast<size_t>(r)], 0) << res.Describe();
+}
+
+// Over shared memory the survivors find the dead process themselves.
+TEST(Errors, RankDeathMidCollectiveFailsEverySurvivor) { RankDeathCase(); }
+
+// Over UCX's TCP transport (as between hosts) UCX reports the broken connection.
+TEST(Errors, RankDeathOverTcpFailsEverySurvivor) {
+  setenv("SCAPE_LOCAL_SHM", "0", 1);
+  RankDeathCase();
+  unsetenv("SCAPE_LOCAL_SHM");
 }
 
 // scapeCommAbort on one rank tells the others at once (well before their timeout).

@@ -62,7 +62,12 @@ class Transport {
   // Opaque address of this rank, to be handed to peers by the bootstrap.
   virtual const std::vector<uint8_t>& LocalAddress() const = 0;
   // Creates the endpoint to `peer` from the blob it published. Validates the blob's size.
-  virtual Status Connect(int peer, const uint8_t* blob, size_t len) = 0;
+  // `sameHost`: the peer runs on this host. The transport may then use channels (shared
+  // memory) that cannot report a peer's death; the caller watches such peers itself
+  // (MarkPeerFailed).
+  virtual Status Connect(int peer, const uint8_t* blob, size_t len, bool sameHost) = 0;
+  // Records that `peer` is gone (found by the caller); its requests fail from now on.
+  virtual void MarkPeerFailed(int peer, const std::string& why) = 0;
 
   virtual Status Isend(int peer, uint64_t tag, const void* buf, size_t len,
                        std::unique_ptr<Request>* req) = 0;

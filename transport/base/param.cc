@@ -16,6 +16,9 @@ const ParamInfo kParams[] = {
     {"SCAPE_SOCKET_IFNAME", "",
      "network interface for the bootstrap and UCX TCP (default: first up non-loopback, else lo)"},
     {"SCAPE_UCX_TLS", "", "UCX transports to use (UCX_TLS syntax); empty: UCX's default"},
+    {"SCAPE_LOCAL_SHM", "1",
+     "1: ranks on one host use shared memory (a dead peer is found by watching its process); "
+     "0: every peer goes over a network transport that reports failures itself"},
     {"SCAPE_ALLREDUCE_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
     {"SCAPE_RING_THRESHOLD", "65536",
      "bytes from which auto all-reduce uses the ring instead of recursive doubling"},

@@ -41,7 +41,7 @@ struct Hello {
   uint64_t hostHash;
   uint8_t secret[16];
   int32_t timeoutMs;  // the rank's own timeout: the root waits no longer than the first rank's
-  uint32_t reserved;
+  uint32_t pid;
 };
 
 struct ReplyHeader {
@@ -55,7 +55,7 @@ struct ReplyHeader {
 struct EntryHeader {
   uint64_t hostHash;
   uint32_t blobLen;
-  uint32_t reserved;
+  uint32_t pid;
 };
 
 bool SecretEqual(const uint8_t* a, const uint8_t* b) {
@@ -78,6 +78,7 @@ Status SendReply(const Socket& s, const Status& st, int nranks,
     for (const PeerEntry& e : *table) {
       EntryHeader eh{};
       eh.hostHash = e.hostHash;
+      eh.pid = e.pid;
       eh.blobLen = static_cast<uint32_t>(e.blob.size());
       SCAPE_RETURN_IF_ERROR(s.SendAll(&eh, sizeof(eh), dl));
       SCAPE_RETURN_IF_ERROR(s.SendAll(e.blob.data(), e.blob.size(), dl));
@@ -147,6 +148,7 @@ void RootMain(Socket listener, Secret secret, int timeoutMs) {
     }
     PeerEntry e;
     e.hostHash = h.hostHash;
+    e.pid = h.pid;
     e.blob.resize(h.blobLen);
     st = c.RecvAll(e.blob.data(), e.blob.size(), cdl);
     if (!st.ok()) {
@@ -284,6 +286,7 @@ Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHa
   h.blobLen = static_cast<uint32_t>(blob.size());
   h.hostHash = hostHash;
   h.timeoutMs = timeoutMs;
+  h.pid = static_cast<uint32_t>(getpid());
   std::memcpy(h.secret, root.secret.data(), 16);
   SCAPE_RETURN_IF_ERROR(s.SendAll(&h, sizeof(h), dl));
   SCAPE_RETURN_IF_ERROR(s.SendAll(blob.data(), blob.size(), dl));
@@ -318,6 +321,7 @@ Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHa
       return RemoteError(StrFormat("bootstrap table entry for rank %d has %u bytes", r,
                                    eh.blobLen));
     t[static_cast<size_t>(r)].hostHash = eh.hostHash;
+    t[static_cast<size_t>(r)].pid = eh.pid;
     t[static_cast<size_t>(r)].blob.resize(eh.blobLen);
     SCAPE_RETURN_IF_ERROR(s.RecvAll(t[static_cast<size_t>(r)].blob.data(), eh.blobLen, dl));
   }

@@ -48,6 +48,7 @@ Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs,
 
 struct PeerEntry {
   uint64_t hostHash = 0;
+  uint32_t pid = 0;  // process id, meaningful on the same host only
   std::vector<uint8_t> blob;
 };
 

@@ -126,7 +126,14 @@ class UcxTransport final : public Transport {
 
   const std::vector<uint8_t>& LocalAddress() const override { return localAddress_; }
 
-  Status Connect(int peer, const uint8_t* blob, size_t len) override {
+  void MarkPeerFailed(int peer, const std::string& why) override {
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    if (p.failed.load()) return;
+    p.why = why;
+    p.failed.store(true);
+  }
+
+  Status Connect(int peer, const uint8_t* blob, size_t len, bool sameHost) override {
     if (peer < 0 || peer >= opts_.nranks) return InternalError(StrFormat("bad peer %d", peer));
     if (len == 0 || len > kMaxAddressBytes)
       return RemoteError(StrFormat("rank %d published a %zu-byte address (expected 1..%zu)",
@@ -139,7 +146,10 @@ class UcxTransport final : public Transport {
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(blob);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    // UCX 1.13's shared-memory transports cannot report a peer failure, so an endpoint that
+    // asks for failure reports never uses them. On one host we take shared memory and let
+    // the communicator watch the peer's process instead.
+    ep.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxTransport::OnEpError;
     ep.err_handler.arg = &p;
     ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
