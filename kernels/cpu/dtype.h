@@ -53,7 +53,8 @@ inline uint16_t FloatToFp16(float f) {
   u &= 0x7fffffffu;
   uint32_t out;
   if (u >= 0x47800000u) {  // |f| >= 65536, inf or NaN
-    out = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    // NaN keeps the top of its payload and is made quiet, as F16C hardware does.
+    out = u > 0x7f800000u ? (0x7e00u | ((u >> 13) & 0x3ffu)) : 0x7c00u;
   } else if (u < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
     // Adding 0.5 aligns the half's subnormal ulp (2^-24) with the fp32 ulp, so the FPU does
     // the round-to-nearest-even for us.
