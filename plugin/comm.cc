@@ -96,7 +96,7 @@ Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root,
 Status Comm::Init(const bootstrap::RootAddress& root) {
   tuning_.ringThresholdBytes =
       static_cast<size_t>(ParamInt("SCAPE_RING_THRESHOLD", 64 * 1024));
-  int64_t chunk = ParamInt("SCAPE_CHUNK_BYTES", 512 * 1024);
+  int64_t chunk = ParamInt("SCAPE_CHUNK_BYTES", 2 * 1024 * 1024);
   tuning_.chunkBytes = static_cast<size_t>(chunk >= 4096 ? chunk : 4096);
   const std::string algo = ParamString("SCAPE_ALLREDUCE_ALGO");
   if (algo == "ring") tuning_.allreduceAlgo = 1;

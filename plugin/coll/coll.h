@@ -51,7 +51,7 @@ uint32_t Signature(const CollArgs& a);
 // Tuning, read once per communicator.
 struct Tuning {
   size_t ringThresholdBytes = 64 * 1024;
-  size_t chunkBytes = 512 * 1024;
+  size_t chunkBytes = 2 * 1024 * 1024;
   int allreduceAlgo = 0;  // 0 auto, 1 ring, 2 recursive doubling
 };
 

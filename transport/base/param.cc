@@ -22,7 +22,7 @@ const ParamInfo kParams[] = {
     {"SCAPE_ALLREDUCE_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
     {"SCAPE_RING_THRESHOLD", "65536",
      "bytes from which auto all-reduce uses the ring instead of recursive doubling"},
-    {"SCAPE_CHUNK_BYTES", "524288", "pipeline chunk size of ring algorithms, in bytes"},
+    {"SCAPE_CHUNK_BYTES", "2097152", "pipeline chunk size of ring algorithms, in bytes"},
     {"SCAPE_BOOTSTRAP_ADDR", "", "host:port of the rendezvous root for scapeCommInitFromEnv"},
     {"SCAPE_BOOTSTRAP_SECRET", "",
      "32 hex digits: the shared secret for scapeCommInitFromEnv (default: derived from job id)"},
