@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "plugin/api_internal.h"
 #include "plugin/comm.h"
 #include "scape/scape.h"
 #include "transport/base/log.h"
@@ -13,63 +14,19 @@
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/launcher_env.h"
 
-struct scapeRequest;
-
-struct scapeComm {
-  std::unique_ptr<scape::Comm> impl;
-  std::string lastError;
-  std::set<scapeRequest*> requests;  // live request handles
-};
-
-struct scapeRequest {
-  scapeComm* comm;
-  std::shared_ptr<scape::PendingOp> op;
-};
-
 namespace {
 
 using scape::Status;
 using scape::StrFormat;
-
-thread_local std::string t_lastError;
-
-scapeResult_t Report(scapeComm* comm, const Status& st) {
-  if (st.ok()) return scapeSuccess;
-  if (comm) comm->lastError = st.message();
-  else t_lastError = st.message();
-  return st.code();
-}
-
-// Runs `body`, turning any escaped exception into an error instead of unwinding into C.
-template <typename F>
-scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
-  try {
-    Status st = body();
-    if (!st.ok()) {
-      if (st.message().rfind(fn, 0) != 0) st.Prepend(fn);
-      return Report(comm, st);
-    }
-    return scapeSuccess;
-  } catch (const std::bad_alloc&) {
-    return Report(comm, scape::SystemError(std::string(fn) + ": out of memory"));
-  } catch (const std::exception& e) {
-    return Report(comm, scape::InternalError(std::string(fn) + ": " + e.what()));
-  } catch (...) {
-    return Report(comm, scape::InternalError(std::string(fn) + ": unknown exception"));
-  }
-}
-
-bool ValidType(scapeDataType_t t) { return t >= 0 && t < scapeNumTypes; }
-bool ValidOp(scapeRedOp_t o) { return o >= 0 && o < scapeNumOps; }
+using scape::api::CheckComm;
+using scape::api::Guard;
+using scape::api::Report;
+using scape::api::ValidOp;
+using scape::api::ValidType;
 
 bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return alen && blen && x < y + blen && y < x + alen;
-}
-
-Status CheckComm(scapeComm* comm) {
-  if (!comm || !comm->impl) return scape::InvalidArgument("comm is NULL");
-  return Status::Ok();
 }
 
 // Validates a collective call and queues it. For the blocking forms, waits for it.
@@ -83,9 +40,6 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
   if (stream)
     return scape::Unsupported("stream must be NULL: the CUDA/NCCL stream backend is not built "
                               "into this release");
-  if (mask)
-    return scape::Unsupported("mask must be NULL: agreed-mask collectives are not available in "
-                              "this release");
   if (a.type != CollType::kBarrier) {
     if (!ValidType(a.dtype))
       return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t "
@@ -121,6 +75,12 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
         return scape::InvalidArgument(StrFormat(
             "rank %d: sendbuf and recvbuf overlap without being the in-place layout", rank));
     }
+  }
+  if (mask) {
+    if (a.type != CollType::kAllReduce || !blocking)
+      return scape::Unsupported("a mask is accepted by the blocking scapeAllReduce only (use "
+                                "scapeMaskAllReducePacked and friends for the other forms)");
+    return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask);
   }
   std::shared_ptr<scape::PendingOp> op;
   SCAPE_RETURN_IF_ERROR(c.Submit(a, &op));
@@ -313,7 +273,7 @@ SCAPE_API scapeResult_t scapeCommUserRank(const scapeComm_t comm, int* rank) {
 }
 
 SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
-  return comm ? comm->lastError.c_str() : t_lastError.c_str();
+  return comm ? comm->lastError.c_str() : scape::api::t_lastError.c_str();
 }
 
 SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "transport/base/clock.h"
@@ -94,6 +95,14 @@ Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root,
 }
 
 Status Comm::Init(const bootstrap::RootAddress& root) {
+  SCAPE_RETURN_IF_ERROR(InitTransport());
+  std::vector<bootstrap::PeerEntry> table;
+  SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, hostHash_,
+                                              tp_->LocalAddress(), cfg_.timeoutMs, &table));
+  return Connect(table);
+}
+
+Status Comm::InitTransport() {
   tuning_.ringThresholdBytes =
       static_cast<size_t>(ParamInt("SCAPE_RING_THRESHOLD", 64 * 1024));
   int64_t chunk = ParamInt("SCAPE_CHUNK_BYTES", 2 * 1024 * 1024);
@@ -114,26 +123,30 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
   // A communicator bootstrapped over loopback lives on one host: keep UCX's TCP on loopback
   // too, unless the user chose UCX's devices.
   bootstrap::SockAddr ifaddr;
-  std::string ifname;
-  SCAPE_RETURN_IF_ERROR(bootstrap::InterfaceAddress(cfg_.netIf, &ifaddr, &ifname));
+  SCAPE_RETURN_IF_ERROR(bootstrap::InterfaceAddress(cfg_.netIf, &ifaddr, &ifname_));
   const char* userDevices = std::getenv("UCX_NET_DEVICES");
-  if ((!userDevices || !*userDevices) && bootstrap::IsLoopback(ifaddr)) to.netDevices = ifname;
+  if ((!userDevices || !*userDevices) && bootstrap::IsLoopback(ifaddr)) to.netDevices = ifname_;
+  hostHash_ = bootstrap::HostHash();
 
   Status st;
   tp_ = transport::CreateUcxTransport(to, &st);
   if (!st.ok()) return st.Prepend("UCX initialisation");
+  return Status::Ok();
+}
 
+Status Comm::Connect(const std::vector<bootstrap::PeerEntry>& table) {
   const bool localShm = ParamInt("SCAPE_LOCAL_SHM", 1) != 0;
-  std::vector<bootstrap::PeerEntry> table;
-  const uint64_t host = bootstrap::HostHash();
-  SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, host, tp_->LocalAddress(),
-                                              cfg_.timeoutMs, &table));
   localRanks_ = 0;
+  peers_.clear();
   for (int r = 0; r < nranks_; ++r) {
     const bootstrap::PeerEntry& e = table[static_cast<size_t>(r)];
-    if (e.hostHash == host) ++localRanks_;
+    bootstrap::PeerEntry info;
+    info.hostHash = e.hostHash;
+    info.pid = e.pid;
+    peers_.push_back(info);
+    if (e.hostHash == hostHash_) ++localRanks_;
     if (r == rank_) continue;
-    const bool sameHost = e.hostHash == host && localShm;
+    const bool sameHost = e.hostHash == hostHash_ && localShm;
     if (sameHost) localPeers_.push_back(LocalPeer{r, static_cast<pid_t>(e.pid)});
     SCAPE_RETURN_IF_ERROR(tp_->Connect(r, e.blob.data(), e.blob.size(), sameHost));
   }
@@ -141,7 +154,7 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
   if (mode_ == scapeProgressAuto)
     mode_ = localRanks_ > OnlineCpus() ? scapeProgressYield : scapeProgressSpin;
   SCAPE_INFO("rank %d/%d: %d ranks on this host, progress mode %d, interface %s", rank_,
-             nranks_, localRanks_, static_cast<int>(mode_), ifname.c_str());
+             nranks_, localRanks_, static_cast<int>(mode_), ifname_.c_str());
 
   ctrlBuf_.resize(sizeof(Notice));
   SCAPE_RETURN_IF_ERROR(PostControlRecv());
@@ -149,10 +162,63 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
   // that cannot be reached is an init error.
   coll::CollArgs barrier;
   barrier.type = coll::CollType::kBarrier;
-  std::shared_ptr<PendingOp> op;
-  SCAPE_RETURN_IF_ERROR(Submit(barrier, &op));
-  Status w = Wait(op.get());
+  Status w = Run(barrier);
   if (!w.ok()) return w.Prepend("connecting the ranks");
+  return Status::Ok();
+}
+
+Status Comm::Run(const coll::CollArgs& args) {
+  std::shared_ptr<PendingOp> op;
+  SCAPE_RETURN_IF_ERROR(Submit(args, &op));
+  return Wait(op.get());
+}
+
+Status Comm::CreateChild(std::unique_ptr<Comm>* out) {
+  if (!error_.ok()) return error_;
+  std::unique_ptr<Comm> c(new Comm());
+  c->rank_ = rank_;
+  c->nranks_ = nranks_;
+  c->cfg_ = cfg_;
+  // A child is driven by a background thread beside the caller's computation: it must not
+  // spin on a core the caller needs.
+  if (c->cfg_.progress != scapeProgressBlocking) c->cfg_.progress = scapeProgressYield;
+  SCAPE_RETURN_IF_ERROR(c->InitTransport());
+  // Exchange the new worker addresses over this communicator: lengths, then padded blobs.
+  const std::vector<uint8_t>& mine = c->tp_->LocalAddress();
+  const size_t P = static_cast<size_t>(nranks_);
+  std::vector<int64_t> lens(P);
+  int64_t myLen = static_cast<int64_t>(mine.size());
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &myLen;
+  ag.recv = lens.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(Run(ag));
+  size_t maxLen = 0;
+  for (size_t r = 0; r < P; ++r) {
+    if (lens[r] <= 0 || lens[r] > static_cast<int64_t>(bootstrap::kMaxBlobBytes))
+      return RemoteError(StrFormat("rank %zu published a %lld-byte address", r,
+                                   static_cast<long long>(lens[r])));
+    maxLen = std::max(maxLen, static_cast<size_t>(lens[r]));
+  }
+  maxLen = (maxLen + 3) / 4 * 4;
+  std::vector<uint8_t> padded(maxLen, 0), all(P * maxLen);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  ag.send = padded.data();
+  ag.recv = all.data();
+  ag.count = maxLen / 4;
+  ag.dtype = scapeInt32;
+  SCAPE_RETURN_IF_ERROR(Run(ag));
+  std::vector<bootstrap::PeerEntry> table(P);
+  for (size_t r = 0; r < P; ++r) {
+    table[r].hostHash = peers_[r].hostHash;
+    table[r].pid = peers_[r].pid;
+    table[r].blob.assign(all.begin() + static_cast<ptrdiff_t>(r * maxLen),
+                         all.begin() + static_cast<ptrdiff_t>(r * maxLen + static_cast<size_t>(lens[r])));
+  }
+  SCAPE_RETURN_IF_ERROR(c->Connect(table));
+  *out = std::move(c);
   return Status::Ok();
 }
 

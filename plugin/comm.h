@@ -61,9 +61,24 @@ class Comm {
   // Best effort: tells every peer we are aborting, then closes all endpoints.
   void Abort(const std::string& why);
 
+  // Submit + Wait: runs one collective to completion (internal callers).
+  Status Run(const coll::CollArgs& args);
+
+  // Collective: a new communicator over the same ranks with its own transport (its own UCX
+  // worker and endpoints), wired up through this one. Used for channels that a background
+  // thread drives while the caller uses this communicator.
+  Status CreateChild(std::unique_ptr<Comm>* out);
+
  private:
   Comm() = default;
   Status Init(const bootstrap::RootAddress& root);
+  // Everything after the address exchange: endpoints, control channel, wire-up barrier.
+  Status Connect(const std::vector<bootstrap::PeerEntry>& table);
+  // Tuning and the transport (before any address exchange).
+  Status InitTransport();
+  std::string ifname_;
+  std::vector<bootstrap::PeerEntry> peers_;  // hostHash and pid of every rank (blobs dropped)
+  uint64_t hostHash_ = 0;
   // One pass over the network and the head of the queue.
   Status Poll(bool* advanced);
   Status PostControlRecv();

@@ -108,7 +108,9 @@ TEST(Errors, ArgumentErrorsLeaveCommUsable) {
     EXPECT_TRUE(Contains(scapeGetLastError(c.comm), "overlap"));
     int dummyStream = 0;
     EXPECT_EQ(scapeAllReduce(a.data(), b.data(), 16, scapeFloat32, scapeSum, nullptr, c.comm, &dummyStream), scapeUnsupported);
-    EXPECT_EQ(scapeAllReduce(a.data(), b.data(), 16, scapeFloat32, scapeSum, reinterpret_cast<scapeMask_t>(&dummyStream), c.comm, nullptr), scapeUnsupported);
+    scapeRequest_t req = nullptr;
+    EXPECT_EQ(scapeAllReduceAsync(a.data(), b.data(), 16, scapeFloat32, scapeSum, reinterpret_cast<scapeMask_t>(&dummyStream), c.comm, nullptr, &req), scapeUnsupported);
+    EXPECT_EQ(req, nullptr);
     EXPECT_EQ(scapeBroadcast(a.data(), b.data(), 16, scapeFloat32, 2, c.comm, nullptr), scapeInvalidArgument);
     EXPECT_TRUE(Contains(scapeGetLastError(c.comm), "root 2"));
     EXPECT_EQ(scapeAllReduce(a.data(), b.data(), 16, scapeFloat32, scapeSum, nullptr, nullptr, nullptr), scapeInvalidArgument);

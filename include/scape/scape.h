@@ -339,10 +339,13 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
  * All-reduce: recvbuf[i] = op over ranks of sendbuf[i], for i < count.
  *
  * @param mask  NULL for a dense all-reduce. A non-NULL agreed mask selects the SCAPE sparse
- *              exchange (only masked positions move); this build returns scapeUnsupported
- *              for it until the mask API lands.
+ *              exchange: count must equal the mask's n; only the current mask's positions are
+ *              packed, reduced and unpacked, and every other element of recvbuf is left
+ *              untouched (in place allowed). Not available for the *Async form (which returns
+ *              scapeUnsupported for a non-NULL mask).
  * @return scapeSuccess; scapeInvalidArgument (NULL buffer with count > 0, bad dtype/op, bad
- *         overlap, NULL comm); scapeUnsupported (stream or mask non-NULL); scapeInvalidUsage
+ *         overlap, NULL comm, count != the mask's n); scapeUnsupported (stream non-NULL);
+ *         scapeInvalidUsage
  *         (communicator in error state, ranks disagree on count/dtype/op); scapeRemoteError;
  *         scapeTimeout; scapeSystemError.
  */
@@ -411,6 +414,212 @@ SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done);
  * the operation's result. The handle must not be used again. scapeInvalidArgument for NULL.
  */
 SCAPE_API scapeResult_t scapeWait(scapeRequest_t request);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Agreed masks: the SCAPE sparse exchange                                                    */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * A mask object describes a flat buffer of n elements (all of a model's parameters, say), cut
+ * into segments (tensors) and owned by the ranks in parts, and holds two masks:
+ *   - current: the positions the values-only collectives move at this step;
+ *   - next:    the positions chosen for the next step, set by each rank for the part it owns
+ *              and then all-gathered (scapeMaskSyncStart .. Wait) while the step computes.
+ * scapeMaskAdvance makes next current: the mask chosen at step t is used at step t + 1.
+ *
+ * Ownership. scapeOwnershipShards: the buffer is cut into nranks contiguous, equal shards
+ * (ZeRO-1 / distributed optimizer); a segment that crosses a shard boundary is owned piecewise.
+ * scapeOwnershipSegments: whole segments are assigned to ranks, largest first, each to the
+ * least-loaded rank (ties to the lower rank) - the replicated-optimizer layout. Every rank
+ * must build the same layout; scapeMaskCreate checks a 64-bit fingerprint of it across ranks.
+ *
+ * Mask order. Values-only collectives exchange the k selected positions as a packed array in
+ * mask order: by owner rank, then by increasing index. With shard ownership this is simply
+ * increasing index. Rank r's part of the packed array starts at the offset given by
+ * scapeMaskGetRankCount. Positions are 64-bit global indices into the flat buffer.
+ *
+ * Threads. A mask belongs to one communicator and follows its rules (not thread-safe; calls
+ * on a mask are serialised with the calls on its communicator). The synchronisation itself
+ * runs on a private channel driven by a background thread owned by the mask, so it proceeds
+ * while the caller computes, without calls into the library. Destroy masks before their
+ * communicator.
+ */
+
+/** How the owned parts are laid out. */
+typedef enum {
+  scapeOwnershipShards = 0,   /**< nranks contiguous equal shards of the flat buffer */
+  scapeOwnershipSegments = 1, /**< whole segments, balanced by size */
+  scapeNumOwnerships = 2
+} scapeOwnership_t;
+
+/** Wire encodings of a rank's owned part of the next mask. */
+typedef enum {
+  scapeMaskEncodingAuto = 0,   /**< the smallest of the others, chosen per rank and sync */
+  scapeMaskEncodingBitmap = 1, /**< one bit per owned element */
+  scapeMaskEncodingIndices = 2, /**< 32-bit local indices */
+  scapeMaskEncodingEliasFano = 3, /**< Elias-Fano code of the sorted local indices */
+  scapeMaskEncodingDeltaVarint = 4, /**< gaps between sorted indices, LEB128 varints */
+  scapeNumMaskEncodings = 5
+} scapeMaskEncoding_t;
+
+/**
+ * Creates a mask object. Collective over `comm`: every rank passes the same layout; a rank
+ * whose layout differs makes the call fail on every rank with scapeInvalidUsage. Both masks
+ * start empty (k = 0).
+ *
+ * @param mask         out: the new mask.
+ * @param n            flat buffer length, 0 <= n < 2^40.
+ * @param nsegments    number of segments, >= 1.
+ * @param segOffsets   nsegments + 1 offsets: segment s is [segOffsets[s], segOffsets[s+1]);
+ *                     segOffsets[0] == 0, non-decreasing, segOffsets[nsegments] == n. Copied.
+ * @param denseFlags   NULL, or nsegments bytes: non-zero marks a segment that is always fully
+ *                     selected (norms, biases). Copied.
+ * @param ownership    a scapeOwnership_t.
+ * @param encoding     a scapeMaskEncoding_t used for every sync (Auto recommended).
+ * @param comm         the communicator the mask's collectives run on.
+ * @return scapeSuccess; scapeInvalidArgument (bad pointer, offsets, ownership, encoding);
+ *         scapeInvalidUsage (layouts differ between ranks; the message names a rank);
+ *         scapeSystemError; communication errors as for any collective.
+ */
+SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegments,
+                                        const uint64_t* segOffsets, const uint8_t* denseFlags,
+                                        scapeOwnership_t ownership,
+                                        scapeMaskEncoding_t encoding, scapeComm_t comm);
+
+/** Destroys a mask (waiting, within the timeout, for a sync in flight). NULL is a no-op. */
+SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask);
+
+/**
+ * The owned part of `rank` as a list of [begin, end) ranges of the flat buffer, in increasing
+ * order. Writes at most `capacity` pairs to ranges (2 * capacity uint64_t: begin, end, ...)
+ * and the total number of ranges to *count (pass ranges == NULL to query the count).
+ */
+SCAPE_API scapeResult_t scapeMaskGetOwnedRanges(scapeMask_t mask, int rank, uint64_t* ranges,
+                                                size_t capacity, size_t* count);
+
+/**
+ * Sets this rank's owned part of the next mask from `k` sorted global indices, all inside the
+ * rank's owned ranges, strictly increasing. Positions of always-dense segments are added by
+ * the library (do not list them). Local: no communication.
+ */
+SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t* indices,
+                                                size_t k);
+
+/**
+ * Selects this rank's owned part of the next mask by top-k of |statistic| (for SCAPE:
+ * statistic = the candidate c = b1*m + (1-b1)*g + e): for every piece of a segment inside the
+ * owned part, k = max(1, floor(density * length)) largest magnitudes (ties to the lower index;
+ * NaN counts as largest); always-dense segments entirely. Deterministic. Local.
+ *
+ * @param statistic  the full flat buffer (n floats); only the owned part is read.
+ * @param density    0 < density <= 1.
+ */
+SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
+                                                double density);
+
+/**
+ * Starts the all-gather of every rank's owned part of the next mask (encoded as configured).
+ * Collective (all ranks start their syncs in the same order). Returns at once; the sync runs in
+ * the background. scapeInvalidUsage if a sync is already in flight.
+ */
+SCAPE_API scapeResult_t scapeMaskSyncStart(scapeMask_t mask);
+/** *done = 1 when the sync started last has completed (then returns its result), else 0 and
+ *  scapeInProgress. */
+SCAPE_API scapeResult_t scapeMaskSyncTest(scapeMask_t mask, int* done);
+/** Waits for the sync in flight (within the communicator's timeout) and returns its result.
+ *  Decoding validates everything received; a corrupt part is scapeRemoteError naming the
+ *  rank. scapeSuccess at once when no sync is in flight. */
+SCAPE_API scapeResult_t scapeMaskSyncWait(scapeMask_t mask);
+
+/** Makes the synchronised next mask current. scapeInvalidUsage while a sync is in flight or
+ *  when no sync completed since the last advance. Local. */
+SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask);
+
+/** Number of positions in the current mask (all ranks' parts). */
+SCAPE_API scapeResult_t scapeMaskGetCount(scapeMask_t mask, uint64_t* k);
+/** Rank `rank`'s part of the current mask: its count and its offset in mask order. */
+SCAPE_API scapeResult_t scapeMaskGetRankCount(scapeMask_t mask, int rank, uint64_t* k,
+                                              uint64_t* offset);
+/** Copies the current mask's global indices in mask order into `indices` (capacity >= k). */
+SCAPE_API scapeResult_t scapeMaskGetIndices(scapeMask_t mask, uint64_t* indices,
+                                            size_t capacity);
+
+/** What the last completed sync cost this rank. */
+typedef struct {
+  scapeMaskEncoding_t encoding; /**< encoding this rank sent */
+  uint64_t sentBytes;           /**< encoded bytes of this rank's part */
+  uint64_t totalBytes;          /**< encoded bytes of all parts (what each rank received) */
+  uint64_t bytesByEncoding[scapeNumMaskEncodings]; /**< this rank's part in each encoding
+                                                        (index 0 unused) */
+  double syncSeconds;           /**< from SyncStart to completion in the background */
+} scapeMaskSyncInfo_t;
+SCAPE_API scapeResult_t scapeMaskGetSyncInfo(scapeMask_t mask, scapeMaskSyncInfo_t* info);
+
+/**
+ * Packs `dense` (n elements of dtype) at the current mask's positions into `packed` (k
+ * elements, mask order); Unpack writes packed values back to their positions and leaves every
+ * other element of `dense` untouched. Local.
+ */
+SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void* packed,
+                                      scapeDataType_t dtype);
+SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, void* dense,
+                                        scapeDataType_t dtype);
+
+/*
+ * Values-only collectives on the current mask (host memory). Wire traffic is proportional to
+ * the mask's k, never to n; results are bit-identical on every rank. scapeAllReduce with a
+ * non-NULL mask (count must equal the mask's n) is the dense-in / dense-out form: only masked
+ * positions are packed, reduced and unpacked; the other elements of recvbuf are left untouched.
+ */
+
+/** All-reduce of k packed values (mask order) in sendbuf into recvbuf (both k elements).
+ *  Each owner's part is reduced in the same order as scapeMaskReduceScatter reduces it, so
+ *  reduce-scatter + all-gather gives the same bits as this call (sharded and replicated
+ *  optimizers stay identical). */
+SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recvbuf,
+                                                 scapeDataType_t dtype, scapeRedOp_t op,
+                                                 scapeMask_t mask, scapeComm_t comm,
+                                                 void* stream);
+/** Reduce-scatter: sendbuf holds k packed values (mask order); rank r receives in recvbuf its
+ *  part (k_r values, see scapeMaskGetRankCount) reduced over all ranks. */
+SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbuf,
+                                               scapeDataType_t dtype, scapeRedOp_t op,
+                                               scapeMask_t mask, scapeComm_t comm,
+                                               void* stream);
+/** All-gather: rank r contributes its part (k_r values); every rank receives all k values in
+ *  mask order. */
+SCAPE_API scapeResult_t scapeMaskAllGather(const void* sendbuf, void* recvbuf,
+                                           scapeDataType_t dtype, scapeMask_t mask,
+                                           scapeComm_t comm, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Generic sparse all-reduce (no agreed mask)                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Algorithms for scapeSparseAllReduce. */
+typedef enum {
+  scapeSparseAuto = 0,        /**< recursive doubling with the dense switch */
+  scapeSparseAllGather = 1,   /**< all-gather every list, reduce locally */
+  scapeSparseRecursiveDoubling = 2, /**< pairwise merges; switches to dense once the union is
+                                         dense enough (SparCML's rule) */
+  scapeNumSparseAlgos = 3
+} scapeSparseAlgo_t;
+
+/**
+ * Sparse all-reduce of (index, value) lists: every rank brings nnz sorted, distinct global
+ * indices below n with their values; the result is the union, values reduced (sum or avg;
+ * a missing index counts as 0), written densely to `denseOut` (n elements, every element
+ * written) and/or as a list to `outIndices`/`outValues` (capacity entries; *outNnz receives
+ * the union's size, and scapeInvalidArgument is returned if it exceeds capacity).
+ * Results are identical on every rank. dtype: fp32, fp16 or bf16 values.
+ *
+ * @param bytesSent  optional out: bytes this rank sent (to compare with dense and masked).
+ */
+SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void* values,
+                                             size_t nnz, uint64_t n, scapeDataType_t dtype,
+                                             scapeRedOp_t op, scapeSparseAlgo_t algo,
+                                             void* denseOut, uint64_t* outIndices,
+                                             void* outValues, size_t capacity, size_t* outNnz,
+                                             uint64_t* bytesSent, scapeComm_t comm);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,5 +1,6 @@
 #include "plugin/coll/coll.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -19,6 +20,7 @@ const char* CollName(CollType t) {
     case CollType::kAllGather: return "scapeAllGather";
     case CollType::kBroadcast: return "scapeBroadcast";
     case CollType::kBarrier: return "scapeBarrier";
+    case CollType::kExchange: return "exchange";
   }
   return "collective";
 }
@@ -37,6 +39,7 @@ uint32_t Signature(const CollArgs& a) {
   mix(a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter
           ? static_cast<uint64_t>(a.op) : 0);
   mix(a.type == CollType::kBroadcast ? static_cast<uint64_t>(a.root) : 0);
+  for (size_t c : a.counts) mix(c);
   return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffffu);
 }
 
@@ -102,7 +105,7 @@ class LocalOp final : public Op {
   LocalOp(const CollArgs& a, int nranks) : a_(a), nranks_(nranks) {}
   Status Start(Ctx& ctx) override {
     const size_t esz = scapeTypeSize(a_.dtype);
-    size_t bytes = a_.count * esz;
+    size_t bytes = (a_.counts.empty() ? a_.count : a_.counts[0]) * esz;
     const void* src = a_.send;
     void* dst = a_.recv;
     if (a_.type == CollType::kAllGather) dst = Ptr(a_.recv, static_cast<size_t>(ctx.rank()) * bytes);
@@ -133,7 +136,15 @@ class RingOp final : public Op {
       : mode_(mode), a_(a), r_(rank), p_(p), esz_(scapeTypeSize(a.dtype)) {
     steps_ = mode == kAR ? 2 * (p - 1) : p - 1;
     first_ = mode == kAG ? p - 1 : 0;  // index into the all-reduce step numbering
-    size_t maxBlock = mode == kAR ? BlockLength(a.count, p, 0) : a.count;
+    offs_.resize(static_cast<size_t>(p) + 1, 0);
+    for (int b = 0; b < p; ++b) {
+      size_t len = !a.counts.empty() ? a.counts[static_cast<size_t>(b)]
+                   : mode == kAR       ? BlockLength(a.count, p, b)
+                                       : a.count;
+      offs_[static_cast<size_t>(b) + 1] = offs_[static_cast<size_t>(b)] + len;
+    }
+    size_t maxBlock = 0;
+    for (int b = 0; b < p; ++b) maxBlock = std::max(maxBlock, BlockLen(b));
     nch_ = RingChunks(maxBlock * esz_, tuning.chunkBytes, steps_);
     maxChunk_ = maxBlock / nch_ + 1;
   }
@@ -141,8 +152,8 @@ class RingOp final : public Op {
   Status Start(Ctx& ctx) override {
     if (mode_ != kAG) staging_.resize(nch_ * maxChunk_ * esz_);
     if (mode_ == kRS && p_ > 2) work_.resize(2 * nch_ * maxChunk_ * esz_);
-    if (mode_ == kAG && a_.send != BlockPtr(a_.recv, r_))
-      std::memcpy(BlockPtr(a_.recv, r_), a_.send, a_.count * esz_);
+    if (mode_ == kAG && a_.send != BlockPtr(a_.recv, r_) && BlockLen(r_) > 0)
+      std::memcpy(BlockPtr(a_.recv, r_), a_.send, BlockLen(r_) * esz_);
     cols_.resize(nch_);
     for (size_t c = 0; c < nch_; ++c) SCAPE_RETURN_IF_ERROR(Post(ctx, c));
     active_ = nch_;
@@ -176,10 +187,10 @@ class RingOp final : public Op {
     std::unique_ptr<Request> send, recv;
   };
 
-  size_t BlockOff(int b) const {
-    return mode_ == kAR ? BlockOffset(a_.count, p_, b) : static_cast<size_t>(b) * a_.count;
+  size_t BlockOff(int b) const { return offs_[static_cast<size_t>(b)]; }
+  size_t BlockLen(int b) const {
+    return offs_[static_cast<size_t>(b) + 1] - offs_[static_cast<size_t>(b)];
   }
-  size_t BlockLen(int b) const { return mode_ == kAR ? BlockLength(a_.count, p_, b) : a_.count; }
   size_t ChunkOff(int b, size_t c) const { return ChunkBegin(BlockLen(b), nch_, c); }
   size_t ChunkLen(int b, size_t c) const {
     return ChunkBegin(BlockLen(b), nch_, c + 1) - ChunkBegin(BlockLen(b), nch_, c);
@@ -230,6 +241,7 @@ class RingOp final : public Op {
   size_t nch_ = 1, maxChunk_ = 1, active_ = 0;
   std::vector<Column> cols_;
   std::vector<char> staging_, work_;
+  std::vector<size_t> offs_;  // block b is [offs_[b], offs_[b+1]) elements
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -321,6 +333,15 @@ class RdAllReduceOp final : public StagedOp {
  private:
   CollArgs a_;
   std::vector<char> tmp_;
+};
+
+// One send and/or one receive (the building block of the sparse all-reduce).
+class ExchangeOp final : public StagedOp {
+ public:
+  explicit ExchangeOp(const CollArgs& a) {
+    stages_.push_back(Stage{a.sendPeer, a.send, a.sendBytes, a.recvPeer, a.recv, a.recvBytes, 0,
+                            nullptr});
+  }
 };
 
 // Dissemination barrier: ceil(log2 P) rounds of empty messages.
@@ -417,9 +438,22 @@ class BcastOp final : public Op {
 }  // namespace
 
 std::unique_ptr<Op> MakeOp(const CollArgs& a, int rank, int nranks, const Tuning& tuning) {
+  if (a.type == CollType::kExchange) {
+    if (a.sendPeer < 0 && a.recvPeer < 0) return std::make_unique<LocalOp>(a, 1);
+    return std::make_unique<ExchangeOp>(a);
+  }
   if (a.type == CollType::kBarrier)
     return nranks == 1 ? std::unique_ptr<Op>(new LocalOp(a, nranks))
                        : std::unique_ptr<Op>(new BarrierOp(rank, nranks));
+  // V variants: the ring, even for tiny blocks. An all-reduce with counts reduces block b to
+  // rank b exactly as the reduce-scatter does, so the two give the same bits.
+  if (!a.counts.empty()) {
+    if (nranks == 1) return std::make_unique<LocalOp>(a, nranks);
+    RingOp::Mode mode = a.type == CollType::kReduceScatter ? RingOp::kRS
+                        : a.type == CollType::kAllGather   ? RingOp::kAG
+                                                           : RingOp::kAR;
+    return std::make_unique<RingOp>(mode, a, rank, nranks, tuning);
+  }
   if (nranks == 1 || a.count == 0) return std::make_unique<LocalOp>(a, nranks);
   switch (a.type) {
     case CollType::kAllReduce: {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "scape/scape.h"
 #include "transport/transport.h"
@@ -31,7 +32,11 @@ constexpr uint64_t kSigMask = uint64_t{0xffff} << 26;
 constexpr uint64_t kKindMask = uint64_t{3} << 62;
 
 enum class CollType : uint32_t {
-  kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier
+  kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier,
+  // Point-to-point building block of irregular algorithms (sparse all-reduce): send sendBytes
+  // to sendPeer and/or receive recvBytes from recvPeer (-1: none). Every rank runs the same
+  // sequence of exchanges, with no-ops where it has nothing to do, so operations stay matched.
+  kExchange
 };
 const char* CollName(CollType t);
 
@@ -45,6 +50,13 @@ struct CollArgs {
   scapeDataType_t dtype = scapeFloat32;
   scapeRedOp_t op = scapeSum;
   int root = 0;
+  // Reduce-scatter / all-gather / all-reduce with a different block per rank ("V" variants):
+  // when non-empty, nranks entries; `count` is then ignored (all-reduce: their sum). Blocks lie
+  // back to back in rank order; an all-reduce reduces block b at rank b, like reduce-scatter.
+  std::vector<size_t> counts;
+  // kExchange only (not part of the signature: the two sides' sizes differ).
+  int sendPeer = -1, recvPeer = -1;
+  size_t sendBytes = 0, recvBytes = 0;
 };
 uint32_t Signature(const CollArgs& a);
 

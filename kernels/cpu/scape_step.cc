@@ -1,0 +1,401 @@
+// CPU implementation of kernels/cpu/scape_step.h. Built with -ffp-contract=off (see
+// kernels/CMakeLists.txt): the bit-exact agreement with the CUDA kernels depends on it.
+#include "kernels/cpu/scape_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+#include <vector>
+
+#include "kernels/cpu/dtype.h"
+#include "kernels/cpu/parallel.h"
+
+namespace scape {
+namespace kernels {
+namespace {
+
+// Below this many elements a kernel runs on the calling thread.
+constexpr size_t kParallelGrain = size_t{1} << 20;
+
+struct StoreF32 {
+  float* p;
+  void operator()(size_t j, float v) const { p[j] = v; }
+};
+struct StoreBf16 {
+  uint16_t* p;
+  void operator()(size_t j, float v) const { p[j] = FloatToBf16(v); }
+};
+struct StoreFp16 {
+  uint16_t* p;
+  void operator()(size_t j, float v) const { p[j] = FloatToFp16(v); }
+};
+struct LoadF32 {
+  const float* p;
+  float operator()(size_t j) const { return p[j]; }
+};
+struct LoadBf16 {
+  const uint16_t* p;
+  float operator()(size_t j) const { return Bf16ToFloat(p[j]); }
+};
+struct LoadFp16 {
+  const uint16_t* p;
+  float operator()(size_t j) const { return Fp16ToFloat(p[j]); }
+};
+
+template <typename Index>
+bool ValidMask(const Index* mask, size_t k, size_t n) {
+  if (k == 0) return true;
+  if (mask == nullptr || k > n) return false;
+  uint64_t prev = mask[0];
+  if (prev >= n) return false;
+  for (size_t j = 1; j < k; ++j) {
+    uint64_t cur = mask[j];
+    if (cur <= prev) return false;
+    prev = cur;
+  }
+  return prev < n;
+}
+
+// Runs body(begin, end, jb, je) on disjoint chunks of [0, n), where [jb, je) are the mask
+// entries that fall into [begin, end).
+template <typename Index, typename Body>
+bool ForMaskChunks(size_t n, const Index* mask, size_t k, int max_threads, Body body) {
+  const int nt = detail::ThreadsFor(n, kParallelGrain, max_threads);
+  return detail::ParallelRun(nt, [&](int t) {
+    const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
+    if (b >= e) return;
+    size_t jb = 0, je = k;
+    if (nt > 1) {
+      auto less = [](Index a, uint64_t v) { return static_cast<uint64_t>(a) < v; };
+      jb = static_cast<size_t>(std::lower_bound(mask, mask + k, uint64_t{b}, less) - mask);
+      je = e >= n ? k
+                  : static_cast<size_t>(
+                        std::lower_bound(mask + jb, mask + k, uint64_t{e}, less) - mask);
+    }
+    body(b, e, jb, je);
+  });
+}
+
+// ------------------------------------------------------------------------------------------
+// Candidate, pack, residual
+// ------------------------------------------------------------------------------------------
+
+inline float Candidate(float m, float g, float e, float b1, float omb1) {
+  return ((b1 * m) + (omb1 * g)) + e;
+}
+
+void CandidateDense(const float* m, const float* g, float* e, size_t b, size_t end, float b1,
+                    float omb1) {
+  for (size_t i = b; i < end; ++i) e[i] = Candidate(m[i], g[i], e[i], b1, omb1);
+}
+void CandidateDenseOut(const float* m, const float* g, float* e, float* c, size_t b, size_t end,
+                       float b1, float omb1) {
+  for (size_t i = b; i < end; ++i) {
+    const float v = Candidate(m[i], g[i], e[i], b1, omb1);
+    e[i] = v;
+    c[i] = v;
+  }
+}
+
+template <typename Index, typename Store>
+void CandidateChunk(const float* m, const float* g, float* e, float* c_out, size_t b, size_t end,
+                    float b1, float omb1, const Index* mask, size_t jb, size_t je, Store store) {
+  size_t i = b;
+  for (size_t j = jb; j < je; ++j) {
+    const size_t p = static_cast<size_t>(mask[j]);
+    if (c_out) {
+      CandidateDenseOut(m, g, e, c_out, i, p, b1, omb1);
+    } else {
+      CandidateDense(m, g, e, i, p, b1, omb1);
+    }
+    const float v = Candidate(m[p], g[p], e[p], b1, omb1);
+    store(j, v);
+    e[p] = 0.0f;
+    if (c_out) c_out[p] = v;
+    i = p + 1;
+  }
+  if (c_out) {
+    CandidateDenseOut(m, g, e, c_out, i, end, b1, omb1);
+  } else {
+    CandidateDense(m, g, e, i, end, b1, omb1);
+  }
+}
+
+template <typename Index>
+KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
+                           const Index* mask, size_t k, scapeDataType_t type, void* payload,
+                           float* c_out, int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
+  if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const float b1 = beta1;
+  const float omb1 = 1.0f - beta1;
+  bool ok = false;
+  switch (type) {
+    case scapeFloat32: {
+      StoreF32 st{static_cast<float*>(payload)};
+      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+      });
+      break;
+    }
+    case scapeBfloat16: {
+      StoreBf16 st{static_cast<uint16_t*>(payload)};
+      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+      });
+      break;
+    }
+    default: {
+      StoreFp16 st{static_cast<uint16_t*>(payload)};
+      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+      });
+      break;
+    }
+  }
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+// ------------------------------------------------------------------------------------------
+// Unpack and AdamS update
+// ------------------------------------------------------------------------------------------
+
+inline float RecoveredGrad(float mt, float mp, const AdamSScalars& s) {
+  return (mt - (s.b1 * mp)) / s.omb1;
+}
+
+inline void AdamSPoint(float mt, float* theta, float* m, const AdamSScalars& s) {
+  const float mp = *m;
+  const float g = RecoveredGrad(mt, mp, s) * s.clip;
+  const float mn = s.rebuild_momentum ? ((s.b1 * mp) + (s.omb1 * g)) : mt;
+  const float mpc = mp * s.pscale;
+  const float v = (s.b2 * (mpc * mpc)) + (s.omb2 * (g * g));
+  const float den = std::sqrt(v * s.vscale) + s.eps;
+  *theta = (*theta * s.decay) - ((s.lr * (mn * s.mscale)) / den);
+  *m = mn;
+}
+
+void DecayZeroRun(float* theta, float* m, size_t b, size_t end, float decay, bool do_decay) {
+  if (do_decay) {
+    for (size_t i = b; i < end; ++i) theta[i] = theta[i] * decay;
+  }
+  if (end > b) std::fill(m + b, m + end, 0.0f);
+}
+
+template <typename Index, typename Load>
+void UpdateChunk(const Index* mask, size_t jb, size_t je, float* theta, float* m, size_t b,
+                 size_t end, const AdamSScalars& s, Load load) {
+  const bool do_decay = s.decay != 1.0f;
+  size_t i = b;
+  for (size_t j = jb; j < je; ++j) {
+    const size_t p = static_cast<size_t>(mask[j]);
+    DecayZeroRun(theta, m, i, p, s.decay, do_decay);
+    AdamSPoint(load(j), theta + p, m + p, s);
+    i = p + 1;
+  }
+  DecayZeroRun(theta, m, i, end, s.decay, do_decay);
+}
+
+template <typename Index>
+KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
+                        float* theta, float* m, size_t n, const AdamSParams& params,
+                        int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
+  if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  bool ok = false;
+  auto run = [&](auto load) {
+    return ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+      UpdateChunk(mask, jb, je, theta, m, b, end, s, load);
+    });
+  };
+  switch (type) {
+    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
+    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
+    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+  }
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+// ------------------------------------------------------------------------------------------
+// Squared norm of the recovered gradient, blocked order
+// ------------------------------------------------------------------------------------------
+
+// Sums blocks of kSqNormBlock values of `v` in place until one value is left.
+double BlockedReduce(double* v, size_t count) {
+  while (count > 1) {
+    const size_t out = (count + kSqNormBlock - 1) / kSqNormBlock;
+    for (size_t b = 0; b < out; ++b) {
+      const size_t lo = b * kSqNormBlock, hi = std::min(count, lo + kSqNormBlock);
+      double acc = v[lo];
+      for (size_t i = lo + 1; i < hi; ++i) acc = acc + v[i];
+      v[b] = acc;
+    }
+    count = out;
+  }
+  return count == 1 ? v[0] : 0.0;
+}
+
+template <typename Index>
+KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
+                        const float* m, size_t n, float beta1, double* sq_norm,
+                        int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (sq_norm == nullptr) return KernelStatus::kInvalidArgument;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (payload == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
+  if (k == 0) {
+    *sq_norm = 0.0;
+    return KernelStatus::kOk;
+  }
+  AdamSScalars s{};
+  s.b1 = beta1;
+  s.omb1 = 1.0f - beta1;
+  const size_t nblocks = (k + kSqNormBlock - 1) / kSqNormBlock;
+  std::vector<double> partial;
+  try {
+    partial.resize(nblocks);
+  } catch (...) {
+    return KernelStatus::kOutOfMemory;
+  }
+  auto level0 = [&](auto load) {
+    const int nt = detail::ThreadsFor(k, kParallelGrain / 4, max_threads);
+    return detail::ParallelRun(nt, [&](int t) {
+      const size_t bb = detail::ChunkBegin(nblocks, nt, t, 1);
+      const size_t be = detail::ChunkBegin(nblocks, nt, t + 1, 1);
+      for (size_t b = bb; b < be; ++b) {
+        const size_t lo = b * kSqNormBlock, hi = std::min(k, lo + kSqNormBlock);
+        double acc = 0.0;
+        for (size_t j = lo; j < hi; ++j) {
+          const double gh = static_cast<double>(RecoveredGrad(load(j), m[mask[j]], s));
+          const double sq = gh * gh;
+          acc = j == lo ? sq : acc + sq;
+        }
+        partial[b] = acc;
+      }
+    });
+  };
+  bool ok = false;
+  switch (type) {
+    case scapeFloat32: ok = level0(LoadF32{static_cast<const float*>(payload)}); break;
+    case scapeBfloat16: ok = level0(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
+    default: ok = level0(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+  }
+  if (!ok) return KernelStatus::kOutOfMemory;
+  *sq_norm = BlockedReduce(partial.data(), nblocks);
+  return KernelStatus::kOk;
+}
+
+}  // namespace
+
+size_t PayloadElementSize(scapeDataType_t type) {
+  switch (type) {
+    case scapeFloat32: return 4;
+    case scapeBfloat16:
+    case scapeFloat16: return 2;
+    default: return 0;
+  }
+}
+
+bool MaskIsValid(const uint32_t* mask, size_t k, size_t n) { return ValidMask(mask, k, n); }
+bool MaskIsValid(const uint64_t* mask, size_t k, size_t n) { return ValidMask(mask, k, n); }
+
+KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
+  if (out == nullptr) return KernelStatus::kInvalidArgument;
+  const float fs[] = {p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.clip_scale};
+  for (float f : fs) {
+    if (!std::isfinite(f)) return KernelStatus::kInvalidArgument;
+  }
+  if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f) || !(p.beta2 >= 0.0f && p.beta2 < 1.0f)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (p.lr < 0.0f || p.eps < 0.0f || !(p.clip_scale > 0.0f)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  double bc1 = 1.0, bc2 = 1.0;
+  switch (p.bias_correction) {
+    case BiasCorrection::kNone: break;
+    case BiasCorrection::kAdamSReference:
+    case BiasCorrection::kScapeArtifact:
+      if (p.step < 1) return KernelStatus::kInvalidArgument;
+      bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+      bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+      if (!(bc1 > 0.0) || !(bc2 > 0.0)) return KernelStatus::kInvalidArgument;
+      break;
+    default: return KernelStatus::kInvalidArgument;
+  }
+  AdamSScalars s;
+  s.b1 = p.beta1;
+  s.omb1 = static_cast<float>(1.0 - static_cast<double>(p.beta1));
+  s.b2 = p.beta2;
+  s.omb2 = static_cast<float>(1.0 - static_cast<double>(p.beta2));
+  s.eps = p.eps;
+  s.lr = p.lr;
+  s.decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
+  s.clip = p.clip_scale;
+  s.mscale = 1.0f;
+  s.pscale = 1.0f;
+  s.vscale = 1.0f;
+  if (p.bias_correction == BiasCorrection::kAdamSReference) {
+    s.mscale = static_cast<float>(1.0 / bc1);
+    s.pscale = s.mscale;
+  } else if (p.bias_correction == BiasCorrection::kScapeArtifact) {
+    s.mscale = static_cast<float>(1.0 / bc1);
+    s.vscale = static_cast<float>(1.0 / bc2);
+  }
+  s.rebuild_momentum = (p.clip_momentum && p.clip_scale != 1.0f) ? 1 : 0;
+  if (!std::isfinite(s.mscale) || !std::isfinite(s.vscale) || !std::isfinite(s.decay)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  *out = s;
+  return KernelStatus::kOk;
+}
+
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
+                                   float beta1, const uint32_t* mask, size_t k,
+                                   scapeDataType_t payload_type, void* payload, float* c_out,
+                                   int max_threads) {
+  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
+}
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
+                                   float beta1, const uint64_t* mask, size_t k,
+                                   scapeDataType_t payload_type, void* payload, float* c_out,
+                                   int max_threads) {
+  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
+}
+
+KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
+                               const uint32_t* mask, size_t k, float* theta, float* m, size_t n,
+                               const AdamSParams& params, int max_threads) {
+  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads);
+}
+KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
+                               const uint64_t* mask, size_t k, float* theta, float* m, size_t n,
+                               const AdamSParams& params, int max_threads) {
+  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads);
+}
+
+KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_type,
+                                 const uint32_t* mask, size_t k, const float* m, size_t n,
+                                 float beta1, double* sq_norm, int max_threads) {
+  return SqNormImpl(payload, payload_type, mask, k, m, n, beta1, sq_norm, max_threads);
+}
+KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_type,
+                                 const uint64_t* mask, size_t k, const float* m, size_t n,
+                                 float beta1, double* sq_norm, int max_threads) {
+  return SqNormImpl(payload, payload_type, mask, k, m, n, beta1, sq_norm, max_threads);
+}
+
+}  // namespace kernels
+}  // namespace scape

@@ -1,0 +1,158 @@
+// Contract: the two fused element-wise kernels of a SCAPE step, and the squared norm of the
+// recovered gradient (design brief section 2, steps 3, 5, 7, 8, 9, 10).
+//
+// Common rules (CPU here, CUDA in kernels/cuda/scape_kernels.cuh, same contract):
+// - Masks are sorted, strictly increasing local indices into the flat buffer of n elements
+//   (uint32_t or uint64_t). Every mask is validated (O(k), before anything is written):
+//   an unsorted, duplicated or out-of-range index gives kInvalidArgument and no output. (The
+//   CUDA wrappers cannot validate device data without a synchronisation; there the mask is a
+//   precondition, see scape_kernels.cuh.)
+// - Payloads are packed in mask order, element type scapeFloat32, scapeBfloat16 or
+//   scapeFloat16 (kUnsupported for others). fp32 -> bf16/fp16 rounds to nearest even
+//   (kernels/cpu/dtype.h); bf16/fp16 -> fp32 is exact.
+// - Arithmetic is fp32 with the operation order written in each contract, every operation
+//   rounded separately (no FMA contraction: this file is built with -ffp-contract=off and the
+//   CUDA kernels use __fmul_rn/__fadd_rn/__fdiv_rn/__fsqrt_rn). Results are therefore bit for
+//   bit identical for any thread count and between the CPU and the CUDA implementation; this
+//   is what lets every rank hold identical m and theta.
+// - n == 0 (and k == 0) are valid; pointers may then be null. Pointers of a non-empty range
+//   must be non-null (kInvalidArgument).
+// - max_threads: 0 = std::thread::hardware_concurrency(); inputs below ~1 Mi elements run on
+//   the calling thread. Nothing is allocated apart from thread stacks (and, for
+//   RecoveredGradSqNorm, ceil(k/256) doubles of partial sums).
+#ifndef SCAPE_KERNELS_CPU_SCAPE_STEP_H_
+#define SCAPE_KERNELS_CPU_SCAPE_STEP_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/kernel_status.h"
+#include "scape/scape.h"
+
+namespace scape {
+namespace kernels {
+
+// Bytes of one payload element (4, 2, 2), or 0 for an unsupported payload type.
+size_t PayloadElementSize(scapeDataType_t type);
+
+// ---------------------------------------------------------------------------------------------
+// 1. Candidate, pack and residual (fused, one pass over m, g, e).
+//
+//   c[i]       = ((beta1 * m[i]) + ((1 - beta1) * g[i])) + e[i]   ((1 - beta1) rounded to fp32
+//                                                                  once, then this order)
+//   payload[j] = convert(c[mask[j]])                  for j < k
+//   e[i]       = +0.0f if i is in the mask, else c[i]
+//   c_out[i]   = c[i]                                 if c_out != nullptr (for the top-k of the
+//                                                     next mask; may be skipped)
+// Aliasing: m and g may be the same buffer. c_out may be nullptr, m or g (each element is read
+// before it is written) but must not overlap e or payload otherwise. e must not overlap m, g or
+// payload. The mask must not overlap any output.
+// Errors: kInvalidArgument (null pointer, k > n, mask not strictly increasing or >= n),
+// kUnsupported (payload type). Nothing is written on error.
+// ---------------------------------------------------------------------------------------------
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
+                                   float beta1, const uint32_t* mask, size_t k,
+                                   scapeDataType_t payload_type, void* payload, float* c_out,
+                                   int max_threads = 0);
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
+                                   float beta1, const uint64_t* mask, size_t k,
+                                   scapeDataType_t payload_type, void* payload, float* c_out,
+                                   int max_threads = 0);
+
+// ---------------------------------------------------------------------------------------------
+// 4. Unpack and AdamS update (fused).
+// ---------------------------------------------------------------------------------------------
+
+// Which bias correction the update applies (prior-art.md, "The optimizer").
+enum class BiasCorrection : int {
+  kNone = 0,            // the AdamS paper form (DEFAULT): no correction
+  kAdamSReference = 1,  // pku-huzhang/AdamS code: m_t and m_{t-1} (inside v) / (1 - b1^t)
+  kScapeArtifact = 2,   // SCAPE artifact: m_t / (1 - b1^t), v / (1 - b2^t)
+};
+
+struct AdamSParams {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;            // outside the square root
+  float weight_decay = 0.1f;    // decoupled: theta *= (1 - lr*wd) on every coordinate
+  // Global-norm clipping: the recovered gradient is multiplied by clip_scale (the caller
+  // computes min(1, max_norm / (sqrt(RecoveredGradSqNorm summed over all owners) + 1e-6))).
+  float clip_scale = 1.0f;
+  // With clip_scale != 1 and clip_momentum true (default), the momentum is rebuilt from the
+  // clipped gradient, m_t = b1*m_{t-1} + (1-b1)*clip*g^, as if the gradient had been clipped
+  // before the momentum update (standard clipping semantics). With false, m_t stays the
+  // reduced payload and only the denominator sees the clipped gradient. With clip_scale == 1
+  // m_t is the payload value bit for bit either way.
+  bool clip_momentum = true;
+  BiasCorrection bias_correction = BiasCorrection::kNone;
+  int64_t step = 1;  // t >= 1; used only by the bias corrections
+};
+
+// The fp32 constants both implementations use, derived once on the host (in double, rounded to
+// fp32). Exposed so the CUDA wrapper and the tests use exactly the same bits.
+struct AdamSScalars {
+  float b1, omb1;         // beta1, 1 - beta1
+  float b2, omb2;         // beta2, 1 - beta2
+  float eps, lr;
+  float decay;            // 1 - lr*wd
+  float clip;             // clip_scale
+  float mscale;           // multiplies m_t            (1 or 1/(1-b1^t))
+  float pscale;           // multiplies m_{t-1} in v   (1 or 1/(1-b1^t))
+  float vscale;           // multiplies v              (1 or 1/(1-b2^t))
+  int rebuild_momentum;   // clip_momentum && clip != 1
+};
+
+// kInvalidArgument: a non-finite parameter, beta1 or beta2 outside [0, 1), lr < 0, eps < 0,
+// clip_scale <= 0, an unknown bias_correction, or step < 1 with a bias correction.
+KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out);
+
+// For every j < k, with i = mask[j], mp = m[i] (m_{t-1}), mt = convert(payload[j]):
+//   gh   = (mt - (b1*mp)) / omb1                   recovered gradient g^
+//   g    = gh * clip
+//   mn   = rebuild_momentum ? ((b1*mp) + (omb1*g)) : mt
+//   mpc  = mp * pscale
+//   v    = (b2*(mpc*mpc)) + (omb2*(g*g))
+//   den  = sqrt(v * vscale) + eps
+//   theta[i] = (theta[i]*decay) - ((lr*(mn*mscale)) / den)
+//   m[i] = mn
+// and for every i not in the mask: theta[i] = theta[i]*decay (skipped when decay == 1, which
+// leaves the same bits), m[i] = +0.0f.
+// Aliasing: theta, m, payload and mask must not overlap.
+// Errors: kInvalidArgument (null pointer, k > n, bad mask, bad parameters), kUnsupported.
+KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
+                               const uint32_t* mask, size_t k, float* theta, float* m, size_t n,
+                               const AdamSParams& params, int max_threads = 0);
+KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
+                               const uint64_t* mask, size_t k, float* theta, float* m, size_t n,
+                               const AdamSParams& params, int max_threads = 0);
+
+// ---------------------------------------------------------------------------------------------
+// Squared L2 norm of the recovered gradient at the mask (for global-norm clipping); must run
+// before UnpackAdamSUpdate, which overwrites m_{t-1}.
+//   *sq_norm = sum over j < k of (double)gh_j * (double)gh_j, gh_j as in UnpackAdamSUpdate
+// (before clipping). Summation order is fixed (the "blocked order" below), so the result is the
+// same bits for any thread count and on CUDA:
+//   level 0 values are the k squares; each level sums consecutive blocks of 256 values
+//   sequentially in double (left to right) into one value per block; levels repeat until one
+//   value is left (k == 0 gives 0.0).
+// Errors: kInvalidArgument (null pointer, k > n, bad mask, beta1 not in [0,1)), kUnsupported.
+// ---------------------------------------------------------------------------------------------
+KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_type,
+                                 const uint32_t* mask, size_t k, const float* m, size_t n,
+                                 float beta1, double* sq_norm, int max_threads = 0);
+KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_type,
+                                 const uint64_t* mask, size_t k, const float* m, size_t n,
+                                 float beta1, double* sq_norm, int max_threads = 0);
+
+// Block size of the blocked summation order above.
+constexpr size_t kSqNormBlock = 256;
+
+// Validates a sorted mask: strictly increasing, every index < n. O(k).
+bool MaskIsValid(const uint32_t* mask, size_t k, size_t n);
+bool MaskIsValid(const uint64_t* mask, size_t k, size_t n);
+
+}  // namespace kernels
+}  // namespace scape
+
+#endif  // SCAPE_KERNELS_CPU_SCAPE_STEP_H_

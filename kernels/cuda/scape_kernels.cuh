@@ -1,0 +1,167 @@
+// Contract: the CUDA implementations of the kernel contracts in kernels/cpu/*.h.
+//
+// This is a PLAIN C++ header (no CUDA headers needed): .cc files include it and link
+// scape_core; only builds with SCAPE_HAVE_CUDA compile the definitions (kernels/cuda/*.cu).
+//
+// Rules for every function here:
+// - Device pointers are marked d_; every kernel is enqueued on `stream` and returns without
+//   synchronising (stream-ordered). The KernelStatus covers host-checkable arguments and launch
+//   errors (kCudaError); errors found on the device are reported through device-side outputs
+//   named in each contract.
+// - No hidden allocation: functions that need scratch memory take (d_temp, temp_bytes) in the
+//   CUB style: with d_temp == nullptr they only store the required size in *temp_bytes and
+//   return kOk; otherwise *temp_bytes must be at least that (kBufferTooSmall).
+// - Results equal the CPU implementation's bit for bit (same operation order, explicit
+//   round-to-nearest intrinsics, no FMA contraction; top-k selects the same unique set).
+// - Device-side preconditions the host cannot check without a synchronisation (sorted masks,
+//   ascending segment offsets, k <= len) are documented per function; violating them gives
+//   unspecified values but never an access outside the documented buffers.
+#ifndef SCAPE_KERNELS_CUDA_SCAPE_KERNELS_CUH_
+#define SCAPE_KERNELS_CUDA_SCAPE_KERNELS_CUH_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/kernel_status.h"
+#include "kernels/cpu/scape_step.h"
+#include "kernels/cpu/topk.h"
+#include "scape/scape.h"
+
+// Same declaration as the CUDA runtime's (a repeated identical typedef is legal C++).
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+namespace scape {
+namespace kernels {
+namespace cuda {
+
+// ---- runtime helpers (so that tests and callers need no CUDA headers) -----------------------
+
+// Number of usable devices; 0 when the driver is missing or reports none (never fails).
+int DeviceCount();
+// Name of the current device ("" if none).
+const char* DeviceName();
+KernelStatus DeviceMalloc(void** d_ptr, size_t bytes);
+KernelStatus DeviceFree(void* d_ptr);
+// Blocking copies (host memory may be pageable).
+KernelStatus CopyToDevice(void* d_dst, const void* src, size_t bytes);
+KernelStatus CopyToHost(void* dst, const void* d_src, size_t bytes);
+// Stream-ordered device-to-device copy and memset.
+KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes,
+                                cudaStream_t stream);
+KernelStatus DeviceMemset(void* d_ptr, int value, size_t bytes, cudaStream_t stream);
+KernelStatus StreamSynchronize(cudaStream_t stream);
+// Timing with CUDA events: an opaque event handle.
+KernelStatus EventCreate(void** event);
+KernelStatus EventRecord(void* event, cudaStream_t stream);
+KernelStatus EventElapsedMs(void* start, void* stop, float* ms);  // synchronises on stop
+KernelStatus EventDestroy(void* event);
+// The last CUDA error string (clears it).
+const char* LastCudaError();
+
+// ---- 1. candidate, pack, residual (scape_step.h) ---------------------------------------------
+// Same contract as CandidatePackResidual. Device preconditions: d_mask strictly increasing;
+// entries >= n are ignored (no write). k > n is kInvalidArgument (host check).
+KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
+                                       float beta1, const uint32_t* d_mask, size_t k,
+                                       scapeDataType_t payload_type, void* d_payload,
+                                       float* d_c_out, cudaStream_t stream);
+KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
+                                       float beta1, const uint64_t* d_mask, size_t k,
+                                       scapeDataType_t payload_type, void* d_payload,
+                                       float* d_c_out, cudaStream_t stream);
+
+// ---- 4. unpack + AdamS update, squared norm (scape_step.h) -----------------------------------
+// Same contract as UnpackAdamSUpdate (parameters validated on the host by MakeAdamSScalars).
+KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
+                                   const uint32_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                   size_t n, const AdamSParams& params, cudaStream_t stream);
+KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
+                                   const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                   size_t n, const AdamSParams& params, cudaStream_t stream);
+
+// Same contract and the same bits as RecoveredGradSqNorm; the result goes to *d_sq_norm
+// (device). Temp storage: about k/256 doubles.
+KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint32_t* d_mask, size_t k, const float* d_m,
+                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     size_t* temp_bytes, cudaStream_t stream);
+KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint64_t* d_mask, size_t k, const float* d_m,
+                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     size_t* temp_bytes, cudaStream_t stream);
+
+// ---- 2. top-k per segment (topk.h) -----------------------------------------------------------
+// Segment table in device memory (the layout is static: upload it once).
+struct TopkCudaSegments {
+  const uint64_t* d_offsets = nullptr;      // nseg + 1, ascending
+  const uint64_t* d_k = nullptr;            // nseg, k[s] <= len_s
+  const uint64_t* d_out_offsets = nullptr;  // nseg + 1, ascending
+  size_t nseg = 0;
+  // Host-side upper bound of offsets[nseg] - offsets[0] (sizes the temp storage).
+  uint64_t max_elements = 0;
+};
+// Same contract and the same selected sets as TopkAbs (exact or sampled, options.max_threads
+// ignored). d_counts (nseg) is required in both modes. Device preconditions: offsets and
+// out_offsets ascending, positions < 2^32 for uint32_t output, total length <= max_elements.
+// Violations never cause out-of-bounds accesses: k > len is clamped to len, a capacity below
+// k truncates (in index order), and a segment table with descending offsets or more elements
+// than max_elements selects nothing and sets d_counts[s] = UINT64_MAX for every segment.
+// Algorithm: exact = radix select on the key bits (three histogram passes with 11 + 11 + 9
+// bits, per-segment shared-memory histograms), then a counting pass, a per-segment scan and an
+// ordered write pass; sampled = one block per segment selects the threshold among the samples
+// in shared memory, then the same counting / scan / write. No sort; temp storage about
+// nseg * 8 KiB (exact) + 24 bytes per 8192 elements.
+KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
+                         const TopkOptions& options, uint32_t* d_out, uint64_t* d_counts,
+                         void* d_temp, size_t* temp_bytes, cudaStream_t stream);
+KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
+                         const TopkOptions& options, uint64_t* d_out, uint64_t* d_counts,
+                         void* d_temp, size_t* temp_bytes, cudaStream_t stream);
+
+// ---- 3. mask codecs (mask_codec.h) -----------------------------------------------------------
+// Writes all BitmapWords(n) words of d_words. Device precondition: d_idx strictly increasing
+// (entries >= n are ignored).
+KernelStatus IndicesToBitmapCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
+                                 cudaStream_t stream);
+KernelStatus IndicesToBitmapCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
+                                 cudaStream_t stream);
+
+// Sorted indices of the set bits of d_words (BitmapWords(n) words) into d_out[0, capacity).
+// Device outputs: *d_count = number of set bits below n; *d_status = 0 (kOk),
+// kCorrupt (non-zero padding bits; they are ignored) or kBufferTooSmall (more than capacity
+// set bits; the first capacity are written). Status values are KernelStatus codes.
+KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint32_t* d_out,
+                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
+                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream);
+KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint64_t* d_out,
+                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
+                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream);
+
+// Elias-Fano encoding (the encoded-mask format of mask_codec.h, encoding 2; the same bytes as
+// MaskEncode). *written (host) = EliasFanoEncodedBytes(n, k), known without the data;
+// kBufferTooSmall if capacity is smaller. d_buf must be 8-byte aligned. Device precondition:
+// d_idx strictly increasing and < n.
+KernelStatus EliasFanoEncodeCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
+                                 size_t capacity, size_t* written, cudaStream_t stream);
+KernelStatus EliasFanoEncodeCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
+                                 size_t capacity, size_t* written, cudaStream_t stream);
+
+// Elias-Fano decoding with the full validation of MaskDecode (encoding 2 only), on the device:
+// d_buf (8-byte aligned) holds `size` bytes. Device outputs: *d_status = a KernelStatus code
+// (kOk, kTruncated, kCorrupt, kBufferTooSmall) and, on kOk, *d_count = k and d_out[0, k) the
+// indices. Never reads outside [d_buf, d_buf + size) or writes outside d_out[0, capacity).
+KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
+                                 uint32_t* d_out, size_t capacity, uint64_t* d_count,
+                                 uint32_t* d_status, void* d_temp, size_t* temp_bytes,
+                                 cudaStream_t stream);
+KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
+                                 uint64_t* d_out, size_t capacity, uint64_t* d_count,
+                                 uint32_t* d_status, void* d_temp, size_t* temp_bytes,
+                                 cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace scape
+
+#endif  // SCAPE_KERNELS_CUDA_SCAPE_KERNELS_CUH_

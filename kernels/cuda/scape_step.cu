@@ -1,0 +1,317 @@
+// CUDA implementation of the SCAPE step kernels (contract: kernels/cpu/scape_step.h and
+// kernels/cuda/scape_kernels.cuh). Every float operation uses an explicit round-to-nearest
+// intrinsic, in the order the contract writes, so that nvcc cannot contract a multiply-add
+// into an FMA: the results equal the CPU implementation bit for bit.
+//
+// Both fused kernels work on tiles of kTile consecutive elements. A block first finds the
+// tile's range of mask entries (two warp-parallel lower_bound searches) and marks each masked
+// element's payload slot in shared memory; then every thread streams its elements once,
+// reading m/g/e (or theta/m) and writing the outputs, with the payload accessed at the
+// marked slots. One pass over the dense arrays, no temp storage.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/scape_kernels.cuh"
+
+namespace scape {
+namespace kernels {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 4096;
+
+// First index in a[0, n) whose value is >= target (n if none), computed by one full warp with
+// 32-way splits. Robust to unsorted input: the result always lies in [0, n].
+template <typename Index>
+__device__ uint64_t WarpLowerBound(const Index* a, uint64_t n, uint64_t target) {
+  const unsigned lane = threadIdx.x & 31u;
+  uint64_t lo = 0, hi = n;  // the answer lies in [lo, hi]
+  while (hi - lo > 32) {
+    const uint64_t step = (hi - lo) / 32;
+    const uint64_t pos = lo + (lane + 1) * step - 1;
+    const bool less = static_cast<uint64_t>(a[pos]) < target;
+    const int c = __popc(__ballot_sync(0xffffffffu, less));
+    const uint64_t new_lo = c == 0 ? lo : lo + static_cast<uint64_t>(c) * step;
+    const uint64_t new_hi = c == 32 ? hi : lo + static_cast<uint64_t>(c + 1) * step - 1;
+    lo = new_lo;
+    hi = new_hi;
+  }
+  const uint64_t pos = lo + lane;
+  const bool less = pos < hi && static_cast<uint64_t>(a[pos]) < target;
+  return lo + static_cast<uint64_t>(__popc(__ballot_sync(0xffffffffu, less)));
+}
+
+// Fills slot[0, t1 - t0) with the payload index offset (j - *jb) of each masked element of the
+// tile [t0, t1), -1 elsewhere. Ends with a block barrier.
+template <typename Index>
+__device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, int* slot,
+                         uint64_t* range, uint64_t* jb_out) {
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) slot[i] = -1;
+  const unsigned warp = threadIdx.x >> 5;
+  if (warp < 2) {
+    const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
+    if ((threadIdx.x & 31u) == 0) range[warp] = r;
+  }
+  __syncthreads();
+  const uint64_t jb = range[0], je = range[1];
+  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kTile);
+       j += blockDim.x) {
+    const uint64_t p = static_cast<uint64_t>(mask[j]);
+    if (p >= t0 && p < t1) slot[p - t0] = static_cast<int>(j - jb);
+  }
+  __syncthreads();
+  *jb_out = jb;
+}
+
+template <typename Index, int kType, bool kCOut>
+__global__ void __launch_bounds__(kThreads)
+    CandidateKernel(const float* m, const float* g, float* e, uint64_t n, float b1, float omb1,
+                    const Index* mask, uint64_t k, void* payload, float* c_out) {
+  __shared__ int slot[kTile];
+  __shared__ uint64_t range[2];
+  for (uint64_t tile = blockIdx.x; tile * kTile < n; tile += gridDim.x) {
+    const uint64_t t0 = tile * kTile;
+    const uint64_t t1 = t0 + kTile < n ? t0 + kTile : n;
+    uint64_t jb;
+    MarkTile(mask, k, t0, t1, slot, range, &jb);
+    for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
+      const float c = __fadd_rn(__fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, g[i])), e[i]);
+      const int s = slot[i - t0];
+      if (s >= 0 && jb + static_cast<uint64_t>(s) < k) {
+        dev::StorePayload<kType>(payload, jb + static_cast<uint64_t>(s), c);
+        e[i] = 0.0f;
+      } else {
+        e[i] = c;
+      }
+      if (kCOut) c_out[i] = c;
+    }
+    __syncthreads();  // slot is reused by the next tile
+  }
+}
+
+template <typename Index, int kType>
+__global__ void __launch_bounds__(kThreads)
+    UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
+                 uint64_t n, AdamSScalars s) {
+  __shared__ int slot[kTile];
+  __shared__ uint64_t range[2];
+  const bool do_decay = s.decay != 1.0f;
+  for (uint64_t tile = blockIdx.x; tile * kTile < n; tile += gridDim.x) {
+    const uint64_t t0 = tile * kTile;
+    const uint64_t t1 = t0 + kTile < n ? t0 + kTile : n;
+    uint64_t jb;
+    MarkTile(mask, k, t0, t1, slot, range, &jb);
+    for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
+      const int sl = slot[i - t0];
+      if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
+        const float mt = dev::LoadPayload<kType>(payload, jb + static_cast<uint64_t>(sl));
+        const float mp = m[i];
+        const float gh = __fdiv_rn(__fsub_rn(mt, __fmul_rn(s.b1, mp)), s.omb1);
+        const float gc = __fmul_rn(gh, s.clip);
+        const float mn =
+            s.rebuild_momentum ? __fadd_rn(__fmul_rn(s.b1, mp), __fmul_rn(s.omb1, gc)) : mt;
+        const float mpc = __fmul_rn(mp, s.pscale);
+        const float v =
+            __fadd_rn(__fmul_rn(s.b2, __fmul_rn(mpc, mpc)), __fmul_rn(s.omb2, __fmul_rn(gc, gc)));
+        const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.vscale)), s.eps);
+        const float upd = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mn, s.mscale)), den);
+        theta[i] = __fsub_rn(__fmul_rn(theta[i], s.decay), upd);
+        m[i] = mn;
+      } else {
+        if (do_decay) theta[i] = __fmul_rn(theta[i], s.decay);
+        m[i] = 0.0f;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Level 0 of the blocked order: one thread per block of kSqNormBlock recovered gradients.
+template <typename Index, int kType>
+__global__ void SqNormLevel0(const void* payload, const Index* mask, uint64_t k, const float* m,
+                             uint64_t n, float b1, float omb1, double* out) {
+  const uint64_t nblocks = (k + kSqNormBlock - 1) / kSqNormBlock;
+  for (uint64_t b = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; b < nblocks;
+       b += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t lo = b * kSqNormBlock;
+    const uint64_t hi = lo + kSqNormBlock < k ? lo + kSqNormBlock : k;
+    double acc = 0.0;
+    for (uint64_t j = lo; j < hi; ++j) {
+      const uint64_t p = static_cast<uint64_t>(mask[j]);
+      const float mp = p < n ? m[p] : 0.0f;
+      const float mt = dev::LoadPayload<kType>(payload, j);
+      const double gh = static_cast<double>(__fdiv_rn(__fsub_rn(mt, __fmul_rn(b1, mp)), omb1));
+      const double sq = __dmul_rn(gh, gh);
+      acc = j == lo ? sq : __dadd_rn(acc, sq);
+    }
+    out[b] = acc;
+  }
+}
+
+// Higher levels: one thread per block of kSqNormBlock partial sums.
+__global__ void SqNormLevel(const double* in, uint64_t count, double* out) {
+  const uint64_t nblocks = (count + kSqNormBlock - 1) / kSqNormBlock;
+  for (uint64_t b = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; b < nblocks;
+       b += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t lo = b * kSqNormBlock;
+    const uint64_t hi = lo + kSqNormBlock < count ? lo + kSqNormBlock : count;
+    double acc = in[lo];
+    for (uint64_t j = lo + 1; j < hi; ++j) acc = __dadd_rn(acc, in[j]);
+    out[b] = acc;
+  }
+}
+
+template <typename Index>
+KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
+                           const Index* mask, size_t k, scapeDataType_t type, void* payload,
+                           float* c_out, cudaStream_t stream) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
+  const unsigned grid = dev::GridFor(n, kTile);
+#define SCAPE_CAND_LAUNCH(T, C)                                                           \
+  CandidateKernel<Index, T, C><<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, \
+                                                             k, payload, c_out)
+  if (c_out) {
+    if (kind == 0) SCAPE_CAND_LAUNCH(0, true);
+    else if (kind == 1) SCAPE_CAND_LAUNCH(1, true);
+    else SCAPE_CAND_LAUNCH(2, true);
+  } else {
+    if (kind == 0) SCAPE_CAND_LAUNCH(0, false);
+    else if (kind == 1) SCAPE_CAND_LAUNCH(1, false);
+    else SCAPE_CAND_LAUNCH(2, false);
+  }
+#undef SCAPE_CAND_LAUNCH
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
+template <typename Index>
+KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
+                        float* theta, float* m, size_t n, const AdamSParams& params,
+                        cudaStream_t stream) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const unsigned grid = dev::GridFor(n, kTile);
+  if (kind == 0) {
+    UpdateKernel<Index, 0><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+  } else if (kind == 1) {
+    UpdateKernel<Index, 1><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+  } else {
+    UpdateKernel<Index, 2><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+  }
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
+template <typename Index>
+KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
+                        const float* m, size_t n, float beta1, double* d_out, void* d_temp,
+                        size_t* temp_bytes, cudaStream_t stream) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
+  const uint64_t l1 = (k + kSqNormBlock - 1) / kSqNormBlock;
+  const uint64_t l2 = (l1 + kSqNormBlock - 1) / kSqNormBlock;
+  const size_t a_bytes = dev::AlignUp(l1 * sizeof(double));
+  const size_t need = a_bytes + dev::AlignUp(l2 * sizeof(double)) + 256;
+  if (d_temp == nullptr) {
+    *temp_bytes = need;
+    return KernelStatus::kOk;
+  }
+  if (*temp_bytes < need) return KernelStatus::kBufferTooSmall;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (d_out == nullptr || k > n) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (payload == nullptr || mask == nullptr || m == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (k == 0) {
+    SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
+    return KernelStatus::kOk;
+  }
+  double* bufs[2] = {static_cast<double*>(d_temp),
+                     reinterpret_cast<double*>(static_cast<char*>(d_temp) + a_bytes)};
+  const float omb1 = 1.0f - beta1;
+  double* dst = l1 == 1 ? d_out : bufs[0];
+  const unsigned grid0 = dev::GridFor(l1, 128);
+  if (kind == 0) {
+    SqNormLevel0<Index, 0><<<grid0, 128, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
+  } else if (kind == 1) {
+    SqNormLevel0<Index, 1><<<grid0, 128, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
+  } else {
+    SqNormLevel0<Index, 2><<<grid0, 128, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
+  }
+  SCAPE_CUDA_LAUNCH_CHECK();
+  uint64_t count = l1;
+  int src_buf = 0;
+  while (count > 1) {
+    const uint64_t next = (count + kSqNormBlock - 1) / kSqNormBlock;
+    double* out = next == 1 ? d_out : bufs[1 - src_buf];
+    SqNormLevel<<<dev::GridFor(next, 128), 128, 0, stream>>>(bufs[src_buf], count, out);
+    SCAPE_CUDA_LAUNCH_CHECK();
+    src_buf = 1 - src_buf;
+    count = next;
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace
+
+KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
+                                       float beta1, const uint32_t* d_mask, size_t k,
+                                       scapeDataType_t payload_type, void* d_payload,
+                                       float* d_c_out, cudaStream_t stream) {
+  return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
+                       stream);
+}
+KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
+                                       float beta1, const uint64_t* d_mask, size_t k,
+                                       scapeDataType_t payload_type, void* d_payload,
+                                       float* d_c_out, cudaStream_t stream) {
+  return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
+                       stream);
+}
+
+KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
+                                   const uint32_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                   size_t n, const AdamSParams& params, cudaStream_t stream) {
+  return UpdateImpl(d_payload, payload_type, d_mask, k, d_theta, d_m, n, params, stream);
+}
+KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
+                                   const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                   size_t n, const AdamSParams& params, cudaStream_t stream) {
+  return UpdateImpl(d_payload, payload_type, d_mask, k, d_theta, d_m, n, params, stream);
+}
+
+KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint32_t* d_mask, size_t k, const float* d_m,
+                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     size_t* temp_bytes, cudaStream_t stream) {
+  return SqNormImpl(d_payload, payload_type, d_mask, k, d_m, n, beta1, d_sq_norm, d_temp,
+                    temp_bytes, stream);
+}
+KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint64_t* d_mask, size_t k, const float* d_m,
+                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     size_t* temp_bytes, cudaStream_t stream) {
+  return SqNormImpl(d_payload, payload_type, d_mask, k, d_m, n, beta1, d_sq_norm, d_temp,
+                    temp_bytes, stream);
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace scape

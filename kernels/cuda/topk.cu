@@ -1,0 +1,477 @@
+// CUDA top-k per segment on |x| (contract: kernels/cpu/topk.h and kernels/cuda/scape_kernels.cuh).
+//
+// The flat input is cut into tiles of kTileElems elements that never cross a segment boundary
+// (tile_begin[s] = first tile of segment s, computed on the device). Phases, all
+// stream-ordered, no host synchronisation:
+//   1. Setup (1 block): tile table, clamped k, trivial segments (k == 0: threshold above every
+//      key; k == len: threshold 0, i.e. everything).
+//   2. Threshold T per segment:
+//      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key). Per digit: a histogram
+//               pass over the segment's elements whose key matches the prefix found so far
+//               (shared-memory histogram per tile, merged with global atomics into a per-segment
+//               histogram), then one warp per segment picks the digit holding the rem-th
+//               largest key. After 3 digits, T is the k-th largest key and exactly k - #(> T)
+//               ties are needed.
+//      sampled: one block per segment runs the same radix select on the sampled keys
+//               (topk::SamplePosition) in shared memory, with rank topk::SampleRank.
+//   3. Count pass: keys > T and == T per tile.
+//   4. Scan (one block per segment): per-tile exclusive offsets, ties taken =
+//      topk::TiesTaken(k, gt, eq), count = min(gt + ties, capacity).
+//   5. Write pass: each tile writes its selected positions in index order (block-wide ballot
+//      scans per 256-element round), so the output is sorted without any sort.
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/topk_common.h"
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/scape_kernels.cuh"
+
+namespace scape {
+namespace kernels {
+namespace cuda {
+namespace {
+
+using topk::kAboveAllKeys;
+
+constexpr int kThreads = 256;
+constexpr uint64_t kTileElems = 8192;
+constexpr int kSetupThreads = 1024;
+constexpr int kSampleThreads = 1024;
+
+struct TopkTemp {
+  uint64_t* tile_begin;   // nseg + 1
+  uint64_t* keff;         // nseg
+  uint64_t* rem;          // nseg
+  uint64_t* take;         // nseg
+  uint32_t* prefix;       // nseg
+  uint32_t* pmask;        // nseg
+  uint32_t* thr;          // nseg
+  uint32_t* active;       // nseg: 1 while a radix select runs
+  uint32_t* hist;         // nseg * kMaxBins (exact mode)
+  uint32_t* tile_gt;      // max_tiles
+  uint32_t* tile_eq;      // max_tiles
+  uint64_t* tile_gt_off;  // max_tiles
+  uint64_t* tile_eq_off;  // max_tiles
+  uint32_t* error;        // 1
+};
+
+struct TempLayout {
+  size_t off[14];
+  size_t total;
+};
+
+TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
+  const size_t sizes[14] = {
+      (nseg + 1) * 8, nseg * 8, nseg * 8, nseg * 8, nseg * 4, nseg * 4, nseg * 4, nseg * 4,
+      exact ? nseg * topk::kMaxBins * 4 : 0, max_tiles * 4, max_tiles * 4, max_tiles * 8,
+      max_tiles * 8, 4};
+  TempLayout L;
+  size_t o = 0;
+  for (int i = 0; i < 14; ++i) {
+    L.off[i] = o;
+    o += dev::AlignUp(sizes[i]);
+  }
+  L.total = o + 256;
+  return L;
+}
+
+TopkTemp Carve(void* base, const TempLayout& L) {
+  char* b = static_cast<char*>(base);
+  TopkTemp t;
+  t.tile_begin = reinterpret_cast<uint64_t*>(b + L.off[0]);
+  t.keff = reinterpret_cast<uint64_t*>(b + L.off[1]);
+  t.rem = reinterpret_cast<uint64_t*>(b + L.off[2]);
+  t.take = reinterpret_cast<uint64_t*>(b + L.off[3]);
+  t.prefix = reinterpret_cast<uint32_t*>(b + L.off[4]);
+  t.pmask = reinterpret_cast<uint32_t*>(b + L.off[5]);
+  t.thr = reinterpret_cast<uint32_t*>(b + L.off[6]);
+  t.active = reinterpret_cast<uint32_t*>(b + L.off[7]);
+  t.hist = reinterpret_cast<uint32_t*>(b + L.off[8]);
+  t.tile_gt = reinterpret_cast<uint32_t*>(b + L.off[9]);
+  t.tile_eq = reinterpret_cast<uint32_t*>(b + L.off[10]);
+  t.tile_gt_off = reinterpret_cast<uint64_t*>(b + L.off[11]);
+  t.tile_eq_off = reinterpret_cast<uint64_t*>(b + L.off[12]);
+  t.error = reinterpret_cast<uint32_t*>(b + L.off[13]);
+  return t;
+}
+
+__device__ __forceinline__ uint32_t KeyAt(const float* x, uint64_t i) {
+  return topk::KeyFromBits(__float_as_uint(x[i]));
+}
+
+// Largest s in [0, nseg) with tile_begin[s] <= t (t < tile_begin[nseg]).
+__device__ __forceinline__ uint64_t SegmentOfTile(const uint64_t* tile_begin, uint64_t nseg,
+                                                  uint64_t t) {
+  uint64_t lo = 0, hi = nseg;  // invariant: tile_begin[lo] <= t < tile_begin[hi]
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (tile_begin[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The element range [*e0, *e1) (positions in x) of tile t of segment s.
+__device__ __forceinline__ void TileRange(const uint64_t* offsets, const uint64_t* tile_begin,
+                                          uint64_t s, uint64_t t, uint64_t* e0, uint64_t* e1) {
+  const uint64_t seg0 = offsets[s], seg1 = offsets[s + 1];
+  const uint64_t b = seg0 + (t - tile_begin[s]) * kTileElems;
+  *e0 = b;
+  *e1 = b + kTileElems < seg1 ? b + kTileElems : seg1;
+}
+
+// One full warp: the bin of `hist` (bins entries, a multiple of 32) holding the rem-th largest
+// key counting from the top bin (1 <= rem <= sum). Returns the bin; *above = keys in higher
+// bins. Valid in every lane.
+__device__ int WarpFindBin(const uint32_t* hist, int bins, uint64_t rem, uint64_t* above) {
+  const unsigned lane = threadIdx.x & 31u;
+  const int per = bins / 32;
+  const int lo = static_cast<int>(lane) * per;
+  uint64_t own = 0;
+  for (int b = lo; b < lo + per; ++b) own += hist[b];
+  uint64_t incl = own;  // sum over lanes >= this lane
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint64_t v = __shfl_down_sync(0xffffffffu, incl, off);
+    if (lane + off < 32) incl += v;
+  }
+  const uint64_t ab = incl - own;
+  const unsigned ballot = __ballot_sync(0xffffffffu, ab < rem && rem <= incl);
+  const int leader = ballot == 0 ? 0 : __ffs(ballot) - 1;
+  int sel = lo;
+  uint64_t cum = ab;
+  if (static_cast<int>(lane) == leader) {
+    for (int b = lo + per - 1; b >= lo; --b) {
+      if (cum + hist[b] >= rem) {
+        sel = b;
+        break;
+      }
+      cum += hist[b];
+    }
+  }
+  sel = __shfl_sync(0xffffffffu, sel, leader);
+  *above = __shfl_sync(0xffffffffu, cum, leader);
+  return sel;
+}
+
+__global__ void __launch_bounds__(kSetupThreads)
+    SetupKernel(const uint64_t* offsets, const uint64_t* k, uint64_t nseg, uint64_t max_tiles,
+                TopkTemp tt) {
+  __shared__ uint64_t ws[32];
+  __shared__ int bad_sh;
+  if (threadIdx.x == 0) bad_sh = 0;
+  __syncthreads();
+  for (uint64_t s = threadIdx.x; s < nseg; s += blockDim.x) {
+    if (offsets[s + 1] < offsets[s]) atomicOr(&bad_sh, 1);
+  }
+  __syncthreads();
+  const bool bad = bad_sh != 0;
+  uint64_t carry = 0;
+  for (uint64_t base = 0; base < nseg; base += blockDim.x) {
+    const uint64_t s = base + threadIdx.x;
+    uint64_t tiles = 0, len = 0;
+    if (s < nseg && !bad) {
+      len = offsets[s + 1] - offsets[s];
+      tiles = (len + kTileElems - 1) / kTileElems;
+    }
+    uint64_t total;
+    const uint64_t excl = dev::BlockExclusiveSum(tiles, ws, &total);
+    if (s < nseg) {
+      tt.tile_begin[s] = carry + excl;
+      const uint64_t kk = k[s] < len ? k[s] : len;
+      tt.keff[s] = kk;
+      tt.prefix[s] = 0;
+      tt.pmask[s] = 0;
+      tt.rem[s] = kk;
+      tt.take[s] = 0;
+      if (kk == 0) {
+        tt.thr[s] = kAboveAllKeys;
+        tt.active[s] = 0;
+      } else if (kk == len) {
+        tt.thr[s] = 0;
+        tt.active[s] = 0;
+      } else {
+        tt.thr[s] = kAboveAllKeys;
+        tt.active[s] = 1;
+      }
+    }
+    carry += total;
+  }
+  if (threadIdx.x == 0) {
+    const bool overflow = carry > max_tiles;
+    tt.tile_begin[nseg] = (bad || overflow) ? 0 : carry;
+    *tt.error = (bad || overflow) ? 1u : 0u;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
+  __shared__ uint32_t sh[topk::kMaxBins];
+  if (*tt.error) return;
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    if (!tt.active[s]) continue;
+    const uint32_t prefix = tt.prefix[s], pmask = tt.pmask[s];
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
+    __syncthreads();
+    for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
+      const uint32_t key = KeyAt(x, i);
+      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    }
+    __syncthreads();
+    uint32_t* gh = tt.hist + s * topk::kMaxBins;
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+      const uint32_t c = sh[b];
+      if (c) atomicAdd(&gh[b], c);
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
+  const uint64_t s = blockIdx.x;
+  if (s >= nseg || *tt.error || !tt.active[s]) return;
+  const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  uint64_t above = 0;
+  const uint64_t rem = tt.rem[s];
+  const int sel = WarpFindBin(tt.hist + s * topk::kMaxBins, bins, rem, &above);
+  if (threadIdx.x == 0) {
+    const uint32_t prefix = tt.prefix[s] | (static_cast<uint32_t>(sel) << shift);
+    tt.prefix[s] = prefix;
+    tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
+    tt.rem[s] = rem - above;
+    if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
+  }
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    SampleSelectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, uint64_t sample_size,
+                       TopkTemp tt) {
+  __shared__ uint32_t sh[topk::kMaxBins];
+  __shared__ uint32_t prefix_sh, pmask_sh;
+  __shared__ uint64_t rem_sh;
+  const uint64_t s = blockIdx.x;
+  if (s >= nseg || *tt.error || !tt.active[s]) return;
+  const uint64_t off = offsets[s];
+  const uint64_t len = offsets[s + 1] - off;
+  const uint64_t ns = len < sample_size ? len : sample_size;
+  if (threadIdx.x == 0) {
+    prefix_sh = 0;
+    pmask_sh = 0;
+    rem_sh = topk::SampleRank(tt.keff[s], len, ns);
+  }
+  __syncthreads();
+  for (int d = 0; d < topk::kNumDigits; ++d) {
+    const int shift = topk::DigitShift(d), bins = 1 << topk::DigitBits(d);
+    const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+    for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = prefix_sh, pmask = pmask_sh;
+    for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
+      uint64_t pos = topk::SamplePosition(len, ns, j);
+      if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
+      const uint32_t key = KeyAt(x, off + pos);
+      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      uint64_t above = 0;
+      const uint64_t rem = rem_sh;
+      const int sel = WarpFindBin(sh, bins, rem, &above);
+      if (threadIdx.x == 0) {
+        prefix_sh = prefix | (static_cast<uint32_t>(sel) << shift);
+        pmask_sh = pmask | (dmask << shift);
+        rem_sh = rem - above;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tt.thr[s] = prefix_sh;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CountKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
+  __shared__ uint64_t ws[32];
+  if (*tt.error) return;
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint32_t T = tt.thr[s];
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    uint64_t packed = 0;  // (gt << 32) | eq; each <= kTileElems
+    if (T != kAboveAllKeys) {
+      for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
+        const uint32_t key = KeyAt(x, i);
+        packed += (key > T ? (uint64_t{1} << 32) : 0) + (key == T ? 1 : 0);
+      }
+    }
+    const uint64_t sum = dev::BlockSum(packed, ws);
+    if (threadIdx.x == 0) {
+      tt.tile_gt[t] = static_cast<uint32_t>(sum >> 32);
+      tt.tile_eq[t] = static_cast<uint32_t>(sum & 0xffffffffu);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ScanKernel(const uint64_t* out_offsets, uint64_t nseg, TopkTemp tt, uint64_t* counts) {
+  __shared__ uint64_t ws[32];
+  const uint64_t s = blockIdx.x;
+  if (s >= nseg) return;
+  if (*tt.error) {
+    if (threadIdx.x == 0) counts[s] = ~uint64_t{0};
+    return;
+  }
+  const uint64_t tb = tt.tile_begin[s], te = tt.tile_begin[s + 1];
+  uint64_t carry_gt = 0, carry_eq = 0;
+  for (uint64_t base = tb; base < te; base += blockDim.x) {
+    const uint64_t t = base + threadIdx.x;
+    const uint64_t gt = t < te ? tt.tile_gt[t] : 0;
+    const uint64_t eq = t < te ? tt.tile_eq[t] : 0;
+    uint64_t tot_gt, tot_eq;
+    const uint64_t xg = dev::BlockExclusiveSum(gt, ws, &tot_gt);
+    const uint64_t xe = dev::BlockExclusiveSum(eq, ws, &tot_eq);
+    if (t < te) {
+      tt.tile_gt_off[t] = carry_gt + xg;
+      tt.tile_eq_off[t] = carry_eq + xe;
+    }
+    carry_gt += tot_gt;
+    carry_eq += tot_eq;
+  }
+  if (threadIdx.x == 0) {
+    const uint64_t take = topk::TiesTaken(tt.keff[s], carry_gt, carry_eq);
+    const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
+    const uint64_t c = carry_gt + take;
+    tt.take[s] = take;
+    counts[s] = c < cap ? c : cap;
+  }
+}
+
+template <typename Index>
+__global__ void __launch_bounds__(kThreads)
+    WriteKernel(const float* x, const uint64_t* offsets, const uint64_t* out_offsets,
+                uint64_t nseg, TopkTemp tt, Index* out) {
+  __shared__ uint32_t ws[32];
+  if (*tt.error) return;
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint32_t T = tt.thr[s];
+    if (T == kAboveAllKeys) continue;
+    const uint64_t take = tt.take[s];
+    const uint64_t eq_off = tt.tile_eq_off[t];
+    const uint64_t eq_end = eq_off + tt.tile_eq[t];
+    const uint64_t taken_before = eq_off < take ? eq_off : take;
+    const uint64_t taken_after = eq_end < take ? eq_end : take;
+    const uint64_t start = tt.tile_gt_off[t] + taken_before;
+    const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
+    uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
+    if (stop > cap) stop = cap;
+    if (start >= stop) continue;
+    Index* o = out + out_offsets[s];
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    uint64_t run_sel = 0, run_eq = 0;
+    for (uint64_t r0 = e0; r0 < e1; r0 += blockDim.x) {
+      const uint64_t i = r0 + threadIdx.x;
+      const bool valid = i < e1;
+      const uint32_t key = valid ? KeyAt(x, i) : 0;
+      const bool is_gt = valid && key > T;
+      const bool is_eq = valid && key == T;
+      uint32_t eq_tot, sel_tot;
+      const uint32_t eq_x = dev::BlockExclusiveCount(is_eq, ws, &eq_tot);
+      const bool sel = is_gt || (is_eq && eq_off + run_eq + eq_x < take);
+      const uint32_t sel_x = dev::BlockExclusiveCount(sel, ws, &sel_tot);
+      if (sel) {
+        const uint64_t pos = start + run_sel + sel_x;
+        if (pos < stop) o[pos] = static_cast<Index>(i);
+      }
+      run_eq += eq_tot;
+      run_sel += sel_tot;
+      if (start + run_sel >= stop) break;  // uniform: every thread has the same totals
+    }
+  }
+}
+
+template <typename Index>
+KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOptions& opt,
+                      Index* out, uint64_t* counts, void* d_temp, size_t* temp_bytes,
+                      cudaStream_t stream) {
+  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
+  if (opt.mode != TopkMode::kExact && opt.mode != TopkMode::kSampled) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (opt.mode == TopkMode::kSampled &&
+      (opt.sample_size < 1 || opt.sample_size > topk::kMaxSampleSize)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const bool exact = opt.mode == TopkMode::kExact;
+  const uint64_t nseg = sg.nseg;
+  const uint64_t max_tiles = sg.max_elements / kTileElems + nseg + 1;
+  const TempLayout L = Layout(nseg, max_tiles, exact);
+  if (d_temp == nullptr) {
+    *temp_bytes = L.total;
+    return KernelStatus::kOk;
+  }
+  if (*temp_bytes < L.total) return KernelStatus::kBufferTooSmall;
+  if (nseg == 0) return KernelStatus::kOk;
+  if (sg.d_offsets == nullptr || sg.d_k == nullptr || sg.d_out_offsets == nullptr ||
+      counts == nullptr || out == nullptr || (x == nullptr && sg.max_elements > 0)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (!exact && sg.max_elements >= topk::kMaxSampledPosition) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (nseg >= (uint64_t{1} << 31)) return KernelStatus::kInvalidArgument;
+  TopkTemp tt = Carve(d_temp, L);
+  SetupKernel<<<1, kSetupThreads, 0, stream>>>(sg.d_offsets, sg.d_k, nseg, max_tiles, tt);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  const unsigned tile_grid = dev::GridFor(max_tiles, 1, 65535);
+  const unsigned seg_grid = static_cast<unsigned>(nseg);  // checked above: nseg < 2^31
+  if (exact) {
+    for (int d = 0; d < topk::kNumDigits; ++d) {
+      SCAPE_CUDA_CALL(
+          cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
+      HistKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
+      SCAPE_CUDA_LAUNCH_CHECK();
+      FindBinKernel<<<seg_grid, 32, 0, stream>>>(nseg, tt, d);
+      SCAPE_CUDA_LAUNCH_CHECK();
+    }
+  } else {
+    SampleSelectKernel<<<seg_grid, kSampleThreads, 0, stream>>>(x, sg.d_offsets, nseg,
+                                                                opt.sample_size, tt);
+    SCAPE_CUDA_LAUNCH_CHECK();
+  }
+  CountKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  WriteKernel<Index><<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg,
+                                                         tt, out);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
+}  // namespace
+
+KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
+                         const TopkOptions& options, uint32_t* d_out, uint64_t* d_counts,
+                         void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
+  return TopkImpl(d_x, segments, options, d_out, d_counts, d_temp, temp_bytes, stream);
+}
+KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
+                         const TopkOptions& options, uint64_t* d_out, uint64_t* d_counts,
+                         void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
+  return TopkImpl(d_x, segments, options, d_out, d_counts, d_temp, temp_bytes, stream);
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace scape

@@ -1,0 +1,307 @@
+// Google Benchmark for the CPU kernels at 64 Mi fp32 elements, with the memory limits measured
+// in the same run:
+//   BM_Memcpy      multi-threaded memcpy of 256 MiB (bytes counted: read + write)
+//   BM_ReadPass    multi-threaded sum over 256 MiB (one read pass: the top-k reference)
+// Kernel rows report counters:
+//   must_move_GB   bytes the kernel must move (reads + writes, no cache effects)
+//   limit_ms       must_move / memcpy bandwidth (fused kernels) or one read pass (top-k)
+//   x_limit        measured time / limit_ms (the targets: <= 2 for the fused kernels, <= 3 for
+//                  top-k)
+// Naive top-k: |x| copied to a scratch vector, std::nth_element for the threshold, then a
+// collection pass (ties broken by lower index), single-threaded like std::nth_element.
+// Run: scape_kernels_bench [--benchmark_filter=...]; perf/RESULTS_kernels.md has the figures.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scape_step.h"
+#include "kernels/cpu/topk.h"
+
+namespace {
+
+using namespace scape::kernels;  // NOLINT
+
+constexpr size_t kN = size_t{64} << 20;  // 64 Mi elements
+constexpr double kDensity = 0.01;
+
+// Fast deterministic approximately-normal data (sum of 4 uniforms, scaled).
+std::vector<float> Normalish(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  const int nt = detail::KernelThreads(0);
+  detail::ParallelRun(nt, [&](int t) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(t) * 0xbf58476d1ce4e5b9ull + 1;
+    const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
+    for (size_t i = b; i < e; ++i) {
+      float acc = 0;
+      for (int q = 0; q < 4; ++q) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        acc += static_cast<float>(s >> 40) * (1.0f / 16777216.0f) - 0.5f;
+      }
+      v[i] = acc * 1.7320508f;
+    }
+  });
+  return v;
+}
+
+struct Data {
+  std::vector<float> a, b, c, d;
+  std::vector<uint32_t> mask;
+  std::vector<float> payload;
+  double memcpy_gbps = 0;  // (read + write) bytes per second / 1e9
+  double read_pass_ms = 0;
+};
+
+void ParallelCopy(float* dst, const float* src, size_t n) {
+  const int nt = detail::KernelThreads(0);
+  detail::ParallelRun(nt, [&](int t) {
+    const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
+    std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+  });
+}
+
+double ParallelSum(const float* x, size_t n) {
+  const int nt = detail::KernelThreads(0);
+  std::vector<double> part(static_cast<size_t>(nt));
+  detail::ParallelRun(nt, [&](int t) {
+    const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
+    float acc[16] = {};
+    size_t i = b;
+    for (; i + 16 <= e; i += 16) {
+      for (int q = 0; q < 16; ++q) acc[q] += x[i + q];
+    }
+    float s = 0;
+    for (; i < e; ++i) s += x[i];
+    for (float a : acc) s += a;
+    part[static_cast<size_t>(t)] = s;
+  });
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Data& D() {
+  static Data* d = [] {
+    Data* x = new Data;
+    x->a = Normalish(kN, 1);
+    x->b = Normalish(kN, 2);
+    x->c = Normalish(kN, 3);
+    x->d.assign(kN, 0.0f);
+    std::mt19937_64 rng(7);
+    std::bernoulli_distribution pick(kDensity);
+    for (size_t i = 0; i < kN; ++i) {
+      if (pick(rng)) x->mask.push_back(static_cast<uint32_t>(i));
+    }
+    x->payload.assign(x->mask.size(), 0.01f);
+    // Limits, best of 5 (after a warm-up).
+    double best_copy = 1e9, best_read = 1e9;
+    volatile double sink = 0;
+    for (int r = 0; r < 6; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      ParallelCopy(x->d.data(), x->a.data(), kN);
+      auto t1 = std::chrono::steady_clock::now();
+      sink = sink + ParallelSum(x->b.data(), kN);
+      auto t2 = std::chrono::steady_clock::now();
+      if (r > 0) {
+        best_copy = std::min(best_copy, Seconds(t0, t1));
+        best_read = std::min(best_read, Seconds(t1, t2));
+      }
+    }
+    x->memcpy_gbps = 2.0 * kN * sizeof(float) / best_copy / 1e9;
+    x->read_pass_ms = best_read * 1e3;
+    return x;
+  }();
+  return *d;
+}
+
+void Report(benchmark::State& st, double must_move_bytes, double limit_ms) {
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations() * must_move_bytes));
+  st.counters["must_move_GB"] = must_move_bytes / 1e9;
+  st.counters["limit_ms"] = limit_ms;
+}
+
+// Time per iteration measured by the benchmark itself, as a ratio to the limit.
+void Ratio(benchmark::State& st, double limit_ms, double total_s) {
+  const double per_iter_ms = total_s * 1e3 / static_cast<double>(st.iterations());
+  st.counters["x_limit"] = per_iter_ms / limit_ms;
+}
+
+void BM_Memcpy(benchmark::State& st) {
+  Data& d = D();
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    ParallelCopy(d.d.data(), d.a.data(), kN);
+    total += Seconds(t0, std::chrono::steady_clock::now());
+  }
+  const double bytes = 2.0 * kN * sizeof(float);
+  Report(st, bytes, bytes / (d.memcpy_gbps * 1e9) * 1e3);
+  Ratio(st, bytes / (d.memcpy_gbps * 1e9) * 1e3, total);
+  st.counters["memcpy_GBps"] = d.memcpy_gbps;
+}
+
+void BM_ReadPass(benchmark::State& st) {
+  Data& d = D();
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(ParallelSum(d.a.data(), kN));
+    total += Seconds(t0, std::chrono::steady_clock::now());
+  }
+  Report(st, kN * sizeof(float), d.read_pass_ms);
+  Ratio(st, d.read_pass_ms, total);
+}
+
+void BM_CandidatePackResidual(benchmark::State& st) {
+  Data& d = D();
+  const bool with_c = st.range(0) != 0;
+  const size_t k = d.mask.size();
+  std::vector<float> payload(k);
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = CandidatePackResidual(d.a.data(), d.b.data(), d.c.data(), kN, 0.9f, d.mask.data(), k,
+                                   scapeFloat32, payload.data(), with_c ? d.d.data() : nullptr);
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    if (s != KernelStatus::kOk) st.SkipWithError("kernel failed");
+  }
+  // Read m, g, e; write e (and c); read the mask, write the payload.
+  const double bytes = (with_c ? 20.0 : 16.0) * kN + 8.0 * k;
+  const double limit = bytes / (d.memcpy_gbps * 1e9) * 1e3;
+  Report(st, bytes, limit);
+  Ratio(st, limit, total);
+}
+
+void BM_UnpackAdamSUpdate(benchmark::State& st) {
+  Data& d = D();
+  const size_t k = d.mask.size();
+  AdamSParams p;
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = UnpackAdamSUpdate(d.payload.data(), scapeFloat32, d.mask.data(), k, d.d.data(),
+                               d.c.data(), kN, p);
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    if (s != KernelStatus::kOk) st.SkipWithError("kernel failed");
+  }
+  // Read and write theta, write m (m_{t-1} read at the mask), read mask and payload.
+  const double bytes = 12.0 * kN + 12.0 * k;
+  const double limit = bytes / (d.memcpy_gbps * 1e9) * 1e3;
+  Report(st, bytes, limit);
+  Ratio(st, limit, total);
+}
+
+void BM_RecoveredGradSqNorm(benchmark::State& st) {
+  Data& d = D();
+  const size_t k = d.mask.size();
+  double total = 0;
+  for (auto _ : st) {
+    double sq = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = RecoveredGradSqNorm(d.payload.data(), scapeFloat32, d.mask.data(), k, d.c.data(), kN,
+                                 0.9f, &sq);
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    benchmark::DoNotOptimize(sq);
+    if (s != KernelStatus::kOk) st.SkipWithError("kernel failed");
+  }
+  const double bytes = 12.0 * k;
+  const double limit = bytes / (d.memcpy_gbps * 1e9) * 1e3;
+  Report(st, bytes, limit);
+  Ratio(st, limit, total);
+}
+
+// One segment of 64 Mi (arg 1) or 64 segments of 1 Mi (arg 64).
+void BM_Topk(benchmark::State& st) {
+  Data& d = D();
+  const size_t nseg = static_cast<size_t>(st.range(0));
+  const TopkMode mode = st.range(1) ? TopkMode::kSampled : TopkMode::kExact;
+  std::vector<uint64_t> off(nseg + 1), k(nseg), oo(nseg + 1), counts(nseg);
+  for (size_t s = 0; s <= nseg; ++s) off[s] = kN / nseg * s;
+  TopkKFromDensity(off.data(), nseg, kDensity, k.data());
+  std::vector<uint64_t> cap(k);
+  if (mode == TopkMode::kSampled) {
+    for (auto& c : cap) c *= 2;
+  }
+  TopkOutOffsets(cap.data(), nseg, oo.data());
+  std::vector<uint32_t> out(oo.back());
+  TopkSegments sg{off.data(), k.data(), oo.data(), nseg};
+  TopkOptions opt;
+  opt.mode = mode;
+  TopkWorkspace ws;
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto s = TopkAbs(d.a.data(), sg, opt, out.data(), counts.data(), &ws);
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    if (s != KernelStatus::kOk) st.SkipWithError("kernel failed");
+  }
+  Report(st, kN * sizeof(float), d.read_pass_ms);
+  Ratio(st, d.read_pass_ms, total);
+  uint64_t got = 0, want = 0;
+  for (size_t s = 0; s < nseg; ++s) {
+    got += counts[s];
+    want += k[s];
+  }
+  st.counters["k"] = static_cast<double>(want);
+  st.counters["k_out/k"] = static_cast<double>(got) / static_cast<double>(want);
+}
+
+// The naive baseline: |x| copy + std::nth_element + collection (lower index wins ties).
+void BM_TopkNthElement(benchmark::State& st) {
+  Data& d = D();
+  const size_t k = static_cast<size_t>(std::max(1.0, std::floor(kDensity * kN)));
+  std::vector<float> scratch(kN);
+  std::vector<uint32_t> out(k);
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < kN; ++i) scratch[i] = std::fabs(d.a[i]);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(),
+                     std::greater<float>());
+    const float T = scratch[k - 1];
+    size_t gt = 0;
+    for (size_t i = 0; i < k; ++i) gt += scratch[i] > T;
+    size_t ties = k - gt, w = 0;
+    for (size_t i = 0; i < kN && w < k; ++i) {
+      const float a = std::fabs(d.a[i]);
+      if (a > T || (a == T && ties > 0)) {
+        if (a == T) --ties;
+        out[w++] = static_cast<uint32_t>(i);
+      }
+    }
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    benchmark::DoNotOptimize(out.data());
+  }
+  Report(st, kN * sizeof(float), d.read_pass_ms);
+  Ratio(st, d.read_pass_ms, total);
+}
+
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ReadPass)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CandidatePackResidual)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_UnpackAdamSUpdate)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_RecoveredGradSqNorm)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Topk)
+    ->Args({1, 0})
+    ->Args({64, 0})
+    ->Args({1, 1})
+    ->Args({64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_TopkNthElement)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,82 @@
+// Shared by the API entry point files: the public handle structs, error reporting, and the
+// guard that keeps C++ exceptions from crossing into C callers.
+#ifndef SCAPE_PLUGIN_API_INTERNAL_H_
+#define SCAPE_PLUGIN_API_INTERNAL_H_
+
+#include <exception>
+#include <memory>
+#include <new>
+#include <set>
+#include <string>
+
+#include "plugin/comm.h"
+#include "plugin/mask.h"
+#include "scape/scape.h"
+#include "transport/base/status.h"
+
+struct scapeRequest;
+
+struct scapeComm {
+  std::unique_ptr<scape::Comm> impl;
+  std::string lastError;
+  std::set<scapeRequest*> requests;  // live request handles
+};
+
+struct scapeRequest {
+  scapeComm* comm;
+  std::shared_ptr<scape::PendingOp> op;
+};
+
+struct scapeMask {
+  std::unique_ptr<scape::Mask> impl;
+  scapeComm* comm;
+};
+
+namespace scape {
+namespace api {
+
+inline thread_local std::string t_lastError;
+
+inline scapeResult_t Report(scapeComm* comm, const Status& st) {
+  if (st.ok()) return scapeSuccess;
+  if (comm) comm->lastError = st.message();
+  else t_lastError = st.message();
+  return st.code();
+}
+
+// Runs `body`, turning any escaped exception into an error instead of unwinding into C, and
+// prefixes the message with the function name.
+template <typename F>
+scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
+  try {
+    Status st = body();
+    if (!st.ok()) {
+      if (st.message().rfind(fn, 0) != 0) st.Prepend(fn);
+      return Report(comm, st);
+    }
+    return scapeSuccess;
+  } catch (const std::bad_alloc&) {
+    return Report(comm, SystemError(std::string(fn) + ": out of memory"));
+  } catch (const std::exception& e) {
+    return Report(comm, InternalError(std::string(fn) + ": " + e.what()));
+  } catch (...) {
+    return Report(comm, InternalError(std::string(fn) + ": unknown exception"));
+  }
+}
+
+inline bool ValidType(scapeDataType_t t) { return t >= 0 && t < scapeNumTypes; }
+inline bool ValidOp(scapeRedOp_t o) { return o >= 0 && o < scapeNumOps; }
+
+inline Status CheckComm(scapeComm* comm) {
+  if (!comm || !comm->impl) return InvalidArgument("comm is NULL");
+  return Status::Ok();
+}
+
+// scapeAllReduce with a mask: pack, dense all-reduce of the k values, unpack (api_mask.cc).
+Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
+                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask);
+
+}  // namespace api
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_API_INTERNAL_H_

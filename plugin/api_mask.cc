@@ -1,0 +1,392 @@
+// SCAPE API entry points for agreed masks, the values-only collectives on them, and the
+// generic sparse all-reduce.
+#include <cstring>
+#include <vector>
+
+#include "plugin/api_internal.h"
+#include "plugin/coll/sparse.h"
+#include "plugin/mask.h"
+
+namespace {
+
+using scape::Status;
+using scape::StrFormat;
+using scape::api::CheckComm;
+using scape::api::Guard;
+using scape::api::ValidOp;
+using scape::api::ValidType;
+
+Status CheckMask(scapeMask* mask) {
+  if (!mask || !mask->impl) return scape::InvalidArgument("mask is NULL");
+  return Status::Ok();
+}
+
+Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
+  SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+  SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+  if (mask->comm != comm)
+    return scape::InvalidArgument("mask was created on another communicator");
+  return Status::Ok();
+}
+
+Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* op, void* stream) {
+  const int rank = comm->impl->rank();
+  if (stream)
+    return scape::Unsupported("stream must be NULL: the CUDA/NCCL stream backend is not built "
+                              "into this release");
+  if (!ValidType(dtype))
+    return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t", rank,
+                                            static_cast<int>(dtype)));
+  if (op && !ValidOp(*op))
+    return scape::InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t", rank,
+                                            static_cast<int>(*op)));
+  return Status::Ok();
+}
+
+scapeComm* CommOf(scapeMask* m) { return m && m->impl ? m->comm : nullptr; }
+
+}  // namespace
+
+namespace scape {
+namespace api {
+
+Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
+                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  Mask& m = *mask->impl;
+  if (count != m.n())
+    return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu",
+                                     comm->impl->rank(), count,
+                                     static_cast<unsigned long long>(m.n())));
+  const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
+  if (count > 0 && (!send || !recv))
+    return InvalidArgument(StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
+  std::vector<char> packed(k * esz + 1), reduced(k * esz + 1);
+  if (k > 0) m.Pack(send, packed.data(), esz);
+  coll::CollArgs a;
+  a.type = coll::CollType::kAllReduce;
+  a.send = packed.data();
+  a.recv = reduced.data();
+  a.count = k;
+  a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
+  a.dtype = dtype;
+  a.op = op;
+  SCAPE_RETURN_IF_ERROR(comm->impl->Run(a));
+  if (k > 0) m.Unpack(reduced.data(), recv, esz);
+  return Status::Ok();
+}
+
+}  // namespace api
+}  // namespace scape
+
+extern "C" {
+
+SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegments,
+                                        const uint64_t* segOffsets, const uint8_t* denseFlags,
+                                        scapeOwnership_t ownership,
+                                        scapeMaskEncoding_t encoding, scapeComm_t comm) {
+  return Guard(comm, "scapeMaskCreate", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+    const int rank = comm->impl->rank();
+    if (!mask) return scape::InvalidArgument("mask is NULL");
+    if (n >= (uint64_t{1} << 40))
+      return scape::InvalidArgument(StrFormat("rank %d: n = %llu: expected below 2^40", rank,
+                                              static_cast<unsigned long long>(n)));
+    if (nsegments < 1) return scape::InvalidArgument(StrFormat("rank %d: nsegments = %d: expected >= 1", rank, nsegments));
+    if (!segOffsets) return scape::InvalidArgument("segOffsets is NULL");
+    if (static_cast<int>(ownership) < 0 || ownership >= scapeNumOwnerships)
+      return scape::InvalidArgument(StrFormat("rank %d: ownership %d is not a scapeOwnership_t", rank,
+                                              static_cast<int>(ownership)));
+    if (static_cast<int>(encoding) < 0 || encoding >= scapeNumMaskEncodings)
+      return scape::InvalidArgument(StrFormat("rank %d: encoding %d is not a scapeMaskEncoding_t",
+                                              rank, static_cast<int>(encoding)));
+    std::vector<uint64_t> offs(segOffsets, segOffsets + nsegments + 1);
+    if (offs.front() != 0 || offs.back() != n)
+      return scape::InvalidArgument(StrFormat("rank %d: segOffsets must start at 0 and end at n = %llu",
+                                              rank, static_cast<unsigned long long>(n)));
+    for (int s = 0; s < nsegments; ++s)
+      if (offs[static_cast<size_t>(s) + 1] < offs[static_cast<size_t>(s)])
+        return scape::InvalidArgument(StrFormat("rank %d: segOffsets[%d] < segOffsets[%d]: offsets "
+                                                "must not decrease", rank, s + 1, s));
+    std::vector<uint8_t> dense;
+    if (denseFlags) dense.assign(denseFlags, denseFlags + nsegments);
+    std::unique_ptr<scape::Mask> impl;
+    SCAPE_RETURN_IF_ERROR(scape::Mask::Create(comm->impl.get(), n, offs, dense, ownership,
+                                              encoding, &impl));
+    *mask = new scapeMask{std::move(impl), comm};
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask) {
+  if (!mask) return scapeSuccess;
+  scapeComm* comm = mask->comm;
+  return Guard(comm, "scapeMaskDestroy", [&]() -> Status {
+    delete mask;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskGetOwnedRanges(scapeMask_t mask, int rank, uint64_t* ranges,
+                                                size_t capacity, size_t* count) {
+  return Guard(CommOf(mask), "scapeMaskGetOwnedRanges", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!count) return scape::InvalidArgument("count is NULL");
+    if (rank < 0 || rank >= mask->comm->impl->nranks())
+      return scape::InvalidArgument(StrFormat("rank %d out of range", rank));
+    const auto& pieces = mask->impl->Owned(rank);
+    if (ranges) {
+      // Adjacent pieces of different segments form one range.
+      size_t w = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (w > 0 && ranges[2 * (w - 1) + 1] == pieces[i].begin) {
+          ranges[2 * (w - 1) + 1] = pieces[i].end;
+          continue;
+        }
+        if (w >= capacity) break;
+        ranges[2 * w] = pieces[i].begin;
+        ranges[2 * w + 1] = pieces[i].end;
+        ++w;
+      }
+    }
+    size_t c = 0;
+    uint64_t lastEnd = UINT64_MAX;
+    for (const auto& p : pieces) {
+      if (p.begin != lastEnd) ++c;
+      lastEnd = p.end;
+    }
+    *count = c;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t* indices, size_t k) {
+  return Guard(CommOf(mask), "scapeMaskSetNextIndices", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (k > 0 && !indices) return scape::InvalidArgument("indices is NULL with k > 0");
+    return mask->impl->SetNextIndices(indices, k);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
+                                                double density) {
+  return Guard(CommOf(mask), "scapeMaskSelectNextTopk", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!(density > 0.0 && density <= 1.0))
+      return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
+    if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
+    return mask->impl->SelectNextTopk(statistic, density);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskSyncStart(scapeMask_t mask) {
+  return Guard(CommOf(mask), "scapeMaskSyncStart", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    return mask->impl->SyncStart();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskSyncTest(scapeMask_t mask, int* done) {
+  bool fin = false;
+  scapeResult_t r = Guard(CommOf(mask), "scapeMaskSyncTest", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!done) return scape::InvalidArgument("done is NULL");
+    return mask->impl->SyncTest(&fin);
+  });
+  if (done) *done = fin ? 1 : 0;
+  if (r == scapeSuccess && !fin) return scapeInProgress;
+  return r;
+}
+
+SCAPE_API scapeResult_t scapeMaskSyncWait(scapeMask_t mask) {
+  return Guard(CommOf(mask), "scapeMaskSyncWait", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    return mask->impl->SyncWait();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask) {
+  return Guard(CommOf(mask), "scapeMaskAdvance", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    return mask->impl->Advance();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskGetCount(scapeMask_t mask, uint64_t* k) {
+  return Guard(CommOf(mask), "scapeMaskGetCount", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!k) return scape::InvalidArgument("k is NULL");
+    *k = mask->impl->Current().size();
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskGetRankCount(scapeMask_t mask, int rank, uint64_t* k,
+                                              uint64_t* offset) {
+  return Guard(CommOf(mask), "scapeMaskGetRankCount", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (rank < 0 || rank >= mask->comm->impl->nranks())
+      return scape::InvalidArgument(StrFormat("rank %d out of range", rank));
+    if (k) *k = mask->impl->RankCount(rank);
+    if (offset) *offset = mask->impl->RankOffset(rank);
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskGetIndices(scapeMask_t mask, uint64_t* indices, size_t capacity) {
+  return Guard(CommOf(mask), "scapeMaskGetIndices", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    const auto& cur = mask->impl->Current();
+    if (capacity < cur.size())
+      return scape::InvalidArgument(StrFormat("capacity %zu is below the mask's k = %zu", capacity,
+                                              cur.size()));
+    if (!cur.empty() && !indices) return scape::InvalidArgument("indices is NULL");
+    if (!cur.empty()) std::memcpy(indices, cur.data(), cur.size() * sizeof(uint64_t));
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskGetSyncInfo(scapeMask_t mask, scapeMaskSyncInfo_t* info) {
+  return Guard(CommOf(mask), "scapeMaskGetSyncInfo", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!info) return scape::InvalidArgument("info is NULL");
+    *info = mask->impl->Info();
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void* packed,
+                                      scapeDataType_t dtype) {
+  return Guard(CommOf(mask), "scapeMaskPack", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
+    if (mask->impl->Current().empty()) return Status::Ok();
+    if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+    mask->impl->Pack(dense, packed, scapeTypeSize(dtype));
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, void* dense,
+                                        scapeDataType_t dtype) {
+  return Guard(CommOf(mask), "scapeMaskUnpack", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
+    if (mask->impl->Current().empty()) return Status::Ok();
+    if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+    mask->impl->Unpack(packed, dense, scapeTypeSize(dtype));
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recvbuf,
+                                                 scapeDataType_t dtype, scapeRedOp_t op,
+                                                 scapeMask_t mask, scapeComm_t comm,
+                                                 void* stream) {
+  return Guard(comm, "scapeMaskAllReducePacked", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
+    const size_t k = mask->impl->Current().size();
+    if (k > 0 && (!sendbuf || !recvbuf)) return scape::InvalidArgument("sendbuf or recvbuf is NULL");
+    scape::coll::CollArgs a;
+    a.type = scape::coll::CollType::kAllReduce;
+    a.send = sendbuf;
+    a.recv = recvbuf;
+    a.count = k;
+    a.counts = mask->impl->RankCounts();
+    a.dtype = dtype;
+    a.op = op;
+    return comm->impl->Run(a);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbuf,
+                                               scapeDataType_t dtype, scapeRedOp_t op,
+                                               scapeMask_t mask, scapeComm_t comm,
+                                               void* stream) {
+  return Guard(comm, "scapeMaskReduceScatter", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
+    const scape::Mask& m = *mask->impl;
+    if (!m.Current().empty() && !sendbuf) return scape::InvalidArgument("sendbuf is NULL");
+    if (m.RankCount(comm->impl->rank()) > 0 && !recvbuf)
+      return scape::InvalidArgument("recvbuf is NULL");
+    scape::coll::CollArgs a;
+    a.type = scape::coll::CollType::kReduceScatter;
+    a.send = sendbuf;
+    a.recv = recvbuf;
+    a.dtype = dtype;
+    a.op = op;
+    a.counts = m.RankCounts();
+    return comm->impl->Run(a);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskAllGather(const void* sendbuf, void* recvbuf,
+                                           scapeDataType_t dtype, scapeMask_t mask,
+                                           scapeComm_t comm, void* stream) {
+  return Guard(comm, "scapeMaskAllGather", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
+    const scape::Mask& m = *mask->impl;
+    if (!m.Current().empty() && !recvbuf) return scape::InvalidArgument("recvbuf is NULL");
+    if (m.RankCount(comm->impl->rank()) > 0 && !sendbuf)
+      return scape::InvalidArgument("sendbuf is NULL");
+    scape::coll::CollArgs a;
+    a.type = scape::coll::CollType::kAllGather;
+    a.send = sendbuf;
+    a.recv = recvbuf;
+    a.dtype = dtype;
+    a.counts = m.RankCounts();
+    return comm->impl->Run(a);
+  });
+}
+
+SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void* values,
+                                             size_t nnz, uint64_t n, scapeDataType_t dtype,
+                                             scapeRedOp_t op, scapeSparseAlgo_t algo,
+                                             void* denseOut, uint64_t* outIndices,
+                                             void* outValues, size_t capacity, size_t* outNnz,
+                                             uint64_t* bytesSent, scapeComm_t comm) {
+  return Guard(comm, "scapeSparseAllReduce", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+    const int rank = comm->impl->rank();
+    if (dtype != scapeFloat32 && dtype != scapeFloat16 && dtype != scapeBfloat16)
+      return scape::InvalidArgument(StrFormat("rank %d: datatype %d: expected fp32, fp16 or bf16",
+                                              rank, static_cast<int>(dtype)));
+    if (op != scapeSum && op != scapeAvg)
+      return scape::InvalidArgument(StrFormat("rank %d: op %d: expected scapeSum or scapeAvg", rank,
+                                              static_cast<int>(op)));
+    if (static_cast<int>(algo) < 0 || algo >= scapeNumSparseAlgos)
+      return scape::InvalidArgument(StrFormat("rank %d: algo %d is not a scapeSparseAlgo_t", rank,
+                                              static_cast<int>(algo)));
+    if (nnz > 0 && (!indices || !values))
+      return scape::InvalidArgument("indices or values is NULL with nnz > 0");
+    if (!denseOut && !outIndices) return scape::InvalidArgument("no output: denseOut and outIndices are NULL");
+    if (outIndices && (!outValues || !outNnz))
+      return scape::InvalidArgument("outIndices needs outValues and outNnz");
+    if (nnz > n) return scape::InvalidArgument("nnz > n");
+    for (size_t i = 0; i < nnz; ++i)
+      if (indices[i] >= n || (i > 0 && indices[i] <= indices[i - 1]))
+        return scape::InvalidArgument(StrFormat("rank %d: indices[%zu] = %llu: indices must be "
+                                                "strictly increasing and below n = %llu",
+                                                rank, i, static_cast<unsigned long long>(indices[i]),
+                                                static_cast<unsigned long long>(n)));
+    scape::coll::SparseResult res;
+    SCAPE_RETURN_IF_ERROR(scape::coll::SparseAllReduce(comm->impl.get(), indices, values, nnz, n,
+                                                       dtype, op, algo, &res));
+    const size_t esz = scapeTypeSize(dtype);
+    if (bytesSent) *bytesSent = res.bytesSent;
+    if (denseOut) res.ToDense(denseOut, esz);
+    if (outIndices) {
+      *outNnz = res.Nnz();
+      if (res.Nnz() > capacity)
+        return scape::InvalidArgument(StrFormat("the union has %zu entries, more than capacity %zu",
+                                                res.Nnz(), capacity));
+      res.ToList(outIndices, outValues, esz);
+    }
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

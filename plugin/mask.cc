@@ -1,0 +1,495 @@
+#include "plugin/mask.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/mask_codec.h"
+#include "kernels/cpu/topk.h"
+#include "plugin/coll/schedule.h"
+#include "transport/base/clock.h"
+#include "transport/base/log.h"
+
+namespace scape {
+namespace {
+
+// The 32-bit local index encoding (the kernels' codec has the other three): the same 24-byte
+// header as the kernels' encodings, encoding byte 4, then k little-endian uint32.
+constexpr uint8_t kIndices32 = 4;
+constexpr size_t kHeader = kernels::kMaskHeaderBytes;
+
+uint64_t Fingerprint(uint64_t n, const std::vector<uint64_t>& offs, const std::vector<uint8_t>& dense,
+                     scapeOwnership_t own, int nranks) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(n);
+  mix(offs.size());
+  for (uint64_t o : offs) mix(o);
+  for (uint8_t d : dense) mix(d != 0);
+  mix(static_cast<uint64_t>(own));
+  mix(static_cast<uint64_t>(nranks));
+  return h;
+}
+
+kernels::MaskEncoding KernelEncoding(scapeMaskEncoding_t e) {
+  switch (e) {
+    case scapeMaskEncodingBitmap: return kernels::MaskEncoding::kBitmap;
+    case scapeMaskEncodingEliasFano: return kernels::MaskEncoding::kEliasFano;
+    default: return kernels::MaskEncoding::kDeltaVarint;
+  }
+}
+
+}  // namespace
+
+void Mask::BuildOwnership(const std::vector<uint64_t>& offs, const std::vector<uint8_t>& dense,
+                          scapeOwnership_t ownership) {
+  const size_t nseg = offs.size() - 1;
+  owned_.assign(static_cast<size_t>(nranks_), {});
+  ownedSize_.assign(static_cast<size_t>(nranks_), 0);
+  auto isDense = [&](size_t s) { return !dense.empty() && dense[s] != 0; };
+  if (ownership == scapeOwnershipShards) {
+    for (int r = 0; r < nranks_; ++r) {
+      const uint64_t b = coll::BlockOffset(n_, nranks_, r), e = coll::BlockOffset(n_, nranks_, r + 1);
+      // Segments overlapping [b, e): binary search the first one.
+      size_t s = static_cast<size_t>(std::upper_bound(offs.begin(), offs.end(), b) - offs.begin());
+      s = s == 0 ? 0 : s - 1;
+      for (; s < nseg && offs[s] < e; ++s) {
+        uint64_t pb = std::max(b, offs[s]), pe = std::min(e, offs[s + 1]);
+        if (pb < pe) owned_[static_cast<size_t>(r)].push_back(Piece{pb, pe, isDense(s)});
+      }
+    }
+  } else {
+    // Largest segment first, each to the least-loaded rank (ties: lower segment, lower rank).
+    std::vector<size_t> order(nseg);
+    for (size_t s = 0; s < nseg; ++s) order[s] = s;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return offs[x + 1] - offs[x] > offs[y + 1] - offs[y];
+    });
+    std::vector<uint64_t> load(static_cast<size_t>(nranks_), 0);
+    for (size_t s : order) {
+      if (offs[s + 1] == offs[s]) continue;
+      size_t best = 0;
+      for (size_t r = 1; r < load.size(); ++r)
+        if (load[r] < load[best]) best = r;
+      load[best] += offs[s + 1] - offs[s];
+      owned_[best].push_back(Piece{offs[s], offs[s + 1], isDense(s)});
+    }
+    for (auto& v : owned_)
+      std::sort(v.begin(), v.end(), [](const Piece& x, const Piece& y) { return x.begin < y.begin; });
+  }
+  for (int r = 0; r < nranks_; ++r)
+    for (const Piece& p : owned_[static_cast<size_t>(r)])
+      ownedSize_[static_cast<size_t>(r)] += p.end - p.begin;
+}
+
+Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffsets,
+                    const std::vector<uint8_t>& dense, scapeOwnership_t ownership,
+                    scapeMaskEncoding_t encoding, std::unique_ptr<Mask>* out) {
+  std::unique_ptr<Mask> m(new Mask());
+  m->comm_ = comm;
+  m->rank_ = comm->rank();
+  m->nranks_ = comm->nranks();
+  m->n_ = n;
+  m->encoding_ = encoding;
+  const size_t P = static_cast<size_t>(m->nranks_);
+
+  // Every rank must have built the same layout: compare fingerprints on every rank.
+  int64_t fp = static_cast<int64_t>(Fingerprint(n, segOffsets, dense, ownership, m->nranks_));
+  std::vector<int64_t> fps(P);
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &fp;
+  ag.recv = fps.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(comm->Run(ag));
+  for (size_t r = 0; r < P; ++r)
+    if (fps[r] != fp)
+      return InvalidUsage(StrFormat("rank %zu built a different mask layout than rank %d (layout "
+                                    "fingerprints %016llx and %016llx): every rank must pass the "
+                                    "same n, segments, dense flags and ownership",
+                                    r, m->rank_, static_cast<unsigned long long>(fps[r]),
+                                    static_cast<unsigned long long>(fp)));
+
+  m->BuildOwnership(segOffsets, dense, ownership);
+  m->curCount_.assign(P, 0);
+  m->curOff_.assign(P, 0);
+  SCAPE_RETURN_IF_ERROR(comm->CreateChild(&m->child_));
+  m->thread_ = std::thread(&Mask::ThreadMain, m.get());
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+Mask::~Mask() {
+  if (thread_.joinable()) {
+    if (inFlight_) (void)SyncWait();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  child_.reset();
+}
+
+Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
+  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
+  const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
+  std::vector<uint64_t> local;
+  local.reserve(k);
+  size_t i = 0;
+  uint64_t base = 0;
+  for (const Piece& p : mine) {
+    if (p.dense) {
+      for (uint64_t x = p.begin; x < p.end; ++x) local.push_back(base + (x - p.begin));
+      while (i < k && idx[i] < p.end) {  // listing dense positions is allowed: skip them
+        if (idx[i] < p.begin) break;
+        if (i > 0 && idx[i] <= idx[i - 1]) break;
+        ++i;
+      }
+    } else {
+      while (i < k && idx[i] >= p.begin && idx[i] < p.end) {
+        if (i > 0 && idx[i] <= idx[i - 1])
+          return InvalidArgument(StrFormat("indices[%zu] = %llu is not above indices[%zu]: "
+                                           "indices must be strictly increasing",
+                                           i, static_cast<unsigned long long>(idx[i]), i - 1));
+        local.push_back(base + (idx[i] - p.begin));
+        ++i;
+      }
+    }
+    base += p.end - p.begin;
+  }
+  if (i < k)
+    return InvalidArgument(StrFormat("indices[%zu] = %llu is not in rank %d's owned part (or the "
+                                     "indices are not strictly increasing)",
+                                     i, static_cast<unsigned long long>(idx[i]), rank_));
+  nextLocal_ = std::move(local);
+  nextSet_ = true;
+  return Status::Ok();
+}
+
+Status Mask::SelectNextTopk(const float* stat, double density) {
+  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
+  const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
+  // One kernel call over this rank's pieces; the gaps between them are segments with k = 0.
+  std::vector<uint64_t> offs, k;
+  for (const Piece& p : mine) {
+    if (!offs.empty() && offs.back() < p.begin) {
+      k.push_back(0);
+      offs.push_back(p.begin);
+    }
+    if (offs.empty()) offs.push_back(p.begin);
+    const uint64_t len = p.end - p.begin;
+    uint64_t kk = p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
+    if (!p.dense && len > 0) kk = std::max<uint64_t>(1, std::min(kk, len));
+    k.push_back(kk);
+    offs.push_back(p.end);
+  }
+  std::vector<uint64_t> local;
+  if (!k.empty()) {
+    std::vector<uint64_t> outOffs(k.size() + 1);
+    const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+    std::vector<uint64_t> sel(total);
+    kernels::TopkSegments segs;
+    segs.offsets = offs.data();
+    segs.k = k.data();
+    segs.out_offsets = outOffs.data();
+    segs.nseg = k.size();
+    kernels::TopkOptions opt;
+    kernels::KernelStatus ks = kernels::TopkAbs(stat, segs, opt, sel.data(), nullptr);
+    if (ks != kernels::KernelStatus::kOk)
+      return Status(kernels::ToResult(ks), StrFormat("top-k selection failed: %s",
+                                                     kernels::KernelStatusString(ks)));
+    local.reserve(total);
+    size_t pi = 0;
+    uint64_t base = 0;
+    for (uint64_t g : sel) {  // global positions, increasing: map to the owned space
+      while (g >= mine[pi].end) base += mine[pi].end - mine[pi].begin, ++pi;
+      local.push_back(base + (g - mine[pi].begin));
+    }
+  }
+  nextLocal_ = std::move(local);
+  nextSet_ = true;
+  return Status::Ok();
+}
+
+Status Mask::Encode(std::vector<uint8_t>* out) {
+  const uint64_t nown = ownedSize_[static_cast<size_t>(rank_)];
+  const uint64_t k = nextLocal_.size();
+  const uint64_t* idx = nextLocal_.data();
+  uint64_t sizes[scapeNumMaskEncodings] = {0};
+  sizes[scapeMaskEncodingBitmap] = kernels::BitmapEncodedBytes(nown);
+  sizes[scapeMaskEncodingEliasFano] = kernels::EliasFanoEncodedBytes(nown, k);
+  sizes[scapeMaskEncodingDeltaVarint] = kernels::DeltaVarintEncodedBytes(idx, k);
+  const bool idx32ok = nown <= (uint64_t{1} << 32);
+  sizes[scapeMaskEncodingIndices] = idx32ok ? kHeader + 4 * k : UINT64_MAX;
+  scapeMaskEncoding_t enc = encoding_;
+  if (enc == scapeMaskEncodingAuto) {
+    enc = scapeMaskEncodingBitmap;
+    for (int e = 2; e < scapeNumMaskEncodings; ++e)
+      if (sizes[e] < sizes[enc]) enc = static_cast<scapeMaskEncoding_t>(e);
+  }
+  if (enc == scapeMaskEncodingIndices && !idx32ok)
+    return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
+  const uint64_t bytes = sizes[enc];
+  out->assign((bytes + 3) / 4 * 4, 0);
+  if (enc == scapeMaskEncodingIndices) {
+    (*out)[0] = kIndices32;
+    std::memcpy(out->data() + 8, &nown, 8);
+    std::memcpy(out->data() + 16, &k, 8);
+    for (uint64_t i = 0; i < k; ++i) {
+      uint32_t v = static_cast<uint32_t>(idx[i]);
+      std::memcpy(out->data() + kHeader + 4 * i, &v, 4);
+    }
+  } else {
+    size_t written = 0;
+    kernels::KernelStatus ks =
+        kernels::MaskEncode(KernelEncoding(enc), idx, k, nown, out->data(), bytes, &written);
+    if (ks != kernels::KernelStatus::kOk || written != bytes)
+      return InternalError(StrFormat("mask encoding failed: %s", kernels::KernelStatusString(ks)));
+  }
+  pendingInfo_ = scapeMaskSyncInfo_t{};
+  pendingInfo_.encoding = enc;
+  pendingInfo_.sentBytes = bytes;
+  for (int e = 1; e < scapeNumMaskEncodings; ++e) pendingInfo_.bytesByEncoding[e] = sizes[e];
+  return Status::Ok();
+}
+
+Status Mask::Decode(int r, const uint8_t* buf, size_t size, std::vector<uint64_t>* out) const {
+  const uint64_t nown = ownedSize_[static_cast<size_t>(r)];
+  std::vector<uint64_t> local;
+  if (size >= 1 && buf[0] == kIndices32) {
+    uint64_t hn, k;
+    if (size < kHeader) return RemoteError(StrFormat("rank %d's mask part is truncated", r));
+    std::memcpy(&hn, buf + 8, 8);
+    std::memcpy(&k, buf + 16, 8);
+    for (size_t i = 1; i < 8; ++i)
+      if (buf[i] != 0) return RemoteError(StrFormat("rank %d's mask part has a bad header", r));
+    if (hn != nown || k > nown || size != kHeader + 4 * k)
+      return RemoteError(StrFormat("rank %d's mask part does not match its owned part "
+                                   "(n %llu, k %llu, %zu bytes)", r,
+                                   static_cast<unsigned long long>(hn),
+                                   static_cast<unsigned long long>(k), size));
+    local.resize(k);
+    for (uint64_t i = 0; i < k; ++i) {
+      uint32_t v;
+      std::memcpy(&v, buf + kHeader + 4 * i, 4);
+      if (v >= nown || (i > 0 && v <= local[i - 1]))
+        return RemoteError(StrFormat("rank %d's mask part has an index out of range or out of "
+                                     "order at position %llu", r, static_cast<unsigned long long>(i)));
+      local[i] = v;
+    }
+  } else {
+    kernels::MaskHeader h;
+    kernels::KernelStatus ks = kernels::MaskReadHeader(buf, size, &h);
+    if (ks == kernels::KernelStatus::kOk && h.n != nown) ks = kernels::KernelStatus::kCorrupt;
+    if (ks == kernels::KernelStatus::kOk) {
+      local.resize(h.k);
+      size_t got = 0;
+      ks = kernels::MaskDecode(buf, size, nown, local.data(), local.size(), &got);
+      if (ks == kernels::KernelStatus::kOk && got != h.k) ks = kernels::KernelStatus::kCorrupt;
+    }
+    if (ks != kernels::KernelStatus::kOk)
+      return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
+                                   kernels::KernelStatusString(ks)));
+  }
+  // Owned-space local indices to global positions.
+  const std::vector<Piece>& pieces = owned_[static_cast<size_t>(r)];
+  out->clear();
+  out->reserve(local.size());
+  size_t pi = 0;
+  uint64_t base = 0;
+  for (uint64_t l : local) {
+    while (l >= base + (pieces[pi].end - pieces[pi].begin)) base += pieces[pi].end - pieces[pi].begin, ++pi;
+    out->push_back(pieces[pi].begin + (l - base));
+  }
+  return Status::Ok();
+}
+
+Status Mask::SyncStart() {
+  if (inFlight_) return InvalidUsage("a mask sync is already in flight");
+  if (!comm_->error().ok()) return comm_->error();
+  if (!nextSet_) nextLocal_.clear();  // nothing selected: an empty part
+  SCAPE_RETURN_IF_ERROR(Encode(&sendEnc_));
+  startNs_ = NowNs();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    requested_ = true;
+    finished_ = false;
+  }
+  cv_.notify_all();
+  inFlight_ = true;
+  return Status::Ok();
+}
+
+Status Mask::SyncTest(bool* done) {
+  if (!inFlight_) {
+    *done = true;
+    return Status::Ok();
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    *done = finished_;
+  }
+  if (!*done) return Status::Ok();
+  inFlight_ = false;
+  if (syncStatus_.ok()) {
+    synced_ = true;
+    info_ = pendingInfo_;
+  }
+  return syncStatus_;
+}
+
+Status Mask::SyncWait() {
+  if (!inFlight_) return Status::Ok();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    // The thread's own collectives carry the communicator's timeout; this is a backstop.
+    const auto limit = std::chrono::milliseconds(static_cast<int64_t>(comm_->config().timeoutMs) * 3 + 5000);
+    if (!cv_.wait_for(lk, limit, [this] { return finished_; }))
+      return TimeoutError("the mask sync thread did not finish in time");
+  }
+  bool done = false;
+  return SyncTest(&done);
+}
+
+Status Mask::Advance() {
+  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it before advancing");
+  if (!synced_) return InvalidUsage("no mask sync completed since the last advance");
+  const size_t P = static_cast<size_t>(nranks_);
+  size_t total = 0;
+  for (const auto& part : nextParts_) total += part.size();
+  cur_.clear();
+  cur_.reserve(total);
+  for (size_t r = 0; r < P; ++r) {
+    curOff_[r] = cur_.size();
+    curCount_[r] = nextParts_[r].size();
+    cur_.insert(cur_.end(), nextParts_[r].begin(), nextParts_[r].end());
+  }
+  synced_ = false;
+  nextSet_ = false;
+  return Status::Ok();
+}
+
+std::vector<size_t> Mask::RankCounts() const {
+  return std::vector<size_t>(curCount_.begin(), curCount_.end());
+}
+
+void Mask::ThreadMain() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    cv_.wait(lk, [this] { return stop_ || requested_; });
+    if (stop_) return;
+    requested_ = false;
+    lk.unlock();
+    Status st = RunSync();
+    lk.lock();
+    syncStatus_ = st;
+    finished_ = true;
+    cv_.notify_all();
+  }
+}
+
+Status Mask::RunSync() {
+  const size_t P = static_cast<size_t>(nranks_);
+  // Exact sizes first, then the parts (each padded to 4 bytes), back to back in rank order.
+  std::vector<int64_t> sizes(P);
+  int64_t mine = static_cast<int64_t>(pendingInfo_.sentBytes);
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &mine;
+  ag.recv = sizes.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(child_->Run(ag).Prepend("mask sync"));
+  std::vector<size_t> counts(P);
+  size_t totalWords = 0;
+  for (size_t r = 0; r < P; ++r) {
+    // A part can never exceed the largest encoding of its owned part (the bitmap, or the
+    // varint code of every element): refuse anything bigger before allocating.
+    const uint64_t cap = kHeader + 10 * ownedSize_[r] + 64;
+    if (sizes[r] < static_cast<int64_t>(kHeader) || static_cast<uint64_t>(sizes[r]) > cap)
+      return RemoteError(StrFormat("mask sync: rank %zu announced a %lld-byte part (expected "
+                                   "%zu..%llu for its owned part)", r,
+                                   static_cast<long long>(sizes[r]), kHeader,
+                                   static_cast<unsigned long long>(cap)));
+    counts[r] = (static_cast<size_t>(sizes[r]) + 3) / 4;
+    totalWords += counts[r];
+  }
+  std::vector<uint8_t> all(totalWords * 4);
+  ag.send = sendEnc_.data();
+  ag.recv = all.data();
+  ag.dtype = scapeInt32;
+  ag.counts = counts;
+  SCAPE_RETURN_IF_ERROR(child_->Run(ag).Prepend("mask sync"));
+  std::vector<std::vector<uint64_t>> parts(P);
+  size_t off = 0;
+  uint64_t totalBytes = 0;
+  for (size_t r = 0; r < P; ++r) {
+    const size_t bytes = static_cast<size_t>(sizes[r]);
+    SCAPE_RETURN_IF_ERROR(
+        Decode(static_cast<int>(r), all.data() + off * 4, bytes, &parts[r]).Prepend("mask sync"));
+    off += counts[r];
+    totalBytes += bytes;
+  }
+  nextParts_ = std::move(parts);
+  pendingInfo_.totalBytes = totalBytes;
+  pendingInfo_.syncSeconds = static_cast<double>(NowNs() - startNs_) * 1e-9;
+  return Status::Ok();
+}
+
+void Mask::Pack(const void* dense, void* packed, size_t esz) const {
+  const size_t k = cur_.size();
+  const uint64_t* idx = cur_.data();
+  switch (esz) {
+    case 2: {
+      auto* d = static_cast<const uint16_t*>(dense);
+      auto* p = static_cast<uint16_t*>(packed);
+      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
+      break;
+    }
+    case 4: {
+      auto* d = static_cast<const uint32_t*>(dense);
+      auto* p = static_cast<uint32_t*>(packed);
+      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
+      break;
+    }
+    default: {
+      auto* d = static_cast<const uint64_t*>(dense);
+      auto* p = static_cast<uint64_t*>(packed);
+      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
+    }
+  }
+}
+
+void Mask::Unpack(const void* packed, void* dense, size_t esz) const {
+  const size_t k = cur_.size();
+  const uint64_t* idx = cur_.data();
+  switch (esz) {
+    case 2: {
+      auto* d = static_cast<uint16_t*>(dense);
+      auto* p = static_cast<const uint16_t*>(packed);
+      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
+      break;
+    }
+    case 4: {
+      auto* d = static_cast<uint32_t*>(dense);
+      auto* p = static_cast<const uint32_t*>(packed);
+      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
+      break;
+    }
+    default: {
+      auto* d = static_cast<uint64_t*>(dense);
+      auto* p = static_cast<const uint64_t*>(packed);
+      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
+    }
+  }
+}
+
+}  // namespace scape

@@ -1,0 +1,96 @@
+// The agreed mask: layout (segments, owners), the current and next masks, and the background
+// synchronisation of the next mask over a private child communicator.
+#ifndef SCAPE_PLUGIN_MASK_H_
+#define SCAPE_PLUGIN_MASK_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "plugin/comm.h"
+#include "scape/scape.h"
+#include "transport/base/status.h"
+
+namespace scape {
+
+class Mask {
+ public:
+  // A contiguous piece of one segment inside one rank's owned part.
+  struct Piece {
+    uint64_t begin, end;
+    bool dense;
+  };
+
+  // Collective over `comm`. Arguments are already validated by the API layer.
+  static Status Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffsets,
+                       const std::vector<uint8_t>& dense, scapeOwnership_t ownership,
+                       scapeMaskEncoding_t encoding, std::unique_ptr<Mask>* out);
+  ~Mask();
+
+  uint64_t n() const { return n_; }
+  Comm* comm() const { return comm_; }
+  const std::vector<Piece>& Owned(int rank) const { return owned_[static_cast<size_t>(rank)]; }
+
+  Status SetNextIndices(const uint64_t* idx, size_t k);
+  Status SelectNextTopk(const float* stat, double density);
+  Status SyncStart();
+  Status SyncTest(bool* done);
+  Status SyncWait();
+  Status Advance();
+
+  // The current mask, in mask order (owner rank, then index).
+  const std::vector<uint64_t>& Current() const { return cur_; }
+  uint64_t RankCount(int r) const { return curCount_[static_cast<size_t>(r)]; }
+  uint64_t RankOffset(int r) const { return curOff_[static_cast<size_t>(r)]; }
+  std::vector<size_t> RankCounts() const;
+
+  void Pack(const void* dense, void* packed, size_t esz) const;
+  void Unpack(const void* packed, void* dense, size_t esz) const;
+
+  const scapeMaskSyncInfo_t& Info() const { return info_; }
+
+ private:
+  Mask() = default;
+  void BuildOwnership(const std::vector<uint64_t>& segOffsets, const std::vector<uint8_t>& dense,
+                      scapeOwnership_t ownership);
+  Status Encode(std::vector<uint8_t>* out);
+  // Decodes rank r's part into global indices; validates everything.
+  Status Decode(int r, const uint8_t* buf, size_t size, std::vector<uint64_t>* out) const;
+  void ThreadMain();
+  Status RunSync();  // on the sync thread
+
+  Comm* comm_ = nullptr;
+  int rank_ = 0, nranks_ = 1;
+  uint64_t n_ = 0;
+  scapeMaskEncoding_t encoding_ = scapeMaskEncodingAuto;
+  std::vector<std::vector<Piece>> owned_;  // per rank, increasing
+  std::vector<uint64_t> ownedSize_;        // per rank
+
+  std::vector<uint64_t> nextLocal_;  // this rank's selection, local indices in its owned space
+  bool nextSet_ = false;
+
+  std::vector<uint64_t> cur_;
+  std::vector<uint64_t> curCount_, curOff_;
+
+  // Background sync.
+  std::unique_ptr<Comm> child_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, requested_ = false, finished_ = false;  // guarded by mu_
+  bool inFlight_ = false;       // caller thread only
+  bool synced_ = false;         // a sync completed since the last Advance
+  Status syncStatus_;           // written by the thread before finished_
+  std::vector<uint8_t> sendEnc_;                 // this rank's encoded part (padded to 4)
+  std::vector<std::vector<uint64_t>> nextParts_;  // decoded, per rank, global indices
+  scapeMaskSyncInfo_t info_{};
+  scapeMaskSyncInfo_t pendingInfo_{};
+  int64_t startNs_ = 0;
+};
+
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_MASK_H_
