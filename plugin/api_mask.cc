@@ -61,18 +61,19 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))
     return InvalidArgument(StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
-  std::vector<char> packed(k * esz + 1), reduced(k * esz + 1);
-  if (k > 0) m.Pack(send, packed.data(), esz);
+  // Not zero-filled: every element is written by the pack and by the all-reduce.
+  std::unique_ptr<char[]> packed(new char[k * esz + 1]), reduced(new char[k * esz + 1]);
+  if (k > 0) m.Pack(send, packed.get(), esz);
   coll::CollArgs a;
   a.type = coll::CollType::kAllReduce;
-  a.send = packed.data();
-  a.recv = reduced.data();
+  a.send = packed.get();
+  a.recv = reduced.get();
   a.count = k;
   a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
   a.dtype = dtype;
   a.op = op;
   SCAPE_RETURN_IF_ERROR(comm->impl->Run(a));
-  if (k > 0) m.Unpack(reduced.data(), recv, esz);
+  if (k > 0) m.Unpack(reduced.get(), recv, esz);
   return Status::Ok();
 }
 

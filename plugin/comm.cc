@@ -305,7 +305,8 @@ Status Comm::Poll(bool* advanced) {
   SCAPE_RETURN_IF_ERROR(CheckControl());
   while (!queue_.empty()) {
     PendingOp* head = queue_.front().get();
-    coll::Ctx ctx(tp_.get(), rank_, nranks_, head->seq, coll::Signature(head->args), tuning_);
+    coll::Ctx ctx(tp_.get(), rank_, nranks_, head->seq, coll::Signature(head->args), tuning_,
+                  &scratch_);
     if (!head->started) {
       head->started = true;
       *advanced = true;

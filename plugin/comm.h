@@ -105,6 +105,7 @@ class Comm {
   uint32_t nextSeq_ = 0;
   Status error_;
   // Control channel: abort notices from peers.
+  std::vector<char> scratch_;  // working memory of the running operation (coll::Ctx::Scratch)
   std::unique_ptr<transport::Request> ctrlReq_;
   std::vector<char> ctrlBuf_;
 };

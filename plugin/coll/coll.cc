@@ -150,8 +150,13 @@ class RingOp final : public Op {
   }
 
   Status Start(Ctx& ctx) override {
-    if (mode_ != kAG) staging_.resize(nch_ * maxChunk_ * esz_);
-    if (mode_ == kRS && p_ > 2) work_.resize(2 * nch_ * maxChunk_ * esz_);
+    // Staging for received partial sums, and for a reduce-scatter two slots of partial
+    // results per chunk column: scratch memory the communicator keeps between calls.
+    const size_t slot = nch_ * maxChunk_ * esz_;
+    const size_t need = (mode_ != kAG ? slot : 0) + (mode_ == kRS && p_ > 2 ? 2 * slot : 0);
+    char* scratch = need ? ctx.Scratch(need) : nullptr;
+    staging_ = scratch;
+    work_ = mode_ == kRS && p_ > 2 ? scratch + slot : nullptr;
     if (mode_ == kAG && a_.send != BlockPtr(a_.recv, r_) && BlockLen(r_) > 0)
       std::memcpy(BlockPtr(a_.recv, r_), a_.send, BlockLen(r_) * esz_);
     cols_.resize(nch_);
@@ -196,8 +201,8 @@ class RingOp final : public Op {
     return ChunkBegin(BlockLen(b), nch_, c + 1) - ChunkBegin(BlockLen(b), nch_, c);
   }
   char* BlockPtr(void* base, int b) const { return Ptr(base, BlockOff(b) * esz_); }
-  char* Slot(std::vector<char>& v, size_t which, size_t c) {
-    return v.data() + ((which * nch_ + c) * maxChunk_) * esz_;
+  char* Slot(char* base, size_t which, size_t c) const {
+    return base + ((which * nch_ + c) * maxChunk_) * esz_;
   }
   // Where the partial sum of reduce-scatter step t lives (it is sent at step t + 1).
   char* PartialPtr(int t, int b, size_t c) {
@@ -240,7 +245,8 @@ class RingOp final : public Op {
   int steps_ = 0, first_ = 0;
   size_t nch_ = 1, maxChunk_ = 1, active_ = 0;
   std::vector<Column> cols_;
-  std::vector<char> staging_, work_;
+  char* staging_ = nullptr;  // scratch: received partial sums, one slot per chunk column
+  char* work_ = nullptr;     // scratch: reduce-scatter partial results, two slots per column
   std::vector<size_t> offs_;  // block b is [offs_[b], offs_[b+1]) elements
 };
 
@@ -296,43 +302,44 @@ class StagedOp : public Op {
 // op(partner, own), so all ranks end with identical results.
 class RdAllReduceOp final : public StagedOp {
  public:
-  RdAllReduceOp(const CollArgs& a, int rank, int p) : a_(a) {
-    const size_t bytes = a.count * scapeTypeSize(a.dtype);
-    tmp_.resize(bytes);
-    const RdLayout l = MakeRdLayout(p);
-    const int vr = RdVirtualRank(l, rank);
-    void* buf = a.recv;
+  RdAllReduceOp(const CollArgs& a, int rank, int p) : a_(a), rank_(rank), p_(p) {}
+
+  Status Start(Ctx& ctx) override {
+    const size_t bytes = a_.count * scapeTypeSize(a_.dtype);
+    if (a_.send != a_.recv) std::memcpy(a_.recv, a_.send, bytes);
+    tmp_ = ctx.Scratch(bytes);
+    const RdLayout l = MakeRdLayout(p_);
+    const int vr = RdVirtualRank(l, rank_);
+    void* buf = a_.recv;
     auto reduce = [this, buf](int div) {
       return [this, buf, div] {
-        kernels::ReduceInto(a_.dtype, a_.op, buf, buf, tmp_.data(), a_.count, div);
+        kernels::ReduceInto(a_.dtype, a_.op, buf, buf, tmp_, a_.count, div);
       };
     };
-    const int avgDiv = a.op == scapeAvg ? p : 1;
+    const int avgDiv = a_.op == scapeAvg ? p_ : 1;
     if (vr < 0) {  // fold into rank + 1, then receive the result from it
-      stages_.push_back(Stage{rank + 1, buf, bytes, -1, nullptr, 0, 0, nullptr});
-      stages_.push_back(Stage{-1, nullptr, 0, rank + 1, buf, bytes, 1000, nullptr});
-      return;
+      stages_.push_back(Stage{rank_ + 1, buf, bytes, -1, nullptr, 0, 0, nullptr});
+      stages_.push_back(Stage{-1, nullptr, 0, rank_ + 1, buf, bytes, 1000, nullptr});
+      return StagedOp::Start(ctx);
     }
-    if (rank < 2 * l.rem)
-      stages_.push_back(Stage{-1, nullptr, 0, rank - 1, tmp_.data(), bytes, 0, reduce(1)});
+    if (rank_ < 2 * l.rem)
+      stages_.push_back(Stage{-1, nullptr, 0, rank_ - 1, tmp_, bytes, 0, reduce(1)});
     uint32_t round = 1;
     for (int mask = 1; mask < l.pof2; mask <<= 1, ++round) {
       const int partner = RdRealRank(l, vr ^ mask);
       const bool last = (mask << 1) >= l.pof2;
       stages_.push_back(
-          Stage{partner, buf, bytes, partner, tmp_.data(), bytes, round, reduce(last ? avgDiv : 1)});
+          Stage{partner, buf, bytes, partner, tmp_, bytes, round, reduce(last ? avgDiv : 1)});
     }
-    if (rank < 2 * l.rem)
-      stages_.push_back(Stage{rank - 1, buf, bytes, -1, nullptr, 0, 1000, nullptr});
-  }
-  Status Start(Ctx& ctx) override {
-    if (a_.send != a_.recv) std::memcpy(a_.recv, a_.send, a_.count * scapeTypeSize(a_.dtype));
+    if (rank_ < 2 * l.rem)
+      stages_.push_back(Stage{rank_ - 1, buf, bytes, -1, nullptr, 0, 1000, nullptr});
     return StagedOp::Start(ctx);
   }
 
  private:
   CollArgs a_;
-  std::vector<char> tmp_;
+  int rank_, p_;
+  char* tmp_ = nullptr;
 };
 
 // One send and/or one receive (the building block of the sparse all-reduce).

@@ -71,8 +71,16 @@ struct Tuning {
 class Ctx {
  public:
   Ctx(transport::Transport* tp, int rank, int nranks, uint32_t seq, uint32_t sig,
-      const Tuning& tuning)
-      : tp_(tp), rank_(rank), nranks_(nranks), seq_(seq), sig_(sig), tuning_(tuning) {}
+      const Tuning& tuning, std::vector<char>* scratch)
+      : tp_(tp), rank_(rank), nranks_(nranks), seq_(seq), sig_(sig), tuning_(tuning),
+        scratch_(scratch) {}
+  // Working memory for the running operation, kept by the communicator between operations
+  // (only one operation runs at a time), so large collectives do not fault in fresh pages on
+  // every call. Valid until the operation completes.
+  char* Scratch(size_t bytes) {
+    if (scratch_->size() < bytes) scratch_->resize(bytes);
+    return scratch_->data();
+  }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const Tuning& tuning() const { return tuning_; }
@@ -92,6 +100,7 @@ class Ctx {
   int rank_, nranks_;
   uint32_t seq_, sig_;
   const Tuning& tuning_;
+  std::vector<char>* scratch_;
 };
 
 class Op {

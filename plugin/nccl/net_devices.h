@@ -1,0 +1,56 @@
+// Device discovery for the NCCL net plugin: RDMA ports through libibverbs when it is there and
+// has active ports, else network interfaces. No UCX here: each device carries the route (UCX
+// NET_DEVICES value, out-of-band interface) the UCX engine needs.
+#ifndef SCAPE_PLUGIN_NCCL_NET_DEVICES_H_
+#define SCAPE_PLUGIN_NCCL_NET_DEVICES_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plugin/nccl/net_params.h"
+#include "transport/base/status.h"
+#include "transport/ucx/ucx_plugin_net.h"
+
+namespace scape {
+namespace nccl {
+
+struct NetDevice {
+  std::string name;        // unique among the plugin's devices
+  std::string pciPath;     // /sys path of the PCI device; empty if none
+  uint64_t guid = 0;
+  int port = 0;            // RDMA port number; 0 for a network interface
+  int speedMbps = 10000;
+  float latencyUs = 0;     // 0: NCCL's own model
+  int maxComms = 65536;
+  bool rdma = false;
+  std::vector<int> children;  // physical devices merged into this one (itself if physical)
+  ucxnet::DeviceRoute route;
+};
+
+// A device selection list in NCCL_IB_HCA syntax: "mlx5_0:1,eth", "=eth0", "^docker,lo".
+class DeviceFilter {
+ public:
+  static DeviceFilter Parse(const std::string& spec);
+  bool empty() const { return items_.empty(); }
+  // `port` 0 for interfaces (an item with a port then never matches).
+  bool Match(const std::string& name, int port) const;
+
+ private:
+  bool exclude_ = false;
+  bool exact_ = false;
+  std::vector<std::pair<std::string, int>> items_;  // (name, port or -1)
+};
+
+// Finds the devices to expose. `how` says where the list came from (for the INFO line).
+Status DiscoverDevices(const PluginParams& params, std::vector<NetDevice>* out, std::string* how);
+
+// A virtual device merging `children` (physical devices of `devs`, 2..4 distinct).
+Status MergeDevices(const std::vector<NetDevice>& devs, int nPhysical,
+                    const std::vector<int>& children, NetDevice* out);
+
+}  // namespace nccl
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_NCCL_NET_DEVICES_H_
