@@ -235,6 +235,10 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
 SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
   if (!comm) return scapeSuccess;
   return Guard(comm, "scapeCommDestroy", [&]() -> Status {
+    if (!comm->masks.empty())
+      return scape::InvalidUsage(StrFormat("%zu mask(s) of this communicator still exist: destroy "
+                                           "them first (scapeMaskDestroy)",
+                                           comm->masks.size()));
     if (!comm->requests.empty())
       return scape::InvalidUsage(StrFormat("%zu request(s) of this communicator have not been "
                                            "completed with scapeTest/scapeWait; complete them or "
@@ -249,6 +253,9 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
   if (!comm) return scapeSuccess;
   try {
     if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
+    // Masks die with their communicator (their sync threads finish within the timeout).
+    for (scapeMask* m : comm->masks) delete m;
+    comm->masks.clear();
     for (scapeRequest* r : comm->requests) delete r;
     comm->requests.clear();
     delete comm;

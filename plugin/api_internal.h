@@ -20,6 +20,7 @@ struct scapeComm {
   std::unique_ptr<scape::Comm> impl;
   std::string lastError;
   std::set<scapeRequest*> requests;  // live request handles
+  std::set<scapeMask*> masks;        // live masks created on this communicator
 };
 
 struct scapeRequest {

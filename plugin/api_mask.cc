@@ -115,6 +115,7 @@ SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegm
     SCAPE_RETURN_IF_ERROR(scape::Mask::Create(comm->impl.get(), n, offs, dense, ownership,
                                               encoding, &impl));
     *mask = new scapeMask{std::move(impl), comm};
+    comm->masks.insert(*mask);
     return Status::Ok();
   });
 }
@@ -123,6 +124,7 @@ SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask) {
   if (!mask) return scapeSuccess;
   scapeComm* comm = mask->comm;
   return Guard(comm, "scapeMaskDestroy", [&]() -> Status {
+    if (comm) comm->masks.erase(mask);
     delete mask;
     return Status::Ok();
   });

@@ -152,6 +152,23 @@ TEST_P(MaskSweep, EmptySelection) { MaskedAllReduceCase(GetParam(), scapeOwnersh
 INSTANTIATE_TEST_SUITE_P(Ranks, MaskSweep, ::testing::Values(1, 2, 3, 5, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return "P" + std::to_string(i.param); });
 
+// scapeCommAbort takes the communicator's masks with it, even with a sync in flight.
+TEST(Mask, AbortWithALiveMask) {
+  RunResult res = RunRanks(2, [&](RankCtx& c) {
+    Layout l = MakeLayout();
+    scapeMask_t mask = nullptr;
+    EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
+                                    nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskSetNextIndices(mask, nullptr, 0), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskSyncStart(mask), c.comm);
+    EXPECT_SCAPE_OK(scapeBarrier(c.comm), c.comm);
+    EXPECT_EQ(scapeCommAbort(c.comm), scapeSuccess);
+    c.comm = nullptr;
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 TEST(Mask, DifferentLayoutsAreReportedOnEveryRank) {
   RunResult res = RunRanks(3, [&](RankCtx& c) {
     Layout l = MakeLayout();
@@ -190,6 +207,8 @@ TEST(Mask, ArgumentErrors) {
     EXPECT_EQ(scapeMaskAdvance(mask), scapeInvalidUsage);
     std::vector<float> a(l.n), b(l.n);
     EXPECT_EQ(scapeAllReduce(a.data(), b.data(), l.n - 1, scapeFloat32, scapeSum, mask, c.comm, nullptr), scapeInvalidArgument);
+    EXPECT_EQ(scapeCommDestroy(c.comm), scapeInvalidUsage) << "destroy with a live mask";
+    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("mask"), std::string::npos);
     EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
     return true;
   });

@@ -285,7 +285,8 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
 /**
  * Destroys a communicator and frees everything it owns. Local: it does not wait for peers.
  * Returns scapeInvalidUsage (and destroys nothing) while non-blocking requests of this
- * communicator are incomplete; complete them or use scapeCommAbort. NULL is a no-op.
+ * communicator are incomplete or masks created on it still exist; complete / destroy them or
+ * use scapeCommAbort. NULL is a no-op.
  */
 SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
 
@@ -293,7 +294,8 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
  * Abandons a communicator at once, from any state: tells every peer (best effort, so that
  * their pending and next operations fail with scapeRemoteError instead of waiting for the
  * timeout), cancels pending requests, and frees everything, including request handles not yet
- * completed. NULL is a no-op.
+ * completed and the masks created on it (their handles become invalid; a mask sync in flight
+ * is given up to the timeout to finish). NULL is a no-op.
  */
 SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm);
 
