@@ -2,7 +2,7 @@
  * mpi-allreduce-perf: MPI_Allreduce (float, sum) measured the way scape-perf and nccl-tests
  * measure all-reduce, for side-by-side comparison (perf/compare_mpi.sh).
  *
- *   mpirun -np N mpi-allreduce-perf -b 1M -e 256M -f 2 [-n 20] [-w 5] [-c 1]
+ *   mpirun -np N mpi-allreduce-perf -b 1M -e 256M -f 2 [-n 20] [-w 5] [-c 1] [-I 0|1] [-J FILE]
  *
  * Per size: one untimed call, a barrier, -n timed calls (out-of-place, then MPI_IN_PLACE);
  * time is the average per call, maximum over ranks; algbw = bytes / time (GB = 1e9),
@@ -10,6 +10,11 @@
  * result is compared exactly against a seeded expectation (small integers, exact in fp32); the
  * wrong-element counts are summed over ranks. Exit status: 0 ok, 1 MPI failure, 2 wrong
  * results, 64 bad command line.
+ *
+ * Columns are scape-perf's (see scape-perf -h): nccl-tests' 13, then mode ("dense"), density (1),
+ * k (count), wire (bytes each rank sends in a ring: 2(n-1)/n * size) and the dense-equivalent
+ * bandwidth out-of-place and in-place (size / time). -J writes the same JSON rows as scape-perf
+ * with "impl": "mpi". -I 0 skips the in-place half (its columns print N/A).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -37,6 +42,8 @@ static void usage(FILE* f) {
           "  -n N      timed iterations per size [20]\n"
           "  -w N      warm-up iterations (at the largest and smallest size) [5]\n"
           "  -c 0|1    check results [1]\n"
+          "  -I 0|1    also time the in-place form (MPI_IN_PLACE) [1]\n"
+          "  -J FILE   also write the results as a JSON array (scape-perf's format)\n"
           "  -h        this text\n",
           kProg);
 }
@@ -175,7 +182,10 @@ static void bench_one(float* send, float* recv, uint64_t count, int in_place, in
 
 int main(int argc, char** argv) {
   uint64_t min_bytes = 32ull << 20, max_bytes = 32ull << 20, factor = 2;
-  int iters = 20, warmup = 5, check = 1, saw_min = 0, saw_max = 0;
+  int iters = 20, warmup = 5, check = 1, saw_min = 0, saw_max = 0, in_place = 1;
+  const char* json_path = NULL;
+  FILE* json = NULL;
+  int json_rows = 0, json_failed = 0;
   int rank = 0, nranks = 1;
   float *send = NULL, *recv = NULL;
   double bw_sum = 0;
@@ -198,7 +208,7 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    if (a[0] != '-' || a[1] == '\0' || strchr("befnwc", a[1]) == NULL)
+    if (a[0] != '-' || a[1] == '\0' || strchr("befnwcIJ", a[1]) == NULL)
       usage_error("unknown argument '%s'", a);
     if (a[2] != '\0') {
       v = a + 2;
@@ -227,6 +237,13 @@ int main(int argc, char** argv) {
       case 'c':
         check = parse_int("-c", v, 0, 1, "0 or 1");
         break;
+      case 'I':
+        in_place = parse_int("-I", v, 0, 1, "0 or 1");
+        break;
+      case 'J':
+        if (*v == '\0') usage_error("-J expects a file name");
+        json_path = v;
+        break;
       default:
         break;
     }
@@ -239,6 +256,16 @@ int main(int argc, char** argv) {
                 max_bytes);
   if (max_bytes / sizeof(float) > (uint64_t)2147483647)
     usage_error("-e %" PRIu64 " is more elements than MPI's int count allows", max_bytes);
+
+  if (json_path != NULL && rank == 0) {
+    json = fopen(json_path, "w");
+    if (json == NULL) {
+      fprintf(stderr, "%s: -J: cannot open '%s' for writing: %s\n", kProg, json_path,
+              strerror(errno));
+      MPI_Abort(MPI_COMM_WORLD, EXIT_USAGE);
+    }
+    fprintf(json, "[\n");
+  }
 
   g_modulus = (uint32_t)((16777216 / nranks < 15 ? 16777216 / nranks : 15) + 1);
 
@@ -288,14 +315,18 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     printf("#\n");
-    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place\n",
-           "", "", "", "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+           "          %8s  %7s  %12s  %12s  %7s  %7s\n",
+           "", "", "", "", "", "", "", "", "", "deqbw", "deqbw");
     printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
     printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
-    printf("  %7s  %6s  %6s  %6s\n", "time", "algbw", "busbw", "#wrong");
+    printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
+    printf("  %8s  %7s  %12s  %12s  %7s  %7s\n", "mode", "density", "k", "wire", "oop", "ip");
     printf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
     printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
-    printf("  %7s  %6s  %6s  %6s\n", "(us)", "(GB/s)", "(GB/s)", "");
+    printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
+    printf("  %8s  %7s  %12s  %12s  %7s  %7s\n", "", "", "(elements)", "(B/rank)", "(GB/s)",
+           "(GB/s)");
     fflush(stdout);
   }
 
@@ -314,10 +345,11 @@ int main(int argc, char** argv) {
   for (uint64_t size = min_bytes; size <= max_bytes;) {
     const uint64_t count = size / sizeof(float);
     const uint64_t bytes = count * sizeof(float);
-    double sec[2];
-    int64_t wrong[2];
+    const double wire = 2.0 * (nranks - 1) / nranks * (double)bytes;
+    double sec[2] = {0, 0}, deq[2] = {0, 0}, alg[2] = {0, 0}, bus[2] = {0, 0};
+    int64_t wrong[2] = {0, 0};
     bench_one(send, recv, count, 0, iters, check, rank, nranks, &sec[0], &wrong[0]);
-    bench_one(send, recv, count, 1, iters, check, rank, nranks, &sec[1], &wrong[1]);
+    if (in_place) bench_one(send, recv, count, 1, iters, check, rank, nranks, &sec[1], &wrong[1]);
     mpi_check(MPI_Allreduce(MPI_IN_PLACE, sec, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
               "MPI_Allreduce(time)");
     mpi_check(MPI_Allreduce(MPI_IN_PLACE, wrong, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
@@ -328,6 +360,13 @@ int main(int argc, char** argv) {
       const double algbw = sec[k] > 0 ? (double)bytes / 1e9 / sec[k] : 0.0;
       const double busbw = algbw * 2.0 * (nranks - 1) / nranks;
       char t[32], w[32];
+      if (k == 1 && !in_place) {
+        if (rank == 0) printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+        continue;
+      }
+      alg[k] = algbw;
+      bus[k] = busbw;
+      deq[k] = algbw;
       format_time(t, sizeof(t), sec[k] * 1e6);
       if (check)
         snprintf(w, sizeof(w), "%" PRId64, wrong[k]);
@@ -339,8 +378,39 @@ int main(int argc, char** argv) {
       wrong_total += wrong[k];
     }
     if (rank == 0) {
-      printf("\n");
+      char ip[32];
+      if (in_place)
+        snprintf(ip, sizeof(ip), "%7.2f", deq[1]);
+      else
+        snprintf(ip, sizeof(ip), "%7s", "N/A");
+      printf("  %8s  %7.4g  %12" PRIu64 "  %12.0f  %7.2f  %7s\n", "dense", 1.0, count, wire, deq[0],
+             ip);
       fflush(stdout);
+    }
+    if (json != NULL) {
+      static const char* kPlace[2] = {"out_of_place", "in_place"};
+      fprintf(json,
+              "%s  {\"impl\": \"mpi\", \"collective\": \"allreduce\", \"mode\": \"dense\", "
+              "\"nranks\": %d, \"size\": %" PRIu64 ", \"count\": %" PRIu64
+              ", \"type\": \"float\", \"redop\": \"sum\", \"root\": -1, \"density\": 1, "
+              "\"k\": %" PRIu64 ", \"wire_bytes\": %.0f",
+              json_rows++ ? ",\n" : "", nranks, bytes, count, count, wire);
+      for (int k = 0; k < 2; ++k) {
+        if (k == 1 && !in_place) {
+          fprintf(json, ", \"%s\": null", kPlace[k]);
+          continue;
+        }
+        fprintf(json,
+                ", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
+                "\"deq_bw_gbs\": %.4f, ",
+                kPlace[k], sec[k] * 1e6, alg[k], bus[k], deq[k]);
+        if (check)
+          fprintf(json, "\"wrong\": %" PRId64 "}", wrong[k]);
+        else
+          fprintf(json, "\"wrong\": null}");
+      }
+      fprintf(json, "}");
+      fflush(json);
     }
     if (size > max_bytes / factor) break;
     size *= factor;
@@ -356,8 +426,15 @@ int main(int argc, char** argv) {
     printf("#\n");
     fflush(stdout);
   }
+  if (json != NULL) {
+    fprintf(json, "\n]\n");
+    if (fclose(json) != 0) {
+      fprintf(stderr, "%s: writing %s failed: %s\n", kProg, json_path, strerror(errno));
+      json_failed = 1;
+    }
+  }
   free(send);
   free(recv);
   MPI_Finalize();
-  return wrong_total ? EXIT_WRONG : 0;
+  return wrong_total ? EXIT_WRONG : (json_failed ? 1 : 0);
 }

@@ -1,24 +1,60 @@
-// scape-perf: an nccl-tests-style benchmark of SCAPE comm's dense collectives.
+// scape-perf: an nccl-tests-style benchmark of SCAPE comm's collectives, dense and sparse.
 //
 // It uses only the public C API (include/scape/scape.h) and links the shipped shared library.
 // Output follows nccl-tests (all_reduce_perf and friends): a header, then one line per size
 // with out-of-place and in-place time, algorithm bandwidth, bus bandwidth and the number of
 // wrong elements, then "# Out of bounds values" and "# Avg bus bandwidth".
 //
+// Modes (--mode):
+//   dense     the dense collective (-t allreduce, reducescatter, allgather, broadcast).
+//   mask-packed  the same exchange on packed values (scapeMaskAllReducePacked: k values in and
+//             out), i.e. without the gather from / scatter to the dense buffer.
+//   mask      SCAPE's values-only exchange on an agreed mask: a scapeMask over the buffer
+//             (count elements, --segments segments, shard ownership), selected by
+//             scapeMaskSelectNextTopk on a per-rank random statistic at each --density,
+//             synchronised and advanced, then timed: scapeAllReduce(send, recv, count, dtype,
+//             op, mask, comm, NULL) (dense in / dense out), or scapeMaskReduceScatter /
+//             scapeMaskAllGather on the packed values (-t reducescatter / allgather).
+//   coo       the generic sparse all-reduce, scapeSparseAllReduce: every rank brings a random
+//             sorted index list at the density (--coo-algo auto or allgather; --coo-out list or
+//             dense).
+//   masksync  the mask synchronisation alone (also --mask-sync): per density and encoding,
+//             encoded bytes, sync time, and the fraction hidden behind an equal compute phase.
+//   memcpy    memcpy bandwidth of one rank (the memory-copy limit for the comparison).
+//
+// Columns of the collective modes (one line per size and density; also documented in -h):
+//    1 size(B)  2 count(elements)  3 type  4 redop  5 root
+//    6-9   out-of-place: time(us) algbw(GB/s) busbw(GB/s) #wrong
+//    10-13 in-place:     time(us) algbw(GB/s) busbw(GB/s) #wrong   ("N/A" where not run)
+//    14 mode  15 density  16 k (elements each rank contributes: dense count, mask k, coo mean
+//    nnz)  17 wire(B) (bytes each rank sends: dense busFactor*size; mask busFactor*k*typesize;
+//    coo the bytesSent scapeSparseAllReduce returns, mean over ranks)  18 deqbw-oop(GB/s)
+//    19 deqbw-ip(GB/s): dense-equivalent bandwidth, size / time.
+// In sparse modes algbw = k * typesize / time (coo: k * (8 + typesize) / time) and busbw =
+// wire / time, so busbw is the hardware efficiency and deqbw the sparsity gain. Columns 1-13
+// are exactly nccl-tests' (dense rows are unchanged from nccl-tests' meaning).
+//
 // Launch modes:
-//   scape-perf -np N ...   forks N local ranks; the parent creates the unique id, waits, forwards
-//                          the first failing rank's exit code and kills the rest on failure or
-//                          when its watchdog fires.
+//   scape-perf -np N ...   forks N local ranks; rank 0 creates the unique id (after the fork,
+//                          so the parent never forks with a second thread running); the parent
+//                          waits, forwards the first failing rank's exit code and kills the rest
+//                          on failure or when its watchdog fires.
 //   <launcher> scape-perf  one rank per process from the launcher's environment (torchrun,
 //                          mpirun, srun): scapeCommInitFromEnv.
 //   scape-perf             a single rank.
 //
 // Exit status: 0 success; 1 a call failed; 2 wrong results; 64 bad command line;
 // 124 the watchdog killed the run.
+//
+// Test hook: with SCAPE_PERF_INJECT_ERROR=1 in the environment, rank 0 corrupts one element of
+// every result it checks (before checking), so that the tests can prove #wrong counts real
+// mismatches.
+
 
 #include <errno.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,11 +92,13 @@ constexpr int kMaxLocalRanks = 1024;
 constexpr int kDefaultTimeoutMs = 120000;  // the library's documented default
 constexpr int kDefaultWatchdogS = 1800;
 
+
 // ------------------------------------------------------------------------------------------
 // Command line
 // ------------------------------------------------------------------------------------------
 
 enum class Coll { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+enum class Mode { kDense, kMask, kMaskPacked, kCoo, kMaskSync, kMemcpy };
 
 struct Options {
   uint64_t minBytes = 32ull << 20;
@@ -77,6 +115,21 @@ struct Options {
   int timeoutMs = SCAPE_CONFIG_UNDEF_INT;
   int watchdogS = kDefaultWatchdogS;
   std::string jsonPath;
+  // Sparse modes.
+  Mode mode = Mode::kDense;
+  std::vector<double> densities{1.0};
+  bool densitySet = false;
+  scapeSparseAlgo_t cooAlgo = scapeSparseAuto;
+  bool cooAlgoSet = false;
+  bool cooDenseOut = false;
+  bool cooOutSet = false;
+  scapeMaskEncoding_t encoding = scapeMaskEncodingAuto;
+  std::vector<scapeMaskEncoding_t> encodings;  // --encoding list (masksync: each in turn)
+  bool encodingSet = false;
+  int segments = 5;
+  bool segmentsSet = false;
+  int syncIdle = 1;  // masksync: also measure the overlap with an idle compute phase
+  int inPlace = 1;
 };
 
 const char* kProg = "scape-perf";
@@ -85,18 +138,43 @@ void usage(FILE* f) {
   std::fprintf(
       f,
       "Usage: %s [options]\n"
-      "nccl-tests-style benchmark of SCAPE comm collectives (host memory).\n"
+      "nccl-tests-style benchmark of SCAPE comm collectives (host memory), dense and sparse.\n"
       "\n"
       "  -b, --minbytes SIZE     smallest message in bytes (K/M/G suffixes, 1024-based) [32M]\n"
       "  -e, --maxbytes SIZE     largest message in bytes [32M]\n"
       "  -f, --stepfactor N      multiply the size by N (integer >= 2) between steps [2]\n"
       "  -n, --iters N           timed iterations per size [20]\n"
-      "  -w, --warmup_iters N    warm-up iterations (at the largest and smallest size) [5]\n"
+      "  -w, --warmup_iters N    warm-up iterations (dense: at the largest and smallest size,\n"
+      "                          then one untimed operation per size, and the check after the\n"
+      "                          timing, as nccl-tests; other modes: untimed operations before\n"
+      "                          each row, the first of them checked; with 0, the first timed\n"
+      "                          operation is the checked one) [5]\n"
       "  -c, --check 0|1         check results against a seeded expectation [1]\n"
       "  -d, --datatype TYPE     float, half, bfloat16, int32, int64 [float]\n"
       "  -o, --op OP             sum, avg, max, min [sum]\n"
       "  -t, --coll COLL         allreduce, reducescatter, allgather, broadcast [allreduce]\n"
       "  -r, --root N            broadcast root [0]\n"
+      "  -I, --inplace 0|1       also time the in-place form (dense; mask all-reduce) [1]\n"
+      "  -m, --mode MODE         dense, mask, mask-packed, coo, masksync, memcpy [dense]\n"
+      "                            mask: scapeAllReduce with an agreed mask, dense in and out\n"
+      "                                  (or, with -t, scapeMaskReduceScatter /\n"
+      "                                  scapeMaskAllGather on the packed values)\n"
+      "                            mask-packed: scapeMaskAllReducePacked (k packed values in\n"
+      "                                  and out: the exchange without the gather/scatter)\n"
+      "                            coo: scapeSparseAllReduce of random (index, value) lists\n"
+      "                            masksync: mask encoding size, sync time, hidden fraction\n"
+      "                            memcpy: memcpy bandwidth of each rank\n"
+      "      --mask-sync         the same as --mode masksync\n"
+      "  -D, --density LIST      densities, comma-separated, each in (0, 1] [1.0]\n"
+      "      --segments N        mask: segments of the buffer (sizes 1:2:..:N) [5]\n"
+      "      --encoding ENC      mask/masksync: auto, bitmap, indices, eliasfano, deltavarint\n"
+      "                          (masksync: a comma-separated list) [mask: auto; masksync:\n"
+      "                          bitmap,indices,eliasfano,deltavarint,auto]\n"
+      "      --coo-algo ALGO     coo: auto (recursive doubling with the dense switch) or\n"
+      "                          allgather [auto]\n"
+      "      --coo-out OUT       coo: list (outIndices/outValues) or dense (denseOut) [list]\n"
+      "      --sync-idle 0|1     masksync: also time the overlap with a sleeping compute phase\n"
+      "                          (hid-idle; N/A with 0) [1]\n"
       "  -np, --nranks N         fork N local ranks (bootstrap on loopback unless\n"
       "                          SCAPE_SOCKET_IFNAME is set)\n"
       "  -T, --timeout MS        communicator timeout in ms (scapeConfig_t.timeoutMs)\n"
@@ -108,7 +186,25 @@ void usage(FILE* f) {
       "  -h, --help              this text\n"
       "\n"
       "Sizes are total bytes per rank for allreduce and broadcast, and nranks x per-rank bytes\n"
-      "for reducescatter (send) and allgather (receive), as in nccl-tests.\n"
+      "for reducescatter (send) and allgather (receive), as in nccl-tests. In mask mode the\n"
+      "size is always the dense buffer the mask covers (count = size / typesize).\n"
+      "\n"
+      "Columns: 1 size(B) 2 count 3 type 4 redop 5 root | out-of-place: 6 time(us) 7 algbw\n"
+      "8 busbw 9 #wrong | in-place: 10 time 11 algbw 12 busbw 13 #wrong (N/A: not run) |\n"
+      "14 mode 15 density 16 k (elements per rank: dense count, mask k, coo mean nnz)\n"
+      "17 wire(B) (bytes each rank sends: dense 2(P-1)/P*size for allreduce; mask\n"
+      "2(P-1)/P*k*typesize; coo the bytesSent of scapeSparseAllReduce, mean over ranks)\n"
+      "18 deqbw out-of-place 19 deqbw in-place (dense-equivalent bandwidth: size / time).\n"
+      "Sparse rows: algbw = k*typesize/time (coo: k*(8+typesize)/time), busbw = wire/time.\n"
+      "GB = 1e9 bytes. Times: the slowest rank's mean; #wrong: summed over ranks.\n"
+      "masksync columns: count density encoding sent-as (rank 0's encoding) k sent(B/rank)\n"
+      "total(B) mask(B/param) sync(us)\n"
+      "overlapped(us) hidden mask+payload(B/param) dense(B/param) #wrong sync-cpu(us) hid-idle;\n"
+      "hidden = 1 - (T_both - T_sync) / T_sync clipped to [0, 1] where T_both = start, busy\n"
+      "memory work on this thread for T_sync, wait; mask+payload = total/count + 8*density;\n"
+      "sync-cpu = CPU time per sync outside the calling thread (mean over ranks); hid-idle =\n"
+      "the hidden fraction when the compute phase sleeps instead (a core left to the sync).\n"
+      "\n"
       "Without -np, a launcher's environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE,\n"
       "PMI_RANK, SLURM_PROCID) selects scapeCommInitFromEnv; otherwise one rank runs.\n"
       "Exit status: 0 ok, 1 a call failed, 2 wrong results, 64 bad usage, 124 watchdog.\n",
@@ -253,9 +349,114 @@ Coll parseColl(const char* opt, const char* s) {
       opt, s);
 }
 
+
+const char* modeName(Mode m) {
+  switch (m) {
+    case Mode::kDense:
+      return "dense";
+    case Mode::kMask:
+      return "mask";
+    case Mode::kMaskPacked:
+      return "mask-packed";
+    case Mode::kCoo:
+      return "coo";
+    case Mode::kMaskSync:
+      return "masksync";
+    case Mode::kMemcpy:
+      return "memcpy";
+  }
+  return "?";
+}
+
+Mode parseMode(const char* opt, const char* s) {
+  if (s == nullptr) usageError("%s expects a mode", opt);
+  std::string v(s);
+  if (v == "dense") return Mode::kDense;
+  if (v == "mask" || v == "masked") return Mode::kMask;
+  if (v == "mask-packed" || v == "maskpacked" || v == "packed") return Mode::kMaskPacked;
+  if (v == "coo" || v == "sparse") return Mode::kCoo;
+  if (v == "masksync" || v == "mask-sync" || v == "mask_sync") return Mode::kMaskSync;
+  if (v == "memcpy") return Mode::kMemcpy;
+  usageError("%s: unknown mode '%s' (expected dense, mask, mask-packed, coo, masksync or memcpy)",
+             opt, s);
+}
+
+const char* encodingName(scapeMaskEncoding_t e) {
+  switch (e) {
+    case scapeMaskEncodingAuto:
+      return "auto";
+    case scapeMaskEncodingBitmap:
+      return "bitmap";
+    case scapeMaskEncodingIndices:
+      return "indices";
+    case scapeMaskEncodingEliasFano:
+      return "eliasfano";
+    case scapeMaskEncodingDeltaVarint:
+      return "deltavarint";
+    default:
+      return "?";
+  }
+}
+
+scapeMaskEncoding_t parseEncoding(const char* opt, const char* s) {
+  if (s == nullptr) usageError("%s expects an encoding", opt);
+  std::string v(s);
+  if (v == "auto") return scapeMaskEncodingAuto;
+  if (v == "bitmap") return scapeMaskEncodingBitmap;
+  if (v == "indices" || v == "idx32") return scapeMaskEncodingIndices;
+  if (v == "eliasfano" || v == "elias-fano" || v == "ef") return scapeMaskEncodingEliasFano;
+  if (v == "deltavarint" || v == "delta-varint" || v == "varint") return scapeMaskEncodingDeltaVarint;
+  usageError("%s: unknown encoding '%s' (expected auto, bitmap, indices, eliasfano or deltavarint)",
+             opt, s);
+}
+
+// "1.0,0.1,0.01": every entry a number in (0, 1].
+std::vector<double> parseDensities(const char* opt, const char* s) {
+  if (s == nullptr || *s == '\0') usageError("%s expects densities such as 1.0,0.1,0.01", opt);
+  std::vector<double> out;
+  const char* p = s;
+  while (true) {
+    const char* comma = std::strchr(p, ',');
+    std::string item = comma ? std::string(p, static_cast<size_t>(comma - p)) : std::string(p);
+    errno = 0;
+    char* end = nullptr;
+    const double d = std::strtod(item.c_str(), &end);
+    if (item.empty() || end == item.c_str() || *end != '\0' || errno == ERANGE || !(d > 0.0) ||
+        d > 1.0)
+      usageError("%s: '%s' is not a density in (0, 1] (in '%s')", opt, item.c_str(), s);
+    out.push_back(d);
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return out;
+}
+
+scapeSparseAlgo_t parseCooAlgo(const char* opt, const char* s) {
+  if (s == nullptr) usageError("%s expects an algorithm", opt);
+  std::string v(s);
+  if (v == "auto") return scapeSparseAuto;
+  if (v == "allgather" || v == "all_gather" || v == "ag") return scapeSparseAllGather;
+  if (v == "rd" || v == "recursive-doubling" || v == "recursive_doubling")
+    return scapeSparseRecursiveDoubling;
+  usageError("%s: unknown algorithm '%s' (expected auto, allgather or rd)", opt, s);
+}
+
+const char* cooAlgoName(scapeSparseAlgo_t a) {
+  switch (a) {
+    case scapeSparseAuto:
+      return "auto";
+    case scapeSparseAllGather:
+      return "allgather";
+    case scapeSparseRecursiveDoubling:
+      return "rd";
+    default:
+      return "?";
+  }
+}
+
 Options parseArgs(int argc, char** argv) {
   struct Spec {
-    const char* shortName;
+    const char* shortName;  // "" for long-only options
     const char* longName;
     char key;
     bool hasArg;
@@ -269,18 +470,23 @@ Options parseArgs(int argc, char** argv) {
       {"-t", "--coll", 't', true},         {"-r", "--root", 'r', true},
       {"-T", "--timeout", 'T', true},      {"-W", "--watchdog", 'W', true},
       {"-J", "--json", 'J', true},         {"-h", "--help", 'h', false},
+      {"-I", "--inplace", 'I', true},      {"-m", "--mode", 'm', true},
+      {"-D", "--density", 'D', true},      {"", "--mask-sync", 'S', false},
+      {"", "--segments", 's', true},       {"", "--encoding", 'E', true},
+      {"", "--coo-algo", 'A', true},       {"", "--coo-out", 'O', true},
+      {"", "--sync-idle", 'Y', true},
   };
   Options o;
-  bool sawMin = false, sawMax = false;
+  bool sawMin = false, sawMax = false, sawMode = false, syncIdleSet = false;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const Spec* spec = nullptr;
     const char* val = nullptr;
     std::string optName;
     for (const Spec& s : kSpecs) {
-      size_t sl = std::strlen(s.shortName);
-      size_t ll = std::strlen(s.longName);
-      if (std::strcmp(a, s.shortName) == 0 || std::strcmp(a, s.longName) == 0) {
+      const size_t sl = std::strlen(s.shortName);
+      const size_t ll = std::strlen(s.longName);
+      if ((sl > 0 && std::strcmp(a, s.shortName) == 0) || std::strcmp(a, s.longName) == 0) {
         spec = &s;
         optName = a;
         if (s.hasArg) {
@@ -295,7 +501,8 @@ Options parseArgs(int argc, char** argv) {
         val = a + ll + 1;
         break;
       }
-      if (s.hasArg && std::strncmp(a, s.shortName, sl) == 0 && a[sl] != '\0' && a[1] != '-') {
+      if (sl > 0 && s.hasArg && std::strncmp(a, s.shortName, sl) == 0 && a[sl] != '\0' &&
+          a[1] != '-') {
         spec = &s;
         optName = s.shortName;
         val = a + sl;
@@ -351,6 +558,65 @@ Options parseArgs(int argc, char** argv) {
         if (val == nullptr || *val == '\0') usageError("%s expects a file name", on);
         o.jsonPath = val;
         break;
+      case 'I':
+        o.inPlace = parseInt(on, val, 0, 1, "0 or 1");
+        break;
+      case 'm': {
+        const Mode m = parseMode(on, val);
+        if (sawMode && m != o.mode)
+          usageError("%s %s conflicts with an earlier --mode %s / --mask-sync", on, val,
+                     modeName(o.mode));
+        o.mode = m;
+        sawMode = true;
+        break;
+      }
+      case 'S':
+        if (sawMode && o.mode != Mode::kMaskSync)
+          usageError("--mask-sync conflicts with --mode %s", modeName(o.mode));
+        o.mode = Mode::kMaskSync;
+        sawMode = true;
+        break;
+      case 'D':
+        o.densities = parseDensities(on, val);
+        o.densitySet = true;
+        break;
+      case 's':
+        o.segments = parseInt(on, val, 1, 1 << 20, "a segment count 1..1048576");
+        o.segmentsSet = true;
+        break;
+      case 'E':
+        o.encodings.clear();
+        if (val == nullptr || *val == '\0') usageError("%s expects an encoding", on);
+        for (const char* p = val;;) {
+          const char* comma = std::strchr(p, ',');
+          const std::string item = comma ? std::string(p, static_cast<size_t>(comma - p)) : p;
+          o.encodings.push_back(parseEncoding(on, item.c_str()));
+          if (!comma) break;
+          p = comma + 1;
+        }
+        o.encoding = o.encodings.front();
+        o.encodingSet = true;
+        break;
+      case 'A':
+        o.cooAlgo = parseCooAlgo(on, val);
+        o.cooAlgoSet = true;
+        break;
+      case 'O': {
+        if (val == nullptr) usageError("%s expects list or dense", on);
+        const std::string v(val);
+        if (v == "list")
+          o.cooDenseOut = false;
+        else if (v == "dense")
+          o.cooDenseOut = true;
+        else
+          usageError("%s: unknown output '%s' (expected list or dense)", on, val);
+        o.cooOutSet = true;
+        break;
+      }
+      case 'Y':
+        o.syncIdle = parseInt(on, val, 0, 1, "0 or 1");
+        syncIdleSet = true;
+        break;
       case 'h':
         usage(stdout);
         std::exit(kExitOk);
@@ -365,6 +631,44 @@ Options parseArgs(int argc, char** argv) {
   if (o.minBytes > o.maxBytes)
     usageError("-b (%" PRIu64 " bytes) must not exceed -e (%" PRIu64 " bytes)", o.minBytes,
                o.maxBytes);
+
+  // Flags that belong to one mode.
+  const char* mn = modeName(o.mode);
+  if (o.mode == Mode::kDense || o.mode == Mode::kMemcpy) {
+    for (double d : o.densities)
+      if (d != 1.0)
+        usageError("--density %g: --mode %s moves every element; densities apply to --mode "
+                   "mask, coo and masksync",
+                   d, mn);
+  }
+  if (o.cooAlgoSet && o.mode != Mode::kCoo)
+    usageError("--coo-algo applies to --mode coo only (this run is --mode %s)", mn);
+  if (o.cooOutSet && o.mode != Mode::kCoo)
+    usageError("--coo-out applies to --mode coo only (this run is --mode %s)", mn);
+  const bool maskLike =
+      o.mode == Mode::kMask || o.mode == Mode::kMaskPacked || o.mode == Mode::kMaskSync;
+  if (o.encodingSet && !maskLike)
+    usageError("--encoding applies to the mask modes only (this run is --mode %s)", mn);
+  if (syncIdleSet && o.mode != Mode::kMaskSync)
+    usageError("--sync-idle applies to --mode masksync only (this run is --mode %s)", mn);
+  if (o.encodings.size() > 1 && o.mode != Mode::kMaskSync)
+    usageError("--encoding: a list of encodings applies to --mode masksync only");
+  if (o.segmentsSet && !maskLike)
+    usageError("--segments applies to the mask modes only (this run is --mode %s)", mn);
+  if (o.mode == Mode::kMask && o.coll == Coll::kBroadcast)
+    usageError("--mode mask supports -t allreduce, reducescatter and allgather, not broadcast");
+  if ((o.mode == Mode::kCoo || o.mode == Mode::kMaskSync || o.mode == Mode::kMemcpy ||
+       o.mode == Mode::kMaskPacked) &&
+      o.coll != Coll::kAllReduce)
+    usageError("--mode %s measures its own operation; -t %s does not apply", mn,
+               collName(o.coll));
+  if (o.mode == Mode::kCoo) {
+    if (o.dtype != scapeFloat32 && o.dtype != scapeFloat16 && o.dtype != scapeBfloat16)
+      usageError("--mode coo: scapeSparseAllReduce takes float, half or bfloat16, not %s",
+                 typeName(o.dtype));
+    if (o.op != scapeSum && o.op != scapeAvg)
+      usageError("--mode coo: scapeSparseAllReduce takes -o sum or avg, not %s", opName(o.op));
+  }
   return o;
 }
 
@@ -506,11 +810,20 @@ struct Pattern {
     }
     modulus = static_cast<uint32_t>(maxBase + 1);
   }
-  int64_t value(int r, uint64_t j) const {
+  static uint32_t hash(int r, uint64_t j) {
     uint32_t h = static_cast<uint32_t>(j) * 2654435761u ^ static_cast<uint32_t>(j >> 32) ^
                  (static_cast<uint32_t>(r) + 1u) * 0x85ebca77u;
     h ^= h >> 15;
-    return static_cast<int64_t>(h % modulus) * scale;
+    return h;
+  }
+  int64_t value(int r, uint64_t j) const {
+    return static_cast<int64_t>(hash(r, j) % modulus) * scale;
+  }
+  // Never 0 (COO lists: the library's list output omits exact zeros of a dense intermediate):
+  // base in [1, modulus), so sums stay within the same exact range as value().
+  int64_t nonzero(int r, uint64_t j) const {
+    const uint32_t m = modulus > 1 ? modulus - 1 : 1;
+    return (1 + static_cast<int64_t>(hash(r, j) % m)) * scale;
   }
   int64_t reduced(uint64_t j) const {
     int64_t acc = value(0, j);
@@ -551,6 +864,125 @@ Buffer allocBuffer(size_t bytes) {
   return Buffer(static_cast<unsigned char*>(p));
 }
 
+
+// ------------------------------------------------------------------------------------------
+// Deterministic random streams in (rank, index): mask statistics and COO selections
+// ------------------------------------------------------------------------------------------
+
+constexpr uint64_t kStatSalt = 0x5ca9e57a7u;
+constexpr uint64_t kCooSalt = 0xc00c00c00ull;
+
+inline uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+inline uint64_t hashRJ(int r, uint64_t j, uint64_t salt) {
+  return mix64(j * 0x9e3779b97f4a7c15ull + (static_cast<uint64_t>(r) + 1u) * 0xd1b54a32d192ed03ull +
+               salt);
+}
+
+// Rank r's statistic (the SCAPE candidate |c| stands in) at index j: uniform in [-1, 1).
+inline float statValue(int r, uint64_t j) {
+  return static_cast<float>(static_cast<int32_t>(hashRJ(r, j, kStatSalt) >> 32)) *
+         (1.0f / 2147483648.0f);
+}
+
+// COO: rank r lists index j with probability `density` (independently per rank and index).
+struct CooSelect {
+  bool all = false;
+  uint64_t threshold = 0;  // on the top 32 bits of the hash
+  explicit CooSelect(double density) {
+    all = density >= 1.0;
+    threshold = static_cast<uint64_t>(std::floor(density * 4294967296.0));
+  }
+  bool operator()(int r, uint64_t j) const {
+    return all || (hashRJ(r, j, kCooSalt) >> 32) < threshold;
+  }
+};
+
+// Segment offsets of a flat buffer of n elements cut into `nseg` segments of sizes 1:2:..:nseg
+// (uneven on purpose, so that segments and shards do not line up).
+std::vector<uint64_t> segmentOffsets(uint64_t n, int nseg) {
+  std::vector<uint64_t> offs(static_cast<size_t>(nseg) + 1, 0);
+  const long double total = static_cast<long double>(nseg) * (nseg + 1) / 2;
+  for (int s = 1; s < nseg; ++s) {
+    const long double frac = static_cast<long double>(s) * (s + 1) / 2 / total;
+    offs[static_cast<size_t>(s)] =
+        std::min<uint64_t>(n, static_cast<uint64_t>(frac * static_cast<long double>(n)));
+  }
+  offs[static_cast<size_t>(nseg)] = n;
+  for (int s = 1; s <= nseg; ++s)
+    offs[static_cast<size_t>(s)] =
+        std::max(offs[static_cast<size_t>(s)], offs[static_cast<size_t>(s) - 1]);
+  return offs;
+}
+
+// The documented top-k count of one piece (scapeMaskSelectNextTopk).
+uint64_t pieceK(uint64_t len, double density) {
+  if (len == 0) return 0;
+  uint64_t k = static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
+  return std::max<uint64_t>(1, std::min(k, len));
+}
+
+bool injectErrorRequested() {
+  const char* e = std::getenv("SCAPE_PERF_INJECT_ERROR");
+  return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+}
+
+// Flips the lowest bit of one element: a small integer stored in any element type changes value.
+inline void corruptElement(void* elem) { static_cast<unsigned char*>(elem)[0] ^= 0x01u; }
+
+inline bool isSentinel(const unsigned char* p, size_t ts) {
+  for (size_t b = 0; b < ts; ++b)
+    if (p[b] != 0xa5u) return false;
+  return true;
+}
+
+double nowSec();
+
+// CPU seconds of this process (all threads) and of the calling thread.
+double processCpuSec() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+double threadCpuSec() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Memory work on this thread for `sec` seconds (the compute phase the mask sync hides behind):
+// y = 0.999 y + x over two buffers larger than the caches.
+class BusyCompute {
+ public:
+  BusyCompute() : x_(kElems, 1.0f), y_(kElems, 0.0f) {}
+  void run(double sec) {
+    const double end = nowSec() + sec;
+    do {
+      float* y = y_.data() + pos_;
+      const float* x = x_.data() + pos_;
+      for (size_t i = 0; i < kChunk; ++i) y[i] = 0.999f * y[i] + x[i];
+      pos_ = (pos_ + kChunk) % kElems;
+    } while (nowSec() < end);
+    sink_ += y_[pos_];
+  }
+  float sink() const { return sink_; }
+
+ private:
+  static constexpr size_t kElems = size_t{8} << 20;  // 32 MiB per buffer
+  static constexpr size_t kChunk = 16384;
+  std::vector<float> x_, y_;
+  size_t pos_ = 0;
+  float sink_ = 0;
+};
+
 // ------------------------------------------------------------------------------------------
 // One rank's benchmark
 // ------------------------------------------------------------------------------------------
@@ -561,13 +993,43 @@ inline void beat() {
 }
 
 struct Row {
-  uint64_t bytes;
-  uint64_t count;
-  double timeUs[2];
-  double algBw[2];
-  double busBw[2];
-  int64_t wrong[2];
+  Mode mode = Mode::kDense;
+  uint64_t bytes = 0, count = 0;
+  double density = 1.0;
+  uint64_t k = 0;     // elements each rank contributes (coo: mean nnz)
+  double wire = 0;    // bytes each rank sends
+  double algBytes = 0;
+  bool has[2] = {false, false};
+  double timeUs[2] = {0, 0}, algBw[2] = {0, 0}, busBw[2] = {0, 0}, deqBw[2] = {0, 0};
+  int64_t wrong[2] = {0, 0};
+  // mask rows
+  double selectUs = 0, maskSyncUs = 0;
+  double packUs = -1, unpackUs = -1;  // scapeMaskPack / scapeMaskUnpack alone (dense form)
+  uint64_t maskTotalBytes = 0;
+  scapeMaskEncoding_t sentEncoding = scapeMaskEncodingAuto;
 };
+
+struct SyncRow {
+  uint64_t count = 0;
+  double density = 0;
+  scapeMaskEncoding_t requested = scapeMaskEncodingAuto, sent = scapeMaskEncodingAuto;
+  uint64_t k = 0;
+  double sentBytes = 0;  // mean over ranks
+  uint64_t totalBytes = 0;
+  double syncUs = 0, libSyncUs = 0, bothUs = 0, hidden = 0, maskBpp = 0, totalBpp = 0;
+  double syncCpuUs = 0;  // CPU time of the background sync (other threads than the caller's)
+  double idleUs = 0, hiddenIdle = 0;  // the same overlap with an idle (sleeping) compute phase
+  int64_t wrong = 0;
+};
+
+void formatTime(char* buf, size_t n, double us) {
+  if (us >= 10000.0)
+    std::snprintf(buf, n, "%7.0f", us);
+  else if (us >= 100.0)
+    std::snprintf(buf, n, "%7.1f", us);
+  else
+    std::snprintf(buf, n, "%7.2f", us);
+}
 
 class Bench {
  public:
@@ -581,7 +1043,8 @@ class Bench {
                  o.coll == Coll::kAllReduce || o.coll == Coll::kReduceScatter
                      ? o.op
                      : scapeMax),  // no reduction: the full value range
-        ts_(scapeTypeSize(o.dtype)) {}
+        ts_(scapeTypeSize(o.dtype)),
+        inject_(injectErrorRequested() && rank == 0) {}
 
   // Returns an exit code.
   int run();
@@ -633,7 +1096,7 @@ class Bench {
   bool hasOp() const { return o_.coll == Coll::kAllReduce || o_.coll == Coll::kReduceScatter; }
   int printedRoot() const { return o_.coll == Coll::kBroadcast ? o_.root : -1; }
 
-  // Buffers of one placement.
+  // Dense mode. Buffers of one placement.
   struct Ptrs {
     const void* send;
     void* recv;
@@ -644,13 +1107,52 @@ class Bench {
   void initInputs(const Shape& s, bool inPlace);
   int64_t countWrong(const Shape& s, bool inPlace);
   bool launch(const Shape& s, bool inPlace);
+
+  // Shared machinery.
   bool fail(const char* call, scapeResult_t r);
-  bool timeOne(const Shape& s, bool inPlace, int64_t* ns, int64_t* wrong);
+  bool failMsg(const char* fmt, ...);
+  template <class Init, class Launch, class Check>
+  bool timePlacement(bool checkFirst, int warmup, Init&& init, Launch&& launch, Check&& check,
+                     int64_t* ns,
+                     int64_t* wrong);
+  bool reduceI64(int64_t* v, size_t n, scapeRedOp_t op, const char* what);
+  bool finishRow(Row* row, int64_t ns[2], int64_t wrong[2]);
   void printHeader(const std::vector<int64_t>& pids, const std::vector<std::string>& hosts);
+  void printColumns();
+  void printRow(const Row& w);
+  void printSyncColumns();
+  void printSyncRow(const SyncRow& w);
+  void printFooter();
   void writeJson();
-  bool reduceResults(int64_t ns[2], int64_t wrong[2]);
-  int runSizes();
   bool exchangeRankInfo(std::vector<int64_t>* pids, std::vector<std::string>* hosts);
+  bool allocDense(uint64_t sendBytes, uint64_t recvBytes);
+  bool ownedRanges(scapeMask_t mask, int rank, std::vector<uint64_t>* ranges);
+  bool expectedMaskK(scapeMask_t mask, const std::vector<uint64_t>& offs, double density,
+                     uint64_t* k);
+  bool selectMask(scapeMask_t mask, uint64_t count, double density, double* selectUs,
+                  double* syncUs);
+
+  // Modes.
+  int runDense();
+  int runMask();
+  int runCoo();
+  int runMaskSync();
+  int runMemcpy();
+  bool maskRow(uint64_t count, double density);
+  bool cooRow(uint64_t count, double density);
+  bool syncRows(uint64_t count, double density, BusyCompute* compute);
+  bool memcpyRow(uint64_t bytes);
+
+  // Sizes of the sweep, -b to -e by -f.
+  std::vector<uint64_t> sizes() const {
+    std::vector<uint64_t> v;
+    for (uint64_t size = o_.minBytes; size <= o_.maxBytes;) {
+      v.push_back(size);
+      if (size > o_.maxBytes / o_.stepFactor) break;
+      size *= o_.stepFactor;
+    }
+    return v;
+  }
 
   const Options& o_;
   scapeComm_t comm_;
@@ -658,8 +1160,15 @@ class Bench {
   FILE* json_;
   Pattern pattern_;
   size_t ts_;
+  bool inject_;
   Buffer send_, recv_;
+  uint64_t sendCap_ = 0, recvCap_ = 0;
+  std::vector<float> stat_;
   std::vector<Row> rows_;
+  std::vector<SyncRow> syncRows_;
+  double bwSum_ = 0;
+  int bwCount_ = 0;
+  int64_t wrongTotal_ = 0;
   bool failed_ = false;
 };
 
@@ -671,11 +1180,101 @@ bool Bench::fail(const char* call, scapeResult_t r) {
   return false;
 }
 
+bool Bench::failMsg(const char* fmt, ...) {
+  std::fprintf(stderr, "%s: rank %d: ", kProg, rank_);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+  failed_ = true;
+  return false;
+}
+
 #define PERF_CHECK(what, call)                                   \
   do {                                                           \
     const scapeResult_t perf_res_ = (call);                      \
     if (perf_res_ != scapeSuccess) return fail(what, perf_res_); \
   } while (0)
+
+// Dense rows (checkFirst false), nccl-tests' BenchTime: init, one untimed operation, a barrier,
+// `iters` timed operations; then, if checking, fresh inputs, one more operation and a count of
+// the wrong elements. Sparse rows (checkFirst true), to spare the costly rows operations: init,
+// one untimed operation whose result is checked, `warmup - 1` more untimed operations, a
+// barrier, `iters` timed operations; with warmup 0, no untimed operation: the first timed one is
+// checked (outside the timing, then a barrier). init(forCheck) returns false on failure;
+// launch() likewise; check() returns the count.
+template <class Init, class Launch, class Check>
+bool Bench::timePlacement(bool checkFirst, int warmup, Init&& init, Launch&& launch,
+                          Check&& check, int64_t* ns, int64_t* wrong) {
+  *wrong = 0;
+  if (checkFirst && warmup == 0) {
+    if (!init(o_.check != 0)) return false;
+    PERF_CHECK("scapeBarrier (before timing)", scapeBarrier(comm_));
+    int64_t total = 0;
+    for (int i = 0; i < o_.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!launch()) return false;
+      total += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count();
+      if (i == 0 && o_.check) {
+        *wrong = check();
+        PERF_CHECK("scapeBarrier (after the check)", scapeBarrier(comm_));
+      }
+    }
+    *ns = total / o_.iters;
+    return true;
+  }
+  if (checkFirst) {
+    if (!init(o_.check != 0)) return false;
+    if (!launch()) return false;
+    if (o_.check) *wrong = check();
+    for (int i = 1; i < warmup; ++i)
+      if (!launch()) return false;
+  } else {
+    if (!init(false)) return false;
+    for (int i = 0; i < warmup; ++i)
+      if (!launch()) return false;
+    if (!launch()) return false;
+  }
+  PERF_CHECK("scapeBarrier (before timing)", scapeBarrier(comm_));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < o_.iters; ++i)
+    if (!launch()) return false;
+  const auto t1 = std::chrono::steady_clock::now();
+  *ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count() / o_.iters;
+  if (o_.check && !checkFirst) {
+    if (!init(true)) return false;
+    if (!launch()) return false;
+    *wrong = check();
+  }
+  return true;
+}
+
+bool Bench::reduceI64(int64_t* v, size_t n, scapeRedOp_t op, const char* what) {
+  PERF_CHECK(what, scapeAllReduce(v, v, n, scapeInt64, op, nullptr, comm_, nullptr));
+  beat();
+  return true;
+}
+
+bool Bench::allocDense(uint64_t sendBytes, uint64_t recvBytes) {
+  send_ = allocBuffer(sendBytes);
+  recv_ = allocBuffer(recvBytes);
+  if (!send_ || !recv_) {
+    std::fprintf(stderr,
+                 "%s: rank %d: cannot allocate %" PRIu64 " + %" PRIu64 " bytes of buffers for -e %" PRIu64
+                 "\n",
+                 kProg, rank_, sendBytes, recvBytes, o_.maxBytes);
+    return false;
+  }
+  sendCap_ = sendBytes;
+  recvCap_ = recvBytes;
+  return true;
+}
+
+// ---- dense ---------------------------------------------------------------------------------
 
 Bench::Ptrs Bench::ptrs(const Shape& s, bool inPlace) {
   Ptrs p{};
@@ -728,6 +1327,8 @@ void Bench::initInputs(const Shape& s, bool inPlace) {
 
 int64_t Bench::countWrong(const Shape& s, bool inPlace) {
   const Ptrs p = ptrs(s, inPlace);
+  if (inject_ && s.recvElems > 0)
+    corruptElement(static_cast<unsigned char*>(p.recv) + (s.recvElems / 2) * ts_);
   int64_t wrong = 0;
   withCodec(o_.dtype, [&](auto codec) {
     using C = decltype(codec);
@@ -787,23 +1388,685 @@ bool Bench::launch(const Shape& s, bool inPlace) {
   return true;
 }
 
-// nccl-tests' BenchTime: one untimed operation, a barrier, `iters` timed operations; then, if
-// checking, fresh inputs, one more operation and a count of the wrong elements.
-bool Bench::timeOne(const Shape& s, bool inPlace, int64_t* ns, int64_t* wrong) {
-  initInputs(s, inPlace);
-  if (!launch(s, inPlace)) return false;
-  PERF_CHECK("scapeBarrier (before timing)", scapeBarrier(comm_));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o_.iters; ++i)
-    if (!launch(s, inPlace)) return false;
-  const auto t1 = std::chrono::steady_clock::now();
-  *ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count() / o_.iters;
-  *wrong = 0;
-  if (o_.check) {
-    initInputs(s, inPlace);
-    if (!launch(s, inPlace)) return false;
-    *wrong = countWrong(s, inPlace);
+int Bench::runDense() {
+  const Shape maxShape = shape(o_.maxBytes);
+  if (!allocDense(maxShape.sendElems * ts_, maxShape.recvElems * ts_)) return kExitCallFailed;
+  // Warm-up at the largest and the smallest size, as nccl-tests does.
+  for (uint64_t wsize : {o_.maxBytes, o_.minBytes}) {
+    const Shape s = shape(wsize);
+    initInputs(s, false);
+    for (int i = 0; i < o_.warmup; ++i)
+      if (!launch(s, false)) return kExitCallFailed;
   }
+  for (uint64_t size : sizes()) {
+    const Shape s = shape(size);
+    Row row;
+    row.mode = Mode::kDense;
+    row.bytes = s.bytes;
+    row.count = s.count;
+    row.density = 1.0;
+    row.k = s.sendElems;
+    row.wire = busFactor() * static_cast<double>(s.bytes);
+    row.algBytes = static_cast<double>(s.bytes);
+    int64_t ns[2] = {0, 0}, wrong[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && !o_.inPlace) continue;
+      const bool ip = k == 1;
+      row.has[k] = true;
+      if (!timePlacement(
+              false, 0,
+              [&](bool) {
+                initInputs(s, ip);
+                return true;
+              },
+              [&]() { return launch(s, ip); }, [&]() { return countWrong(s, ip); }, &ns[k],
+              &wrong[k]))
+        return kExitCallFailed;
+    }
+    if (!finishRow(&row, ns, wrong)) return kExitCallFailed;
+  }
+  return kExitOk;
+}
+
+// ---- mask ----------------------------------------------------------------------------------
+
+bool Bench::ownedRanges(scapeMask_t mask, int rank, std::vector<uint64_t>* ranges) {
+  size_t n = 0;
+  PERF_CHECK("scapeMaskGetOwnedRanges", scapeMaskGetOwnedRanges(mask, rank, nullptr, 0, &n));
+  ranges->assign(2 * n, 0);
+  size_t got = 0;
+  if (n > 0)
+    PERF_CHECK("scapeMaskGetOwnedRanges",
+               scapeMaskGetOwnedRanges(mask, rank, ranges->data(), n, &got));
+  return true;
+}
+
+// The mask size the documented selection rule gives: every piece of a segment inside an owned
+// part selects max(1, floor(density * length)) positions.
+bool Bench::expectedMaskK(scapeMask_t mask, const std::vector<uint64_t>& offs, double density,
+                          uint64_t* k) {
+  *k = 0;
+  std::vector<uint64_t> ranges;
+  for (int r = 0; r < nranks_; ++r) {
+    if (!ownedRanges(mask, r, &ranges)) return false;
+    for (size_t i = 0; i + 1 < ranges.size(); i += 2)
+      for (size_t s = 0; s + 1 < offs.size(); ++s) {
+        const uint64_t b = std::max(ranges[i], offs[s]), e = std::min(ranges[i + 1], offs[s + 1]);
+        if (b < e) *k += pieceK(e - b, density);
+      }
+  }
+  return true;
+}
+
+// Selects this rank's part of the next mask by top-k of its random statistic, synchronises it and
+// makes it current.
+bool Bench::selectMask(scapeMask_t mask, uint64_t count, double density, double* selectUs,
+                       double* syncUs) {
+  if (stat_.size() < count) stat_.resize(count);  // only the owned part is written and read
+  std::vector<uint64_t> ranges;
+  if (!ownedRanges(mask, rank_, &ranges)) return false;
+  for (size_t i = 0; i + 1 < ranges.size(); i += 2)
+    for (uint64_t j = ranges[i]; j < ranges[i + 1]; ++j) stat_[j] = statValue(rank_, j);
+  const double t0 = nowSec();
+  PERF_CHECK("scapeMaskSelectNextTopk", scapeMaskSelectNextTopk(mask, stat_.data(), density));
+  const double t1 = nowSec();
+  PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(mask));
+  PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(mask));
+  const double t2 = nowSec();
+  PERF_CHECK("scapeMaskAdvance", scapeMaskAdvance(mask));
+  beat();
+  *selectUs = (t1 - t0) * 1e6;
+  *syncUs = (t2 - t1) * 1e6;
+  return true;
+}
+
+struct MaskHolder {
+  std::vector<scapeMask_t> masks;
+  ~MaskHolder() {
+    for (scapeMask_t m : masks) scapeMaskDestroy(m);
+  }
+};
+
+bool Bench::maskRow(uint64_t count, double density) {
+  const int nseg = static_cast<int>(std::max<uint64_t>(
+      1, std::min<uint64_t>(static_cast<uint64_t>(o_.segments), std::max<uint64_t>(count, 1))));
+  const std::vector<uint64_t> offs = segmentOffsets(count, nseg);
+  MaskHolder holder;
+  scapeMask_t mask = nullptr;
+  PERF_CHECK("scapeMaskCreate", scapeMaskCreate(&mask, count, nseg, offs.data(), nullptr,
+                                                scapeOwnershipShards, o_.encoding, comm_));
+  holder.masks.push_back(mask);
+  Row row;
+  row.mode = o_.mode;
+  row.bytes = count * ts_;
+  row.count = count;
+  row.density = density;
+  if (!selectMask(mask, count, density, &row.selectUs, &row.maskSyncUs)) return false;
+  scapeMaskSyncInfo_t info{};
+  PERF_CHECK("scapeMaskGetSyncInfo", scapeMaskGetSyncInfo(mask, &info));
+  row.maskTotalBytes = info.totalBytes;
+  row.sentEncoding = info.encoding;
+
+  const size_t P = static_cast<size_t>(nranks_);
+  uint64_t k = 0;
+  PERF_CHECK("scapeMaskGetCount", scapeMaskGetCount(mask, &k));
+  std::vector<uint64_t> kr(P), off(P);
+  for (int r = 0; r < nranks_; ++r)
+    PERF_CHECK("scapeMaskGetRankCount",
+               scapeMaskGetRankCount(mask, r, &kr[static_cast<size_t>(r)],
+                                     &off[static_cast<size_t>(r)]));
+  std::vector<uint64_t> idx(k);
+  PERF_CHECK("scapeMaskGetIndices", scapeMaskGetIndices(mask, idx.data(), idx.size()));
+
+  // The mask itself: the documented k, every part strictly increasing and inside the buffer.
+  int64_t maskWrong = 0;
+  uint64_t expectK = 0;
+  if (!expectedMaskK(mask, offs, density, &expectK)) return false;
+  if (k != expectK) {
+    maskWrong += static_cast<int64_t>(k > expectK ? k - expectK : expectK - k);
+    if (rank_ == 0)
+      std::fprintf(stderr, "%s: mask has k = %" PRIu64 " positions, the selection rule gives %" PRIu64
+                           "\n", kProg, k, expectK);
+  }
+  for (size_t r = 0; r < P; ++r)
+    for (uint64_t i = 0; i < kr[r]; ++i) {
+      const uint64_t at = off[r] + i;
+      if (at >= k || idx[at] >= count || (i > 0 && idx[at] <= idx[at - 1])) ++maskWrong;
+    }
+  // Sorted positions for the walk over the dense buffer (shard ownership: already sorted).
+  std::vector<uint64_t> sorted;
+  const std::vector<uint64_t>* walk = &idx;
+  if (!std::is_sorted(idx.begin(), idx.end())) {
+    sorted = idx;
+    std::sort(sorted.begin(), sorted.end());
+    walk = &sorted;
+  }
+
+  const double busF = o_.coll == Coll::kAllReduce ? 2.0 * (nranks_ - 1) / nranks_
+                                                  : static_cast<double>(nranks_ - 1) / nranks_;
+  row.k = k;
+  row.wire = busF * static_cast<double>(k) * static_cast<double>(ts_);
+  row.algBytes = static_cast<double>(k) * static_cast<double>(ts_);
+  int64_t ns[2] = {0, 0}, wrong[2] = {0, 0};
+  unsigned char* sb = send_.get();
+  unsigned char* rb = recv_.get();
+  const int warm = o_.warmup;
+
+  if (o_.mode == Mode::kMaskPacked) {
+    Buffer psend = allocBuffer(k * ts_), precv = allocBuffer(k * ts_);
+    if (!psend || !precv) return failMsg("cannot allocate the packed buffers (k = %" PRIu64 ")", k);
+    for (int place = 0; place < 2; ++place) {
+      if (place == 1 && !o_.inPlace) continue;
+      const bool ip = place == 1;
+      row.has[place] = true;
+      auto init = [&](bool) {
+        if (!ip) std::memset(precv.get(), kSentinelByte, k * ts_);
+        withCodec(o_.dtype, [&](auto codec) {
+          using C = decltype(codec);
+          auto* out = reinterpret_cast<typename C::T*>(ip ? precv.get() : psend.get());
+          for (uint64_t i = 0; i < k; ++i) out[i] = C::enc(pattern_.value(rank_, idx[i]));
+        });
+        return true;
+      };
+      auto go = [&]() {
+        PERF_CHECK(ip ? "scapeMaskAllReducePacked(in place)" : "scapeMaskAllReducePacked",
+                   scapeMaskAllReducePacked(ip ? precv.get() : psend.get(), precv.get(), o_.dtype,
+                                            o_.op, mask, comm_, nullptr));
+        beat();
+        return true;
+      };
+      auto check = [&]() -> int64_t {
+        if (inject_ && k > 0) corruptElement(precv.get() + (k / 2) * ts_);
+        int64_t w = 0;
+        withCodec(o_.dtype, [&](auto codec) {
+          using C = decltype(codec);
+          const auto* got = reinterpret_cast<const typename C::T*>(precv.get());
+          for (uint64_t i = 0; i < k; ++i) w += !C::eq(got[i], pattern_.reduced(idx[i]));
+        });
+        return w;
+      };
+      if (!timePlacement(true, place == 0 ? warm : 0, init, go, check, &ns[place], &wrong[place]))
+        return false;
+    }
+  } else if (o_.coll == Coll::kAllReduce) {
+    for (int place = 0; place < 2; ++place) {
+      if (place == 1 && !o_.inPlace) continue;
+      const bool ip = place == 1;
+      row.has[place] = true;
+      auto init = [&](bool) {
+        unsigned char* in = ip ? rb : sb;
+        if (!ip) std::memset(rb, kSentinelByte, count * ts_);
+        withCodec(o_.dtype, [&](auto codec) {
+          using C = decltype(codec);
+          auto* out = reinterpret_cast<typename C::T*>(in);
+          for (uint64_t j = 0; j < count; ++j) out[j] = C::enc(pattern_.value(rank_, j));
+        });
+        return true;
+      };
+      auto go = [&]() {
+        PERF_CHECK(ip ? "scapeAllReduce(mask, in place)" : "scapeAllReduce(mask, out of place)",
+                   scapeAllReduce(ip ? rb : sb, rb, count, o_.dtype, o_.op, mask, comm_, nullptr));
+        beat();
+        return true;
+      };
+      // Masked positions: the reduction; all others untouched (sentinel, or the in-place input).
+      auto check = [&]() -> int64_t {
+        if (inject_ && count > 0)
+          corruptElement(rb + (k > 0 ? (*walk)[k / 2] : count / 2) * ts_);
+        int64_t w = 0;
+        withCodec(o_.dtype, [&](auto codec) {
+          using C = decltype(codec);
+          const auto* got = reinterpret_cast<const typename C::T*>(rb);
+          size_t p = 0;
+          for (uint64_t j = 0; j < count; ++j) {
+            bool masked = false;
+            while (p < walk->size() && (*walk)[p] < j) ++p;
+            if (p < walk->size() && (*walk)[p] == j) masked = true;
+            if (masked)
+              w += !C::eq(got[j], pattern_.reduced(j));
+            else if (ip)
+              w += !C::eq(got[j], pattern_.value(rank_, j));
+            else
+              w += !isSentinel(reinterpret_cast<const unsigned char*>(got + j), ts_);
+          }
+        });
+        return w;
+      };
+      if (!timePlacement(true, place == 0 ? warm : 0, init, go, check, &ns[place], &wrong[place]))
+        return false;
+    }
+    // The local parts of the dense-in / dense-out form, alone: gather (pack) of the k values from
+    // the dense buffer and scatter (unpack) back, as scapeAllReduce does around the exchange.
+    Buffer packed = allocBuffer(k * ts_);
+    if (!packed) return failMsg("cannot allocate the packed buffer (k = %" PRIu64 ")", k);
+    const int reps = std::max(1, std::min(o_.iters, 5));
+    std::memset(packed.get(), 0, k * ts_);
+    int64_t t[2] = {0, 0};
+    for (int r = 0; r < reps; ++r) {
+      double t0 = nowSec();
+      PERF_CHECK("scapeMaskPack", scapeMaskPack(mask, sb, packed.get(), o_.dtype));
+      double t1 = nowSec();
+      PERF_CHECK("scapeMaskUnpack", scapeMaskUnpack(mask, packed.get(), rb, o_.dtype));
+      double t2 = nowSec();
+      t[0] += static_cast<int64_t>((t1 - t0) * 1e9);
+      t[1] += static_cast<int64_t>((t2 - t1) * 1e9);
+    }
+    if (!reduceI64(t, 2, scapeMax, "scapeAllReduce(pack times, int64, max)")) return false;
+    row.packUs = static_cast<double>(t[0]) / reps / 1e3;
+    row.unpackUs = static_cast<double>(t[1]) / reps / 1e3;
+  } else if (o_.coll == Coll::kReduceScatter) {
+    const uint64_t mine = kr[static_cast<size_t>(rank_)], myOff = off[static_cast<size_t>(rank_)];
+    Buffer psend = allocBuffer(k * ts_), precv = allocBuffer(mine * ts_);
+    if (!psend || !precv) return failMsg("cannot allocate the packed buffers (k = %" PRIu64 ")", k);
+    row.has[0] = true;
+    auto init = [&](bool) {
+      std::memset(precv.get(), kSentinelByte, mine * ts_);
+      withCodec(o_.dtype, [&](auto codec) {
+        using C = decltype(codec);
+        auto* out = reinterpret_cast<typename C::T*>(psend.get());
+        for (uint64_t i = 0; i < k; ++i) out[i] = C::enc(pattern_.value(rank_, idx[i]));
+      });
+      return true;
+    };
+    auto go = [&]() {
+      PERF_CHECK("scapeMaskReduceScatter",
+                 scapeMaskReduceScatter(psend.get(), precv.get(), o_.dtype, o_.op, mask, comm_,
+                                        nullptr));
+      beat();
+      return true;
+    };
+    auto check = [&]() -> int64_t {
+      if (inject_ && mine > 0) corruptElement(precv.get() + (mine / 2) * ts_);
+      int64_t w = 0;
+      withCodec(o_.dtype, [&](auto codec) {
+        using C = decltype(codec);
+        const auto* got = reinterpret_cast<const typename C::T*>(precv.get());
+        for (uint64_t i = 0; i < mine; ++i) w += !C::eq(got[i], pattern_.reduced(idx[myOff + i]));
+      });
+      return w;
+    };
+    if (!timePlacement(true, warm, init, go, check, &ns[0], &wrong[0])) return false;
+  } else {  // all-gather
+    const uint64_t mine = kr[static_cast<size_t>(rank_)], myOff = off[static_cast<size_t>(rank_)];
+    Buffer psend = allocBuffer(mine * ts_), precv = allocBuffer(k * ts_);
+    if (!psend || !precv) return failMsg("cannot allocate the packed buffers (k = %" PRIu64 ")", k);
+    row.has[0] = true;
+    auto init = [&](bool) {
+      std::memset(precv.get(), kSentinelByte, k * ts_);
+      withCodec(o_.dtype, [&](auto codec) {
+        using C = decltype(codec);
+        auto* out = reinterpret_cast<typename C::T*>(psend.get());
+        for (uint64_t i = 0; i < mine; ++i) out[i] = C::enc(pattern_.value(rank_, idx[myOff + i]));
+      });
+      return true;
+    };
+    auto go = [&]() {
+      PERF_CHECK("scapeMaskAllGather", scapeMaskAllGather(psend.get(), precv.get(), o_.dtype, mask,
+                                                          comm_, nullptr));
+      beat();
+      return true;
+    };
+    auto check = [&]() -> int64_t {
+      if (inject_ && k > 0) corruptElement(precv.get() + (k / 2) * ts_);
+      int64_t w = 0;
+      withCodec(o_.dtype, [&](auto codec) {
+        using C = decltype(codec);
+        const auto* got = reinterpret_cast<const typename C::T*>(precv.get());
+        for (size_t r = 0; r < P; ++r)
+          for (uint64_t i = 0; i < kr[r]; ++i)
+            w += !C::eq(got[off[r] + i], pattern_.value(static_cast<int>(r), idx[off[r] + i]));
+      });
+      return w;
+    };
+    if (!timePlacement(true, warm, init, go, check, &ns[0], &wrong[0])) return false;
+  }
+  // A wrong mask is wrong in every placement that ran.
+  if (o_.check) {
+    for (int place = 0; place < 2; ++place)
+      if (row.has[place]) wrong[place] += rank_ == 0 ? maskWrong : 0;
+  }
+  return finishRow(&row, ns, wrong);
+}
+
+int Bench::runMask() {
+  const uint64_t maxCount = o_.maxBytes / ts_;
+  const uint64_t denseBytes = o_.mode == Mode::kMaskPacked ? 64 : maxCount * ts_;
+  if (!allocDense(denseBytes, denseBytes)) return kExitCallFailed;
+  for (uint64_t size : sizes())
+    for (double d : o_.densities)
+      if (!maskRow(size / ts_, d)) return kExitCallFailed;
+  return kExitOk;
+}
+
+// ---- coo -----------------------------------------------------------------------------------
+
+bool Bench::cooRow(uint64_t count, double density) {
+  const CooSelect sel(density);
+  std::vector<uint64_t> idx;
+  idx.reserve(static_cast<size_t>(density * static_cast<double>(count) * 1.01) + 64);
+  for (uint64_t j = 0; j < count; ++j)
+    if (sel(rank_, j)) idx.push_back(j);
+  const size_t nnz = idx.size();
+  Buffer vals = allocBuffer(nnz * ts_);
+  if (!vals) return failMsg("cannot allocate %zu values", nnz);
+  withCodec(o_.dtype, [&](auto codec) {
+    using C = decltype(codec);
+    auto* out = reinterpret_cast<typename C::T*>(vals.get());
+    for (size_t i = 0; i < nnz; ++i) out[i] = C::enc(pattern_.nonzero(rank_, idx[i]));
+  });
+  int64_t total = static_cast<int64_t>(nnz);
+  if (!reduceI64(&total, 1, scapeSum, "scapeAllReduce(nnz, int64, sum)")) return false;
+  const uint64_t capacity = std::min<uint64_t>(count, static_cast<uint64_t>(total));
+  Buffer outIdx, outVals, denseOut;
+  if (o_.cooDenseOut) {
+    denseOut = allocBuffer(count * ts_);
+    if (!denseOut) return failMsg("cannot allocate the dense output (%" PRIu64 " elements)", count);
+  } else {
+    outIdx = allocBuffer(capacity * sizeof(uint64_t));
+    outVals = allocBuffer(capacity * ts_);
+    if (!outIdx || !outVals)
+      return failMsg("cannot allocate the output list (capacity %" PRIu64 ")", capacity);
+  }
+  size_t outNnz = 0;
+  uint64_t sent = 0;
+  auto* oi = reinterpret_cast<uint64_t*>(outIdx.get());
+
+  Row row;
+  row.mode = Mode::kCoo;
+  row.bytes = count * ts_;
+  row.count = count;
+  row.density = density;
+  row.has[0] = true;
+  int64_t ns[2] = {0, 0}, wrong[2] = {0, 0};
+  auto init = [&](bool forCheck) {
+    if (!forCheck) return true;
+    if (o_.cooDenseOut) {
+      std::memset(denseOut.get(), kSentinelByte, count * ts_);
+    } else {
+      std::memset(outIdx.get(), 0xff, capacity * sizeof(uint64_t));
+      std::memset(outVals.get(), kSentinelByte, capacity * ts_);
+    }
+    return true;
+  };
+  auto go = [&]() {
+    PERF_CHECK("scapeSparseAllReduce",
+               scapeSparseAllReduce(idx.data(), vals.get(), nnz, count, o_.dtype, o_.op,
+                                    o_.cooAlgo, o_.cooDenseOut ? denseOut.get() : nullptr,
+                                    o_.cooDenseOut ? nullptr : oi,
+                                    o_.cooDenseOut ? nullptr : outVals.get(), capacity, &outNnz,
+                                    &sent, comm_));
+    beat();
+    return true;
+  };
+  auto check = [&]() -> int64_t {
+    if (inject_) {
+      if (o_.cooDenseOut && count > 0) corruptElement(denseOut.get() + (count / 2) * ts_);
+      if (!o_.cooDenseOut && outNnz > 0) corruptElement(outVals.get() + (outNnz / 2) * ts_);
+    }
+    int64_t w = 0;
+    withCodec(o_.dtype, [&](auto codec) {
+      using C = decltype(codec);
+      const auto* dv = reinterpret_cast<const typename C::T*>(
+          o_.cooDenseOut ? denseOut.get() : outVals.get());
+      size_t p = 0;
+      for (uint64_t j = 0; j < count; ++j) {
+        bool any = false;
+        int64_t sum = 0;
+        for (int r = 0; r < nranks_; ++r)
+          if (sel(r, j)) {
+            any = true;
+            sum += pattern_.nonzero(r, j);
+          }
+        if (o_.op == scapeAvg) sum /= nranks_;
+        if (o_.cooDenseOut) {
+          w += !C::eq(dv[j], any ? sum : 0);
+          continue;
+        }
+        while (p < outNnz && oi[p] < j) ++w, ++p;  // listed, but no rank brought it
+        if (!any) continue;
+        if (p < outNnz && oi[p] == j) {
+          w += !C::eq(dv[p], sum);
+          ++p;
+        } else {
+          ++w;  // missing from the union
+        }
+      }
+      if (!o_.cooDenseOut) w += static_cast<int64_t>(outNnz - std::min<size_t>(p, outNnz));
+    });
+    return w;
+  };
+  if (!timePlacement(true, o_.warmup, init, go, check, &ns[0], &wrong[0])) return false;
+  // Bytes on the wire: what the API says this rank sent (the last call), mean over ranks.
+  int64_t sums[2] = {static_cast<int64_t>(sent), static_cast<int64_t>(nnz)};
+  if (!reduceI64(sums, 2, scapeSum, "scapeAllReduce(bytesSent, int64, sum)")) return false;
+  row.wire = static_cast<double>(sums[0]) / nranks_;
+  row.k = static_cast<uint64_t>(sums[1] / nranks_);
+  row.algBytes = static_cast<double>(sums[1]) / nranks_ * static_cast<double>(8 + ts_);
+  return finishRow(&row, ns, wrong);
+}
+
+int Bench::runCoo() {
+  for (uint64_t size : sizes())
+    for (double d : o_.densities)
+      if (!cooRow(size / ts_, d)) return kExitCallFailed;
+  return kExitOk;
+}
+
+// ---- mask sync -----------------------------------------------------------------------------
+
+bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
+  std::vector<scapeMaskEncoding_t> encs = o_.encodings;
+  if (encs.empty())
+    encs = {scapeMaskEncodingBitmap, scapeMaskEncodingIndices, scapeMaskEncodingEliasFano,
+            scapeMaskEncodingDeltaVarint, scapeMaskEncodingAuto};
+  const int nseg = static_cast<int>(std::max<uint64_t>(
+      1, std::min<uint64_t>(static_cast<uint64_t>(o_.segments), std::max<uint64_t>(count, 1))));
+  const std::vector<uint64_t> offs = segmentOffsets(count, nseg);
+  // One selection (top-k of this rank's statistic), shared by every encoding's mask. Masks are
+  // created one at a time (at density 1 each holds several index arrays of the whole buffer);
+  // the first encoding's mask is the one that selected.
+  std::vector<uint64_t> idx, own;
+  uint64_t k = 0, expectK = 0;
+  MaskHolder holder;
+  {
+    scapeMask_t m = nullptr;
+    PERF_CHECK("scapeMaskCreate", scapeMaskCreate(&m, count, nseg, offs.data(), nullptr,
+                                                  scapeOwnershipShards, encs[0], comm_));
+    holder.masks.push_back(m);
+    double selUs = 0, syncUs = 0;
+    if (!selectMask(m, count, density, &selUs, &syncUs)) return false;
+    uint64_t kr = 0, off = 0;
+    PERF_CHECK("scapeMaskGetCount", scapeMaskGetCount(m, &k));
+    PERF_CHECK("scapeMaskGetRankCount", scapeMaskGetRankCount(m, rank_, &kr, &off));
+    idx.assign(k, 0);
+    PERF_CHECK("scapeMaskGetIndices", scapeMaskGetIndices(m, idx.data(), idx.size()));
+    if (!expectedMaskK(m, offs, density, &expectK)) return false;
+    own.assign(idx.begin() + static_cast<ptrdiff_t>(off),
+               idx.begin() + static_cast<ptrdiff_t>(off + kr));
+  }
+  std::vector<uint64_t> got;
+
+  for (size_t e = 0; e < encs.size(); ++e) {
+    if (e > 0) {
+      for (scapeMask_t old : holder.masks) scapeMaskDestroy(old);
+      holder.masks.clear();
+      scapeMask_t fresh = nullptr;
+      PERF_CHECK("scapeMaskCreate", scapeMaskCreate(&fresh, count, nseg, offs.data(), nullptr,
+                                                    scapeOwnershipShards, encs[e], comm_));
+      holder.masks.push_back(fresh);
+    }
+    scapeMask_t m = holder.masks[0];
+    PERF_CHECK("scapeMaskSetNextIndices", scapeMaskSetNextIndices(m, own.data(), own.size()));
+    for (int i = 0; i < o_.warmup; ++i) {
+      PERF_CHECK("scapeMaskSyncStart (warm-up)", scapeMaskSyncStart(m));
+      PERF_CHECK("scapeMaskSyncWait (warm-up)", scapeMaskSyncWait(m));
+    }
+    // T_sync: start + wait alone. Also the CPU the sync costs outside the calling thread.
+    int64_t syncNs = 0;
+    const double cpu0 = processCpuSec(), self0 = threadCpuSec();
+    for (int i = 0; i < o_.iters; ++i) {
+      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+      const double t0 = nowSec();
+      PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
+      PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
+      syncNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
+      beat();
+    }
+    const double bgCpu = (processCpuSec() - cpu0) - (threadCpuSec() - self0);
+    int64_t tsync = syncNs / o_.iters;
+    if (!reduceI64(&tsync, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
+    scapeMaskSyncInfo_t info{};
+    PERF_CHECK("scapeMaskGetSyncInfo", scapeMaskGetSyncInfo(m, &info));
+    // T_both: start, compute for T_sync on this thread, wait.
+    int64_t bothNs = 0;
+    const double tc = static_cast<double>(tsync) * 1e-9;
+    for (int i = 0; i < o_.iters; ++i) {
+      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+      const double t0 = nowSec();
+      PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
+      compute->run(tc);
+      PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
+      bothNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
+      beat();
+    }
+    int64_t tboth = bothNs / o_.iters;
+    if (!reduceI64(&tboth, 1, scapeMax, "scapeAllReduce(overlapped time, int64, max)"))
+      return false;
+    // Diagnostic: the same with a compute phase that leaves the core idle (the host thread of a
+    // GPU step mostly waits): what the overlap achieves when the sync has a core to itself.
+    int64_t idleNs = 0;
+    for (int i = 0; i < (o_.syncIdle ? o_.iters : 0); ++i) {
+      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+      const double t0 = nowSec();
+      PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
+      for (double left = tc; left > 0; left = t0 + tc - nowSec()) {
+        struct timespec ts {};
+        ts.tv_sec = static_cast<time_t>(left);
+        ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
+        nanosleep(&ts, nullptr);
+      }
+      PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
+      idleNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
+      beat();
+    }
+    int64_t tidle = o_.syncIdle ? idleNs / o_.iters : -1;
+    if (!reduceI64(&tidle, 1, scapeMax, "scapeAllReduce(idle overlapped time, int64, max)"))
+      return false;
+    // The synchronised mask must be the one selected, whatever the encoding.
+    int64_t wrong = 0;
+    if (o_.check) {
+      PERF_CHECK("scapeMaskAdvance", scapeMaskAdvance(m));
+      uint64_t k2 = 0;
+      PERF_CHECK("scapeMaskGetCount", scapeMaskGetCount(m, &k2));
+      got.assign(k2, 0);
+      PERF_CHECK("scapeMaskGetIndices", scapeMaskGetIndices(m, got.data(), got.size()));
+      if (inject_ && !got.empty()) got[got.size() / 2] ^= 1u;
+      for (uint64_t i = 0; i < std::min(k, k2); ++i) wrong += got[i] != idx[i];
+      wrong += static_cast<int64_t>(k > k2 ? k - k2 : k2 - k);
+      if (rank_ == 0) wrong += static_cast<int64_t>(k > expectK ? k - expectK : expectK - k);
+    }
+    int64_t sums[4] = {static_cast<int64_t>(info.sentBytes), wrong,
+                       rank_ == 0 ? static_cast<int64_t>(info.encoding) : 0,
+                       static_cast<int64_t>(std::max(0.0, bgCpu) / o_.iters * 1e9)};
+    if (!reduceI64(sums, 4, scapeSum, "scapeAllReduce(sync info, int64, sum)")) return false;
+    SyncRow w;
+    w.count = count;
+    w.density = density;
+    w.requested = encs[e];
+    w.sent = static_cast<scapeMaskEncoding_t>(sums[2]);
+    w.k = k;
+    w.sentBytes = static_cast<double>(sums[0]) / nranks_;
+    w.totalBytes = info.totalBytes;
+    w.syncUs = static_cast<double>(tsync) / 1e3;
+    w.libSyncUs = info.syncSeconds * 1e6;
+    w.syncCpuUs = static_cast<double>(sums[3]) / nranks_ / 1e3;
+    w.bothUs = static_cast<double>(tboth) / 1e3;
+    const double ts = static_cast<double>(tsync), tb = static_cast<double>(tboth);
+    w.hidden = ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (tb - ts) / ts)) : 1.0;
+    const double ti = static_cast<double>(tidle);
+    w.idleUs = ti / 1e3;
+    w.hiddenIdle = tidle < 0 ? -1.0 : ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (ti - ts) / ts)) : 1.0;
+    w.maskBpp = count ? static_cast<double>(info.totalBytes) / static_cast<double>(count) : 0.0;
+    w.totalBpp = w.maskBpp + 8.0 * density;
+    w.wrong = sums[1];
+    wrongTotal_ += w.wrong;
+    syncRows_.push_back(w);
+    if (rank_ == 0) printSyncRow(w);
+  }
+  return true;
+}
+
+int Bench::runMaskSync() {
+  BusyCompute compute;
+  for (uint64_t size : sizes())
+    for (double d : o_.densities)
+      if (!syncRows(size / ts_, d, &compute)) return kExitCallFailed;
+  if (compute.sink() == 12345.678f) std::printf("#\n");  // keep the compute observable
+  return kExitOk;
+}
+
+// ---- memcpy --------------------------------------------------------------------------------
+
+bool Bench::memcpyRow(uint64_t bytes) {
+  unsigned char* src = send_.get();
+  unsigned char* dst = recv_.get();
+  Row row;
+  row.mode = Mode::kMemcpy;
+  row.bytes = bytes;
+  row.count = bytes / ts_;
+  row.k = row.count;
+  row.wire = 0;
+  row.algBytes = static_cast<double>(bytes);
+  row.has[0] = true;
+  int64_t ns[2] = {0, 0}, wrong[2] = {0, 0};
+  auto init = [&](bool) {
+    for (uint64_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 131u + 7u);
+    std::memset(dst, 0, bytes);
+    return true;
+  };
+  auto go = [&]() {
+    std::memcpy(dst, src, bytes);
+    beat();
+    return true;
+  };
+  auto check = [&]() -> int64_t {
+    if (inject_ && bytes > 0) corruptElement(dst + bytes / 2);
+    int64_t w = 0;
+    for (uint64_t i = 0; i < bytes; ++i) w += dst[i] != src[i];
+    return w;
+  };
+  if (!timePlacement(true, o_.warmup, init, go, check, &ns[0], &wrong[0])) return false;
+  return finishRow(&row, ns, wrong);
+}
+
+int Bench::runMemcpy() {
+  if (!allocDense(o_.maxBytes, o_.maxBytes)) return kExitCallFailed;
+  for (uint64_t size : sizes())
+    if (!memcpyRow(size)) return kExitCallFailed;
+  return kExitOk;
+}
+
+// ---- reporting -----------------------------------------------------------------------------
+
+bool Bench::finishRow(Row* row, int64_t ns[2], int64_t wrong[2]) {
+  // Time: the slowest rank; wrong elements: the sum over ranks.
+  if (!reduceI64(ns, 2, scapeMax, "scapeAllReduce(times, int64, max)")) return false;
+  if (!reduceI64(wrong, 2, scapeSum, "scapeAllReduce(#wrong, int64, sum)")) return false;
+  for (int k = 0; k < 2; ++k) {
+    if (!row->has[k]) continue;
+    row->timeUs[k] = static_cast<double>(ns[k]) / 1e3;
+    const double sec = static_cast<double>(ns[k]) / 1e9;
+    row->algBw[k] = sec > 0 ? row->algBytes / 1e9 / sec : 0.0;
+    row->busBw[k] = sec > 0 ? row->wire / 1e9 / sec : 0.0;
+    row->deqBw[k] = sec > 0 ? static_cast<double>(row->bytes) / 1e9 / sec : 0.0;
+    if (row->mode == Mode::kMemcpy) row->busBw[k] = row->algBw[k];
+    row->wrong[k] = o_.check ? wrong[k] : 0;
+    bwSum_ += row->busBw[k];
+    ++bwCount_;
+    wrongTotal_ += row->wrong[k];
+  }
+  rows_.push_back(*row);
+  if (rank_ == 0) printRow(*row);
   return true;
 }
 
@@ -830,168 +2093,250 @@ bool Bench::exchangeRankInfo(std::vector<int64_t>* pids, std::vector<std::string
   return true;
 }
 
-bool Bench::reduceResults(int64_t ns[2], int64_t wrong[2]) {
-  PERF_CHECK("scapeAllReduce(times, int64, max)",
-             scapeAllReduce(ns, ns, 2, scapeInt64, scapeMax, nullptr, comm_, nullptr));
-  PERF_CHECK("scapeAllReduce(#wrong, int64, sum)",
-             scapeAllReduce(wrong, wrong, 2, scapeInt64, scapeSum, nullptr, comm_, nullptr));
-  beat();
-  return true;
-}
-
 void Bench::printHeader(const std::vector<int64_t>& pids, const std::vector<std::string>& hosts) {
   int version = 0;
   scapeGetVersion(&version);
   const std::string timeout = o_.timeoutMs == SCAPE_CONFIG_UNDEF_INT
                                   ? std::string("library default")
                                   : std::to_string(o_.timeoutMs) + " ms";
-  std::printf("# %s: SCAPE comm %d.%d.%d, collective %s, nranks %d, timeout %s\n", kProg,
-              version / 10000, version / 100 % 100, version % 100, collName(o_.coll), nranks_,
-              timeout.c_str());
+  std::printf("# %s: SCAPE comm %d.%d.%d, collective %s, mode %s, nranks %d, timeout %s\n", kProg,
+              version / 10000, version / 100 % 100, version % 100, collName(o_.coll),
+              modeName(o_.mode), nranks_, timeout.c_str());
   std::printf("# nRanks %d minBytes %" PRIu64 " maxBytes %" PRIu64 " step: %" PRIu64
               "(factor) warmup iters: %d iters: %d validation: %d\n",
               nranks_, o_.minBytes, o_.maxBytes, o_.stepFactor, o_.warmup, o_.iters, o_.check);
+  if (o_.mode != Mode::kDense && o_.mode != Mode::kMemcpy) {
+    std::printf("# densities:");
+    for (double d : o_.densities) std::printf(" %g", d);
+    if (o_.mode == Mode::kMask || o_.mode == Mode::kMaskPacked || o_.mode == Mode::kMaskSync) {
+      std::string encs;
+      for (scapeMaskEncoding_t e : o_.encodings) encs += std::string(encs.empty() ? "" : ",") + encodingName(e);
+      if (encs.empty())
+        encs = o_.mode == Mode::kMaskSync ? "bitmap,indices,eliasfano,deltavarint,auto" : "auto";
+      std::printf("; segments %d (sizes 1:2:..:%d), shard ownership, encoding %s", o_.segments,
+                  o_.segments, encs.c_str());
+    }
+    if (o_.mode == Mode::kCoo)
+      std::printf("; algorithm %s, %s output", cooAlgoName(o_.cooAlgo),
+                  o_.cooDenseOut ? "dense" : "list");
+    std::printf("\n");
+  }
+  if (inject_) std::printf("# SCAPE_PERF_INJECT_ERROR: rank 0 corrupts one element of each result\n");
   std::printf("#\n# Using ranks\n");
   for (int r = 0; r < nranks_; ++r)
     std::printf("#  Rank %2d Pid %6" PRId64 " on %10s (host memory)\n", r, pids[r],
                 hosts[r].c_str());
   std::printf("#\n");
-  std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place\n",
-              "", "", "", "", "");
-  std::printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
-  std::printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
-  std::printf("  %7s  %6s  %6s  %6s\n", "time", "algbw", "busbw", "#wrong");
-  std::printf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
-  std::printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
-  std::printf("  %7s  %6s  %6s  %6s\n", "(us)", "(GB/s)", "(GB/s)", "");
+  if (o_.mode == Mode::kMaskSync)
+    printSyncColumns();
+  else
+    printColumns();
   std::fflush(stdout);
 }
 
-void formatTime(char* buf, size_t n, double us) {
-  if (us >= 10000.0)
-    std::snprintf(buf, n, "%7.0f", us);
-  else if (us >= 100.0)
-    std::snprintf(buf, n, "%7.1f", us);
+void Bench::printColumns() {
+  std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+              "          %11s  %7s  %12s  %12s  %7s  %7s\n",
+              "", "", "", "", "", "", "", "", "", "deqbw", "deqbw");
+  std::printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+  std::printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
+  std::printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
+  std::printf("  %11s  %7s  %12s  %12s  %7s  %7s\n", "mode", "density", "k", "wire", "oop", "ip");
+  std::printf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
+  std::printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
+  std::printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
+  std::printf("  %11s  %7s  %12s  %12s  %7s  %7s\n", "", "", "(elements)", "(B/rank)", "(GB/s)",
+              "(GB/s)");
+}
+
+void Bench::printRow(const Row& w) {
+  std::printf("%12" PRIu64 "  %12" PRIu64 "  %8s  %6s  %6d", w.bytes, w.count,
+              w.mode == Mode::kMemcpy ? "byte" : typeName(o_.dtype),
+              hasOp() && w.mode != Mode::kMemcpy ? opName(o_.op) : "none", printedRoot());
+  for (int k = 0; k < 2; ++k) {
+    if (!w.has[k]) {
+      std::printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
+      continue;
+    }
+    char t[32], wr[32];
+    formatTime(t, sizeof(t), w.timeUs[k]);
+    if (o_.check)
+      std::snprintf(wr, sizeof(wr), "%" PRId64, w.wrong[k]);
+    else
+      std::snprintf(wr, sizeof(wr), "N/A");
+    std::printf("  %7s  %6.2f  %6.2f  %6s", t, w.algBw[k], w.busBw[k], wr);
+  }
+  char ip[32];
+  if (w.has[1])
+    std::snprintf(ip, sizeof(ip), "%7.2f", w.deqBw[1]);
   else
-    std::snprintf(buf, n, "%7.2f", us);
+    std::snprintf(ip, sizeof(ip), "%7s", "N/A");
+  std::printf("  %11s  %7.4g  %12" PRIu64 "  %12.0f  %7.2f  %7s\n", modeName(w.mode), w.density, w.k,
+              w.wire, w.deqBw[0], ip);
+  if (w.mode == Mode::kMask || w.mode == Mode::kMaskPacked) {
+    std::printf("#   mask: select %.1f us, sync %.1f us, %" PRIu64
+                " mask bytes (%.4f B/param, sent as %s)",
+                w.selectUs, w.maskSyncUs, w.maskTotalBytes,
+                w.count ? static_cast<double>(w.maskTotalBytes) / static_cast<double>(w.count) : 0.0,
+                encodingName(w.sentEncoding));
+    if (w.packUs >= 0)
+      std::printf("; scapeMaskPack %.1f us, scapeMaskUnpack %.1f us", w.packUs, w.unpackUs);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+void Bench::printSyncColumns() {
+  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %6s  %9s  %7s  %6s"
+              "  %10s  %8s\n",
+              "count", "density", "encoding", "sent-as", "k", "sent", "total", "mask", "sync",
+              "overlapped", "hidden", "mask+pay", "dense", "#wrong", "sync-cpu", "hid-idle");
+  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %6s  %9s  %7s  %6s"
+              "  %10s  %8s\n",
+              "(elements)", "", "", "(rank 0)", "(elements)", "(B/rank)", "(B)", "(B/param)",
+              "(us)", "(us)", "", "(B/param)", "(B/param)", "", "(us)", "");
+}
+
+void Bench::printSyncRow(const SyncRow& w) {
+  char wr[32], hi[32];
+  if (o_.check)
+    std::snprintf(wr, sizeof(wr), "%" PRId64, w.wrong);
+  else
+    std::snprintf(wr, sizeof(wr), "N/A");
+  if (w.hiddenIdle >= 0)
+    std::snprintf(hi, sizeof(hi), "%8.3f", w.hiddenIdle);
+  else
+    std::snprintf(hi, sizeof(hi), "%8s", "N/A");
+  std::printf("  %12" PRIu64 "  %7.4g  %11s  %11s  %12" PRIu64 "  %12.0f  %12" PRIu64
+              "  %9.4f  %10.1f  %10.1f  %6.3f  %9.4f  %7.1f  %6s  %10.1f  %s\n",
+              w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
+              w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.bothUs, w.hidden, w.totalBpp, 8.0,
+              wr, w.syncCpuUs, hi);
+  std::fflush(stdout);
+}
+
+void Bench::printFooter() {
+  if (o_.check)
+    std::printf("# Out of bounds values : %" PRId64 " %s\n", wrongTotal_,
+                wrongTotal_ ? "FAILED" : "OK");
+  else
+    std::printf("# Out of bounds values : N/A (-c 0)\n");
+  if (o_.mode == Mode::kMaskSync) {
+    double h = 0;
+    for (const SyncRow& w : syncRows_) h += w.hidden;
+    std::printf("# Avg hidden fraction  : %g \n", syncRows_.empty() ? 0.0 : h / syncRows_.size());
+  } else {
+    std::printf("# Avg bus bandwidth    : %g \n", bwCount_ ? bwSum_ / bwCount_ : 0.0);
+  }
+  std::printf("#\n");
+  std::fflush(stdout);
 }
 
 void Bench::writeJson() {
   if (json_ == nullptr) return;
   std::fprintf(json_, "[\n");
-  for (size_t i = 0; i < rows_.size(); ++i) {
-    const Row& w = rows_[i];
+  const size_t total = rows_.size() + syncRows_.size();
+  size_t written = 0;
+  for (const Row& w : rows_) {
     std::fprintf(json_,
-                 "  {\"collective\": \"%s\", \"nranks\": %d, \"size\": %" PRIu64
-                 ", \"count\": %" PRIu64 ", \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d",
-                 collName(o_.coll), nranks_, w.bytes, w.count, typeName(o_.dtype),
-                 hasOp() ? opName(o_.op) : "none", printedRoot());
+                 "  {\"impl\": \"scape\", \"collective\": \"%s\", \"mode\": \"%s\", \"nranks\": %d, "
+                 "\"size\": %" PRIu64 ", \"count\": %" PRIu64
+                 ", \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, \"density\": %.6g, \"k\": "
+                 "%" PRIu64 ", \"wire_bytes\": %.0f",
+                 collName(o_.coll), modeName(w.mode), nranks_, w.bytes, w.count,
+                 w.mode == Mode::kMemcpy ? "byte" : typeName(o_.dtype),
+                 hasOp() && w.mode != Mode::kMemcpy ? opName(o_.op) : "none", printedRoot(),
+                 w.density, w.k, w.wire);
+    if (w.mode == Mode::kMask || w.mode == Mode::kMaskPacked)
+      std::fprintf(json_,
+                   ", \"encoding\": \"%s\", \"sent_encoding\": \"%s\", \"mask_total_bytes\": %" PRIu64
+                   ", \"select_us\": %.1f, \"mask_sync_us\": %.1f",
+                   encodingName(o_.encoding), encodingName(w.sentEncoding), w.maskTotalBytes,
+                   w.selectUs, w.maskSyncUs);
+    if (w.packUs >= 0)
+      std::fprintf(json_, ", \"pack_us\": %.1f, \"unpack_us\": %.1f", w.packUs, w.unpackUs);
+    if (w.mode == Mode::kCoo)
+      std::fprintf(json_, ", \"coo_algo\": \"%s\", \"coo_out\": \"%s\"", cooAlgoName(o_.cooAlgo),
+                   o_.cooDenseOut ? "dense" : "list");
     static const char* kPlace[2] = {"out_of_place", "in_place"};
     for (int k = 0; k < 2; ++k) {
+      if (!w.has[k]) {
+        std::fprintf(json_, ", \"%s\": null", kPlace[k]);
+        continue;
+      }
       std::fprintf(json_,
-                   ", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, ",
-                   kPlace[k], w.timeUs[k], w.algBw[k], w.busBw[k]);
+                   ", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
+                   "\"deq_bw_gbs\": %.4f, ",
+                   kPlace[k], w.timeUs[k], w.algBw[k], w.busBw[k], w.deqBw[k]);
       if (o_.check)
         std::fprintf(json_, "\"wrong\": %" PRId64 "}", w.wrong[k]);
       else
         std::fprintf(json_, "\"wrong\": null}");
     }
-    std::fprintf(json_, "}%s\n", i + 1 < rows_.size() ? "," : "");
+    std::fprintf(json_, "}%s\n", ++written < total ? "," : "");
+  }
+  for (const SyncRow& w : syncRows_) {
+    char idleUs[32] = "null", hiddenIdle[32] = "null";
+    if (w.hiddenIdle >= 0) {
+      std::snprintf(idleUs, sizeof(idleUs), "%.1f", w.idleUs);
+      std::snprintf(hiddenIdle, sizeof(hiddenIdle), "%.4f", w.hiddenIdle);
+    }
+    std::fprintf(json_,
+                 "  {\"impl\": \"scape\", \"mode\": \"masksync\", \"nranks\": %d, \"count\": %" PRIu64
+                 ", \"density\": %.6g, \"encoding\": \"%s\", \"sent_encoding\": \"%s\", \"k\": %" PRIu64
+                 ", \"sent_bytes\": %.0f, \"total_bytes\": %" PRIu64
+                 ", \"mask_bytes_per_param\": %.6f, \"sync_us\": %.1f, \"lib_sync_us\": %.1f, "
+                 "\"overlapped_us\": %.1f, \"hidden\": %.4f, \"sync_cpu_us\": %.1f, "
+                 "\"idle_overlapped_us\": %s, \"hidden_idle\": %s, "
+                 "\"mask_plus_payload_bytes_per_param\": %.6f, \"dense_bytes_per_param\": 8, "
+                 "\"wrong\": ",
+                 nranks_, w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
+                 w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.bothUs, w.hidden,
+                 w.syncCpuUs, idleUs, hiddenIdle, w.totalBpp);
+    if (o_.check)
+      std::fprintf(json_, "%" PRId64 "}", w.wrong);
+    else
+      std::fprintf(json_, "null}");
+    std::fprintf(json_, "%s\n", ++written < total ? "," : "");
   }
   std::fprintf(json_, "]\n");
 }
 
 int Bench::run() {
-  const int code = runSizes();
-  if (rank_ == 0) writeJson();  // whatever was measured, also after a failure
-  return code;
-}
-
-int Bench::runSizes() {
   if (o_.coll == Coll::kBroadcast && o_.root >= nranks_) {
     std::fprintf(stderr, "%s: rank %d: -r %d is not a rank (nranks is %d)\n", kProg, rank_, o_.root,
                  nranks_);
     return kExitUsage;
   }
-  // Buffers for the largest size.
-  const Shape maxShape = shape(o_.maxBytes);
-  send_ = allocBuffer(maxShape.sendElems * ts_);
-  recv_ = allocBuffer(maxShape.recvElems * ts_);
-  if (!send_ || !recv_) {
-    std::fprintf(stderr,
-                 "%s: rank %d: cannot allocate %" PRIu64 " + %" PRIu64
-                 " bytes of buffers for -e %" PRIu64 "\n",
-                 kProg, rank_, maxShape.sendElems * ts_, maxShape.recvElems * ts_, o_.maxBytes);
-    return kExitCallFailed;
-  }
-
   std::vector<int64_t> pids;
   std::vector<std::string> hosts;
   if (!exchangeRankInfo(&pids, &hosts)) return kExitCallFailed;
   if (rank_ == 0) printHeader(pids, hosts);
-
-  // Warm-up at the largest and the smallest size, as nccl-tests does.
-  for (uint64_t wsize : {o_.maxBytes, o_.minBytes}) {
-    const Shape s = shape(wsize);
-    initInputs(s, false);
-    for (int i = 0; i < o_.warmup; ++i)
-      if (!launch(s, false)) return kExitCallFailed;
+  int code = kExitOk;
+  switch (o_.mode) {
+    case Mode::kDense:
+      code = runDense();
+      break;
+    case Mode::kMask:
+    case Mode::kMaskPacked:
+      code = runMask();
+      break;
+    case Mode::kCoo:
+      code = runCoo();
+      break;
+    case Mode::kMaskSync:
+      code = runMaskSync();
+      break;
+    case Mode::kMemcpy:
+      code = runMemcpy();
+      break;
   }
-
-  double bwSum = 0;
-  int bwCount = 0;
-  int64_t wrongTotal = 0;
-  for (uint64_t size = o_.minBytes; size <= o_.maxBytes;) {
-    const Shape s = shape(size);
-    int64_t ns[2] = {0, 0}, wrong[2] = {0, 0};
-    for (int k = 0; k < 2; ++k)
-      if (!timeOne(s, k == 1, &ns[k], &wrong[k])) return kExitCallFailed;
-    // Time: the slowest rank; wrong elements: the sum over ranks.
-    if (!reduceResults(ns, wrong)) return kExitCallFailed;
-    Row row{};
-    row.bytes = s.bytes;
-    row.count = s.count;
-    for (int k = 0; k < 2; ++k) {
-      row.timeUs[k] = static_cast<double>(ns[k]) / 1e3;
-      const double sec = static_cast<double>(ns[k]) / 1e9;
-      row.algBw[k] = sec > 0 ? static_cast<double>(s.bytes) / 1e9 / sec : 0.0;
-      row.busBw[k] = row.algBw[k] * busFactor();
-      row.wrong[k] = wrong[k];
-      bwSum += row.busBw[k];
-      ++bwCount;
-      wrongTotal += wrong[k];
-    }
-    rows_.push_back(row);
-    if (rank_ == 0) {
-      std::printf("%12" PRIu64 "  %12" PRIu64 "  %8s  %6s  %6d", s.bytes, s.count,
-                  typeName(o_.dtype), hasOp() ? opName(o_.op) : "none", printedRoot());
-      for (int k = 0; k < 2; ++k) {
-        char t[32], w[32];
-        formatTime(t, sizeof(t), row.timeUs[k]);
-        if (o_.check)
-          std::snprintf(w, sizeof(w), "%" PRId64, row.wrong[k]);
-        else
-          std::snprintf(w, sizeof(w), "N/A");
-        std::printf("  %7s  %6.2f  %6.2f  %6s", t, row.algBw[k], row.busBw[k], w);
-      }
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-    if (size > o_.maxBytes / o_.stepFactor) break;
-    size *= o_.stepFactor;
-  }
-
   if (rank_ == 0) {
-    if (o_.check)
-      std::printf("# Out of bounds values : %" PRId64 " %s\n", wrongTotal,
-                  wrongTotal ? "FAILED" : "OK");
-    else
-      std::printf("# Out of bounds values : N/A (-c 0)\n");
-    std::printf("# Avg bus bandwidth    : %g \n", bwCount ? bwSum / bwCount : 0.0);
-    std::printf("#\n");
-    std::fflush(stdout);
+    writeJson();  // whatever was measured, also after a failure
+    if (code == kExitOk) printFooter();
   }
-  return wrongTotal ? kExitWrong : kExitOk;
+  if (code != kExitOk) return code;
+  return wrongTotal_ ? kExitWrong : kExitOk;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1095,7 +2440,7 @@ int exitCodeOf(int st) {
   return kExitCallFailed;
 }
 
-// -np N: the parent creates the unique id, forks the ranks and watches them.
+// -np N: the parent forks the ranks (rank 0 creates the unique id) and watches them.
 int runForked(const Options& o, FILE* json) {
   const int n = o.localRanks;
   if (o.coll == Coll::kBroadcast && o.root >= n)
@@ -1103,23 +2448,24 @@ int runForked(const Options& o, FILE* json) {
   // Local ranks talk over loopback unless the user chose an interface.
   setenv("SCAPE_SOCKET_IFNAME", "lo", 0);
 
-  scapeUniqueId id;
-  scapeResult_t r = scapeGetUniqueId(&id);
-  if (r != scapeSuccess) {
-    std::fprintf(stderr, "%s: scapeGetUniqueId failed: %s: %s\n", kProg, scapeGetErrorString(r),
-                 scapeGetLastError(nullptr));
-    return kExitCallFailed;
-  }
-
-  // One heartbeat counter per rank, shared with the parent.
-  void* shm = mmap(nullptr, sizeof(std::atomic<uint64_t>) * n, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  // Shared with the ranks: the unique id and one heartbeat counter per rank. Rank 0 makes the id
+  // after the fork: scapeGetUniqueId starts the rendezvous thread, and a process must not fork
+  // while another of its threads may hold a lock (an allocator's, say) that the child then finds
+  // held forever (seen as a hang under AddressSanitizer).
+  struct IdSlot {
+    std::atomic<int> state;  // 0 not yet, 1 ready, 2 rank 0 failed to make it
+    scapeUniqueId id;
+  };
+  const size_t idBytes = (sizeof(IdSlot) + 63) / 64 * 64;
+  const size_t shmBytes = idBytes + sizeof(std::atomic<uint64_t>) * n;
+  void* shm = mmap(nullptr, shmBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shm == MAP_FAILED) {
-    std::fprintf(stderr, "%s: mmap of the heartbeat page failed: %s\n", kProg,
-                 std::strerror(errno));
+    std::fprintf(stderr, "%s: mmap of the shared page failed: %s\n", kProg, std::strerror(errno));
     return kExitCallFailed;
   }
-  auto* beats = static_cast<std::atomic<uint64_t>*>(shm);
+  auto* slot = new (shm) IdSlot();
+  slot->state.store(0);
+  auto* beats = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(shm) + idBytes);
   for (int i = 0; i < n; ++i) new (&beats[i]) std::atomic<uint64_t>(0);
 
   struct sigaction sa {};
@@ -1154,6 +2500,28 @@ int runForked(const Options& o, FILE* json) {
       if (getppid() != parent) _exit(kExitCallFailed);
       g_heartbeat = &beats[rank];
       if (rank != 0) json = nullptr;
+      scapeUniqueId id;
+      if (rank == 0) {
+        const scapeResult_t r = scapeGetUniqueId(&slot->id);
+        slot->state.store(r == scapeSuccess ? 1 : 2, std::memory_order_release);
+        if (r != scapeSuccess) {
+          std::fprintf(stderr, "%s: scapeGetUniqueId failed: %s: %s\n", kProg,
+                       scapeGetErrorString(r), scapeGetLastError(nullptr));
+          finish(kExitCallFailed);
+        }
+      } else {
+        const double deadline = nowSec() + effectiveTimeoutMs(o) / 1000.0;
+        while (slot->state.load(std::memory_order_acquire) == 0) {
+          if (nowSec() > deadline) {
+            std::fprintf(stderr, "%s: rank %d: rank 0 did not publish the unique id in time\n",
+                         kProg, rank);
+            finish(kExitCallFailed);
+          }
+          usleep(1000);
+        }
+        if (slot->state.load(std::memory_order_acquire) != 1) finish(kExitCallFailed);
+      }
+      std::memcpy(&id, &slot->id, sizeof(id));
       scapeConfig_t cfg = makeConfig(o);
       scapeComm_t comm = nullptr;
       scapeResult_t ir = scapeCommInitRankConfig(&comm, n, id, rank, &cfg);
@@ -1255,7 +2623,7 @@ int runForked(const Options& o, FILE* json) {
     }
     usleep(20000);
   }
-  munmap(shm, sizeof(std::atomic<uint64_t>) * n);
+  munmap(shm, shmBytes);
   return exitCode;
 }
 

@@ -4,7 +4,7 @@
 # installed here: CMake uses /usr/local/cuda when present and builds CPU-only otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
-      openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3)
+      openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -465,12 +465,12 @@ MaskEncoding SmallestMaskEncoding(const uint64_t* idx, size_t k, uint64_t n, uin
   return SmallestImpl(idx, k, n, bytes);
 }
 
-KernelStatus MaskEncode(MaskEncoding enc, const uint32_t* idx, size_t k, uint64_t n,
-                        uint8_t* buf, size_t capacity, size_t* written) {
+KernelStatus MaskEncode(MaskEncoding enc, const uint32_t* idx, size_t k, uint64_t n, uint8_t* buf,
+                        size_t capacity, size_t* written) {
   return EncodeImpl(enc, idx, k, n, buf, capacity, written);
 }
-KernelStatus MaskEncode(MaskEncoding enc, const uint64_t* idx, size_t k, uint64_t n,
-                        uint8_t* buf, size_t capacity, size_t* written) {
+KernelStatus MaskEncode(MaskEncoding enc, const uint64_t* idx, size_t k, uint64_t n, uint8_t* buf,
+                        size_t capacity, size_t* written) {
   return EncodeImpl(enc, idx, k, n, buf, capacity, written);
 }
 

@@ -97,10 +97,10 @@ MaskEncoding SmallestMaskEncoding(const uint64_t* idx, size_t k, uint64_t n, uin
 
 // Encodes; *written = the exact size. kBufferTooSmall if capacity is below it (nothing
 // written); kInvalidArgument: unknown encoding, null pointers, invalid mask.
-KernelStatus MaskEncode(MaskEncoding enc, const uint32_t* idx, size_t k, uint64_t n,
-                        uint8_t* buf, size_t capacity, size_t* written);
-KernelStatus MaskEncode(MaskEncoding enc, const uint64_t* idx, size_t k, uint64_t n,
-                        uint8_t* buf, size_t capacity, size_t* written);
+KernelStatus MaskEncode(MaskEncoding enc, const uint32_t* idx, size_t k, uint64_t n, uint8_t* buf,
+                        size_t capacity, size_t* written);
+KernelStatus MaskEncode(MaskEncoding enc, const uint64_t* idx, size_t k, uint64_t n, uint8_t* buf,
+                        size_t capacity, size_t* written);
 
 struct MaskHeader {
   MaskEncoding encoding;

@@ -14,8 +14,8 @@ namespace scape {
 namespace kernels {
 namespace {
 
-// Below this many elements a kernel runs on the calling thread.
-constexpr size_t kParallelGrain = size_t{1} << 20;
+// Elements per thread at least (below twice this a kernel runs on the calling thread).
+constexpr size_t kParallelGrain = size_t{1} << 18;
 
 struct StoreF32 {
   float* p;
@@ -69,8 +69,8 @@ bool ForMaskChunks(size_t n, const Index* mask, size_t k, int max_threads, Body 
       auto less = [](Index a, uint64_t v) { return static_cast<uint64_t>(a) < v; };
       jb = static_cast<size_t>(std::lower_bound(mask, mask + k, uint64_t{b}, less) - mask);
       je = e >= n ? k
-                  : static_cast<size_t>(
-                        std::lower_bound(mask + jb, mask + k, uint64_t{e}, less) - mask);
+                  : static_cast<size_t>(std::lower_bound(mask + jb, mask + k, uint64_t{e}, less) -
+                                        mask);
     }
     body(b, e, jb, je);
   });
@@ -248,8 +248,7 @@ double BlockedReduce(double* v, size_t count) {
 
 template <typename Index>
 KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
-                        const float* m, size_t n, float beta1, double* sq_norm,
-                        int max_threads) {
+                        const float* m, size_t n, float beta1, double* sq_norm, int max_threads) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   if (sq_norm == nullptr) return KernelStatus::kInvalidArgument;
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
@@ -278,6 +277,8 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
         const size_t lo = b * kSqNormBlock, hi = std::min(k, lo + kSqNormBlock);
         double acc = 0.0;
         for (size_t j = lo; j < hi; ++j) {
+          // m[mask[j]] is a gather: prefetch a few entries ahead.
+          if (j + 16 < k) __builtin_prefetch(m + mask[j + 16]);
           const double gh = static_cast<double>(RecoveredGrad(load(j), m[mask[j]], s));
           const double sq = gh * gh;
           acc = j == lo ? sq : acc + sq;
@@ -362,16 +363,14 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
   return KernelStatus::kOk;
 }
 
-KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
-                                   float beta1, const uint32_t* mask, size_t k,
-                                   scapeDataType_t payload_type, void* payload, float* c_out,
-                                   int max_threads) {
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
+                                   const uint32_t* mask, size_t k, scapeDataType_t payload_type,
+                                   void* payload, float* c_out, int max_threads) {
   return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
 }
-KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
-                                   float beta1, const uint64_t* mask, size_t k,
-                                   scapeDataType_t payload_type, void* payload, float* c_out,
-                                   int max_threads) {
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
+                                   const uint64_t* mask, size_t k, scapeDataType_t payload_type,
+                                   void* payload, float* c_out, int max_threads) {
   return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
 }
 

@@ -17,7 +17,7 @@
 //   is what lets every rank hold identical m and theta.
 // - n == 0 (and k == 0) are valid; pointers may then be null. Pointers of a non-empty range
 //   must be non-null (kInvalidArgument).
-// - max_threads: 0 = std::thread::hardware_concurrency(); inputs below ~1 Mi elements run on
+// - max_threads: 0 = std::thread::hardware_concurrency(); inputs below 512 Ki elements run on
 //   the calling thread. Nothing is allocated apart from thread stacks (and, for
 //   RecoveredGradSqNorm, ceil(k/256) doubles of partial sums).
 #ifndef SCAPE_KERNELS_CPU_SCAPE_STEP_H_
@@ -50,14 +50,12 @@ size_t PayloadElementSize(scapeDataType_t type);
 // Errors: kInvalidArgument (null pointer, k > n, mask not strictly increasing or >= n),
 // kUnsupported (payload type). Nothing is written on error.
 // ---------------------------------------------------------------------------------------------
-KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
-                                   float beta1, const uint32_t* mask, size_t k,
-                                   scapeDataType_t payload_type, void* payload, float* c_out,
-                                   int max_threads = 0);
-KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n,
-                                   float beta1, const uint64_t* mask, size_t k,
-                                   scapeDataType_t payload_type, void* payload, float* c_out,
-                                   int max_threads = 0);
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
+                                   const uint32_t* mask, size_t k, scapeDataType_t payload_type,
+                                   void* payload, float* c_out, int max_threads = 0);
+KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
+                                   const uint64_t* mask, size_t k, scapeDataType_t payload_type,
+                                   void* payload, float* c_out, int max_threads = 0);
 
 // ---------------------------------------------------------------------------------------------
 // 4. Unpack and AdamS update (fused).
@@ -74,8 +72,8 @@ struct AdamSParams {
   float lr = 3e-4f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;
-  float eps = 1e-8f;            // outside the square root
-  float weight_decay = 0.1f;    // decoupled: theta *= (1 - lr*wd) on every coordinate
+  float eps = 1e-8f;          // outside the square root
+  float weight_decay = 0.1f;  // decoupled: theta *= (1 - lr*wd) on every coordinate
   // Global-norm clipping: the recovered gradient is multiplied by clip_scale (the caller
   // computes min(1, max_norm / (sqrt(RecoveredGradSqNorm summed over all owners) + 1e-6))).
   float clip_scale = 1.0f;
@@ -92,15 +90,15 @@ struct AdamSParams {
 // The fp32 constants both implementations use, derived once on the host (in double, rounded to
 // fp32). Exposed so the CUDA wrapper and the tests use exactly the same bits.
 struct AdamSScalars {
-  float b1, omb1;         // beta1, 1 - beta1
-  float b2, omb2;         // beta2, 1 - beta2
+  float b1, omb1;  // beta1, 1 - beta1
+  float b2, omb2;  // beta2, 1 - beta2
   float eps, lr;
-  float decay;            // 1 - lr*wd
-  float clip;             // clip_scale
-  float mscale;           // multiplies m_t            (1 or 1/(1-b1^t))
-  float pscale;           // multiplies m_{t-1} in v   (1 or 1/(1-b1^t))
-  float vscale;           // multiplies v              (1 or 1/(1-b2^t))
-  int rebuild_momentum;   // clip_momentum && clip != 1
+  float decay;           // 1 - lr*wd
+  float clip;            // clip_scale
+  float mscale;          // multiplies m_t            (1 or 1/(1-b1^t))
+  float pscale;          // multiplies m_{t-1} in v   (1 or 1/(1-b1^t))
+  float vscale;          // multiplies v              (1 or 1/(1-b2^t))
+  int rebuild_momentum;  // clip_momentum && clip != 1
 };
 
 // kInvalidArgument: a non-finite parameter, beta1 or beta2 outside [0, 1), lr < 0, eps < 0,

@@ -29,18 +29,21 @@
 //   - if len <= sample_size the threshold is exact and k' == k;
 //   - k' < k only when fewer than k keys are >= T (T overestimated), k' > k only when more than
 //     k keys are > T (T underestimated); ties at T never inflate k';
-//   - for keys without heavy ties, k'/k is about 1 +- z*sqrt((1-p)/(p*s')) with p = k/len
-//     (binomial error of the sample quantile): with the default s' = 16384, about +-6% (1 sd)
-//     at p = 0.01 and +-2.3% at p = 0.1; 4x the samples halve it. Adversarial layouts (large
-//     values packed in a region much smaller than len/s') can make it arbitrarily wrong;
+//   - for keys without heavy ties, k'/k is about 1 +- sqrt((1-p)/(p*s')) (one standard
+//     deviation; the binomial error of a sample quantile) with p = k/len: with the default
+//     s' = 16384, about +-7.8% at p = 0.01 and +-2.3% at p = 0.1 (the tests check 5 sd); 4x the
+//     samples halve it. Adversarial layouts (large values packed in a region much smaller than
+//     len/s') can make it arbitrarily wrong;
 //   - k = 0 gives 0 and k = len gives every position, as in exact mode.
 //   The result is deterministic (it depends only on x and the arguments) and identical on CUDA.
-// Cost (CPU, exact): segments of >= 64 Ki elements: one sampling step, ONE pass over x that
-//   keeps the keys above a sampled upper bound and the candidates between two sampled bounds
-//   (multi-threaded), and an exact radix select among the candidates; if the sampled bracket
-//   misses (adversarial data, heavy ties) it falls back to radix select over x: three
-//   histogram passes (11+11+9 bits of the key) and a collection pass. Smaller segments use the
-//   radix select directly, several segments in parallel. No full sort anywhere.
+// Cost (CPU, exact): segments of >= 64 Ki elements with k <= len/8: a sample of whole cache
+//   lines (up to 32768 keys), ONE multi-threaded pass over x that keeps the positions above a
+//   sampled upper bound and the candidates between two sampled bounds (4 SSE2 compares per 16
+//   keys when nothing is kept), an exact radix select among the candidates (per-thread
+//   histograms) and a per-thread merge into the output. If the sampled bracket misses
+//   (adversarial data, heavy ties) or k > len/8: radix select over x (three histogram passes on
+//   11 + 11 + 9 bits of the key) and a collection pass. Smaller segments use the radix select
+//   directly, several segments in parallel. No sort anywhere.
 //   Sampled mode: sampling, a counting pass and a collection pass.
 // Threads: at most max_threads (0 = hardware_concurrency) std::threads per call.
 // Memory: a TopkWorkspace keeps the per-thread candidate buffers between calls (pass one to
@@ -49,7 +52,8 @@
 // Errors (nothing is written): kInvalidArgument (null pointer for a non-empty range, offsets or
 //   out_offsets not ascending, k[s] > len_s, uint32_t output with a position >= 2^32, sampled
 //   mode with sample_size not in [1, 2^20] or a position >= 2^43, unknown mode);
-//   kBufferTooSmall (exact mode and a capacity < k[s]); kOutOfMemory (workspace allocation).
+//   kBufferTooSmall (exact mode and a capacity < k[s]); kOutOfMemory (workspace allocation or
+//   thread failure; out may then be partly written).
 #ifndef SCAPE_KERNELS_CPU_TOPK_H_
 #define SCAPE_KERNELS_CPU_TOPK_H_
 
@@ -75,6 +79,10 @@ struct TopkOptions {
   TopkMode mode = TopkMode::kExact;
   uint32_t sample_size = 16384;  // sampled mode only
   int max_threads = 0;
+  // Segments at least this long are split across the threads one at a time; shorter ones are
+  // processed whole, one per thread, several at once (CPU only; the result does not depend on
+  // it).
+  uint64_t split_min = uint64_t{1} << 22;
 };
 
 // Reusable buffers for TopkAbs (opaque). Not thread-safe: one call at a time.

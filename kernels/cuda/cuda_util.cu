@@ -53,8 +53,7 @@ KernelStatus CopyToHost(void* dst, const void* d_src, size_t bytes) {
   return KernelStatus::kOk;
 }
 
-KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes,
-                                cudaStream_t stream) {
+KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return KernelStatus::kOk;
   SCAPE_CUDA_CALL(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, stream));
   return KernelStatus::kOk;

@@ -21,14 +21,14 @@ inline KernelStatus LaunchStatus() {
   return cudaGetLastError() == cudaSuccess ? KernelStatus::kOk : KernelStatus::kCudaError;
 }
 
-#define SCAPE_CUDA_LAUNCH_CHECK()                                    \
-  do {                                                               \
+#define SCAPE_CUDA_LAUNCH_CHECK()                                                     \
+  do {                                                                                \
     ::scape::kernels::KernelStatus _ls = ::scape::kernels::cuda::dev::LaunchStatus(); \
-    if (_ls != ::scape::kernels::KernelStatus::kOk) return _ls;      \
+    if (_ls != ::scape::kernels::KernelStatus::kOk) return _ls;                       \
   } while (0)
 
-#define SCAPE_CUDA_CALL(expr)                                                   \
-  do {                                                                          \
+#define SCAPE_CUDA_CALL(expr)                                                     \
+  do {                                                                            \
     if ((expr) != cudaSuccess) return ::scape::kernels::KernelStatus::kCudaError; \
   } while (0)
 

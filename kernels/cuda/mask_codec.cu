@@ -115,8 +115,8 @@ __global__ void EfHeaderKernel(uint64_t* buf, uint64_t n, uint64_t k, int l) {
 }
 
 template <typename Index>
-__global__ void EfEncodeKernel(const Index* idx, uint64_t k, int l, uint64_t* low,
-                               uint64_t* high, uint64_t high_bits) {
+__global__ void EfEncodeKernel(const Index* idx, uint64_t k, int l, uint64_t* low, uint64_t* high,
+                               uint64_t high_bits) {
   const uint64_t lmask = l == 0 ? 0 : (l >= 64 ? ~0ull : (1ull << l) - 1);
   for (uint64_t j = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; j < k;
        j += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
@@ -292,8 +292,7 @@ KernelStatus BitmapToIndicesImpl(const uint64_t* words, uint64_t n, Index* out, 
   if (sizeof(Index) == 4 && n > (uint64_t{1} << 32)) return KernelStatus::kInvalidArgument;
   if (nblocks >= (uint64_t{1} << 31)) return KernelStatus::kInvalidArgument;
   uint64_t* block_counts = static_cast<uint64_t*>(d_temp);
-  uint64_t* block_offsets =
-      reinterpret_cast<uint64_t*>(static_cast<char*>(d_temp) + counts_bytes);
+  uint64_t* block_offsets = reinterpret_cast<uint64_t*>(static_cast<char*>(d_temp) + counts_bytes);
   uint64_t* total = reinterpret_cast<uint64_t*>(static_cast<char*>(d_temp) + 2 * counts_bytes);
   SCAPE_CUDA_CALL(cudaMemsetAsync(status, 0, sizeof(uint32_t), stream));
   const unsigned grid = static_cast<unsigned>(nblocks);
@@ -303,8 +302,8 @@ KernelStatus BitmapToIndicesImpl(const uint64_t* words, uint64_t n, Index* out, 
   SCAPE_CUDA_LAUNCH_CHECK();
   BitmapCapacityKernel<<<1, 1, 0, stream>>>(total, capacity, count, status);
   SCAPE_CUDA_LAUNCH_CHECK();
-  BitmapExpandKernel<Index><<<grid, kThreads, 0, stream>>>(words, nwords, n, block_offsets, out,
-                                                           capacity, status);
+  BitmapExpandKernel<Index>
+      <<<grid, kThreads, 0, stream>>>(words, nwords, n, block_offsets, out, capacity, status);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -315,8 +314,7 @@ KernelStatus EfEncodeImpl(const Index* idx, size_t k, uint64_t n, uint8_t* buf, 
   if (written == nullptr || k > n) return KernelStatus::kInvalidArgument;
   const uint64_t size = EliasFanoEncodedBytes(n, k);
   if (size > capacity) return KernelStatus::kBufferTooSmall;
-  if (buf == nullptr || (reinterpret_cast<uintptr_t>(buf) & 7) != 0 ||
-      (k > 0 && idx == nullptr)) {
+  if (buf == nullptr || (reinterpret_cast<uintptr_t>(buf) & 7) != 0 || (k > 0 && idx == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
   const int l = EliasFanoLowBits(n, k);
@@ -363,7 +361,8 @@ KernelStatus EfDecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, 
   uint64_t* block_counts = reinterpret_cast<uint64_t*>(t);
   uint64_t* block_offsets = reinterpret_cast<uint64_t*>(t + counts_bytes);
   EfInfo* info = reinterpret_cast<EfInfo*>(t + 2 * counts_bytes);
-  uint64_t* total = reinterpret_cast<uint64_t*>(t + 2 * counts_bytes + dev::AlignUp(sizeof(EfInfo)));
+  uint64_t* total =
+      reinterpret_cast<uint64_t*>(t + 2 * counts_bytes + dev::AlignUp(sizeof(EfInfo)));
   const uint64_t* words = reinterpret_cast<const uint64_t*>(buf);
   EfDecodeHeaderKernel<<<1, 1, 0, stream>>>(words, size, expected_n, capacity, info, status);
   SCAPE_CUDA_LAUNCH_CHECK();
@@ -376,8 +375,8 @@ KernelStatus EfDecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, 
   SCAPE_CUDA_LAUNCH_CHECK();
   EfExpandKernel<Index><<<grid, kThreads, 0, stream>>>(words, info, block_offsets, out, status);
   SCAPE_CUDA_LAUNCH_CHECK();
-  EfMonotoneKernel<Index><<<dev::GridFor(capacity, kThreads, 65535), kThreads, 0, stream>>>(
-      out, info, status);
+  EfMonotoneKernel<Index>
+      <<<dev::GridFor(capacity, kThreads, 65535), kThreads, 0, stream>>>(out, info, status);
   SCAPE_CUDA_LAUNCH_CHECK();
   EfFinishKernel<<<1, 1, 0, stream>>>(info, status, count);
   SCAPE_CUDA_LAUNCH_CHECK();

@@ -47,8 +47,7 @@ KernelStatus DeviceFree(void* d_ptr);
 KernelStatus CopyToDevice(void* d_dst, const void* src, size_t bytes);
 KernelStatus CopyToHost(void* dst, const void* d_src, size_t bytes);
 // Stream-ordered device-to-device copy and memset.
-KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes,
-                                cudaStream_t stream);
+KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes, cudaStream_t stream);
 KernelStatus DeviceMemset(void* d_ptr, int value, size_t bytes, cudaStream_t stream);
 KernelStatus StreamSynchronize(cudaStream_t stream);
 // Timing with CUDA events: an opaque event handle.
@@ -83,12 +82,12 @@ KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payloa
 // Same contract and the same bits as RecoveredGradSqNorm; the result goes to *d_sq_norm
 // (device). Temp storage: about k/256 doubles.
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
-                                     const uint32_t* d_mask, size_t k, const float* d_m,
-                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     const uint32_t* d_mask, size_t k, const float* d_m, size_t n,
+                                     float beta1, double* d_sq_norm, void* d_temp,
                                      size_t* temp_bytes, cudaStream_t stream);
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
-                                     const uint64_t* d_mask, size_t k, const float* d_m,
-                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     const uint64_t* d_mask, size_t k, const float* d_m, size_t n,
+                                     float beta1, double* d_sq_norm, void* d_temp,
                                      size_t* temp_bytes, cudaStream_t stream);
 
 // ---- 2. top-k per segment (topk.h) -----------------------------------------------------------

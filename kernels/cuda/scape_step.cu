@@ -176,17 +176,23 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
   if (n == 0) return KernelStatus::kOk;
   const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
   const unsigned grid = dev::GridFor(n, kTile);
-#define SCAPE_CAND_LAUNCH(T, C)                                                           \
-  CandidateKernel<Index, T, C><<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, \
-                                                             k, payload, c_out)
+#define SCAPE_CAND_LAUNCH(T, C) \
+  CandidateKernel<Index, T, C>  \
+      <<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, k, payload, c_out)
   if (c_out) {
-    if (kind == 0) SCAPE_CAND_LAUNCH(0, true);
-    else if (kind == 1) SCAPE_CAND_LAUNCH(1, true);
-    else SCAPE_CAND_LAUNCH(2, true);
+    if (kind == 0)
+      SCAPE_CAND_LAUNCH(0, true);
+    else if (kind == 1)
+      SCAPE_CAND_LAUNCH(1, true);
+    else
+      SCAPE_CAND_LAUNCH(2, true);
   } else {
-    if (kind == 0) SCAPE_CAND_LAUNCH(0, false);
-    else if (kind == 1) SCAPE_CAND_LAUNCH(1, false);
-    else SCAPE_CAND_LAUNCH(2, false);
+    if (kind == 0)
+      SCAPE_CAND_LAUNCH(0, false);
+    else if (kind == 1)
+      SCAPE_CAND_LAUNCH(1, false);
+    else
+      SCAPE_CAND_LAUNCH(2, false);
   }
 #undef SCAPE_CAND_LAUNCH
   SCAPE_CUDA_LAUNCH_CHECK();
@@ -298,15 +304,15 @@ KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payloa
 }
 
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
-                                     const uint32_t* d_mask, size_t k, const float* d_m,
-                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     const uint32_t* d_mask, size_t k, const float* d_m, size_t n,
+                                     float beta1, double* d_sq_norm, void* d_temp,
                                      size_t* temp_bytes, cudaStream_t stream) {
   return SqNormImpl(d_payload, payload_type, d_mask, k, d_m, n, beta1, d_sq_norm, d_temp,
                     temp_bytes, stream);
 }
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,
-                                     const uint64_t* d_mask, size_t k, const float* d_m,
-                                     size_t n, float beta1, double* d_sq_norm, void* d_temp,
+                                     const uint64_t* d_mask, size_t k, const float* d_m, size_t n,
+                                     float beta1, double* d_sq_norm, void* d_temp,
                                      size_t* temp_bytes, cudaStream_t stream) {
   return SqNormImpl(d_payload, payload_type, d_mask, k, d_m, n, beta1, d_sq_norm, d_temp,
                     temp_bytes, stream);

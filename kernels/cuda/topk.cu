@@ -60,10 +60,20 @@ struct TempLayout {
 };
 
 TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
-  const size_t sizes[14] = {
-      (nseg + 1) * 8, nseg * 8, nseg * 8, nseg * 8, nseg * 4, nseg * 4, nseg * 4, nseg * 4,
-      exact ? nseg * topk::kMaxBins * 4 : 0, max_tiles * 4, max_tiles * 4, max_tiles * 8,
-      max_tiles * 8, 4};
+  const size_t sizes[14] = {(nseg + 1) * 8,
+                            nseg * 8,
+                            nseg * 8,
+                            nseg * 8,
+                            nseg * 4,
+                            nseg * 4,
+                            nseg * 4,
+                            nseg * 4,
+                            exact ? nseg * topk::kMaxBins * 4 : 0,
+                            max_tiles * 4,
+                            max_tiles * 4,
+                            max_tiles * 8,
+                            max_tiles * 8,
+                            4};
   TempLayout L;
   size_t o = 0;
   for (int i = 0; i < 14; ++i) {
@@ -356,8 +366,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename Index>
 __global__ void __launch_bounds__(kThreads)
-    WriteKernel(const float* x, const uint64_t* offsets, const uint64_t* out_offsets,
-                uint64_t nseg, TopkTemp tt, Index* out) {
+    WriteKernel(const float* x, const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
+                TopkTemp tt, Index* out) {
   __shared__ uint32_t ws[32];
   if (*tt.error) return;
   const uint64_t ntiles = tt.tile_begin[nseg];
@@ -453,8 +463,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   SCAPE_CUDA_LAUNCH_CHECK();
   ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
   SCAPE_CUDA_LAUNCH_CHECK();
-  WriteKernel<Index><<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg,
-                                                         tt, out);
+  WriteKernel<Index>
+      <<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }

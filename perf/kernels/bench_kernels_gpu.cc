@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   kc::DeviceMemset(payload.p, 0, k * 4, nullptr);
   kc::StreamSynchronize(nullptr);
 
-  const double copy_ms = TimeMs(iters, [&] { return kc::CopyDeviceToDevice(d.p, a.p, n * 4, nullptr); });
+  const double copy_ms =
+      TimeMs(iters, [&] { return kc::CopyDeviceToDevice(d.p, a.p, n * 4, nullptr); });
   const double copy_bw = 2.0 * n * 4 / (copy_ms * 1e-3);  // bytes/s, read + write
 
   struct Row {
@@ -106,25 +107,30 @@ int main(int argc, char** argv) {
   rows.push_back({"cudaMemcpy D2D (limit)", copy_ms, 2.0 * n * 4});
 
   rows.push_back({"candidate+pack+residual fp32",
-                  TimeMs(iters, [&] {
-                    return kc::CandidatePackResidualCuda(a.as<float>(), b.as<float>(), c.as<float>(), n,
-                                                         0.9f, dmask.as<uint32_t>(), k, scapeFloat32,
-                                                         payload.p, nullptr, nullptr);
-                  }),
+                  TimeMs(iters,
+                         [&] {
+                           return kc::CandidatePackResidualCuda(
+                               a.as<float>(), b.as<float>(), c.as<float>(), n, 0.9f,
+                               dmask.as<uint32_t>(), k, scapeFloat32, payload.p, nullptr, nullptr);
+                         }),
                   16.0 * n + 8.0 * k});
   rows.push_back({"candidate+pack+residual bf16 +c",
-                  TimeMs(iters, [&] {
-                    return kc::CandidatePackResidualCuda(a.as<float>(), b.as<float>(), c.as<float>(), n,
-                                                         0.9f, dmask.as<uint32_t>(), k, scapeBfloat16,
-                                                         payload.p, d.as<float>(), nullptr);
-                  }),
+                  TimeMs(iters,
+                         [&] {
+                           return kc::CandidatePackResidualCuda(
+                               a.as<float>(), b.as<float>(), c.as<float>(), n, 0.9f,
+                               dmask.as<uint32_t>(), k, scapeBfloat16, payload.p, d.as<float>(),
+                               nullptr);
+                         }),
                   20.0 * n + 6.0 * k});
   AdamSParams p;
   rows.push_back({"unpack+AdamS update fp32",
-                  TimeMs(iters, [&] {
-                    return kc::UnpackAdamSUpdateCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(), k,
-                                                     d.as<float>(), c.as<float>(), n, p, nullptr);
-                  }),
+                  TimeMs(iters,
+                         [&] {
+                           return kc::UnpackAdamSUpdateCuda(payload.p, scapeFloat32,
+                                                            dmask.as<uint32_t>(), k, d.as<float>(),
+                                                            c.as<float>(), n, p, nullptr);
+                         }),
                   12.0 * n + 12.0 * k});
   {
     size_t tb = 0;
@@ -132,11 +138,12 @@ int main(int argc, char** argv) {
                                 0.9f, sq.as<double>(), nullptr, &tb, nullptr);
     Dev temp(tb);
     rows.push_back({"recovered-gradient sq norm",
-                    TimeMs(iters, [&] {
-                      return kc::RecoveredGradSqNormCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(),
-                                                         k, c.as<float>(), n, 0.9f, sq.as<double>(),
-                                                         temp.p, &tb, nullptr);
-                    }),
+                    TimeMs(iters,
+                           [&] {
+                             return kc::RecoveredGradSqNormCuda(
+                                 payload.p, scapeFloat32, dmask.as<uint32_t>(), k, c.as<float>(), n,
+                                 0.9f, sq.as<double>(), temp.p, &tb, nullptr);
+                           }),
                     12.0 * k});
   }
   // Top-k: one segment, and 1024 equal segments; exact and sampled.
@@ -179,41 +186,46 @@ int main(int argc, char** argv) {
     const uint64_t nw = BitmapWords(n);
     Dev words(nw * 8), out(k * 4 + 4), cnt(8), st(4);
     rows.push_back({"indices -> bitmap",
-                    TimeMs(iters, [&] {
-                      return kc::IndicesToBitmapCuda(dmask.as<uint32_t>(), k, n, words.as<uint64_t>(),
-                                                     nullptr);
-                    }),
+                    TimeMs(iters,
+                           [&] {
+                             return kc::IndicesToBitmapCuda(dmask.as<uint32_t>(), k, n,
+                                                            words.as<uint64_t>(), nullptr);
+                           }),
                     4.0 * k + 8.0 * nw});
     size_t tb = 0;
     kc::BitmapToIndicesCuda(words.as<uint64_t>(), n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
                             st.as<uint32_t>(), nullptr, &tb, nullptr);
     Dev temp(tb);
     rows.push_back({"bitmap -> indices",
-                    TimeMs(iters, [&] {
-                      return kc::BitmapToIndicesCuda(words.as<uint64_t>(), n, out.as<uint32_t>(), k,
-                                                     cnt.as<uint64_t>(), st.as<uint32_t>(), temp.p,
-                                                     &tb, nullptr);
-                    }),
+                    TimeMs(iters,
+                           [&] {
+                             return kc::BitmapToIndicesCuda(
+                                 words.as<uint64_t>(), n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
+                                 st.as<uint32_t>(), temp.p, &tb, nullptr);
+                           }),
                     4.0 * k + 8.0 * nw});
     const uint64_t ef = EliasFanoEncodedBytes(n, k);
     Dev buf(ef);
     size_t written = 0;
     rows.push_back({"Elias-Fano encode",
-                    TimeMs(iters, [&] {
-                      return kc::EliasFanoEncodeCuda(dmask.as<uint32_t>(), k, n, buf.as<uint8_t>(), ef,
-                                                     &written, nullptr);
-                    }),
+                    TimeMs(iters,
+                           [&] {
+                             return kc::EliasFanoEncodeCuda(dmask.as<uint32_t>(), k, n,
+                                                            buf.as<uint8_t>(), ef, &written,
+                                                            nullptr);
+                           }),
                     4.0 * k + ef});
     size_t tb2 = 0;
     kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
                             st.as<uint32_t>(), nullptr, &tb2, nullptr);
     Dev temp2(tb2);
     rows.push_back({"Elias-Fano decode (validating)",
-                    TimeMs(iters, [&] {
-                      return kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k,
-                                                     cnt.as<uint64_t>(), st.as<uint32_t>(), temp2.p,
-                                                     &tb2, nullptr);
-                    }),
+                    TimeMs(iters,
+                           [&] {
+                             return kc::EliasFanoDecodeCuda(
+                                 buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k,
+                                 cnt.as<uint64_t>(), st.as<uint32_t>(), temp2.p, &tb2, nullptr);
+                           }),
                     4.0 * k + ef});
     uint32_t status = 1;
     kc::CopyToHost(&status, st.p, 4);

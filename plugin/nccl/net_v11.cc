@@ -268,7 +268,9 @@ ncclResult_t Connect(void* ctx, int dev, void* handle, void** sendComm,
     ucxnet::SendComm* sc = nullptr;
     Status st = ucxnet::Connect(pc->net, dev, d.route, handle, &sc);
     if (!st.ok()) return st.Prepend(StrFormat("device %d (%s)", dev, d.name.c_str()));
-    if (sc) NET_INFO(NCCL_NET, "connected on device %d (%s)", dev, d.name.c_str());
+    if (sc)
+      NET_INFO(NCCL_NET, "connected on device %d (%s) %s", dev, d.name.c_str(),
+               ucxnet::CommInfo(sc).c_str());
     *sendComm = sc;
     return Status::Ok();
   });
@@ -286,7 +288,7 @@ ncclResult_t Accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v11_t
     SCAPE_RETURN_IF_ERROR(ucxnet::Accept(lc, &rc, &note));
     if (!note.empty())
       NET_WARN("accept: dropped an incoming connection (still listening): %s", note.c_str());
-    if (rc) NET_INFO(NCCL_NET, "accepted a connection");
+    if (rc) NET_INFO(NCCL_NET, "accepted a connection %s", ucxnet::CommInfo(rc).c_str());
     *recvComm = rc;
     return Status::Ok();
   });

@@ -86,7 +86,10 @@ bool ParseFatbin(Bytes s, std::vector<Entry>* out, std::string* err) {
 
 // Finds the .nv_fatbin section of an ELF64 little-endian image. Returns false if absent.
 bool FindFatbinSection(Bytes elf, Bytes* sec, std::string* err) {
-  if (!elf.Has(0, 64) || std::memcmp(elf.p, "\x7f" "ELF", 4) != 0) {
+  if (!elf.Has(0, 64) || std::memcmp(elf.p,
+                                     "\x7f"
+                                     "ELF",
+                                     4) != 0) {
     *err = "not an ELF file";
     return false;
   }
@@ -216,7 +219,8 @@ int main(int argc, char** argv) {
   }
   std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::set<uint32_t> want;
-  for (int i = 2; i < argc; ++i) want.insert(static_cast<uint32_t>(std::strtoul(argv[i], nullptr, 10)));
+  for (int i = 2; i < argc; ++i)
+    want.insert(static_cast<uint32_t>(std::strtoul(argv[i], nullptr, 10)));
   Bytes all{data.data(), data.size()};
   if (data.size() >= 8 && std::memcmp(data.data(), "!<arch>\n", 8) == 0) {
     CheckArchive(all, want);

@@ -43,10 +43,10 @@ inline std::vector<float> RandomNormal(std::mt19937_64& rng, size_t n, float sca
 }  // namespace scape
 
 // Every test body that uses random data starts with this: the seed shows up in every failure.
-#define SCAPE_SEEDED_RNG(rng)                                                             \
-  const uint64_t scape_seed_ = ::scape::kernels::testing_util::FreshSeed();               \
-  SCOPED_TRACE(::testing::Message() << "seed " << scape_seed_                             \
-                                    << " (replay: SCAPE_TEST_SEED=" << scape_seed_ << ")"); \
+#define SCAPE_SEEDED_RNG(rng)                                                                    \
+  const uint64_t scape_seed_ = ::scape::kernels::testing_util::FreshSeed();                      \
+  SCOPED_TRACE(::testing::Message()                                                              \
+               << "seed " << scape_seed_ << " (replay: SCAPE_TEST_SEED=" << scape_seed_ << ")"); \
   std::mt19937_64 rng(scape_seed_)
 
 #endif  // SCAPE_TESTS_KERNELS_KERNEL_TEST_UTIL_H_

@@ -22,9 +22,9 @@ namespace kc = ::scape::kernels::cuda;
 using testing_util::RandomMask;
 using testing_util::RandomNormal;
 
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
-    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";   \
+#define SKIP_WITHOUT_GPU()                                        \
+  do {                                                            \
+    if (kc::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), KernelStatus::kOk) << #expr << ": " << kc::LastCudaError()
@@ -65,7 +65,8 @@ class DevBuf {
 
 template <typename T>
 bool SameBytes(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 const size_t kSizes[] = {0, 1, 3, 4095, 4096, 4097, 100003, (size_t{1} << 22) + 5};
@@ -84,16 +85,15 @@ void CandidateCase(std::mt19937_64& rng, size_t n, double density, scapeDataType
   std::vector<float> e_cpu = e, g_cpu = g, c_cpu(n);
   std::vector<uint8_t> p_cpu(k * esz);
   float* c_out_cpu = c_mode == 0 ? nullptr : (c_mode == 1 ? c_cpu.data() : g_cpu.data());
-  ASSERT_EQ(CandidatePackResidual(m.data(), g_cpu.data(), e_cpu.data(), n, b1, mask.data(), k,
-                                  type, p_cpu.data(), c_out_cpu),
+  ASSERT_EQ(CandidatePackResidual(m.data(), g_cpu.data(), e_cpu.data(), n, b1, mask.data(), k, type,
+                                  p_cpu.data(), c_out_cpu),
             KernelStatus::kOk);
   // GPU.
   DevBuf dm(m), dg(g), de(e), dmask(mask), dp(k * esz), dc(n * sizeof(float));
   ASSERT_TRUE(dm.ok() && dg.ok() && de.ok() && dmask.ok() && dp.ok() && dc.ok());
   float* c_out_gpu = c_mode == 0 ? nullptr : (c_mode == 1 ? dc.get<float>() : dg.get<float>());
   CUDA_OK(kc::CandidatePackResidualCuda(dm.get<float>(), dg.get<float>(), de.get<float>(), n, b1,
-                                        dmask.get<Index>(), k, type, dp.get(), c_out_gpu,
-                                        nullptr));
+                                        dmask.get<Index>(), k, type, dp.get(), c_out_gpu, nullptr));
   CUDA_OK(kc::StreamSynchronize(nullptr));
   EXPECT_TRUE(SameBytes(de.Read<float>(n), e_cpu)) << "residual differs";
   EXPECT_TRUE(SameBytes(dp.Read<uint8_t>(k * esz), p_cpu)) << "payload differs";
@@ -118,9 +118,9 @@ TEST(CudaCandidatePackResidual, MatchesCpu) {
 template <typename Index>
 void UpdateCase(std::mt19937_64& rng, size_t n, double density, scapeDataType_t type,
                 const AdamSParams& p) {
-  SCOPED_TRACE(::testing::Message() << "n=" << n << " density=" << density << " type=" << type
-                                    << " bias=" << static_cast<int>(p.bias_correction)
-                                    << " clip=" << p.clip_scale);
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " density=" << density << " type=" << type
+               << " bias=" << static_cast<int>(p.bias_correction) << " clip=" << p.clip_scale);
   std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
   std::vector<Index> mask = RandomMask<Index>(rng, n, density);
   const size_t k = mask.size(), esz = PayloadElementSize(type);
@@ -135,13 +135,13 @@ void UpdateCase(std::mt19937_64& rng, size_t n, double density, scapeDataType_t 
     }
   }
   double sq_cpu = 0;
-  ASSERT_EQ(RecoveredGradSqNorm(payload.data(), type, mask.data(), k, m.data(), n, p.beta1,
-                                &sq_cpu),
-            KernelStatus::kOk);
+  ASSERT_EQ(
+      RecoveredGradSqNorm(payload.data(), type, mask.data(), k, m.data(), n, p.beta1, &sq_cpu),
+      KernelStatus::kOk);
   std::vector<float> theta_cpu = theta, m_cpu = m;
-  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta_cpu.data(),
-                              m_cpu.data(), n, p),
-            KernelStatus::kOk);
+  ASSERT_EQ(
+      UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta_cpu.data(), m_cpu.data(), n, p),
+      KernelStatus::kOk);
 
   DevBuf dtheta(theta), dm(m), dmask(mask), dp(payload), dsq(sizeof(double));
   size_t temp_bytes = 0;
@@ -194,8 +194,8 @@ void TopkCase(const std::vector<float>& x, const std::vector<uint64_t>& offsets,
   std::vector<Index> out_cpu(out_offsets.back() + 1, 0);
   std::vector<uint64_t> counts_cpu(nseg);
   ASSERT_EQ(TopkAbs(x.data(), sg, opt, out_cpu.data(), counts_cpu.data()), KernelStatus::kOk);
-  DevBuf dx(x), doff(offsets), dk(k), doo(out_offsets), dout((out_offsets.back() + 1) * sizeof(Index)),
-      dcounts(nseg * sizeof(uint64_t));
+  DevBuf dx(x), doff(offsets), dk(k), doo(out_offsets),
+      dout((out_offsets.back() + 1) * sizeof(Index)), dcounts(nseg * sizeof(uint64_t));
   CUDA_OK(kc::DeviceMemset(dout.get(), 0, (out_offsets.back() + 1) * sizeof(Index), nullptr));
   kc::TopkCudaSegments cs;
   cs.d_offsets = doff.get<uint64_t>();
@@ -249,8 +249,8 @@ TEST(CudaTopk, ExactAndSampledMatchCpu) {
   for (const auto& lens : layouts) {
     for (int dist : {0, 1, 2}) {
       for (double density : {0.001, 0.01, 0.3, 1.0}) {
-        SCOPED_TRACE(::testing::Message() << "segments " << lens.size() << " dist " << dist
-                                          << " density " << density);
+        SCOPED_TRACE(::testing::Message()
+                     << "segments " << lens.size() << " dist " << dist << " density " << density);
         std::vector<uint64_t> off = {11};
         for (uint64_t l : lens) off.push_back(off.back() + l);
         std::vector<float> x = TopkData(rng, off.back(), dist);
@@ -330,8 +330,8 @@ void CodecCase(std::mt19937_64& rng, uint64_t n, double density) {
                                   nullptr));
   DevBuf dtemp(tb);
   CUDA_OK(kc::BitmapToIndicesCuda(dwords.get<uint64_t>(), n, dout.get<Index>(), k,
-                                  dcount.get<uint64_t>(), dstatus.get<uint32_t>(), dtemp.get(),
-                                  &tb, nullptr));
+                                  dcount.get<uint64_t>(), dstatus.get<uint32_t>(), dtemp.get(), &tb,
+                                  nullptr));
   CUDA_OK(kc::StreamSynchronize(nullptr));
   EXPECT_EQ(dstatus.Read<uint32_t>(1)[0], 0u);
   EXPECT_EQ(dcount.Read<uint64_t>(1)[0], k);
@@ -342,13 +342,13 @@ void CodecCase(std::mt19937_64& rng, uint64_t n, double density) {
             KernelStatus::kOk);
   std::vector<uint8_t> ef_cpu(ef_size);
   size_t written = 0;
-  ASSERT_EQ(MaskEncode(MaskEncoding::kEliasFano, idx.data(), k, n, ef_cpu.data(), ef_size,
-                       &written),
-            KernelStatus::kOk);
+  ASSERT_EQ(
+      MaskEncode(MaskEncoding::kEliasFano, idx.data(), k, n, ef_cpu.data(), ef_size, &written),
+      KernelStatus::kOk);
   DevBuf dbuf(ef_size);
   size_t gw = 0;
-  CUDA_OK(kc::EliasFanoEncodeCuda(didx.get<Index>(), k, n, dbuf.get<uint8_t>(), ef_size, &gw,
-                                  nullptr));
+  CUDA_OK(
+      kc::EliasFanoEncodeCuda(didx.get<Index>(), k, n, dbuf.get<uint8_t>(), ef_size, &gw, nullptr));
   CUDA_OK(kc::StreamSynchronize(nullptr));
   EXPECT_EQ(gw, ef_size);
   ASSERT_EQ(dbuf.Read<uint8_t>(ef_size), ef_cpu);
@@ -364,9 +364,9 @@ uint32_t GpuEfDecode(const std::vector<uint8_t>& enc, uint64_t n, size_t capacit
   kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
                           dcount.get<uint64_t>(), dstatus.get<uint32_t>(), nullptr, &tb, nullptr);
   DevBuf dtemp(tb);
-  EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(),
-                                    capacity, dcount.get<uint64_t>(), dstatus.get<uint32_t>(),
-                                    dtemp.get(), &tb, nullptr),
+  EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
+                                    dcount.get<uint64_t>(), dstatus.get<uint32_t>(), dtemp.get(),
+                                    &tb, nullptr),
             KernelStatus::kOk);
   kc::StreamSynchronize(nullptr);
   const uint32_t st = dstatus.Read<uint32_t>(1)[0];
@@ -396,9 +396,9 @@ TEST(CudaMaskCodec, EliasFanoDecodeValidatesLikeCpu) {
                 KernelStatus::kOk);
       std::vector<uint8_t> good(size);
       size_t w;
-      ASSERT_EQ(MaskEncode(MaskEncoding::kEliasFano, idx.data(), idx.size(), n, good.data(),
-                           size, &w),
-                KernelStatus::kOk);
+      ASSERT_EQ(
+          MaskEncode(MaskEncoding::kEliasFano, idx.data(), idx.size(), n, good.data(), size, &w),
+          KernelStatus::kOk);
       std::vector<uint32_t> dec;
       ASSERT_EQ(GpuEfDecode(good, n, idx.size(), &dec), 0u);
       EXPECT_EQ(dec, idx);

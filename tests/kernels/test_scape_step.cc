@@ -18,7 +18,7 @@ using testing_util::RandomMask;
 using testing_util::RandomNormal;
 
 const size_t kSizes[] = {0, 1, 2, 3, 17, 1000, 4099};
-const size_t kLarge = (size_t{1} << 21) + 13;  // above the multi-thread threshold
+const size_t kLarge = (size_t{1} << 19) + 13;  // split across 2 threads
 const double kDensities[] = {0.0, 0.01, 0.3, 1.0};
 
 float Decode(const void* payload, scapeDataType_t t, size_t j) {
@@ -117,8 +117,8 @@ TEST(CandidatePackResidual, RejectsBadArguments) {
   const uint32_t range[] = {2, 10};
   for (const uint32_t* bad : {unsorted, dup, range}) {
     std::vector<float> e0 = e;
-    EXPECT_EQ(CandidatePackResidual(m.data(), g.data(), e0.data(), 10, 0.9f, bad, 2,
-                                    scapeFloat32, payload.data(), nullptr),
+    EXPECT_EQ(CandidatePackResidual(m.data(), g.data(), e0.data(), 10, 0.9f, bad, 2, scapeFloat32,
+                                    payload.data(), nullptr),
               KernelStatus::kInvalidArgument);
     EXPECT_EQ(e0, e) << "nothing may be written on error";
   }
@@ -133,8 +133,8 @@ TEST(CandidatePackResidual, RejectsBadArguments) {
                                   nullptr, nullptr),
             KernelStatus::kInvalidArgument);
   EXPECT_EQ(CandidatePackResidual(nullptr, nullptr, nullptr, 0, 0.9f,
-                                  static_cast<const uint32_t*>(nullptr), 0, scapeFloat32,
-                                  nullptr, nullptr),
+                                  static_cast<const uint32_t*>(nullptr), 0, scapeFloat32, nullptr,
+                                  nullptr),
             KernelStatus::kOk);
 }
 
@@ -168,8 +168,7 @@ RefState ReferenceUpdate(const std::vector<float>& payload_f, const std::vector<
     const size_t i = mask[j];
     const double mt = payload_f[j], mp = m[i];
     const double g = (mt - b1 * mp) / (1.0 - b1) * p.clip_scale;
-    const double mn =
-        (p.clip_momentum && p.clip_scale != 1.0f) ? b1 * mp + (1.0 - b1) * g : mt;
+    const double mn = (p.clip_momentum && p.clip_scale != 1.0f) ? b1 * mp + (1.0 - b1) * g : mt;
     const double v = b2 * (mp * pscale) * (mp * pscale) + (1.0 - b2) * g * g;
     r.theta[i] -= lr * mn * mscale / (std::sqrt(v * vscale) + eps);
     r.m[i] = mn;
@@ -180,9 +179,9 @@ RefState ReferenceUpdate(const std::vector<float>& payload_f, const std::vector<
 template <typename Index>
 void CheckUpdate(size_t n, double density, scapeDataType_t type, const AdamSParams& p) {
   SCAPE_SEEDED_RNG(rng);
-  SCOPED_TRACE(::testing::Message() << "n=" << n << " density=" << density << " type=" << type
-                                    << " bias=" << static_cast<int>(p.bias_correction)
-                                    << " clip=" << p.clip_scale);
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " density=" << density << " type=" << type
+               << " bias=" << static_cast<int>(p.bias_correction) << " clip=" << p.clip_scale);
   std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
   std::vector<Index> mask = RandomMask<Index>(rng, n, density);
   const size_t k = mask.size();
@@ -212,15 +211,14 @@ void CheckUpdate(size_t n, double density, scapeDataType_t type, const AdamSPara
   }
   EXPECT_NEAR(sq, sq_ref, 1e-6 * sq_abs + 1e-300);
   double sq1 = -1;
-  ASSERT_EQ(RecoveredGradSqNorm(payload.data(), type, mask.data(), k, m.data(), n, p.beta1, &sq1,
-                                1),
-            KernelStatus::kOk);
+  ASSERT_EQ(
+      RecoveredGradSqNorm(payload.data(), type, mask.data(), k, m.data(), n, p.beta1, &sq1, 1),
+      KernelStatus::kOk);
   EXPECT_EQ(std::memcmp(&sq, &sq1, sizeof sq), 0) << "thread count changed the bits";
 
   RefState ref = ReferenceUpdate(pf, mask, theta, m, p);
   std::vector<float> theta1 = theta, m1 = m;
-  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta1.data(), m1.data(), n,
-                              p),
+  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta1.data(), m1.data(), n, p),
             KernelStatus::kOk);
   std::vector<char> in_mask(n, 0);
   for (Index i : mask) in_mask[i] = 1;
@@ -243,9 +241,9 @@ void CheckUpdate(size_t n, double density, scapeDataType_t type, const AdamSPara
   }
   // Bits independent of the thread count.
   std::vector<float> theta2 = theta, m2 = m;
-  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta2.data(), m2.data(), n,
-                              p, 1),
-            KernelStatus::kOk);
+  ASSERT_EQ(
+      UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta2.data(), m2.data(), n, p, 1),
+      KernelStatus::kOk);
   EXPECT_TRUE(SameBits(theta1, theta2));
   EXPECT_TRUE(SameBits(m1, m2));
 }
@@ -290,29 +288,29 @@ TEST(UnpackAdamSUpdate, RejectsBadArguments) {
   AdamSParams p;
   AdamSParams bad = p;
   bad.beta1 = 1.0f;
-  EXPECT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8,
-                              bad),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(
+      UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8, bad),
+      KernelStatus::kInvalidArgument);
   bad = p;
   bad.lr = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8,
-                              bad),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(
+      UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8, bad),
+      KernelStatus::kInvalidArgument);
   bad = p;
   bad.bias_correction = BiasCorrection::kScapeArtifact;
   bad.step = 0;
-  EXPECT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8,
-                              bad),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(
+      UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8, bad),
+      KernelStatus::kInvalidArgument);
   bad = p;
   bad.clip_scale = 0.0f;
-  EXPECT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8,
-                              bad),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(
+      UnpackAdamSUpdate(payload.data(), scapeFloat32, mask, 2, theta.data(), m.data(), 8, bad),
+      KernelStatus::kInvalidArgument);
   const uint32_t unsorted[] = {5, 1};
-  EXPECT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, unsorted, 2, theta.data(), m.data(),
-                              8, p),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(
+      UnpackAdamSUpdate(payload.data(), scapeFloat32, unsorted, 2, theta.data(), m.data(), 8, p),
+      KernelStatus::kInvalidArgument);
   EXPECT_EQ(theta, std::vector<float>(8, 1.0f));
   EXPECT_EQ(m, std::vector<float>(8, 1.0f));
   double sq;
@@ -352,8 +350,7 @@ TEST(RecoveredGradSqNorm, BlockedOrderIsExact) {
     level.swap(next);
   }
   double sq = 0;
-  ASSERT_EQ(RecoveredGradSqNorm(payload.data(), scapeFloat32, mask.data(), n, m.data(), n, b1,
-                                &sq),
+  ASSERT_EQ(RecoveredGradSqNorm(payload.data(), scapeFloat32, mask.data(), n, m.data(), n, b1, &sq),
             KernelStatus::kOk);
   EXPECT_EQ(std::memcmp(&sq, &level[0], sizeof sq), 0) << sq << " vs " << level[0];
 }

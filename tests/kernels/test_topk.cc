@@ -59,7 +59,9 @@ std::vector<float> MakeData(std::mt19937_64& rng, size_t n, Dist d) {
       const float sp[] = {std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
                           std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::denorm_min(), 0.0f, -0.0f,
+                          std::numeric_limits<float>::denorm_min(),
+                          0.0f,
+                          -0.0f,
                           std::numeric_limits<float>::max()};
       for (size_t i = 0; i < n / 50 + 1 && n > 0; ++i) x[rng() % n] = sp[rng() % 7];
       return x;
@@ -101,7 +103,8 @@ std::vector<std::vector<uint64_t>> ReferenceAll(const std::vector<float>& x, con
 template <typename Index>
 void CheckExact(const std::vector<float>& x, const Layout& L, int threads,
                 TopkWorkspace* ws = nullptr,
-                const std::vector<std::vector<uint64_t>>* reference = nullptr) {
+                const std::vector<std::vector<uint64_t>>* reference = nullptr,
+                uint64_t split_min = TopkOptions{}.split_min) {
   const size_t nseg = L.k.size();
   std::vector<std::vector<uint64_t>> own;
   if (reference == nullptr) {
@@ -111,13 +114,14 @@ void CheckExact(const std::vector<float>& x, const Layout& L, int threads,
   TopkSegments sg{L.offsets.data(), L.k.data(), L.out_offsets.data(), nseg};
   TopkOptions opt;
   opt.max_threads = threads;
+  opt.split_min = split_min;
   std::vector<Index> out(L.out_offsets.back() + 1, static_cast<Index>(0xdeadbeef));
   std::vector<uint64_t> counts(nseg, 12345);
   ASSERT_EQ(TopkAbs(x.data(), sg, opt, out.data(), counts.data(), ws), KernelStatus::kOk);
   for (size_t s = 0; s < nseg; ++s) {
     const uint64_t len = L.offsets[s + 1] - L.offsets[s];
-    SCOPED_TRACE(::testing::Message() << "segment " << s << " len " << len << " k " << L.k[s]
-                                      << " threads " << threads);
+    SCOPED_TRACE(::testing::Message()
+                 << "segment " << s << " len " << len << " k " << L.k[s] << " threads " << threads);
     ASSERT_EQ(counts[s], L.k[s]);
     std::vector<uint64_t> got(out.begin() + L.out_offsets[s],
                               out.begin() + L.out_offsets[s] + L.k[s]);
@@ -156,12 +160,12 @@ TEST(TopkExact, ExplicitKZeroAndFull) {
 TEST(TopkExact, MidSizeSegmentsUseTheBracket) {
   // 64 Ki .. 1 Mi: one thread per segment, sampled bracket plus exact resolution.
   SCAPE_SEEDED_RNG(rng);
-  const std::vector<uint64_t> lens = {65536, 65537, 200001, 131071};
+  const std::vector<uint64_t> lens = {65536, 65537, 100003, 131071};
   TopkWorkspace ws;
   for (Dist d : {Dist::kNormal, Dist::kSkewed, Dist::kFewValues}) {
     for (double density : {0.001, 0.01, 0.25}) {
-      SCOPED_TRACE(::testing::Message() << "dist " << static_cast<int>(d) << " density "
-                                        << density);
+      SCOPED_TRACE(::testing::Message()
+                   << "dist " << static_cast<int>(d) << " density " << density);
       Layout L = MakeLayout(lens, 0, density);
       std::vector<float> x = MakeData(rng, L.offsets.back(), d);
       CheckExact<uint32_t>(x, L, 0, &ws);
@@ -170,22 +174,24 @@ TEST(TopkExact, MidSizeSegmentsUseTheBracket) {
 }
 
 TEST(TopkExact, LargeSegmentMultiThreaded) {
-  // >= 1 Mi: split across threads; normal data (bracket hit), heavy ties (bracket miss ->
-  // parallel radix select) and NaN/inf. Thread counts 1, 2, and 3 (more than this machine
-  // may have: clamped) must agree.
+  // Segments split across threads (split_min lowered to 256 Ki to keep the test small): normal
+  // data (bracket hit), heavy ties (bracket miss -> parallel radix select) and NaN/inf. Thread
+  // counts 1 and 3 (clamped to the machine's) must agree; so must the default split (each
+  // segment whole on one thread, two segments at once).
   SCAPE_SEEDED_RNG(rng);
-  const std::vector<uint64_t> lens = {(1u << 20) + 3, 1u << 21};
+  const std::vector<uint64_t> lens = {(1u << 19) + 3, 1u << 19};
   TopkWorkspace ws;
   for (Dist d : {Dist::kNormal, Dist::kFewValues, Dist::kSpecials, Dist::kAllEqual}) {
     // 0.3 with kFewValues puts the threshold on a tie value below other keys, so the tie quota
     // must be split correctly between the threads' chunks.
     for (double density : {0.01, 0.3}) {
-      SCOPED_TRACE(::testing::Message() << "dist " << static_cast<int>(d) << " density "
-                                        << density);
+      SCOPED_TRACE(::testing::Message()
+                   << "dist " << static_cast<int>(d) << " density " << density);
       Layout L = MakeLayout(lens, 1, density);
       std::vector<float> x = MakeData(rng, L.offsets.back(), d);
       const auto ref = ReferenceAll(x, L);
-      for (int t : {1, 2, 3}) CheckExact<uint32_t>(x, L, t, &ws, &ref);
+      for (int t : {1, 3}) CheckExact<uint32_t>(x, L, t, &ws, &ref, uint64_t{1} << 18);
+      CheckExact<uint32_t>(x, L, 0, &ws, &ref);
     }
   }
 }
@@ -213,8 +219,7 @@ TEST(TopkExact, RejectsBadArguments) {
   std::vector<uint64_t> counts(2);
   EXPECT_EQ(TopkAbs(x.data(), sg, so, out.data(), nullptr), KernelStatus::kInvalidArgument);
   so.sample_size = 0;
-  EXPECT_EQ(TopkAbs(x.data(), sg, so, out.data(), counts.data()),
-            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(TopkAbs(x.data(), sg, so, out.data(), counts.data()), KernelStatus::kInvalidArgument);
   std::vector<uint64_t> kk(2);
   EXPECT_EQ(TopkKFromDensity(off.data(), 2, 1.5, kk.data()), KernelStatus::kInvalidArgument);
   EXPECT_EQ(TopkKFromDensity(off.data(), 2, std::nan(""), kk.data()),
@@ -273,31 +278,34 @@ std::vector<uint64_t> ReferenceSampled(const std::vector<float>& x, uint64_t beg
 
 TEST(TopkSampled, MatchesDefinitionAndIsExactForShortSegments) {
   SCAPE_SEEDED_RNG(rng);
-  const std::vector<uint64_t> lens = {0, 1, 3, 1000, 4096, 70001, (1u << 20) + 5};
+  const std::vector<uint64_t> lens = {0, 1, 3, 1000, 4096, 70001, (1u << 19) + 5};
   for (Dist d : {Dist::kNormal, Dist::kFewValues, Dist::kSpecials}) {
-    SCOPED_TRACE(::testing::Message() << "dist " << static_cast<int>(d));
-    Layout L = MakeLayout(lens, 3, 0.02);
-    std::vector<float> x = MakeData(rng, L.offsets.back(), d);
-    // Capacity 2k per segment (at least 1).
-    std::vector<uint64_t> caps(lens.size());
-    for (size_t s = 0; s < lens.size(); ++s) caps[s] = std::max<uint64_t>(1, 2 * L.k[s]);
-    TopkOutOffsets(caps.data(), caps.size(), L.out_offsets.data());
-    TopkSegments sg{L.offsets.data(), L.k.data(), L.out_offsets.data(), lens.size()};
-    TopkOptions opt;
-    opt.mode = TopkMode::kSampled;
-    opt.sample_size = 4096;
-    std::vector<uint32_t> out(L.out_offsets.back());
-    std::vector<uint64_t> counts(lens.size());
-    ASSERT_EQ(TopkAbs(x.data(), sg, opt, out.data(), counts.data()), KernelStatus::kOk);
-    for (size_t s = 0; s < lens.size(); ++s) {
-      SCOPED_TRACE(::testing::Message() << "segment " << s);
-      std::vector<uint64_t> ref =
-          ReferenceSampled(x, L.offsets[s], lens[s], L.k[s], caps[s], opt.sample_size);
-      std::vector<uint64_t> got(out.begin() + L.out_offsets[s],
-                                out.begin() + L.out_offsets[s] + counts[s]);
-      ASSERT_EQ(got, ref);
-      if (lens[s] <= opt.sample_size) {
-        EXPECT_EQ(got, ReferenceTopk(x, L.offsets[s], lens[s], L.k[s])) << "must be exact";
+    for (uint64_t split : {uint64_t{1} << 18, TopkOptions{}.split_min}) {
+      SCOPED_TRACE(::testing::Message() << "dist " << static_cast<int>(d));
+      Layout L = MakeLayout(lens, 3, 0.02);
+      std::vector<float> x = MakeData(rng, L.offsets.back(), d);
+      // Capacity 2k per segment (at least 1).
+      std::vector<uint64_t> caps(lens.size());
+      for (size_t s = 0; s < lens.size(); ++s) caps[s] = std::max<uint64_t>(1, 2 * L.k[s]);
+      TopkOutOffsets(caps.data(), caps.size(), L.out_offsets.data());
+      TopkSegments sg{L.offsets.data(), L.k.data(), L.out_offsets.data(), lens.size()};
+      TopkOptions opt;
+      opt.mode = TopkMode::kSampled;
+      opt.sample_size = 4096;
+      opt.split_min = split;  // the 512 Ki segment split across threads, or whole
+      std::vector<uint32_t> out(L.out_offsets.back());
+      std::vector<uint64_t> counts(lens.size());
+      ASSERT_EQ(TopkAbs(x.data(), sg, opt, out.data(), counts.data()), KernelStatus::kOk);
+      for (size_t s = 0; s < lens.size(); ++s) {
+        SCOPED_TRACE(::testing::Message() << "segment " << s);
+        std::vector<uint64_t> ref =
+            ReferenceSampled(x, L.offsets[s], lens[s], L.k[s], caps[s], opt.sample_size);
+        std::vector<uint64_t> got(out.begin() + L.out_offsets[s],
+                                  out.begin() + L.out_offsets[s] + counts[s]);
+        ASSERT_EQ(got, ref);
+        if (lens[s] <= opt.sample_size) {
+          EXPECT_EQ(got, ReferenceTopk(x, L.offsets[s], lens[s], L.k[s])) << "must be exact";
+        }
       }
     }
   }
@@ -326,8 +334,10 @@ TEST(TopkSampled, DriftWithinDocumentedBound) {
     for (uint64_t j = 0; j < count; ++j) sel[out[j]] = 1;
     uint32_t min_sel = 0xffffffffu, max_unsel = 0;
     for (uint64_t i = 0; i < len; ++i) {
-      if (sel[i]) min_sel = std::min(min_sel, Key(x[i]));
-      else max_unsel = std::max(max_unsel, Key(x[i]));
+      if (sel[i])
+        min_sel = std::min(min_sel, Key(x[i]));
+      else
+        max_unsel = std::max(max_unsel, Key(x[i]));
     }
     EXPECT_GE(min_sel, max_unsel);
   }

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Tests of scape-perf's output (and of its peers'): the columns and the JSON are as documented
+(scape-perf -h, perf/scape_perf.cc), #wrong counts real mismatches (SCAPE_PERF_INJECT_ERROR=1
+makes rank 0 corrupt one element of each checked result: #wrong > 0 and exit status 2), and bad
+flags are clear errors (exit status 64).
+
+    test_scape_perf.py --scape-perf PATH [--gloo PATH] [--mpi PATH] [unittest args, e.g. Format]
+
+Every run is small (64-128 KiB, 2 ranks), so each test class finishes in a few seconds.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+EXE = {"scape": None, "gloo": None, "mpi": None}
+RUN_TIMEOUT_S = 25
+
+COLL_MODES = {"dense", "mask", "mask-packed", "coo", "memcpy"}
+TYPES = {"float", "half", "bfloat16", "int32", "int64", "byte"}
+
+
+def run(args, env_extra=None, exe="scape"):
+    env = dict(os.environ)
+    env.setdefault("SCAPE_SOCKET_IFNAME", "lo")
+    env.setdefault("UCX_NET_DEVICES", "lo")
+    env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    env.pop("SCAPE_PERF_INJECT_ERROR", None)
+    if env_extra:
+        env.update(env_extra)
+    p = subprocess.run([EXE[exe]] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       env=env, timeout=RUN_TIMEOUT_S, universal_newlines=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def data_lines(out):
+    return [l.split() for l in out.splitlines() if l.strip() and not l.startswith("#")]
+
+
+def num(s):
+    return None if s == "N/A" else float(s)
+
+
+class Format(unittest.TestCase):
+    """Columns and JSON of every collective mode, and their agreement."""
+
+    def check_collective(self, args, mode, nranks=2, density_list=(1.0,), inplace=True):
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "out.json")
+            rc, out, err = run(args + ["-J", jpath])
+            self.assertEqual(rc, 0, "%s\nstdout:\n%s\nstderr:\n%s" % (args, out, err))
+            with open(jpath) as f:
+                js = json.load(f)
+        # Header: the documented column names, in order.
+        names = None
+        for l in out.splitlines():
+            if l.startswith("#") and "#wrong" in l and "mode" in l:
+                names = l[1:].split()
+        self.assertEqual(names, ["size", "count", "type", "redop", "root", "time", "algbw", "busbw",
+                                 "#wrong", "time", "algbw", "busbw", "#wrong", "mode", "density",
+                                 "k", "wire", "oop", "ip"], out)
+        self.assertIn("# Out of bounds values : 0 OK", out)
+        self.assertIn("# Avg bus bandwidth    : ", out)
+        rows = data_lines(out)
+        self.assertEqual(len(rows), len(js))
+        self.assertGreater(len(rows), 0)
+        for f, j in zip(rows, js):
+            self.assertEqual(len(f), 19, f)
+            size, count = int(f[0]), int(f[1])
+            self.assertIn(f[2], TYPES)
+            self.assertEqual(int(f[4]), -1)
+            self.assertEqual(f[13], mode)
+            density, k, wire = float(f[14]), int(f[15]), float(f[16])
+            self.assertTrue(0 < density <= 1)
+            # out-of-place
+            t, alg, bus, wrong = float(f[5]), float(f[6]), float(f[7]), int(f[8])
+            self.assertGreater(t, 0)
+            self.assertEqual(wrong, 0)
+            deq = float(f[17])
+            # in-place: numbers, or all N/A when not run
+            if inplace:
+                self.assertNotEqual(f[9], "N/A")
+                self.assertEqual(int(f[12]), 0)
+                self.assertNotEqual(f[18], "N/A")
+            else:
+                self.assertEqual(f[9:13], ["N/A"] * 4)
+                self.assertEqual(f[18], "N/A")
+            # JSON agrees with the text and with the documented definitions.
+            for key in ("impl", "collective", "mode", "nranks", "size", "count", "type", "redop",
+                        "root", "density", "k", "wire_bytes", "out_of_place", "in_place"):
+                self.assertIn(key, j)
+            self.assertEqual(j["impl"], "scape")
+            self.assertEqual(j["mode"], mode)
+            self.assertEqual(j["nranks"], nranks)
+            self.assertEqual((j["size"], j["count"], j["k"]), (size, count, k))
+            self.assertAlmostEqual(j["density"], density, places=3)
+            self.assertAlmostEqual(j["wire_bytes"], wire, delta=1.0)
+            o = j["out_of_place"]
+            for key in ("time_us", "algbw_gbs", "busbw_gbs", "deq_bw_gbs", "wrong"):
+                self.assertIn(key, o)
+            self.assertEqual(o["wrong"], 0)
+            sec = o["time_us"] * 1e-6
+            self.assertLess(abs(o["time_us"] - t), max(0.01 * t, 1.0))
+            # deqbw = dense bytes / time; busbw = wire bytes / time (GB = 1e9)
+            self.assertAlmostEqual(o["deq_bw_gbs"], size / 1e9 / sec, delta=0.002 + 1e-3 * deq)
+            if mode != "memcpy":
+                self.assertAlmostEqual(o["busbw_gbs"], wire / 1e9 / sec,
+                                       delta=0.002 + 1e-3 * o["busbw_gbs"])
+            self.assertAlmostEqual(deq, o["deq_bw_gbs"], delta=0.006)
+            if inplace:
+                self.assertIsInstance(j["in_place"], dict)
+            else:
+                self.assertIsNone(j["in_place"])
+        return rows, js
+
+    def test_dense(self):
+        rows, js = self.check_collective(["-np", "2", "-b", "64K", "-e", "128K", "-n", "2", "-w", "1"],
+                                         "dense")
+        self.assertEqual(len(rows), 2)
+        for f in rows:
+            size = int(f[0])
+            self.assertEqual(int(f[15]), int(f[1]))          # k = count
+            self.assertAlmostEqual(float(f[16]), size, delta=1)  # 2(P-1)/P * size, P = 2
+            self.assertEqual(float(f[14]), 1.0)
+
+    def test_mask(self):
+        rows, js = self.check_collective(
+            ["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "1", "--mode", "mask", "-D", "1,0.1,0.01"],
+            "mask")
+        self.assertEqual([float(f[14]) for f in rows], [1.0, 0.1, 0.01])
+        for f, j in zip(rows, js):
+            k, count = int(f[15]), int(f[1])
+            d = float(f[14])
+            # 5 segments cut by 2 shards: k is about density * count
+            self.assertLessEqual(abs(k - d * count), 8)
+            self.assertAlmostEqual(float(f[16]), 2 * (2 - 1) / 2 * k * 4, delta=1)
+            self.assertIn("mask_total_bytes", j)
+            self.assertIn("pack_us", j)
+
+    def test_mask_packed(self):
+        rows, js = self.check_collective(
+            ["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "1", "--mode", "mask-packed", "-D", "0.1"],
+            "mask-packed")
+        self.assertEqual(len(rows), 1)
+
+    def test_mask_reduce_scatter_and_all_gather(self):
+        for coll in ("reducescatter", "allgather"):
+            rows, js = self.check_collective(
+                ["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "0", "--mode", "mask", "-t", coll,
+                 "-D", "0.5"], "mask", inplace=False)
+            k = int(rows[0][15])
+            self.assertAlmostEqual(float(rows[0][16]), (2 - 1) / 2 * k * 4, delta=1)
+            self.assertEqual(js[0]["collective"], coll)
+
+    def test_coo(self):
+        rows, js = self.check_collective(
+            ["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "1", "--mode", "coo", "-D", "0.1,0.01"],
+            "coo", inplace=False)
+        for f, j in zip(rows, js):
+            d, count, k = float(f[14]), int(f[1]), int(f[15])
+            self.assertLess(abs(k - d * count), 6 * math.sqrt(d * count) + 2)  # mean nnz
+            self.assertGreater(float(f[16]), 0)  # the bytes scapeSparseAllReduce reported
+            self.assertEqual(j["coo_algo"], "auto")
+            self.assertEqual(j["coo_out"], "list")
+
+    def test_coo_allgather_dense_output(self):
+        self.check_collective(["-np", "3", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "coo",
+                               "-D", "0.05", "--coo-algo", "allgather", "--coo-out", "dense"],
+                              "coo", nranks=3, inplace=False)
+
+    def test_memcpy(self):
+        self.check_collective(["-b", "1M", "-e", "1M", "-n", "2", "-w", "1", "--mode", "memcpy"], "memcpy",
+                              nranks=1, inplace=False)
+
+    def test_mask_sync(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "out.json")
+            rc, out, err = run(["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "0", "--mask-sync",
+                                "-D", "0.1,0.01", "-J", jpath])
+            self.assertEqual(rc, 0, out + err)
+            with open(jpath) as f:
+                js = json.load(f)
+        rows = data_lines(out)
+        self.assertEqual(len(rows), 2 * 5)  # two densities x five encodings
+        self.assertEqual(len(js), len(rows))
+        encs = ["bitmap", "indices", "eliasfano", "deltavarint", "auto"]
+        for i, (f, j) in enumerate(zip(rows, js)):
+            self.assertEqual(len(f), 16, f)
+            self.assertEqual(f[2], encs[i % 5])
+            count, density = int(f[0]), float(f[1])
+            total = int(f[6])
+            self.assertAlmostEqual(float(f[7]), total / count, places=3)  # mask B/param
+            self.assertAlmostEqual(float(f[11]), total / count + 8 * density, places=3)
+            self.assertEqual(float(f[12]), 8.0)
+            self.assertTrue(0.0 <= float(f[10]) <= 1.0)  # hidden fraction
+            self.assertTrue(0.0 <= float(f[15]) <= 1.0)  # hidden fraction, idle compute
+            self.assertGreaterEqual(float(f[14]), 0.0)   # sync CPU time
+            self.assertEqual(int(f[13]), 0)
+            for key in ("mask_bytes_per_param", "sync_us", "overlapped_us", "hidden",
+                        "mask_plus_payload_bytes_per_param", "sent_bytes", "total_bytes",
+                        "encoding", "sent_encoding", "sync_cpu_us", "hidden_idle", "wrong"):
+                self.assertIn(key, j)
+            self.assertEqual(j["mode"], "masksync")
+            self.assertEqual(j["encoding"], encs[i % 5])
+            if f[2] == "bitmap":  # one bit per element plus the per-part headers
+                self.assertLess(abs(total - count / 8), 256)
+        self.assertIn("# Out of bounds values : 0 OK", out)
+
+
+class InjectedErrors(unittest.TestCase):
+    """#wrong counts real mismatches: one corrupted element per checked result on rank 0."""
+
+    def expect_wrong(self, args, per_row):
+        rc, out, err = run(args, {"SCAPE_PERF_INJECT_ERROR": "1"})
+        self.assertEqual(rc, 2, "expected exit status 2 (wrong results)\n" + out + err)
+        self.assertRegex(out, r"# Out of bounds values : [1-9][0-9]* FAILED")
+        rows = data_lines(out)
+        self.assertGreater(len(rows), 0)
+        for f in rows:
+            self.assertEqual(per_row(f), 1, f)
+
+    def test_dense(self):
+        self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"],
+                          lambda f: int(f[8]) if int(f[8]) == int(f[12]) else -1)
+
+    def test_mask(self):
+        self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "mask",
+                           "-D", "0.1"], lambda f: int(f[8]) if int(f[8]) == int(f[12]) else -1)
+
+    def test_mask_packed(self):
+        self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "mask-packed",
+                           "-D", "0.1", "-I", "0"], lambda f: int(f[8]))
+
+    def test_coo(self):
+        self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "coo",
+                           "-D", "0.1"], lambda f: int(f[8]))
+
+    def test_mask_sync(self):
+        self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mask-sync", "-D",
+                           "0.1", "--encoding", "eliasfano"], lambda f: int(f[13]))
+
+    def test_clean_run_has_no_wrong(self):
+        rc, out, err = run(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "mask",
+                            "-D", "0.1"])
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("# Out of bounds values : 0 OK", out)
+
+
+class Usage(unittest.TestCase):
+    """Bad flags: a clear message naming the flag, exit status 64, no ranks started."""
+
+    def bad(self, args, needle):
+        rc, out, err = run(args)
+        self.assertEqual(rc, 64, args)
+        self.assertIn(needle, err)
+        self.assertIn("scape-perf -h", err)
+
+    def test_bad_flags(self):
+        self.bad(["--mode", "foo"], "unknown mode 'foo'")
+        self.bad(["-D", "0"], "not a density in (0, 1]")
+        self.bad(["-D", "0.1,2"], "'2' is not a density")
+        self.bad(["--mode", "dense", "-D", "0.1"], "densities apply to --mode mask")
+        self.bad(["--mode", "coo", "-d", "int32"], "takes float, half or bfloat16")
+        self.bad(["--mode", "coo", "-o", "max"], "takes -o sum or avg")
+        self.bad(["--mode", "mask", "-t", "broadcast"], "not broadcast")
+        self.bad(["--coo-algo", "rd"], "--coo-algo applies to --mode coo")
+        self.bad(["--mode", "coo", "--coo-out", "csr"], "unknown output 'csr'")
+        self.bad(["--mode", "mask", "--encoding", "zip"], "unknown encoding 'zip'")
+        self.bad(["--mask-sync", "--mode", "mask"], "conflicts")
+        self.bad(["-I", "2"], "-I expects 0 or 1")
+        self.bad(["--sync-idle", "0"], "--sync-idle applies to --mode masksync")
+        self.bad(["--mode", "mask", "--encoding", "bitmap,auto"], "applies to --mode masksync only")
+        self.bad(["--bogus"], "unknown argument '--bogus'")
+
+    def test_help_documents_the_columns(self):
+        rc, out, err = run(["-h"])
+        self.assertEqual(rc, 0)
+        for needle in ("--mode", "--density", "--mask-sync", "--coo-algo", "14 mode",
+                       "17 wire(B)", "deqbw", "mask+payload"):
+            self.assertIn(needle, out)
+
+
+class Peers(unittest.TestCase):
+    """Gloo's and Open MPI's programs print the same columns and JSON rows."""
+
+    def check(self, out, js, impl, nranks):
+        rows = data_lines(out)
+        self.assertEqual(len(rows), len(js))
+        for f, j in zip(rows, js):
+            self.assertEqual(len(f), 19, f)
+            self.assertEqual(f[13], "dense")
+            self.assertEqual(int(f[8]), 0)
+            self.assertEqual(j["impl"], impl)
+            self.assertEqual(j["nranks"], nranks)
+            self.assertEqual(j["size"], int(f[0]))
+            self.assertAlmostEqual(j["wire_bytes"], 2 * (nranks - 1) / nranks * j["size"], delta=1)
+            self.assertEqual(j["out_of_place"]["wrong"], 0)
+
+    def test_gloo(self):
+        if not EXE["gloo"] or not os.path.exists(EXE["gloo"]):
+            self.skipTest("gloo-allreduce-perf not built (libgloo-dev missing)")
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "g.json")
+            rc, out, err = run(["-np", "2", "-b", "64K", "-e", "128K", "-n", "2", "-w", "1",
+                                "-J", jpath], exe="gloo")
+            self.assertEqual(rc, 0, out + err)
+            with open(jpath) as f:
+                self.check(out, json.load(f), "gloo", 2)
+
+    def test_mpi(self):
+        if not EXE["mpi"] or not os.path.exists(EXE["mpi"]) or not shutil.which("mpirun"):
+            self.skipTest("mpi-allreduce-perf or mpirun missing")
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "m.json")
+            cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1",
+                   "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+            if os.geteuid() == 0:
+                cmd.append("--allow-run-as-root")
+            cmd += ["-np", "2", EXE["mpi"], "-b", "64K", "-e", "128K", "-n", "2", "-w", "1",
+                    "-I", "0", "-J", jpath]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=RUN_TIMEOUT_S, universal_newlines=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(jpath) as f:
+                js = json.load(f)
+            self.check(p.stdout, js, "mpi", 2)
+            for j in js:
+                self.assertIsNone(j["in_place"])
+
+
+def main():
+    argv = [sys.argv[0]]
+    it = iter(sys.argv[1:])
+    for a in it:
+        if a in ("--scape-perf", "--gloo", "--mpi"):
+            EXE[{"--scape-perf": "scape", "--gloo": "gloo", "--mpi": "mpi"}[a]] = next(it, None)
+        else:
+            argv.append(a)
+    if not EXE["scape"]:
+        sys.stderr.write("usage: %s --scape-perf PATH [--gloo PATH] [--mpi PATH] [tests]\n"
+                         % sys.argv[0])
+        return 64
+    prog = unittest.main(argv=argv, exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
