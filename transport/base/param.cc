@@ -26,6 +26,9 @@ const ParamInfo kParams[] = {
     {"SCAPE_BOOTSTRAP_ADDR", "", "host:port of the rendezvous root for scapeCommInitFromEnv"},
     {"SCAPE_BOOTSTRAP_SECRET", "",
      "32 hex digits: the shared secret for scapeCommInitFromEnv (default: derived from job id)"},
+    {"SCAPE_NCCL_DEVICES", "",
+     "NICs the NCCL net plugin exposes (names, prefix match; '=' exact, '^' exclude); empty: auto"},
+    {"SCAPE_NCCL_UCX_TLS", "", "UCX transports for the NCCL net plugin; empty: SCAPE_UCX_TLS"},
     {nullptr, nullptr, nullptr},
 };
 
