@@ -463,7 +463,7 @@ TEST(Close, SenderClosesWithSendsInFlight) {
 // The receiver closes with receives in flight; then the sender's rendezvous send cannot
 // complete and must fail (not hang), while an eager one completes locally.
 TEST(Close, ReceiverClosesWithReceivesInFlight) {
-  Pipe handle, closed;
+  Pipe handle, closed, connected;
   RUN_PROCS(kWatchdogMs,
     [&] {  // receiver
       Env e;
@@ -481,6 +481,10 @@ TEST(Close, ReceiverClosesWithReceivesInFlight) {
         REQUIRE_OK(PostRecv(e.net, rc, 1, &d, &cap, &tag, &mh, &req));
       }
       REQUIRE_OK(e.net->deregMr(rc, mh));
+      // Close only once the sender's side of the connection exists: tearing the worker down
+      // while the sender is still creating its endpoint makes that connect fail instead.
+      uint64_t up;
+      REQUIRE(connected.ReadU64(&up));
       int64_t t0 = NowMs();
       REQUIRE_OK(e.net->closeRecv(rc));
       EXPECT_LT(NowMs() - t0, 3000);
@@ -492,6 +496,7 @@ TEST(Close, ReceiverClosesWithReceivesInFlight) {
       REQUIRE(e.Up());
       void* sc = nullptr;
       REQUIRE(ConnectTo(e, handle, &sc));
+      REQUIRE(connected.WriteU64(1));
       uint64_t v;
       REQUIRE(closed.ReadU64(&v));
       std::vector<uint8_t> buf(16u << 20);
