@@ -202,7 +202,7 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
     segs.out_offsets = outOffs.data();
     segs.nseg = k.size();
     kernels::TopkOptions opt;
-    kernels::KernelStatus ks = kernels::TopkAbs(stat, segs, opt, sel.data(), nullptr);
+    kernels::KernelStatus ks = kernels::TopkAbs(stat, segs, opt, sel.data(), nullptr, &topkWs_);
     if (ks != kernels::KernelStatus::kOk)
       return Status(kernels::ToResult(ks), StrFormat("top-k selection failed: %s",
                                                      kernels::KernelStatusString(ks)));

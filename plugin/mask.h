@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/topk.h"
 #include "plugin/comm.h"
 #include "scape/scape.h"
 #include "transport/base/status.h"
@@ -70,6 +71,7 @@ class Mask {
   std::vector<uint64_t> ownedSize_;        // per rank
 
   std::vector<uint64_t> nextLocal_;  // this rank's selection, local indices in its owned space
+  kernels::TopkWorkspace topkWs_;    // top-k buffers kept between steps
   bool nextSet_ = false;
 
   std::vector<uint64_t> cur_;
