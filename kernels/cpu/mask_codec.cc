@@ -120,14 +120,9 @@ class BitReader {
   int avail_ = 0;
 };
 
-inline int VarintBytes(uint64_t v) {
-  int b = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++b;
-  }
-  return b;
-}
+// LEB128 length of v: one byte per started group of 7 significant bits (branch-free, so the
+// size query over a whole mask vectorises).
+inline int VarintBytes(uint64_t v) { return (63 - __builtin_clzll(v | 1)) / 7 + 1; }
 
 template <typename Index>
 uint64_t VarintBodyBytes(const Index* idx, size_t k) {
@@ -306,17 +301,18 @@ KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, In
       if ((n & 63) != 0 && (Load64(body + (nw - 1) * 8) >> (n & 63)) != 0) {
         return KernelStatus::kCorrupt;
       }
-      uint64_t c = 0;
-      for (uint64_t w = 0; w < nw; ++w) c += static_cast<uint64_t>(Popcount(Load64(body + w * 8)));
-      if (c != k) return KernelStatus::kCorrupt;
-      size_t j = 0;
+      // One pass: a word's bits are written only if they fit in the k the header promised.
+      uint64_t j = 0;
       for (uint64_t w = 0; w < nw; ++w) {
         uint64_t bits = Load64(body + w * 8);
-        while (bits != 0) {
+        if (bits == 0) continue;
+        if (static_cast<uint64_t>(Popcount(bits)) > k - j) return KernelStatus::kCorrupt;
+        do {
           out[j++] = static_cast<Index>(w * 64 + static_cast<uint64_t>(Ctz(bits)));
           bits &= bits - 1;
-        }
+        } while (bits != 0);
       }
+      if (j != k) return KernelStatus::kCorrupt;
       break;
     }
     case MaskEncoding::kEliasFano: {
