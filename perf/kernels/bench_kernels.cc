@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/gather.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scape_step.h"
 #include "kernels/cpu/topk.h"
@@ -291,6 +292,80 @@ void BM_TopkNthElement(benchmark::State& st) {
   Ratio(st, d.read_pass_ms, total);
 }
 
+// The pack and unpack of a dense-in/out masked collective (kernels/cpu/gather.h) over the
+// 256 MiB buffer, at density 1/Arg(0) with uniformly random sorted indices, single-threaded
+// as the library calls them (one rank's share). must_move_GB counts the whole cache line each
+// masked element touches (64 bytes: below density 1/16 every element has a line of its own),
+// read once for the pack, read and written back for the unpack; ns_per_line = time per
+// distinct line touched. Lines at random addresses are bound by memory latency and the core's
+// outstanding-miss limit, not by bandwidth, so the fair comparison is with the dense pass
+// (BM_Memcpy moves every line, multi-threaded). This is the floor under scapeAllReduce with
+// a mask and dense buffers, whatever the exchange costs.
+struct IndexSet {
+  std::vector<uint64_t> idx;
+  std::vector<float> packed;
+};
+IndexSet& Indices(int inv_density) {
+  static std::vector<std::pair<int, IndexSet*>> cache;
+  for (auto& c : cache)
+    if (c.first == inv_density) return *c.second;
+  IndexSet* s = new IndexSet;
+  std::mt19937_64 rng(11);
+  std::bernoulli_distribution pick(1.0 / inv_density);
+  for (size_t i = 0; i < kN; ++i)
+    if (pick(rng)) s->idx.push_back(i);
+  s->packed.assign(s->idx.size(), 0.5f);
+  cache.emplace_back(inv_density, s);
+  return *s;
+}
+
+double LinesTouched(const std::vector<uint64_t>& idx) {
+  double lines = 0;
+  uint64_t last = ~uint64_t{0};
+  for (uint64_t i : idx) {
+    const uint64_t line = i / 16;  // 16 floats per 64-byte line
+    lines += line != last;
+    last = line;
+  }
+  return lines * 64.0;
+}
+
+void BM_MaskGather(benchmark::State& st) {
+  Data& d = D();
+  IndexSet& s = Indices(static_cast<int>(st.range(0)));
+  const double bytes = LinesTouched(s.idx);
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    GatherByIndex(d.a.data(), s.idx.data(), s.idx.size(), sizeof(float), s.packed.data());
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    benchmark::DoNotOptimize(s.packed.data());
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(st.iterations()) * bytes));
+  st.counters["must_move_GB"] = bytes / 1e9;
+  st.counters["k"] = static_cast<double>(s.idx.size());
+  st.counters["ns_per_line"] =
+      total * 1e9 / static_cast<double>(st.iterations()) / (LinesTouched(s.idx) / 64.0);
+}
+
+void BM_MaskScatter(benchmark::State& st) {
+  Data& d = D();
+  IndexSet& s = Indices(static_cast<int>(st.range(0)));
+  const double bytes = 2 * LinesTouched(s.idx);
+  double total = 0;
+  for (auto _ : st) {
+    auto t0 = std::chrono::steady_clock::now();
+    ScatterByIndex(s.packed.data(), s.idx.data(), s.idx.size(), sizeof(float), d.d.data());
+    total += Seconds(t0, std::chrono::steady_clock::now());
+    benchmark::DoNotOptimize(d.d.data());
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(st.iterations()) * bytes));
+  st.counters["must_move_GB"] = bytes / 1e9;
+  st.counters["k"] = static_cast<double>(s.idx.size());
+  st.counters["ns_per_line"] =
+      total * 1e9 / static_cast<double>(st.iterations()) / (LinesTouched(s.idx) / 64.0);
+}
+
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ReadPass)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CandidatePackResidual)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -304,6 +379,8 @@ BENCHMARK(BM_Topk)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_TopkNthElement)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MaskGather)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_MaskScatter)->Arg(10)->Arg(100)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
