@@ -61,19 +61,20 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))
     return InvalidArgument(StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
-  // Not zero-filled: every element is written by the pack and by the all-reduce.
-  std::unique_ptr<char[]> packed(new char[k * esz + 1]), reduced(new char[k * esz + 1]);
-  if (k > 0) m.Pack(send, packed.get(), esz);
+  // The mask's packing buffer (kept between calls, so no allocation or page faults per step);
+  // the values are reduced in place in it.
+  char* packed = m.PackBuffer(k * esz + 1);
+  if (k > 0) m.Pack(send, packed, esz);
   coll::CollArgs a;
   a.type = coll::CollType::kAllReduce;
-  a.send = packed.get();
-  a.recv = reduced.get();
+  a.send = packed;
+  a.recv = packed;
   a.count = k;
   a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
   a.dtype = dtype;
   a.op = op;
   SCAPE_RETURN_IF_ERROR(comm->impl->Run(a));
-  if (k > 0) m.Unpack(reduced.get(), recv, esz);
+  if (k > 0) m.Unpack(packed, recv, esz);
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/gather.h"
 #include "kernels/cpu/mask_codec.h"
 #include "kernels/cpu/topk.h"
 #include "plugin/coll/schedule.h"
@@ -119,6 +120,8 @@ Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffs
   m->BuildOwnership(segOffsets, dense, ownership);
   m->curCount_.assign(P, 0);
   m->curOff_.assign(P, 0);
+  m->nextCount_.assign(P, 0);
+  m->nextOff_.assign(P, 0);
   SCAPE_RETURN_IF_ERROR(comm->CreateChild(&m->child_));
   m->thread_ = std::thread(&Mask::ThreadMain, m.get());
   *out = std::move(m);
@@ -261,53 +264,65 @@ Status Mask::Encode(std::vector<uint8_t>* out) {
   return Status::Ok();
 }
 
-Status Mask::Decode(int r, const uint8_t* buf, size_t size, std::vector<uint64_t>* out) const {
+Status Mask::PartCount(int r, const uint8_t* buf, size_t size, uint64_t* k) const {
   const uint64_t nown = ownedSize_[static_cast<size_t>(r)];
-  std::vector<uint64_t> local;
   if (size >= 1 && buf[0] == kIndices32) {
-    uint64_t hn, k;
+    uint64_t hn, hk;
     if (size < kHeader) return RemoteError(StrFormat("rank %d's mask part is truncated", r));
     std::memcpy(&hn, buf + 8, 8);
-    std::memcpy(&k, buf + 16, 8);
+    std::memcpy(&hk, buf + 16, 8);
     for (size_t i = 1; i < 8; ++i)
       if (buf[i] != 0) return RemoteError(StrFormat("rank %d's mask part has a bad header", r));
-    if (hn != nown || k > nown || size != kHeader + 4 * k)
+    if (hn != nown || hk > nown || (size - kHeader) / 4 != hk || (size - kHeader) % 4 != 0)
       return RemoteError(StrFormat("rank %d's mask part does not match its owned part "
-                                   "(n %llu, k %llu, %zu bytes)", r,
+                                   "(n %llu, k %llu, %zu bytes; it owns %llu elements)", r,
                                    static_cast<unsigned long long>(hn),
-                                   static_cast<unsigned long long>(k), size));
-    local.resize(k);
+                                   static_cast<unsigned long long>(hk), size,
+                                   static_cast<unsigned long long>(nown)));
+    *k = hk;
+    return Status::Ok();
+  }
+  kernels::MaskHeader h;
+  kernels::KernelStatus ks = kernels::MaskReadHeader(buf, size, &h);
+  if (ks == kernels::KernelStatus::kOk && h.n != nown) ks = kernels::KernelStatus::kCorrupt;
+  if (ks != kernels::KernelStatus::kOk)
+    return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
+                                 kernels::KernelStatusString(ks)));
+  *k = h.k;  // MaskReadHeader checked k <= n
+  return Status::Ok();
+}
+
+Status Mask::DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint64_t* out) const {
+  const uint64_t nown = ownedSize_[static_cast<size_t>(r)];
+  if (buf[0] == kIndices32) {  // PartCount checked the header and the size
     for (uint64_t i = 0; i < k; ++i) {
       uint32_t v;
       std::memcpy(&v, buf + kHeader + 4 * i, 4);
-      if (v >= nown || (i > 0 && v <= local[i - 1]))
+      if (v >= nown || (i > 0 && v <= out[i - 1]))
         return RemoteError(StrFormat("rank %d's mask part has an index out of range or out of "
                                      "order at position %llu", r, static_cast<unsigned long long>(i)));
-      local[i] = v;
+      out[i] = v;
     }
   } else {
-    kernels::MaskHeader h;
-    kernels::KernelStatus ks = kernels::MaskReadHeader(buf, size, &h);
-    if (ks == kernels::KernelStatus::kOk && h.n != nown) ks = kernels::KernelStatus::kCorrupt;
-    if (ks == kernels::KernelStatus::kOk) {
-      local.resize(h.k);
-      size_t got = 0;
-      ks = kernels::MaskDecode(buf, size, nown, local.data(), local.size(), &got);
-      if (ks == kernels::KernelStatus::kOk && got != h.k) ks = kernels::KernelStatus::kCorrupt;
-    }
+    size_t got = 0;
+    kernels::KernelStatus ks = kernels::MaskDecode(buf, size, nown, out, k, &got);
+    if (ks == kernels::KernelStatus::kOk && got != k) ks = kernels::KernelStatus::kCorrupt;
     if (ks != kernels::KernelStatus::kOk)
       return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
                                    kernels::KernelStatusString(ks)));
   }
-  // Owned-space local indices to global positions.
-  const std::vector<Piece>& pieces = owned_[static_cast<size_t>(r)];
-  out->clear();
-  out->reserve(local.size());
-  size_t pi = 0;
+  // Owned-space local indices (validated: increasing, below nown) to global positions, in
+  // place: each piece's run of indices moves by the same offset.
+  uint64_t* p = out;
+  uint64_t* const end = out + k;
   uint64_t base = 0;
-  for (uint64_t l : local) {
-    while (l >= base + (pieces[pi].end - pieces[pi].begin)) base += pieces[pi].end - pieces[pi].begin, ++pi;
-    out->push_back(pieces[pi].begin + (l - base));
+  for (const Piece& pc : owned_[static_cast<size_t>(r)]) {
+    if (p == end) break;
+    const uint64_t len = pc.end - pc.begin;
+    uint64_t* q = std::lower_bound(p, end, base + len);
+    const uint64_t delta = pc.begin - base;  // pieces increase, so begin >= the local base
+    for (; p < q; ++p) *p += delta;
+    base += len;
   }
   return Status::Ok();
 }
@@ -316,7 +331,9 @@ Status Mask::SyncStart() {
   if (inFlight_) return InvalidUsage("a mask sync is already in flight");
   if (!comm_->error().ok()) return comm_->error();
   if (!nextSet_) nextLocal_.clear();  // nothing selected: an empty part
-  SCAPE_RETURN_IF_ERROR(Encode(&sendEnc_));
+  if (encoding_ == scapeMaskEncodingIndices && ownedSize_[static_cast<size_t>(rank_)] > (uint64_t{1} << 32))
+    return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
+  // The encoding, the exchange and the decoding all run on the sync thread.
   startNs_ = NowNs();
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -362,16 +379,9 @@ Status Mask::SyncWait() {
 Status Mask::Advance() {
   if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it before advancing");
   if (!synced_) return InvalidUsage("no mask sync completed since the last advance");
-  const size_t P = static_cast<size_t>(nranks_);
-  size_t total = 0;
-  for (const auto& part : nextParts_) total += part.size();
-  cur_.clear();
-  cur_.reserve(total);
-  for (size_t r = 0; r < P; ++r) {
-    curOff_[r] = cur_.size();
-    curCount_[r] = nextParts_[r].size();
-    cur_.insert(cur_.end(), nextParts_[r].begin(), nextParts_[r].end());
-  }
+  cur_.swap(next_);
+  curCount_.swap(nextCount_);
+  curOff_.swap(nextOff_);
   synced_ = false;
   nextSet_ = false;
   return Status::Ok();
@@ -398,6 +408,7 @@ void Mask::ThreadMain() {
 
 Status Mask::RunSync() {
   const size_t P = static_cast<size_t>(nranks_);
+  SCAPE_RETURN_IF_ERROR(Encode(&sendEnc_).Prepend("mask sync"));
   // Exact sizes first, then the parts (each padded to 4 bytes), back to back in rank order.
   std::vector<int64_t> sizes(P);
   int64_t mine = static_cast<int64_t>(pendingInfo_.sentBytes);
@@ -422,74 +433,51 @@ Status Mask::RunSync() {
     counts[r] = (static_cast<size_t>(sizes[r]) + 3) / 4;
     totalWords += counts[r];
   }
-  std::vector<uint8_t> all(totalWords * 4);
+  recvEnc_.resize(totalWords * 4);  // kept between syncs: grows only
   ag.send = sendEnc_.data();
-  ag.recv = all.data();
+  ag.recv = recvEnc_.data();
   ag.dtype = scapeInt32;
   ag.counts = counts;
   SCAPE_RETURN_IF_ERROR(child_->Run(ag).Prepend("mask sync"));
-  std::vector<std::vector<uint64_t>> parts(P);
+  // Headers first, so every part decodes straight into its place in next_.
+  nextCount_.assign(P, 0);
+  nextOff_.assign(P, 0);
+  uint64_t total = 0, totalBytes = 0;
   size_t off = 0;
-  uint64_t totalBytes = 0;
   for (size_t r = 0; r < P; ++r) {
-    const size_t bytes = static_cast<size_t>(sizes[r]);
-    SCAPE_RETURN_IF_ERROR(
-        Decode(static_cast<int>(r), all.data() + off * 4, bytes, &parts[r]).Prepend("mask sync"));
+    SCAPE_RETURN_IF_ERROR(PartCount(static_cast<int>(r), recvEnc_.data() + off * 4,
+                                    static_cast<size_t>(sizes[r]), &nextCount_[r])
+                              .Prepend("mask sync"));
+    nextOff_[r] = total;
+    total += nextCount_[r];
     off += counts[r];
-    totalBytes += bytes;
+    totalBytes += static_cast<uint64_t>(sizes[r]);
   }
-  nextParts_ = std::move(parts);
+  next_.resize(total);  // the buffer of the mask before the last advance: no allocation
+  off = 0;
+  for (size_t r = 0; r < P; ++r) {
+    SCAPE_RETURN_IF_ERROR(DecodeInto(static_cast<int>(r), recvEnc_.data() + off * 4,
+                                     static_cast<size_t>(sizes[r]), nextCount_[r],
+                                     next_.data() + nextOff_[r])
+                              .Prepend("mask sync"));
+    off += counts[r];
+  }
   pendingInfo_.totalBytes = totalBytes;
   pendingInfo_.syncSeconds = static_cast<double>(NowNs() - startNs_) * 1e-9;
   return Status::Ok();
 }
 
 void Mask::Pack(const void* dense, void* packed, size_t esz) const {
-  const size_t k = cur_.size();
-  const uint64_t* idx = cur_.data();
-  switch (esz) {
-    case 2: {
-      auto* d = static_cast<const uint16_t*>(dense);
-      auto* p = static_cast<uint16_t*>(packed);
-      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
-      break;
-    }
-    case 4: {
-      auto* d = static_cast<const uint32_t*>(dense);
-      auto* p = static_cast<uint32_t*>(packed);
-      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
-      break;
-    }
-    default: {
-      auto* d = static_cast<const uint64_t*>(dense);
-      auto* p = static_cast<uint64_t*>(packed);
-      for (size_t i = 0; i < k; ++i) p[i] = d[idx[i]];
-    }
-  }
+  kernels::GatherByIndex(dense, cur_.data(), cur_.size(), esz, packed);
 }
 
 void Mask::Unpack(const void* packed, void* dense, size_t esz) const {
-  const size_t k = cur_.size();
-  const uint64_t* idx = cur_.data();
-  switch (esz) {
-    case 2: {
-      auto* d = static_cast<uint16_t*>(dense);
-      auto* p = static_cast<const uint16_t*>(packed);
-      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
-      break;
-    }
-    case 4: {
-      auto* d = static_cast<uint32_t*>(dense);
-      auto* p = static_cast<const uint32_t*>(packed);
-      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
-      break;
-    }
-    default: {
-      auto* d = static_cast<uint64_t*>(dense);
-      auto* p = static_cast<const uint64_t*>(packed);
-      for (size_t i = 0; i < k; ++i) d[idx[i]] = p[i];
-    }
-  }
+  kernels::ScatterByIndex(packed, cur_.data(), cur_.size(), esz, dense);
+}
+
+char* Mask::PackBuffer(size_t bytes) {
+  if (packBuf_.size() < bytes) packBuf_.resize(bytes);
+  return packBuf_.data();
 }
 
 }  // namespace scape

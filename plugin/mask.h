@@ -50,6 +50,9 @@ class Mask {
 
   void Pack(const void* dense, void* packed, size_t esz) const;
   void Unpack(const void* packed, void* dense, size_t esz) const;
+  // Working memory for the packed values of a dense-in/out masked collective, kept between
+  // calls (caller thread only; valid until the next call).
+  char* PackBuffer(size_t bytes);
 
   const scapeMaskSyncInfo_t& Info() const { return info_; }
 
@@ -58,8 +61,11 @@ class Mask {
   void BuildOwnership(const std::vector<uint64_t>& segOffsets, const std::vector<uint8_t>& dense,
                       scapeOwnership_t ownership);
   Status Encode(std::vector<uint8_t>* out);
-  // Decodes rank r's part into global indices; validates everything.
-  Status Decode(int r, const uint8_t* buf, size_t size, std::vector<uint64_t>* out) const;
+  // Reads the header of rank r's part: its k (checked against its owned part).
+  Status PartCount(int r, const uint8_t* buf, size_t size, uint64_t* k) const;
+  // Decodes rank r's part (k indices, from PartCount) into global positions out[0, k);
+  // validates everything.
+  Status DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint64_t* out) const;
   void ThreadMain();
   Status RunSync();  // on the sync thread
 
@@ -74,8 +80,11 @@ class Mask {
   kernels::TopkWorkspace topkWs_;    // top-k buffers kept between steps
   bool nextSet_ = false;
 
-  std::vector<uint64_t> cur_;
-  std::vector<uint64_t> curCount_, curOff_;
+  // The current mask, and the next one as the last sync decoded it; Advance swaps them, so
+  // both buffers are reused from step to step (no allocation, no page faults, no copy).
+  std::vector<uint64_t> cur_, next_;
+  std::vector<uint64_t> curCount_, curOff_, nextCount_, nextOff_;
+  std::vector<char> packBuf_;
 
   // Background sync.
   std::unique_ptr<Comm> child_;
@@ -86,8 +95,10 @@ class Mask {
   bool inFlight_ = false;       // caller thread only
   bool synced_ = false;         // a sync completed since the last Advance
   Status syncStatus_;           // written by the thread before finished_
-  std::vector<uint8_t> sendEnc_;                 // this rank's encoded part (padded to 4)
-  std::vector<std::vector<uint64_t>> nextParts_;  // decoded, per rank, global indices
+  // The sync thread's buffers (it alone touches them while a sync is in flight; nextLocal_ is
+  // only read then: the caller may not change it during a sync).
+  std::vector<uint8_t> sendEnc_;  // this rank's encoded part (padded to 4)
+  std::vector<uint8_t> recvEnc_;  // every rank's part, back to back
   scapeMaskSyncInfo_t info_{};
   scapeMaskSyncInfo_t pendingInfo_{};
   int64_t startNs_ = 0;

@@ -152,6 +152,114 @@ TEST_P(MaskSweep, EmptySelection) { MaskedAllReduceCase(GetParam(), scapeOwnersh
 INSTANTIATE_TEST_SUITE_P(Ranks, MaskSweep, ::testing::Values(1, 2, 3, 5, 8),
                          [](const ::testing::TestParamInfo<int>& i) { return "P" + std::to_string(i.param); });
 
+// Many steps on one mask whose k changes every step (the mask keeps its buffers between steps
+// and swaps them on advance): after every advance the mask is exactly the union of every
+// rank's reference selection, for every encoding and both ownership modes, and the masked
+// all-reduce matches the dense one on it.
+TEST(Mask, RepeatedStepsWithChangingK) {
+  const unsigned seed = FreshSeed() + 4242u;
+  const double densities[] = {0.3, 0.01, 1.0, -1.0 /* nothing selected */, 0.05, 0.5, 0.002};
+  for (scapeOwnership_t own : {scapeOwnershipShards, scapeOwnershipSegments}) {
+    for (int e = 0; e < scapeNumMaskEncodings; ++e) {
+      const scapeMaskEncoding_t enc = static_cast<scapeMaskEncoding_t>(e);
+      RunResult res = RunRanks(3, [&](RankCtx& c) {
+        Layout l = MakeLayout();
+        const int nseg = static_cast<int>(l.offs.size() - 1);
+        scapeMask_t mask = nullptr;
+        EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, nseg, l.offs.data(), l.dense.data(), own, enc,
+                                        c.comm), c.comm);
+        if (!mask) return false;
+        std::vector<float> send(l.n), recv(l.n), dense(l.n);
+        for (size_t step = 0; step < sizeof(densities) / sizeof(densities[0]); ++step) {
+          const double d = densities[step];
+          const unsigned s = seed + static_cast<unsigned>(step) * 17u;
+          std::vector<float> stat(l.n);
+          for (uint64_t i = 0; i < l.n; ++i) stat[i] = Stat(s, c.rank, i);
+          if (d < 0) {
+            EXPECT_SCAPE_OK(scapeMaskSetNextIndices(mask, nullptr, 0), c.comm);
+          } else {
+            EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(mask, stat.data(), d), c.comm);
+          }
+          EXPECT_SCAPE_OK(scapeMaskSyncStart(mask), c.comm);
+          EXPECT_SCAPE_OK(scapeMaskSyncWait(mask), c.comm);
+          EXPECT_SCAPE_OK(scapeMaskAdvance(mask), c.comm);
+          // Every rank's part from every rank's statistic: the whole mask, on every rank.
+          std::vector<uint64_t> want;
+          for (int r = 0; r < c.nranks; ++r) {
+            std::vector<float> rs(l.n);
+            for (uint64_t i = 0; i < l.n; ++i) rs[i] = Stat(s, r, i);
+            size_t nr = 0;
+            EXPECT_SCAPE_OK(scapeMaskGetOwnedRanges(mask, r, nullptr, 0, &nr), c.comm);
+            std::vector<uint64_t> ranges(2 * nr);
+            EXPECT_SCAPE_OK(scapeMaskGetOwnedRanges(mask, r, ranges.data(), nr, &nr), c.comm);
+            for (size_t q = 0; q < nr; ++q)
+              for (size_t sg = 0; sg + 1 < l.offs.size(); ++sg) {
+                const uint64_t b = std::max(ranges[2 * q], l.offs[sg]);
+                const uint64_t en = std::min(ranges[2 * q + 1], l.offs[sg + 1]);
+                if (b >= en) continue;
+                const uint64_t kk =
+                    l.dense[sg] ? en - b
+                    : d < 0     ? 0
+                                : std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(d * static_cast<double>(en - b))));
+                auto sel = RefTopk(rs, b, en, kk);
+                want.insert(want.end(), sel.begin(), sel.end());
+              }
+          }
+          std::sort(want.begin(), want.end());
+          uint64_t k = 0;
+          EXPECT_SCAPE_OK(scapeMaskGetCount(mask, &k), c.comm);
+          std::vector<uint64_t> got(k);
+          EXPECT_SCAPE_OK(scapeMaskGetIndices(mask, got.data(), got.size()), c.comm);
+          std::sort(got.begin(), got.end());  // mask order is owner order: compare as sets
+          EXPECT_EQ(got, want) << "rank " << c.rank << " step " << step << " encoding " << e
+                               << " ownership " << own;
+          for (uint64_t i = 0; i < l.n; ++i)
+            send[i] = static_cast<float>(InputValue(scapeFloat32, s, c.rank, i));
+          std::fill(recv.begin(), recv.end(), -7.0f);
+          EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, scapeFloat32, scapeSum,
+                                         mask, c.comm, nullptr), c.comm);
+          EXPECT_SCAPE_OK(scapeAllReduce(send.data(), dense.data(), l.n, scapeFloat32, scapeSum,
+                                         nullptr, c.comm, nullptr), c.comm);
+          std::vector<char> in(l.n, 0);
+          for (uint64_t i : want) in[i] = 1;
+          size_t bad = 0;
+          for (uint64_t i = 0; i < l.n; ++i) {
+            if (!in[i]) {
+              bad += recv[i] != -7.0f;
+              continue;
+            }
+            const Ref ref = Reference(scapeFloat32, scapeSum, s, c.nranks, i);
+            bad += !(std::fabs(static_cast<double>(recv[i]) - ref.value) <= ref.tol);
+          }
+          EXPECT_EQ(bad, 0u) << "rank " << c.rank << " step " << step << " encoding " << e;
+        }
+        EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
+        return true;
+      });
+      EXPECT_TRUE(res.AllOk()) << "encoding " << e << " ownership " << own << ": " << res.Describe();
+    }
+  }
+}
+
+// The 32-bit index encoding cannot describe an owned part of more than 2^32 elements: the
+// start refuses it at once (nothing is allocated for n here).
+TEST(Mask, IndexEncodingRefusesHugeOwnedParts) {
+  RunResult res = RunRanks(1, [&](RankCtx& c) {
+    const uint64_t n = (uint64_t{1} << 32) + 5;
+    const uint64_t offs[] = {0, n};
+    scapeMask_t mask = nullptr;
+    EXPECT_SCAPE_OK(scapeMaskCreate(&mask, n, 1, offs, nullptr, scapeOwnershipShards,
+                                    scapeMaskEncodingIndices, c.comm), c.comm);
+    if (!mask) return false;
+    const uint64_t idx[] = {3, n - 1};
+    EXPECT_SCAPE_OK(scapeMaskSetNextIndices(mask, idx, 2), c.comm);
+    EXPECT_EQ(scapeMaskSyncStart(mask), scapeInvalidUsage);
+    EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 // scapeCommAbort takes the communicator's masks with it, even with a sync in flight.
 TEST(Mask, AbortWithALiveMask) {
   RunResult res = RunRanks(2, [&](RankCtx& c) {
