@@ -520,8 +520,13 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
 
 /**
  * Starts the all-gather of every rank's owned part of the next mask (encoded as configured).
- * Collective (all ranks start their syncs in the same order). Returns at once; the sync runs in
- * the background. scapeInvalidUsage if a sync is already in flight.
+ * Collective (all ranks start their syncs in the same order). Returns at once: the encoding,
+ * the exchange and the decoding all run on the mask's background thread, so the caller's
+ * thread does no mask work until scapeMaskAdvance. Until the sync completes the next mask
+ * must not change (scapeMaskSetNextIndices and scapeMaskSelectNextTopk return
+ * scapeInvalidUsage). scapeInvalidUsage if a sync is already in flight, or if the encoding is
+ * scapeMaskEncodingIndices and this rank owns more than 2^32 elements. Errors found on the
+ * background thread are returned by scapeMaskSyncTest / scapeMaskSyncWait.
  */
 SCAPE_API scapeResult_t scapeMaskSyncStart(scapeMask_t mask);
 /** *done = 1 when the sync started last has completed (then returns its result), else 0 and
@@ -533,7 +538,8 @@ SCAPE_API scapeResult_t scapeMaskSyncTest(scapeMask_t mask, int* done);
 SCAPE_API scapeResult_t scapeMaskSyncWait(scapeMask_t mask);
 
 /** Makes the synchronised next mask current. scapeInvalidUsage while a sync is in flight or
- *  when no sync completed since the last advance. Local. */
+ *  when no sync completed since the last advance. Local and O(1): the mask keeps two index
+ *  buffers and swaps them (memory: about 16 bytes per masked position of each mask). */
 SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask);
 
 /** Number of positions in the current mask (all ranks' parts). */
@@ -571,6 +577,11 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
  * the mask's k, never to n; results are bit-identical on every rank. scapeAllReduce with a
  * non-NULL mask (count must equal the mask's n) is the dense-in / dense-out form: only masked
  * positions are packed, reduced and unpacked; the other elements of recvbuf are left untouched.
+ * In-place (sendbuf == recvbuf) is allowed. The mask keeps a k-element packing buffer for this
+ * form between calls. Its pack and unpack touch one cache line per masked position of a
+ * buffer of n elements: at low density that costs several times the exchange (memory latency,
+ * see perf/RESULTS.md), so a step that already produces packed values (the SCAPE step does:
+ * the candidate kernel packs) should call the packed forms below.
  */
 
 /** All-reduce of k packed values (mask order) in sendbuf into recvbuf (both k elements).
