@@ -311,8 +311,13 @@ Status Mask::DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint
       return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
                                    kernels::KernelStatusString(ks)));
   }
-  // Owned-space local indices (validated: increasing, below nown) to global positions, in
-  // place: each piece's run of indices moves by the same offset.
+  ToGlobal(r, out, k);
+  return Status::Ok();
+}
+
+void Mask::ToGlobal(int r, uint64_t* out, uint64_t k) const {
+  // Owned-space local indices (validated: increasing, below rank r's owned size) to global
+  // positions, in place: each piece's run of indices moves by the same offset.
   uint64_t* p = out;
   uint64_t* const end = out + k;
   uint64_t base = 0;
@@ -324,7 +329,6 @@ Status Mask::DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint
     for (; p < q; ++p) *p += delta;
     base += len;
   }
-  return Status::Ok();
 }
 
 Status Mask::SyncStart() {
@@ -456,6 +460,13 @@ Status Mask::RunSync() {
   next_.resize(total);  // the buffer of the mask before the last advance: no allocation
   off = 0;
   for (size_t r = 0; r < P; ++r) {
+    if (static_cast<int>(r) == rank_ && nextCount_[r] == nextLocal_.size()) {
+      // Our own part: the indices we encoded are at hand, no need to decode them.
+      std::copy(nextLocal_.begin(), nextLocal_.end(), next_.begin() + static_cast<ptrdiff_t>(nextOff_[r]));
+      ToGlobal(rank_, next_.data() + nextOff_[r], nextCount_[r]);
+      off += counts[r];
+      continue;
+    }
     SCAPE_RETURN_IF_ERROR(DecodeInto(static_cast<int>(r), recvEnc_.data() + off * 4,
                                      static_cast<size_t>(sizes[r]), nextCount_[r],
                                      next_.data() + nextOff_[r])

@@ -66,6 +66,8 @@ class Mask {
   // Decodes rank r's part (k indices, from PartCount) into global positions out[0, k);
   // validates everything.
   Status DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint64_t* out) const;
+  // Rank r's owned-space indices out[0, k) (valid, increasing) to global positions, in place.
+  void ToGlobal(int r, uint64_t* out, uint64_t k) const;
   void ThreadMain();
   Status RunSync();  // on the sync thread
 
