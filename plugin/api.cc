@@ -77,18 +77,13 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
     }
   }
   if (mask) {
-    if (a.type != CollType::kAllReduce || !blocking)
-      return scape::Unsupported("a mask is accepted by the blocking scapeAllReduce only (use "
-                                "scapeMaskAllReducePacked and friends for the other forms)");
-    return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask);
+    if (a.type != CollType::kAllReduce)
+      return scape::Unsupported("a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
+                                "only (use scapeMaskReduceScatter and friends for the others)");
+    return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask,
+                                       blocking ? nullptr : request);
   }
-  std::shared_ptr<scape::PendingOp> op;
-  SCAPE_RETURN_IF_ERROR(c.Submit(a, &op));
-  if (blocking) return c.Wait(op.get());
-  auto* req = new scapeRequest{comm, op};
-  comm->requests.insert(req);
-  *request = req;
-  return Status::Ok();
+  return scape::api::SubmitOrRun(comm, a, blocking ? nullptr : request);
 }
 
 scape::coll::CollArgs Args(scape::coll::CollType t, const void* s, void* r, size_t n,
@@ -126,6 +121,23 @@ Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
 }
 
 }  // namespace
+
+namespace scape {
+namespace api {
+
+Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* request,
+                   std::function<void()> onDone) {
+  std::shared_ptr<PendingOp> op;
+  SCAPE_RETURN_IF_ERROR(comm->impl->Submit(a, &op, std::move(onDone)));
+  if (!request) return comm->impl->Wait(op.get());
+  auto* req = new scapeRequest{comm, op};
+  comm->requests.insert(req);
+  *request = req;
+  return Status::Ok();
+}
+
+}  // namespace api
+}  // namespace scape
 
 extern "C" {
 

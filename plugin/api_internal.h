@@ -4,6 +4,7 @@
 #define SCAPE_PLUGIN_API_INTERNAL_H_
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <new>
 #include <set>
@@ -74,8 +75,16 @@ inline Status CheckComm(scapeComm* comm) {
 }
 
 // scapeAllReduce with a mask: pack, dense all-reduce of the k values, unpack (api_mask.cc).
+// request NULL: blocking; else the operation is queued and *request receives its handle (the
+// unpack runs when the exchange completes).
 Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
-                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask);
+                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
+                       scapeRequest_t* request);
+
+// Queues a validated collective: blocking (request NULL) waits for it; otherwise *request
+// receives a new handle registered with the communicator.
+Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* request,
+                   std::function<void()> onDone = nullptr);
 
 }  // namespace api
 }  // namespace scape

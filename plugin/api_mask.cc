@@ -1,8 +1,11 @@
 // SCAPE API entry points for agreed masks, the values-only collectives on them, and the
 // generic sparse all-reduce.
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "kernels/cpu/gather.h"
 #include "plugin/api_internal.h"
 #include "plugin/coll/sparse.h"
 #include "plugin/mask.h"
@@ -23,10 +26,14 @@ Status CheckMask(scapeMask* mask) {
 
 Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
-  SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-  if (mask->comm != comm)
-    return scape::InvalidArgument("mask was created on another communicator");
-  return Status::Ok();
+  if (!mask) return scape::InvalidArgument("mask is NULL");
+  // Checked against the communicator's live masks before anything is dereferenced: a
+  // destroyed mask or one of another communicator is an argument error, not a crash.
+  if (comm->masks.count(mask) == 0)
+    return scape::InvalidArgument(StrFormat("rank %d: mask is not a live mask of this "
+                                            "communicator (destroyed, or created on another "
+                                            "communicator)", comm->impl->rank()));
+  return CheckMask(mask);
 }
 
 Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* op, void* stream) {
@@ -45,13 +52,71 @@ Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* o
 
 scapeComm* CommOf(scapeMask* m) { return m && m->impl ? m->comm : nullptr; }
 
+// The packed values-only collectives; request NULL = blocking. Counts are copied from the
+// current mask when the call is made, so advancing the mask afterwards does not affect an
+// operation in flight (its buffers are the caller's, sized for the mask it was called with).
+Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
+                       scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
+                       scapeRequest_t* request) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
+  const size_t k = mask->impl->Current().size();
+  if (k > 0 && (!sendbuf || !recvbuf)) return scape::InvalidArgument("sendbuf or recvbuf is NULL");
+  scape::coll::CollArgs a;
+  a.type = scape::coll::CollType::kAllReduce;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.count = k;
+  a.counts = mask->impl->RankCounts();
+  a.dtype = dtype;
+  a.op = op;
+  return scape::api::SubmitOrRun(comm, a, request);
+}
+
+Status PackedReduceScatter(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
+                           scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
+                           scapeRequest_t* request) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
+  const scape::Mask& m = *mask->impl;
+  if (!m.Current().empty() && !sendbuf) return scape::InvalidArgument("sendbuf is NULL");
+  if (m.RankCount(comm->impl->rank()) > 0 && !recvbuf)
+    return scape::InvalidArgument("recvbuf is NULL");
+  scape::coll::CollArgs a;
+  a.type = scape::coll::CollType::kReduceScatter;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.dtype = dtype;
+  a.op = op;
+  a.counts = m.RankCounts();
+  return scape::api::SubmitOrRun(comm, a, request);
+}
+
+Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
+                       scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
+  const scape::Mask& m = *mask->impl;
+  if (!m.Current().empty() && !recvbuf) return scape::InvalidArgument("recvbuf is NULL");
+  if (m.RankCount(comm->impl->rank()) > 0 && !sendbuf)
+    return scape::InvalidArgument("sendbuf is NULL");
+  scape::coll::CollArgs a;
+  a.type = scape::coll::CollType::kAllGather;
+  a.send = sendbuf;
+  a.recv = recvbuf;
+  a.dtype = dtype;
+  a.counts = m.RankCounts();
+  return scape::api::SubmitOrRun(comm, a, request);
+}
+
 }  // namespace
 
 namespace scape {
 namespace api {
 
 Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
-                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask) {
+                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
+                       scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
   Mask& m = *mask->impl;
   if (count != m.n())
@@ -61,21 +126,38 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))
     return InvalidArgument(StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
-  // The mask's packing buffer (kept between calls, so no allocation or page faults per step);
-  // the values are reduced in place in it.
-  char* packed = m.PackBuffer(k * esz + 1);
-  if (k > 0) m.Pack(send, packed, esz);
   coll::CollArgs a;
   a.type = coll::CollType::kAllReduce;
-  a.send = packed;
-  a.recv = packed;
   a.count = k;
   a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
   a.dtype = dtype;
   a.op = op;
-  SCAPE_RETURN_IF_ERROR(comm->impl->Run(a));
-  if (k > 0) m.Unpack(packed, recv, esz);
-  return Status::Ok();
+  if (!request) {
+    // Blocking: the mask's packing buffer (kept between calls, so no allocation or page faults
+    // per step); the values are reduced in place in it.
+    char* packed = m.PackBuffer(k * esz + 1);
+    if (k > 0) m.Pack(send, packed, esz);
+    a.send = packed;
+    a.recv = packed;
+    SCAPE_RETURN_IF_ERROR(SubmitOrRun(comm, a, nullptr));
+    if (k > 0) m.Unpack(packed, recv, esz);
+    return Status::Ok();
+  }
+  // Asynchronous: the request owns its packing buffer and holds the positions it packed, so
+  // the caller may advance (or destroy) the mask before it completes; the unpack runs when
+  // the exchange completes, inside the scapeTest / scapeWait (or other call on this
+  // communicator) that completes it.
+  auto packed = std::make_shared<std::vector<char>>(k * esz + 1);
+  std::shared_ptr<const std::vector<uint64_t>> pos = m.CurrentShared();
+  if (k > 0) kernels::GatherByIndex(send, pos->data(), k, esz, packed->data());
+  a.send = packed->data();
+  a.recv = packed->data();
+  std::function<void()> unpack;
+  if (k > 0)
+    unpack = [packed, pos, recv, esz]() {
+      kernels::ScatterByIndex(packed->data(), pos->data(), pos->size(), esz, recv);
+    };
+  return SubmitOrRun(comm, a, request, std::move(unpack));
 }
 
 }  // namespace api
@@ -288,19 +370,17 @@ SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recv
                                                  scapeMask_t mask, scapeComm_t comm,
                                                  void* stream) {
   return Guard(comm, "scapeMaskAllReducePacked", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
-    const size_t k = mask->impl->Current().size();
-    if (k > 0 && (!sendbuf || !recvbuf)) return scape::InvalidArgument("sendbuf or recvbuf is NULL");
-    scape::coll::CollArgs a;
-    a.type = scape::coll::CollType::kAllReduce;
-    a.send = sendbuf;
-    a.recv = recvbuf;
-    a.count = k;
-    a.counts = mask->impl->RankCounts();
-    a.dtype = dtype;
-    a.op = op;
-    return comm->impl->Run(a);
+    return PackedAllReduce(sendbuf, recvbuf, dtype, op, mask, comm, stream, nullptr);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskAllReducePackedAsync(const void* sendbuf, void* recvbuf,
+                                                      scapeDataType_t dtype, scapeRedOp_t op,
+                                                      scapeMask_t mask, scapeComm_t comm,
+                                                      void* stream, scapeRequest_t* request) {
+  return Guard(comm, "scapeMaskAllReducePackedAsync", [&]() -> Status {
+    if (!request) return scape::InvalidArgument("request is NULL");
+    return PackedAllReduce(sendbuf, recvbuf, dtype, op, mask, comm, stream, request);
   });
 }
 
@@ -309,20 +389,17 @@ SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbu
                                                scapeMask_t mask, scapeComm_t comm,
                                                void* stream) {
   return Guard(comm, "scapeMaskReduceScatter", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
-    const scape::Mask& m = *mask->impl;
-    if (!m.Current().empty() && !sendbuf) return scape::InvalidArgument("sendbuf is NULL");
-    if (m.RankCount(comm->impl->rank()) > 0 && !recvbuf)
-      return scape::InvalidArgument("recvbuf is NULL");
-    scape::coll::CollArgs a;
-    a.type = scape::coll::CollType::kReduceScatter;
-    a.send = sendbuf;
-    a.recv = recvbuf;
-    a.dtype = dtype;
-    a.op = op;
-    a.counts = m.RankCounts();
-    return comm->impl->Run(a);
+    return PackedReduceScatter(sendbuf, recvbuf, dtype, op, mask, comm, stream, nullptr);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskReduceScatterAsync(const void* sendbuf, void* recvbuf,
+                                                    scapeDataType_t dtype, scapeRedOp_t op,
+                                                    scapeMask_t mask, scapeComm_t comm,
+                                                    void* stream, scapeRequest_t* request) {
+  return Guard(comm, "scapeMaskReduceScatterAsync", [&]() -> Status {
+    if (!request) return scape::InvalidArgument("request is NULL");
+    return PackedReduceScatter(sendbuf, recvbuf, dtype, op, mask, comm, stream, request);
   });
 }
 
@@ -330,19 +407,17 @@ SCAPE_API scapeResult_t scapeMaskAllGather(const void* sendbuf, void* recvbuf,
                                            scapeDataType_t dtype, scapeMask_t mask,
                                            scapeComm_t comm, void* stream) {
   return Guard(comm, "scapeMaskAllGather", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-    SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
-    const scape::Mask& m = *mask->impl;
-    if (!m.Current().empty() && !recvbuf) return scape::InvalidArgument("recvbuf is NULL");
-    if (m.RankCount(comm->impl->rank()) > 0 && !sendbuf)
-      return scape::InvalidArgument("sendbuf is NULL");
-    scape::coll::CollArgs a;
-    a.type = scape::coll::CollType::kAllGather;
-    a.send = sendbuf;
-    a.recv = recvbuf;
-    a.dtype = dtype;
-    a.counts = m.RankCounts();
-    return comm->impl->Run(a);
+    return PackedAllGather(sendbuf, recvbuf, dtype, mask, comm, stream, nullptr);
+  });
+}
+
+SCAPE_API scapeResult_t scapeMaskAllGatherAsync(const void* sendbuf, void* recvbuf,
+                                                scapeDataType_t dtype, scapeMask_t mask,
+                                                scapeComm_t comm, void* stream,
+                                                scapeRequest_t* request) {
+  return Guard(comm, "scapeMaskAllGatherAsync", [&]() -> Status {
+    if (!request) return scape::InvalidArgument("request is NULL");
+    return PackedAllGather(sendbuf, recvbuf, dtype, mask, comm, stream, request);
   });
 }
 

@@ -255,9 +255,11 @@ Status Comm::CheckControl() {
   return remote;
 }
 
-Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out) {
+Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
+                    std::function<void()> onDone) {
   if (!error_.ok()) return error_;
   auto p = std::make_shared<PendingOp>();
+  p->onDone = std::move(onDone);
   p->args = args;
   p->seq = nextSeq_++;
   p->op = coll::MakeOp(args, rank_, nranks_, tuning_);
@@ -317,6 +319,10 @@ Status Comm::Poll(bool* advanced) {
     Status st = head->op->Progress(ctx, &done, advanced);
     if (!st.ok()) return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
     if (!done) break;
+    if (head->onDone) {
+      head->onDone();
+      head->onDone = nullptr;  // releases what it held (buffers, mask positions)
+    }
     head->done = true;
     head->op.reset();
     queue_.pop_front();

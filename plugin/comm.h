@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,10 @@ struct PendingOp {
   bool started = false;
   bool done = false;
   Status result;
+  // Runs once, on the thread that drives the communicator, when the operation has completed
+  // successfully and before it is reported done (the unpack of an asynchronous masked
+  // all-reduce). Must not fail and must not call into the communicator.
+  std::function<void()> onDone;
 };
 
 class Comm {
@@ -51,8 +56,10 @@ class Comm {
   const Status& error() const { return error_; }
   size_t pending() const { return queue_.size(); }
 
-  // Queues a validated collective; it starts when every earlier one has finished.
-  Status Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out);
+  // Queues a validated collective; it starts when every earlier one has finished. onDone
+  // (optional) becomes the operation's PendingOp::onDone.
+  Status Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
+                std::function<void()> onDone = nullptr);
   // Drives the queue until `op` is done (or the timeout / an error ends it).
   Status Wait(PendingOp* op);
   // One non-blocking pass; *done reports whether `op` has finished.

@@ -337,6 +337,9 @@ Status Mask::SyncStart() {
   if (!nextSet_) nextLocal_.clear();  // nothing selected: an empty part
   if (encoding_ == scapeMaskEncodingIndices && ownedSize_[static_cast<size_t>(rank_)] > (uint64_t{1} << 32))
     return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
+  // The sync thread decodes into next_: if an operation still holds that buffer (it was
+  // current before the last advance), decode into a fresh one instead.
+  if (next_.use_count() > 1) next_ = std::make_shared<std::vector<uint64_t>>();
   // The encoding, the exchange and the decoding all run on the sync thread.
   startNs_ = NowNs();
   {
@@ -457,19 +460,19 @@ Status Mask::RunSync() {
     off += counts[r];
     totalBytes += static_cast<uint64_t>(sizes[r]);
   }
-  next_.resize(total);  // the buffer of the mask before the last advance: no allocation
+  next_->resize(total);  // the buffer of the mask before the last advance: no allocation
   off = 0;
   for (size_t r = 0; r < P; ++r) {
     if (static_cast<int>(r) == rank_ && nextCount_[r] == nextLocal_.size()) {
       // Our own part: the indices we encoded are at hand, no need to decode them.
-      std::copy(nextLocal_.begin(), nextLocal_.end(), next_.begin() + static_cast<ptrdiff_t>(nextOff_[r]));
-      ToGlobal(rank_, next_.data() + nextOff_[r], nextCount_[r]);
+      std::copy(nextLocal_.begin(), nextLocal_.end(), next_->begin() + static_cast<ptrdiff_t>(nextOff_[r]));
+      ToGlobal(rank_, next_->data() + nextOff_[r], nextCount_[r]);
       off += counts[r];
       continue;
     }
     SCAPE_RETURN_IF_ERROR(DecodeInto(static_cast<int>(r), recvEnc_.data() + off * 4,
                                      static_cast<size_t>(sizes[r]), nextCount_[r],
-                                     next_.data() + nextOff_[r])
+                                     next_->data() + nextOff_[r])
                               .Prepend("mask sync"));
     off += counts[r];
   }
@@ -479,11 +482,11 @@ Status Mask::RunSync() {
 }
 
 void Mask::Pack(const void* dense, void* packed, size_t esz) const {
-  kernels::GatherByIndex(dense, cur_.data(), cur_.size(), esz, packed);
+  kernels::GatherByIndex(dense, cur_->data(), cur_->size(), esz, packed);
 }
 
 void Mask::Unpack(const void* packed, void* dense, size_t esz) const {
-  kernels::ScatterByIndex(packed, cur_.data(), cur_.size(), esz, dense);
+  kernels::ScatterByIndex(packed, cur_->data(), cur_->size(), esz, dense);
 }
 
 char* Mask::PackBuffer(size_t bytes) {

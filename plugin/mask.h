@@ -43,7 +43,10 @@ class Mask {
   Status Advance();
 
   // The current mask, in mask order (owner rank, then index).
-  const std::vector<uint64_t>& Current() const { return cur_; }
+  const std::vector<uint64_t>& Current() const { return *cur_; }
+  // The same list, shared: an operation still running after the caller advanced the mask keeps
+  // the positions it was packed with (the mask then stops reusing that buffer).
+  std::shared_ptr<const std::vector<uint64_t>> CurrentShared() const { return cur_; }
   uint64_t RankCount(int r) const { return curCount_[static_cast<size_t>(r)]; }
   uint64_t RankOffset(int r) const { return curOff_[static_cast<size_t>(r)]; }
   std::vector<size_t> RankCounts() const;
@@ -83,8 +86,10 @@ class Mask {
   bool nextSet_ = false;
 
   // The current mask, and the next one as the last sync decoded it; Advance swaps them, so
-  // both buffers are reused from step to step (no allocation, no page faults, no copy).
-  std::vector<uint64_t> cur_, next_;
+  // both buffers are reused from step to step (no allocation, no page faults, no copy) unless
+  // an asynchronous operation still holds one (CurrentShared).
+  std::shared_ptr<std::vector<uint64_t>> cur_ = std::make_shared<std::vector<uint64_t>>();
+  std::shared_ptr<std::vector<uint64_t>> next_ = std::make_shared<std::vector<uint64_t>>();
   std::vector<uint64_t> curCount_, curOff_, nextCount_, nextOff_;
   std::vector<char> packBuf_;
 

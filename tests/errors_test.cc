@@ -109,7 +109,9 @@ TEST(Errors, ArgumentErrorsLeaveCommUsable) {
     int dummyStream = 0;
     EXPECT_EQ(scapeAllReduce(a.data(), b.data(), 16, scapeFloat32, scapeSum, nullptr, c.comm, &dummyStream), scapeUnsupported);
     scapeRequest_t req = nullptr;
-    EXPECT_EQ(scapeAllReduceAsync(a.data(), b.data(), 16, scapeFloat32, scapeSum, reinterpret_cast<scapeMask_t>(&dummyStream), c.comm, nullptr, &req), scapeUnsupported);
+    // A handle that is not a live mask of this communicator is refused without being used.
+    EXPECT_EQ(scapeAllReduceAsync(a.data(), b.data(), 16, scapeFloat32, scapeSum, reinterpret_cast<scapeMask_t>(&dummyStream), c.comm, nullptr, &req), scapeInvalidArgument);
+    EXPECT_TRUE(Contains(scapeGetLastError(c.comm), "not a live mask")) << scapeGetLastError(c.comm);
     EXPECT_EQ(req, nullptr);
     EXPECT_EQ(scapeBroadcast(a.data(), b.data(), 16, scapeFloat32, 2, c.comm, nullptr), scapeInvalidArgument);
     EXPECT_TRUE(Contains(scapeGetLastError(c.comm), "root 2"));

@@ -241,6 +241,101 @@ TEST(Mask, RepeatedStepsWithChangingK) {
   }
 }
 
+// The non-blocking forms give the blocking forms' bits. A dense-in/out request keeps the
+// positions it packed: the mask is advanced to a different selection, and then destroyed,
+// while requests are still in flight, and they still unpack at the old positions.
+void AsyncCase(int P) {
+  const unsigned seed = FreshSeed() + 3131u + static_cast<unsigned>(P);
+  RunResult res = RunRanks(P, [&](RankCtx& c) {
+    Layout l = MakeLayout();
+    const int nseg = static_cast<int>(l.offs.size() - 1);
+    scapeMask_t mask = nullptr;
+    EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, nseg, l.offs.data(), l.dense.data(),
+                                    scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), c.comm);
+    if (!mask) return false;
+    std::vector<float> stat(l.n), stat2(l.n);
+    for (uint64_t i = 0; i < l.n; ++i) stat[i] = Stat(seed, c.rank, i);
+    for (uint64_t i = 0; i < l.n; ++i) stat2[i] = Stat(seed + 1u, c.rank, i);
+    auto step = [&](const std::vector<float>& st, double d) {
+      EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(mask, st.data(), d), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskSyncStart(mask), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskSyncWait(mask), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskAdvance(mask), c.comm);
+    };
+    step(stat, 0.1);
+    uint64_t k = 0, kr = 0, off = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(mask, &k), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskGetRankCount(mask, c.rank, &kr, &off), c.comm);
+    std::vector<float> send(l.n), sendB(l.n);
+    for (uint64_t i = 0; i < l.n; ++i) send[i] = static_cast<float>(InputValue(scapeFloat32, seed, c.rank, i));
+    for (uint64_t i = 0; i < l.n; ++i) sendB[i] = static_cast<float>(InputValue(scapeFloat32, seed + 5u, c.rank, i));
+
+    // Blocking references on the first mask.
+    std::vector<float> refA(l.n, -7.0f), refB = sendB;  // refB: in place, as gotB below
+    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), refA.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(sendB.data(), refB.data(), l.n, scapeFloat32, scapeMax, mask, c.comm, nullptr), c.comm);
+    std::vector<float> packed(k + 1), ar(k + 1), rs(kr + 1), ag(k + 1);
+    EXPECT_SCAPE_OK(scapeMaskPack(mask, send.data(), packed.data(), scapeFloat32), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), ar.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskReduceScatter(packed.data(), rs.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllGather(rs.data(), ag.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+
+    // The same, non-blocking: two dense-in/out requests (one in place), then the packed ones.
+    std::vector<float> gotA(l.n, -7.0f), gotB = sendB;
+    scapeRequest_t qa = nullptr, qb = nullptr, qc = nullptr, qd = nullptr, qe = nullptr;
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), gotA.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr, &qa), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(gotB.data(), gotB.data(), l.n, scapeFloat32, scapeMax, mask, c.comm, nullptr, &qb), c.comm);
+    std::vector<float> ar2(k + 1), rs2(kr + 1), ag2(k + 1);
+    EXPECT_SCAPE_OK(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr, &qc), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskReduceScatterAsync(packed.data(), rs2.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr, &qd), c.comm);
+    // The mask moves on twice (different selections and densities) while they are in flight:
+    // the second sync would decode into the buffer the requests packed from, if the mask
+    // reused it.
+    step(stat2, 0.05);
+    step(stat2, 0.3);
+    uint64_t k2 = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(mask, &k2), c.comm);
+    EXPECT_NE(k2, k);
+    EXPECT_SCAPE_OK(scapeWait(qd), c.comm);  // out of issue order: completes qa..qc on the way
+    EXPECT_SCAPE_OK(scapeWait(qb), c.comm);
+    int done = 0;
+    EXPECT_SCAPE_OK(scapeTest(qa, &done), c.comm);
+    EXPECT_EQ(done, 1) << "a request issued before a completed one must be complete";
+    EXPECT_SCAPE_OK(scapeWait(qc), c.comm);
+    EXPECT_EQ(std::memcmp(gotA.data(), refA.data(), l.n * 4), 0) << "rank " << c.rank << ": async dense in/out (sum)";
+    EXPECT_EQ(std::memcmp(gotB.data(), refB.data(), l.n * 4), 0) << "rank " << c.rank << ": async dense in/out, in place (max)";
+    EXPECT_EQ(std::memcmp(ar2.data(), ar.data(), k * 4), 0) << "async packed all-reduce";
+    EXPECT_EQ(std::memcmp(rs2.data(), rs.data(), kr * 4), 0) << "async reduce-scatter";
+
+    // The all-gather is taken on the second mask: sized for k2, then checked against blocking.
+    uint64_t kr2 = 0, off2 = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetRankCount(mask, c.rank, &kr2, &off2), c.comm);
+    std::vector<float> mine(kr2 + 1, 1.5f + static_cast<float>(c.rank)), agB(k2 + 1), agA(k2 + 1);
+    EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), agB.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllGatherAsync(mine.data(), agA.data(), scapeFloat32, mask, c.comm, nullptr, &qe), c.comm);
+    EXPECT_SCAPE_OK(scapeWait(qe), c.comm);
+    EXPECT_EQ(std::memcmp(agA.data(), agB.data(), k2 * 4), 0) << "async all-gather";
+
+    // A dense-in/out request outlives its mask.
+    std::vector<float> ref2(l.n, -7.0f), got2(l.n, -7.0f);
+    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), ref2.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr), c.comm);
+    scapeRequest_t qf = nullptr;
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), got2.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr, &qf), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
+    EXPECT_SCAPE_OK(scapeWait(qf), c.comm);
+    EXPECT_EQ(std::memcmp(got2.data(), ref2.data(), l.n * 4), 0) << "async request after its mask was destroyed";
+    // The destroyed handle is refused, not used.
+    scapeRequest_t qg = nullptr;
+    EXPECT_EQ(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeSum, mask, c.comm, nullptr, &qg), scapeInvalidArgument);
+    EXPECT_EQ(qg, nullptr);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+TEST(Mask, AsyncFormsP1) { AsyncCase(1); }
+TEST(Mask, AsyncFormsP3) { AsyncCase(3); }
+
 // The 32-bit index encoding cannot describe an owned part of more than 2^32 elements: the
 // start refuses it at once (nothing is allocated for n here).
 TEST(Mask, IndexEncodingRefusesHugeOwnedParts) {

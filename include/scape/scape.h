@@ -343,8 +343,12 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
  * @param mask  NULL for a dense all-reduce. A non-NULL agreed mask selects the SCAPE sparse
  *              exchange: count must equal the mask's n; only the current mask's positions are
  *              packed, reduced and unpacked, and every other element of recvbuf is left
- *              untouched (in place allowed). Not available for the *Async form (which returns
- *              scapeUnsupported for a non-NULL mask).
+ *              untouched (in place allowed). With scapeAllReduceAsync the masked values are
+ *              packed inside the call, the exchange progresses in scapeTest / scapeWait, and
+ *              the unpack into recvbuf runs when the exchange completes (inside the call on
+ *              this communicator that completes it); the request keeps its own packing
+ *              buffer and the positions it packed, so the mask may be advanced or destroyed
+ *              before the request completes.
  * @return scapeSuccess; scapeInvalidArgument (NULL buffer with count > 0, bad dtype/op, bad
  *         overlap, NULL comm, count != the mask's n); scapeUnsupported (stream non-NULL);
  *         scapeInvalidUsage
@@ -577,8 +581,14 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
  * the mask's k, never to n; results are bit-identical on every rank. scapeAllReduce with a
  * non-NULL mask (count must equal the mask's n) is the dense-in / dense-out form: only masked
  * positions are packed, reduced and unpacked; the other elements of recvbuf are left untouched.
- * In-place (sendbuf == recvbuf) is allowed. The mask keeps a k-element packing buffer for this
- * form between calls. Its pack and unpack touch one cache line per masked position of a
+ * In-place (sendbuf == recvbuf) is allowed. The blocking form packs into a k-element buffer
+ * the mask keeps between calls; scapeAllReduceAsync allocates one per request. Every form has
+ * a non-blocking *Async variant completed with scapeTest / scapeWait, with the rules of the
+ * dense *Async collectives (buffers untouched until completion; operations on a communicator
+ * complete in issue order). Errors: scapeInvalidArgument (NULL mask, comm or buffer where k or
+ * this rank's part is non-zero, a mask of another communicator, bad dtype/op, NULL request);
+ * scapeUnsupported (stream non-NULL); then as for the dense collectives.
+ * The dense-in/out form's pack and unpack touch one cache line per masked position of a
  * buffer of n elements: at low density that costs several times the exchange (memory latency,
  * see perf/RESULTS.md), so a step that already produces packed values (the SCAPE step does:
  * the candidate kernel packs) should call the packed forms below.
@@ -592,17 +602,34 @@ SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recv
                                                  scapeDataType_t dtype, scapeRedOp_t op,
                                                  scapeMask_t mask, scapeComm_t comm,
                                                  void* stream);
+/** Non-blocking scapeMaskAllReducePacked; *request receives the handle (must not be NULL;
+ *  complete it with scapeTest / scapeWait). k and the owner blocks are taken from the current
+ *  mask when the call is made. */
+SCAPE_API scapeResult_t scapeMaskAllReducePackedAsync(const void* sendbuf, void* recvbuf,
+                                                      scapeDataType_t dtype, scapeRedOp_t op,
+                                                      scapeMask_t mask, scapeComm_t comm,
+                                                      void* stream, scapeRequest_t* request);
 /** Reduce-scatter: sendbuf holds k packed values (mask order); rank r receives in recvbuf its
  *  part (k_r values, see scapeMaskGetRankCount) reduced over all ranks. */
 SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbuf,
                                                scapeDataType_t dtype, scapeRedOp_t op,
                                                scapeMask_t mask, scapeComm_t comm,
                                                void* stream);
+/** Non-blocking scapeMaskReduceScatter (request as for scapeMaskAllReducePackedAsync). */
+SCAPE_API scapeResult_t scapeMaskReduceScatterAsync(const void* sendbuf, void* recvbuf,
+                                                    scapeDataType_t dtype, scapeRedOp_t op,
+                                                    scapeMask_t mask, scapeComm_t comm,
+                                                    void* stream, scapeRequest_t* request);
 /** All-gather: rank r contributes its part (k_r values); every rank receives all k values in
  *  mask order. */
 SCAPE_API scapeResult_t scapeMaskAllGather(const void* sendbuf, void* recvbuf,
                                            scapeDataType_t dtype, scapeMask_t mask,
                                            scapeComm_t comm, void* stream);
+/** Non-blocking scapeMaskAllGather (request as for scapeMaskAllReducePackedAsync). */
+SCAPE_API scapeResult_t scapeMaskAllGatherAsync(const void* sendbuf, void* recvbuf,
+                                                scapeDataType_t dtype, scapeMask_t mask,
+                                                scapeComm_t comm, void* stream,
+                                                scapeRequest_t* request);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Generic sparse all-reduce (no agreed mask)                                                 */
