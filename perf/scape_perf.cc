@@ -200,10 +200,14 @@ void usage(FILE* f) {
       "masksync columns: count density encoding sent-as (rank 0's encoding) k sent(B/rank)\n"
       "total(B) mask(B/param) sync(us)\n"
       "overlapped(us) hidden mask+payload(B/param) dense(B/param) #wrong sync-cpu(us) hid-idle;\n"
-      "hidden = 1 - (T_both - T_sync) / T_sync clipped to [0, 1] where T_both = start, busy\n"
-      "memory work on this thread for T_sync, wait; mask+payload = total/count + 8*density;\n"
+      "hidden = 1 - (T_both - T_c) / T_sync clipped to [0, 1] where T_both = start, busy\n"
+      "memory work on this thread for T_c, wait (T_c = the calibrated T_sync, below);\n"
+      "mask+payload = total/count + 8*density;\n"
       "sync-cpu = CPU time per sync outside the calling thread (mean over ranks); hid-idle =\n"
       "the hidden fraction when the compute phase sleeps instead (a core left to the sync).\n"
+      "masksync times: T_c is calibrated first (median of -n syncs), then -n rounds of\n"
+      "(sync alone, busy overlap, idle overlap) run interleaved; each is the slowest rank's\n"
+      "median over its rounds.\n"
       "\n"
       "Without -np, a launcher's environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE,\n"
       "PMI_RANK, SLURM_PROCID) selects scapeCommInitFromEnv; otherwise one rank runs.\n"
@@ -958,6 +962,33 @@ double threadCpuSec() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// The host's aggregate CPU counters (/proc/stat "cpu" line, in ticks); false where there is
+// no such file. Used to report how much CPU time the hypervisor took from this VM during a
+// run ("steal"), which on shared cloud machines is the main source of stalls.
+struct CpuTicks {
+  unsigned long long user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
+                     steal = 0;
+  unsigned long long total() const {
+    return user + nice + sys + idle + iowait + irq + softirq + steal;
+  }
+};
+bool readCpuTicks(CpuTicks* t) {
+  FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return false;
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &t->user, &t->nice,
+                            &t->sys, &t->idle, &t->iowait, &t->irq, &t->softirq, &t->steal);
+  std::fclose(f);
+  return n == 8;
+}
+
+// Median of a non-empty list (the mean of the middle two for an even count).
+int64_t medianI64(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 // Memory work on this thread for `sec` seconds (the compute phase the mask sync hides behind):
 // y = 0.999 y + x over two buffers larger than the caches.
 class BusyCompute {
@@ -1169,6 +1200,8 @@ class Bench {
   double bwSum_ = 0;
   int bwCount_ = 0;
   int64_t wrongTotal_ = 0;
+  CpuTicks ticks0_;          // host CPU counters at the start of the run (rank 0 reports)
+  bool haveTicks_ = false;
   bool failed_ = false;
 };
 
@@ -1901,55 +1934,61 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
       PERF_CHECK("scapeMaskSyncStart (warm-up)", scapeMaskSyncStart(m));
       PERF_CHECK("scapeMaskSyncWait (warm-up)", scapeMaskSyncWait(m));
     }
-    // T_sync: start + wait alone. Also the CPU the sync costs outside the calling thread.
-    int64_t syncNs = 0;
+    // Calibration: T_sync alone (start + wait), median of -n syncs, slowest rank: the length
+    // of the compute phases below. Also the CPU the sync costs outside the calling thread.
+    std::vector<int64_t> alone, both, idle;
     const double cpu0 = processCpuSec(), self0 = threadCpuSec();
     for (int i = 0; i < o_.iters; ++i) {
       PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
       const double t0 = nowSec();
       PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
       PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-      syncNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
+      alone.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
       beat();
     }
     const double bgCpu = (processCpuSec() - cpu0) - (threadCpuSec() - self0);
-    int64_t tsync = syncNs / o_.iters;
-    if (!reduceI64(&tsync, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
+    int64_t tcal = medianI64(alone);
+    if (!reduceI64(&tcal, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
     scapeMaskSyncInfo_t info{};
     PERF_CHECK("scapeMaskGetSyncInfo", scapeMaskGetSyncInfo(m, &info));
-    // T_both: start, compute for T_sync on this thread, wait.
-    int64_t bothNs = 0;
-    const double tc = static_cast<double>(tsync) * 1e-9;
+    // Then -n rounds of: the sync alone again, T_both (start, busy memory work on this thread
+    // for the calibrated T_sync, wait) and T_idle (the same with a sleeping compute phase: the
+    // host thread of a GPU step mostly waits). Interleaved, so drift in the machine's load
+    // hits all three alike; medians, so one stalled iteration does not decide the row.
+    const double tc = static_cast<double>(tcal) * 1e-9;
     for (int i = 0; i < o_.iters; ++i) {
       PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
-      const double t0 = nowSec();
+      double t0 = nowSec();
+      PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
+      PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
+      alone.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+      t0 = nowSec();
       PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
       compute->run(tc);
       PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-      bothNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
+      both.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+      if (o_.syncIdle) {
+        PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+        t0 = nowSec();
+        PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
+        for (double left = tc; left > 0; left = t0 + tc - nowSec()) {
+          struct timespec ts {};
+          ts.tv_sec = static_cast<time_t>(left);
+          ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
+          nanosleep(&ts, nullptr);
+        }
+        PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
+        idle.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+      }
       beat();
     }
-    int64_t tboth = bothNs / o_.iters;
+    int64_t tsync = medianI64(alone);
+    if (!reduceI64(&tsync, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
+    int64_t tboth = medianI64(both);
     if (!reduceI64(&tboth, 1, scapeMax, "scapeAllReduce(overlapped time, int64, max)"))
       return false;
-    // Diagnostic: the same with a compute phase that leaves the core idle (the host thread of a
-    // GPU step mostly waits): what the overlap achieves when the sync has a core to itself.
-    int64_t idleNs = 0;
-    for (int i = 0; i < (o_.syncIdle ? o_.iters : 0); ++i) {
-      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
-      const double t0 = nowSec();
-      PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
-      for (double left = tc; left > 0; left = t0 + tc - nowSec()) {
-        struct timespec ts {};
-        ts.tv_sec = static_cast<time_t>(left);
-        ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
-        nanosleep(&ts, nullptr);
-      }
-      PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-      idleNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
-      beat();
-    }
-    int64_t tidle = o_.syncIdle ? idleNs / o_.iters : -1;
+    int64_t tidle = o_.syncIdle ? medianI64(idle) : -1;
     if (!reduceI64(&tidle, 1, scapeMax, "scapeAllReduce(idle overlapped time, int64, max)"))
       return false;
     // The synchronised mask must be the one selected, whatever the encoding.
@@ -1981,11 +2020,14 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     w.libSyncUs = info.syncSeconds * 1e6;
     w.syncCpuUs = static_cast<double>(sums[3]) / nranks_ / 1e3;
     w.bothUs = static_cast<double>(tboth) / 1e3;
+    // What the overlapped round takes beyond its compute phase (T_c, the calibrated T_sync)
+    // is the part of the sync that was not hidden.
     const double ts = static_cast<double>(tsync), tb = static_cast<double>(tboth);
-    w.hidden = ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (tb - ts) / ts)) : 1.0;
+    const double tcn = static_cast<double>(tcal);
+    w.hidden = ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (tb - tcn) / ts)) : 1.0;
     const double ti = static_cast<double>(tidle);
     w.idleUs = ti / 1e3;
-    w.hiddenIdle = tidle < 0 ? -1.0 : ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (ti - ts) / ts)) : 1.0;
+    w.hiddenIdle = tidle < 0 ? -1.0 : ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (ti - tcn) / ts)) : 1.0;
     w.maskBpp = count ? static_cast<double>(info.totalBytes) / static_cast<double>(count) : 0.0;
     w.totalBpp = w.maskBpp + 8.0 * density;
     w.wrong = sums[1];
@@ -2228,6 +2270,17 @@ void Bench::printFooter() {
   } else {
     std::printf("# Avg bus bandwidth    : %g \n", bwCount_ ? bwSum_ / bwCount_ : 0.0);
   }
+  CpuTicks t1;
+  if (haveTicks_ && readCpuTicks(&t1) && t1.total() > ticks0_.total()) {
+    const double d = static_cast<double>(t1.total() - ticks0_.total());
+    std::printf("# Host CPU during run  : busy %.1f%%, idle %.1f%%, stolen by the hypervisor "
+                "%.1f%% (/proc/stat)\n",
+                100.0 * static_cast<double>((t1.user + t1.nice + t1.sys + t1.irq + t1.softirq) -
+                                            (ticks0_.user + ticks0_.nice + ticks0_.sys +
+                                             ticks0_.irq + ticks0_.softirq)) / d,
+                100.0 * static_cast<double>((t1.idle + t1.iowait) - (ticks0_.idle + ticks0_.iowait)) / d,
+                100.0 * static_cast<double>(t1.steal - ticks0_.steal) / d);
+  }
   std::printf("#\n");
   std::fflush(stdout);
 }
@@ -2312,6 +2365,7 @@ int Bench::run() {
   std::vector<std::string> hosts;
   if (!exchangeRankInfo(&pids, &hosts)) return kExitCallFailed;
   if (rank_ == 0) printHeader(pids, hosts);
+  haveTicks_ = readCpuTicks(&ticks0_);
   int code = kExitOk;
   switch (o_.mode) {
     case Mode::kDense:
