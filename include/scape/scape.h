@@ -543,7 +543,7 @@ SCAPE_API scapeResult_t scapeMaskSyncWait(scapeMask_t mask);
 
 /** Makes the synchronised next mask current. scapeInvalidUsage while a sync is in flight or
  *  when no sync completed since the last advance. Local and O(1): the mask keeps two index
- *  buffers and swaps them (memory: about 16 bytes per masked position of each mask). */
+ *  buffers (8 bytes per position of the current and of the next mask) and swaps them. */
 SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask);
 
 /** Number of positions in the current mask (all ranks' parts). */
