@@ -132,6 +132,14 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
   a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
   a.dtype = dtype;
   a.op = op;
+  if (m.CurrentIsIdentity()) {
+    // A full mask with shard ownership: mask order is the buffer's order, so the owner-blocked
+    // all-reduce runs on the dense buffers directly (same blocks, same reduction order, same
+    // bits as the packed path) and nothing is gathered or scattered.
+    a.send = send;
+    a.recv = recv;
+    return SubmitOrRun(comm, a, request);
+  }
   if (!request) {
     // Blocking: the mask's packing buffer (kept between calls, so no allocation or page faults
     // per step); the values are reduced in place in it.

@@ -97,6 +97,7 @@ Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffs
   m->nranks_ = comm->nranks();
   m->n_ = n;
   m->encoding_ = encoding;
+  m->ownership_ = ownership;
   const size_t P = static_cast<size_t>(m->nranks_);
 
   // Every rank must have built the same layout: compare fingerprints on every rank.

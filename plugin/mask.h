@@ -50,6 +50,11 @@ class Mask {
   uint64_t RankCount(int r) const { return curCount_[static_cast<size_t>(r)]; }
   uint64_t RankOffset(int r) const { return curOff_[static_cast<size_t>(r)]; }
   std::vector<size_t> RankCounts() const;
+  // The current mask is every position in increasing order (shard ownership, k == n): packed
+  // and dense layouts coincide, so a dense-in/out collective needs no pack or unpack.
+  bool CurrentIsIdentity() const {
+    return ownership_ == scapeOwnershipShards && cur_->size() == n_;
+  }
 
   void Pack(const void* dense, void* packed, size_t esz) const;
   void Unpack(const void* packed, void* dense, size_t esz) const;
@@ -78,6 +83,7 @@ class Mask {
   int rank_ = 0, nranks_ = 1;
   uint64_t n_ = 0;
   scapeMaskEncoding_t encoding_ = scapeMaskEncodingAuto;
+  scapeOwnership_t ownership_ = scapeOwnershipShards;
   std::vector<std::vector<Piece>> owned_;  // per rank, increasing
   std::vector<uint64_t> ownedSize_;        // per rank
 

@@ -133,6 +133,11 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
       EXPECT_EQ(std::memcmp(mine.data(), ar.data() + off * esz, kr * esz), 0) << "reduce-scatter part";
       EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), ag.data(), t, mask, c.comm, nullptr), c.comm);
       EXPECT_EQ(std::memcmp(ag.data(), ar.data(), k * esz), 0) << "reduce-scatter + all-gather != all-reduce";
+      // The dense-in/out form gives the packed form's bits (also on its full-mask fast path).
+      std::vector<char> avgPacked(k * esz + 1), recvPacked(k * esz + 1);
+      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), avgPacked.data(), t, scapeAvg, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskPack(mask, recv.data(), recvPacked.data(), t), c.comm);
+      EXPECT_EQ(std::memcmp(recvPacked.data(), avgPacked.data(), k * esz), 0) << "dense in/out != packed";
     }
     scapeMaskSyncInfo_t info;
     EXPECT_SCAPE_OK(scapeMaskGetSyncInfo(mask, &info), c.comm);
