@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/harness.h"
@@ -103,13 +104,20 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
     EXPECT_EQ(got, want) << "rank " << c.rank << "'s selection";
 
     // Masked all-reduce (dense in/out) equals the dense all-reduce restricted to the mask.
-    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16}) {
+    // Every payload type the issue names, with a different op each (the sentinel check and
+    // the packed comparisons below hold for any op).
+    const std::pair<scapeDataType_t, scapeRedOp_t> cases[] = {
+        {scapeFloat32, scapeAvg}, {scapeBfloat16, scapeAvg}, {scapeFloat16, scapeMin},
+        {scapeFloat32, scapeMax}};
+    for (const auto& tc : cases) {
+      const scapeDataType_t t = tc.first;
+      const scapeRedOp_t dop = tc.second;
       const size_t esz = scapeTypeSize(t);
       std::vector<char> send(l.n * esz), recv(l.n * esz), dense(l.n * esz);
       for (uint64_t i = 0; i < l.n; ++i) Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
       for (uint64_t i = 0; i < l.n; ++i) Store(t, recv.data(), i, -7.0);  // sentinel
-      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, t, scapeAvg, mask, c.comm, nullptr), c.comm);
-      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), dense.data(), l.n, t, scapeAvg, nullptr, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, t, dop, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), dense.data(), l.n, t, dop, nullptr, c.comm, nullptr), c.comm);
       std::vector<char> inMask(l.n, 0);
       for (uint64_t i : idx) inMask[i] = 1;
       size_t bad = 0;
@@ -119,10 +127,10 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
           bad += v != -7.0;
           continue;
         }
-        Ref ref = Reference(t, scapeAvg, seed, c.nranks, i);
+        Ref ref = Reference(t, dop, seed, c.nranks, i);
         bad += !(std::fabs(v - ref.value) <= ref.tol);
       }
-      EXPECT_EQ(bad, 0u) << "rank " << c.rank << " dtype " << t;
+      EXPECT_EQ(bad, 0u) << "rank " << c.rank << " dtype " << t << " op " << dop;
       EXPECT_TRUE(SameOnAllRanks(c, recv.data(), recv.size()));
 
       // Packed forms: reduce-scatter then all-gather gives the all-reduce's bits.
@@ -134,10 +142,10 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
       EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), ag.data(), t, mask, c.comm, nullptr), c.comm);
       EXPECT_EQ(std::memcmp(ag.data(), ar.data(), k * esz), 0) << "reduce-scatter + all-gather != all-reduce";
       // The dense-in/out form gives the packed form's bits (also on its full-mask fast path).
-      std::vector<char> avgPacked(k * esz + 1), recvPacked(k * esz + 1);
-      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), avgPacked.data(), t, scapeAvg, mask, c.comm, nullptr), c.comm);
+      std::vector<char> opPacked(k * esz + 1), recvPacked(k * esz + 1);
+      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), opPacked.data(), t, dop, mask, c.comm, nullptr), c.comm);
       EXPECT_SCAPE_OK(scapeMaskPack(mask, recv.data(), recvPacked.data(), t), c.comm);
-      EXPECT_EQ(std::memcmp(recvPacked.data(), avgPacked.data(), k * esz), 0) << "dense in/out != packed";
+      EXPECT_EQ(std::memcmp(recvPacked.data(), opPacked.data(), k * esz), 0) << "dense in/out != packed";
     }
     scapeMaskSyncInfo_t info;
     EXPECT_SCAPE_OK(scapeMaskGetSyncInfo(mask, &info), c.comm);
