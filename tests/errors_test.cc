@@ -287,6 +287,53 @@ TEST(Errors, RankDeathOverTcpFailsEverySurvivor) {
   unsetenv("SCAPE_LOCAL_SHM");
 }
 
+// A rank that dies instead of joining a mask sync: the sync thread of every survivor finds out
+// (its private channel watches the peers as the main one does) and scapeMaskSyncWait reports it
+// within the timeout; the mask can still be destroyed.
+void MaskSyncDeathCase() {
+  RankOptions o;
+  o.timeoutMs = 4000;
+  RunResult res = RunRanks(4, [&](RankCtx& c) {
+    const uint64_t n = 100000;
+    const uint64_t offs[] = {0, 40000, n};
+    scapeMask_t mask = nullptr;
+    EXPECT_EQ(scapeMaskCreate(&mask, n, 2, offs, nullptr, scapeOwnershipShards,
+                              scapeMaskEncodingAuto, c.comm), scapeSuccess)
+        << scapeGetLastError(c.comm);
+    if (!mask) return false;
+    std::vector<float> stat(n);
+    for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 2654435761u) % 1000);
+    EXPECT_EQ(scapeMaskSelectNextTopk(mask, stat.data(), 0.01), scapeSuccess);
+    if (c.rank == 2) kill(getpid(), SIGKILL);
+    auto t0 = Clock::now();
+    EXPECT_EQ(scapeMaskSyncStart(mask), scapeSuccess) << scapeGetLastError(c.comm);
+    scapeResult_t r = scapeMaskSyncWait(mask);
+    const int64_t ms = MsSince(t0);
+    EXPECT_TRUE(r == scapeRemoteError || r == scapeTimeout)
+        << "rank " << c.rank << ": " << scapeGetErrorString(r) << ": " << scapeGetLastError(c.comm);
+    EXPECT_LT(ms, o.timeoutMs + 2000) << "rank " << c.rank;
+    std::fprintf(stderr, "rank %d: mask sync error after %lld ms: %s\n", c.rank,
+                 static_cast<long long>(ms), scapeGetLastError(c.comm));
+    EXPECT_EQ(scapeMaskAdvance(mask), scapeInvalidUsage) << "a failed sync must not be advanced to";
+    EXPECT_EQ(scapeMaskDestroy(mask), scapeSuccess) << scapeGetLastError(c.comm);
+    // The main channel learns of the death too.
+    EXPECT_NE(scapeBarrier(c.comm), scapeSuccess);
+    return true;
+  }, o);
+  ASSERT_EQ(res.exitCodes.size(), 4u);
+  EXPECT_FALSE(res.watchdogFired);
+  EXPECT_EQ(res.exitCodes[2], -SIGKILL);
+  for (int r : {0, 1, 3}) EXPECT_EQ(res.exitCodes[static_cast<size_t>(r)], 0) << res.Describe();
+}
+
+TEST(Errors, RankDeathDuringMaskSyncFailsEverySurvivor) { MaskSyncDeathCase(); }
+
+TEST(Errors, RankDeathDuringMaskSyncOverTcpFailsEverySurvivor) {
+  setenv("SCAPE_LOCAL_SHM", "0", 1);
+  MaskSyncDeathCase();
+  unsetenv("SCAPE_LOCAL_SHM");
+}
+
 // scapeCommAbort on one rank tells the others at once (well before their timeout).
 TEST(Errors, AbortNotifiesPeers) {
   RankOptions o;
