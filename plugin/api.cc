@@ -1,5 +1,7 @@
 // The SCAPE API entry points: argument checks, error translation, and the guarantee that no
 // C++ exception crosses into the caller. Everything below this file speaks scape::Status.
+#include <time.h>
+
 #include <exception>
 #include <memory>
 #include <new>
@@ -9,6 +11,7 @@
 #include "plugin/api_internal.h"
 #include "plugin/comm.h"
 #include "scape/scape.h"
+#include "transport/base/clock.h"
 #include "transport/base/log.h"
 #include "transport/base/param.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -246,7 +249,8 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
 
 SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
   if (!comm) return scapeSuccess;
-  return Guard(comm, "scapeCommDestroy", [&]() -> Status {
+  // The checks run as a counted call; the delete after it, once nothing is counted.
+  scapeResult_t r = Guard(comm, "scapeCommDestroy", [&]() -> Status {
     if (!comm->masks.empty())
       return scape::InvalidUsage(StrFormat("%zu mask(s) of this communicator still exist: destroy "
                                            "them first (scapeMaskDestroy)",
@@ -256,14 +260,33 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
                                            "completed with scapeTest/scapeWait; complete them or "
                                            "use scapeCommAbort",
                                            comm->requests.size()));
-    delete comm;
     return Status::Ok();
   });
+  if (r == scapeSuccess) delete comm;
+  return r;
 }
 
 SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
   if (!comm) return scapeSuccess;
   try {
+    // Another thread may be blocked in a call on this communicator (a watchdog thread aborting
+    // a hung collective): ask it to give up, and free nothing until it has left the library.
+    comm->aborting.store(true, std::memory_order_release);
+    if (comm->impl) comm->impl->RequestAbort();
+    const int timeoutMs = comm->impl ? comm->impl->config().timeoutMs : 0;
+    scape::Deadline dl = scape::Deadline::AfterMs(timeoutMs + 10000);
+    while (comm->activeCalls.load(std::memory_order_acquire) > 0) {
+      if (dl.Expired()) {
+        // A call that does not come back: leak the communicator rather than free it under
+        // that call. Its peers are told by the call itself when it fails.
+        SCAPE_WARN("scapeCommAbort: a call on this communicator did not return within %d ms; "
+                   "leaking the communicator instead of freeing it under that call",
+                   timeoutMs + 10000);
+        return scapeSuccess;
+      }
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, nullptr);
+    }
     if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
     // Masks die with their communicator (their sync threads finish within the timeout).
     for (scapeMask* m : comm->masks) delete m;
@@ -386,6 +409,7 @@ SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
                   scape::InvalidArgument(request ? "scapeTest: done is NULL"
                                                  : "scapeTest: request is NULL"));
   scapeComm* comm = request->comm;
+  scape::api::ActiveCall active(comm);  // also covers the erase below
   bool fin = false;
   scapeResult_t r = Guard(comm, "scapeTest", [&]() -> Status {
     return comm->impl->Test(request->op.get(), &fin);
@@ -400,6 +424,7 @@ SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
 SCAPE_API scapeResult_t scapeWait(scapeRequest_t request) {
   if (!request) return Report(nullptr, scape::InvalidArgument("scapeWait: request is NULL"));
   scapeComm* comm = request->comm;
+  scape::api::ActiveCall active(comm);  // also covers the erase below
   scapeResult_t r = Guard(comm, "scapeWait", [&]() -> Status {
     return comm->impl->Wait(request->op.get());
   });

@@ -3,6 +3,7 @@
 #ifndef SCAPE_PLUGIN_API_INTERNAL_H_
 #define SCAPE_PLUGIN_API_INTERNAL_H_
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -22,6 +23,10 @@ struct scapeComm {
   std::string lastError;
   std::set<scapeRequest*> requests;  // live request handles
   std::set<scapeMask*> masks;        // live masks created on this communicator
+  // Calls in progress on this communicator (counted by ActiveCall), so that scapeCommAbort
+  // from another thread frees nothing while a blocked call is still inside the library.
+  std::atomic<int> activeCalls{0};
+  std::atomic<bool> aborting{false};
 };
 
 struct scapeRequest {
@@ -46,10 +51,33 @@ inline scapeResult_t Report(scapeComm* comm, const Status& st) {
   return st.code();
 }
 
+// Counts a call as in progress on `comm` (NULL: nothing) for the lifetime of the object. The
+// decrement is the last thing a call does to its communicator.
+class ActiveCall {
+ public:
+  explicit ActiveCall(scapeComm* comm) : comm_(comm) {
+    if (comm_) comm_->activeCalls.fetch_add(1, std::memory_order_acq_rel);
+  }
+  ~ActiveCall() {
+    if (comm_) comm_->activeCalls.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  ActiveCall(const ActiveCall&) = delete;
+  ActiveCall& operator=(const ActiveCall&) = delete;
+
+ private:
+  scapeComm* comm_;
+};
+
 // Runs `body`, turning any escaped exception into an error instead of unwinding into C, and
-// prefixes the message with the function name.
+// prefixes the message with the function name. The call counts as active on `comm` (see
+// scapeCommAbort); once an abort has begun, new calls fail at once.
 template <typename F>
 scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
+  ActiveCall active(comm);
+  if (comm && comm->aborting.load(std::memory_order_acquire))
+    // Not recorded on the communicator: its owner is tearing it down on another thread.
+    return Report(nullptr, InvalidUsage(std::string(fn) + ": the communicator is being aborted "
+                                        "(scapeCommAbort)"));
   try {
     Status st = body();
     if (!st.ok()) {

@@ -186,6 +186,7 @@ Status Comm::CreateChild(std::unique_ptr<Comm>* out) {
   // ranks, at the same sync time; a spinning waiter kept the host's cores busy past the end
   // of the sync, so the caller woke late.
   c->cfg_.progress = scapeProgressBlocking;
+  c->parentAbort_ = &abortRequested_;  // children never outlive their parent (masks die first)
   SCAPE_RETURN_IF_ERROR(c->InitTransport());
   // Exchange the new worker addresses over this communicator: lengths, then padded blobs.
   const std::vector<uint8_t>& mine = c->tp_->LocalAddress();
@@ -306,6 +307,9 @@ void Comm::WatchLocalPeers() {
 }
 
 Status Comm::Poll(bool* advanced) {
+  if (AbortRequested())
+    return InvalidUsage(StrFormat("rank %d: the communicator was aborted (scapeCommAbort was "
+                                  "called while this operation was in progress)", rank_));
   tp_->Progress();
   WatchLocalPeers();
   SCAPE_RETURN_IF_ERROR(CheckControl());
@@ -416,7 +420,8 @@ Status Comm::Fail(Status st) {
 }
 
 void Comm::Abort(const std::string& why) {
-  if (!tp_) return;
+  if (!tp_ || closed_) return;
+  closed_ = true;
   Notice n;
   std::memset(&n, 0, sizeof(n));
   n.magic = kNoticeMagic;

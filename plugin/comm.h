@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -65,8 +66,17 @@ class Comm {
   // One non-blocking pass; *done reports whether `op` has finished.
   Status Test(PendingOp* op, bool* done);
 
-  // Best effort: tells every peer we are aborting, then closes all endpoints.
+  // Best effort: tells every peer we are aborting, then closes all endpoints. Once only.
   void Abort(const std::string& why);
+
+  // Thread-safe: asks the thread that is driving this communicator (and every child made from
+  // it) to give up: its wait ends within one poll with scapeInvalidUsage, the peers are told,
+  // and the communicator is in error state. Used by scapeCommAbort from another thread.
+  void RequestAbort() { abortRequested_.store(true, std::memory_order_release); }
+  bool AbortRequested() const {
+    return abortRequested_.load(std::memory_order_acquire) ||
+           (parentAbort_ && parentAbort_->load(std::memory_order_acquire));
+  }
 
   // Submit + Wait: runs one collective to completion (internal callers).
   Status Run(const coll::CollArgs& args);
@@ -115,6 +125,9 @@ class Comm {
   std::vector<char> scratch_;  // working memory of the running operation (coll::Ctx::Scratch)
   std::unique_ptr<transport::Request> ctrlReq_;
   std::vector<char> ctrlBuf_;
+  bool closed_ = false;  // Abort ran: endpoints are closed
+  std::atomic<bool> abortRequested_{false};
+  const std::atomic<bool>* parentAbort_ = nullptr;  // a child's link to its parent's flag
 };
 
 }  // namespace scape

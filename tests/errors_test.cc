@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/harness.h"
@@ -354,6 +355,76 @@ TEST(Errors, AbortNotifiesPeers) {
   }, o);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
+
+// scapeCommAbort from another thread (a watchdog) while a call is blocked: the blocked call
+// returns promptly with scapeInvalidUsage, the abort then frees the communicator, and the
+// peers hear of it. `inMaskSync`: the blocked call is scapeMaskSyncWait (the mask's background
+// channel must give up too) instead of a collective.
+void AbortFromAnotherThreadCase(bool inMaskSync) {
+  RankOptions o;
+  o.timeoutMs = 30000;  // far beyond the test's limits: only the abort can end the wait
+  RunResult res = RunRanks(3, [&](RankCtx& c) {
+    const uint64_t n = 100000;
+    const uint64_t offs[] = {0, n};
+    scapeMask_t mask = nullptr;
+    if (inMaskSync) {
+      EXPECT_EQ(scapeMaskCreate(&mask, n, 1, offs, nullptr, scapeOwnershipShards,
+                                scapeMaskEncodingAuto, c.comm), scapeSuccess)
+          << scapeGetLastError(c.comm);
+      if (!mask) return false;
+    }
+    // Small messages (eager, no rendezvous): with UCX 1.13 a peer that later matches a
+    // rendezvous request of a rank that has since closed its worker can die inside UCX (shmat
+    // of the gone segment is fatal there); that hazard is UCX's and is not what this tests.
+    const size_t count = 1024;
+    if (c.rank == 0) {
+      std::vector<float> a(count, 1.0f), b(count);
+      scapeResult_t blocked = scapeSuccess;
+      int64_t blockedMs = -1;
+      std::thread worker([&] {
+        auto t0 = Clock::now();
+        if (inMaskSync) {
+          blocked = scapeMaskSyncStart(mask) == scapeSuccess ? scapeMaskSyncWait(mask)
+                                                             : scapeInternalError;
+        } else {
+          blocked = scapeAllReduce(a.data(), b.data(), a.size(), scapeFloat32, scapeSum, nullptr,
+                                   c.comm, nullptr);
+        }
+        blockedMs = MsSince(t0);
+      });
+      usleep(300000);  // the worker is blocked: the peers have not joined
+      auto t0 = Clock::now();
+      EXPECT_EQ(scapeCommAbort(c.comm), scapeSuccess);
+      const int64_t abortMs = MsSince(t0);
+      worker.join();
+      c.comm = nullptr;  // gone, masks included
+      EXPECT_EQ(blocked, scapeInvalidUsage) << scapeGetErrorString(blocked);
+      EXPECT_GE(blockedMs, 250);
+      EXPECT_LT(blockedMs, 3000) << "the blocked call did not give up promptly";
+      EXPECT_LT(abortMs, 3000);
+      std::fprintf(stderr, "rank 0: blocked call returned after %lld ms, abort took %lld ms\n",
+                   static_cast<long long>(blockedMs), static_cast<long long>(abortMs));
+      return true;
+    }
+    usleep(1000000);  // join late (the same call as rank 0): rank 0 has aborted by now
+    auto t0 = Clock::now();
+    std::vector<float> a(count, 1.0f), b(count);
+    scapeResult_t r = inMaskSync ? scapeBarrier(c.comm)
+                                 : scapeAllReduce(a.data(), b.data(), a.size(), scapeFloat32,
+                                                  scapeSum, nullptr, c.comm, nullptr);
+    EXPECT_EQ(r, scapeRemoteError) << scapeGetLastError(c.comm);
+    EXPECT_TRUE(Contains(scapeGetLastError(c.comm), "rank 0")) << scapeGetLastError(c.comm);
+    EXPECT_LT(MsSince(t0), 5000);
+    if (mask) {
+      EXPECT_EQ(scapeMaskDestroy(mask), scapeSuccess) << scapeGetLastError(c.comm);
+    }
+    return true;
+  }, o);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+TEST(Errors, AbortFromAnotherThreadEndsABlockedCollective) { AbortFromAnotherThreadCase(false); }
+TEST(Errors, AbortFromAnotherThreadEndsABlockedMaskSync) { AbortFromAnotherThreadCase(true); }
 
 // scapeCommInitFromEnv under a torchrun-like and an mpirun-like environment.
 void EnvInitCase(const std::vector<std::pair<std::string, std::string>>& common,

@@ -36,7 +36,10 @@
  * -------------
  * A communicator is not thread-safe: calls on one communicator (and on requests it returned)
  * must be serialised by the caller. Different communicators may be used concurrently from
- * different threads. scapeGetErrorString, scapeGetVersion and scapeGetUniqueId are
+ * different threads. The one exception is scapeCommAbort, which may be called from another
+ * thread while a call on the communicator is blocked (a watchdog thread ending a hung
+ * collective): the blocked call returns scapeInvalidUsage within about a second and the
+ * abort completes after it has returned. scapeGetErrorString, scapeGetVersion and scapeGetUniqueId are
  * thread-safe.
  *
  * Memory
@@ -295,7 +298,16 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
  * their pending and next operations fail with scapeRemoteError instead of waiting for the
  * timeout), cancels pending requests, and frees everything, including request handles not yet
  * completed and the masks created on it (their handles become invalid; a mask sync in flight
- * is given up to the timeout to finish). NULL is a no-op.
+ * is stopped too). NULL is a no-op. Always returns scapeSuccess.
+ *
+ * Thread safety: may be called from another thread while one call on the communicator is in
+ * progress (typically blocked in a collective, scapeWait or scapeMaskSyncWait). That call
+ * notices at its next poll of the network (at most about 20 ms later in blocking progress
+ * mode), tells the peers (waiting at most 1 s for the notices to leave) and fails with
+ * scapeInvalidUsage; scapeCommAbort frees the communicator only after the call has returned; calls that start once the abort has begun fail with scapeInvalidUsage (message in
+ * scapeGetLastError(NULL)). If the call does not return within the communicator's timeout
+ * plus 10 s, the communicator is leaked instead of freed under it. No call on the
+ * communicator may start after scapeCommAbort has returned (the handle is gone).
  */
 SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm);
 
