@@ -546,7 +546,7 @@ TEST(SparseAllReduce, MatchesDense) {
     RunResult res = RunRanks(P, [&](RankCtx& c) {
       for (double density : {0.0, 0.001, 0.05, 0.6})
         for (scapeSparseAlgo_t algo : {scapeSparseAllGather, scapeSparseRecursiveDoubling})
-          for (scapeDataType_t t : {scapeFloat32, scapeBfloat16}) {
+          for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16}) {
             const uint64_t n = 4099;
             const size_t esz = scapeTypeSize(t);
             std::vector<uint64_t> idx;

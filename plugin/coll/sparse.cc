@@ -54,6 +54,52 @@ void ToDenseInPlace(Part* p, uint64_t n, size_t esz) {
   p->dense = true;
 }
 
+// Two sorted lists into out (capacity a + b); returns the merged length. Values of a common
+// index add in fp32 with one rounding to the element type (commutative: the same bits
+// whichever side computes it). ESZ is the element size, so the copies are fixed-size moves.
+template <size_t ESZ>
+size_t MergeLists(scapeDataType_t t, const uint64_t* ai, const char* av, size_t a,
+                  const uint64_t* bi, const char* bv, size_t b, uint64_t* oi, char* ov) {
+  size_t i = 0, j = 0, w = 0;
+  while (i < a && j < b) {
+    const uint64_t x = ai[i], y = bi[j];
+    if (x < y) {
+      oi[w] = x;
+      std::memcpy(ov + w * ESZ, av + i * ESZ, ESZ);
+      ++i;
+    } else if (y < x) {
+      oi[w] = y;
+      std::memcpy(ov + w * ESZ, bv + j * ESZ, ESZ);
+      ++j;
+    } else {
+      oi[w] = x;
+      if constexpr (ESZ == 4) {
+        float u, v;
+        std::memcpy(&u, av + i * ESZ, 4);
+        std::memcpy(&v, bv + j * ESZ, 4);
+        u += v;
+        std::memcpy(ov + w * ESZ, &u, 4);
+      } else {
+        StoreF(t, ov + w * ESZ, LoadF(t, av + i * ESZ) + LoadF(t, bv + j * ESZ));
+      }
+      ++i;
+      ++j;
+    }
+    ++w;
+  }
+  if (i < a) {
+    std::memcpy(oi + w, ai + i, (a - i) * 8);
+    std::memcpy(ov + w * ESZ, av + i * ESZ, (a - i) * ESZ);
+    w += a - i;
+  }
+  if (j < b) {
+    std::memcpy(oi + w, bi + j, (b - j) * 8);
+    std::memcpy(ov + w * ESZ, bv + j * ESZ, (b - j) * ESZ);
+    w += b - j;
+  }
+  return w;
+}
+
 // mine := mine (+) theirs, the same bits whichever side computes it.
 void Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t esz) {
   if (mine->dense || theirs.dense) {
@@ -62,29 +108,17 @@ void Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t esz)
     kernels::ReduceInto(t, scapeSum, mine->vals.data(), mine->vals.data(), theirs.vals.data(), n, 1);
     return;
   }
+  const size_t a = mine->nnz(), b = theirs.nnz();
   Part out;
-  out.idx.reserve(mine->nnz() + theirs.nnz());
-  out.vals.reserve((mine->nnz() + theirs.nnz()) * esz);
-  size_t i = 0, j = 0;
-  auto push = [&](uint64_t index, const char* v) {
-    out.idx.push_back(index);
-    out.vals.insert(out.vals.end(), v, v + esz);
-  };
-  while (i < mine->nnz() || j < theirs.nnz()) {
-    if (j >= theirs.nnz() || (i < mine->nnz() && mine->idx[i] < theirs.idx[j])) {
-      push(mine->idx[i], mine->vals.data() + i * esz);
-      ++i;
-    } else if (i >= mine->nnz() || theirs.idx[j] < mine->idx[i]) {
-      push(theirs.idx[j], theirs.vals.data() + j * esz);
-      ++j;
-    } else {
-      char v[8];
-      StoreF(t, v, LoadF(t, mine->vals.data() + i * esz) + LoadF(t, theirs.vals.data() + j * esz));
-      push(mine->idx[i], v);
-      ++i;
-      ++j;
-    }
-  }
+  out.idx.resize(a + b);
+  out.vals.resize((a + b) * esz);
+  const size_t w =
+      esz == 4 ? MergeLists<4>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
+                               theirs.vals.data(), b, out.idx.data(), out.vals.data())
+               : MergeLists<2>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
+                               theirs.vals.data(), b, out.idx.data(), out.vals.data());
+  out.idx.resize(w);
+  out.vals.resize(w * esz);
   *mine = std::move(out);
 }
 
@@ -277,15 +311,26 @@ Status ViaAllGather(Comm* comm, Part* part, uint64_t n, scapeDataType_t t, size_
 
 }  // namespace
 
+namespace {
+// Whether element i of a dense vector is +0 bits (what the dense form holds where no rank had
+// an entry), read as one 2- or 4-byte word.
+inline bool ZeroAt(const char* v, size_t esz, uint64_t i) {
+  if (esz == 4) {
+    uint32_t w;
+    std::memcpy(&w, v + i * 4, 4);
+    return w == 0;
+  }
+  uint16_t h;
+  std::memcpy(&h, v + i * 2, 2);
+  return h == 0;
+}
+}  // namespace
+
 size_t SparseResult::Nnz() const {
   if (!dense) return idx.size();
   const size_t esz = n ? vals.size() / n : 0;
   size_t c = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    bool zero = true;
-    for (size_t b = 0; b < esz; ++b) zero = zero && vals[i * esz + b] == 0;
-    c += zero ? 0 : 1;
-  }
+  for (uint64_t i = 0; i < n; ++i) c += ZeroAt(vals.data(), esz, i) ? 0 : 1;
   return c;
 }
 
@@ -310,9 +355,7 @@ void SparseResult::ToList(uint64_t* idxOut, void* valsOut, size_t esz) const {
   // The dense form lists the positions whose value is not +0 bits.
   size_t w = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    bool zero = true;
-    for (size_t b = 0; b < esz; ++b) zero = zero && vals[i * esz + b] == 0;
-    if (zero) continue;
+    if (ZeroAt(vals.data(), esz, i)) continue;
     idxOut[w] = i;
     std::memcpy(static_cast<char*>(valsOut) + w * esz, vals.data() + i * esz, esz);
     ++w;
