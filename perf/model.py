@@ -20,11 +20,12 @@ min(bitmap n/8, Elias-Fano k (2 + floor(log2(n/k))) / 8, 32-bit indices 4k) byte
                                         and printed next to what scape-perf measured
 """
 import argparse
-import glob
-import json
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import summarize  # noqa: E402  (perf/summarize.py: the JSON loader)
 
 PAPER_SPEEDUP = 3.26  # SCAPE paper: Llama-1.8B, up to 3.26x faster per step than dense AdamS
 
@@ -140,31 +141,13 @@ def paper_report(a):
                                                       a.encoding)["speedup"]))
 
 
-def load_rows(out_dir):
-    rows, limits = [], {}
-    for path in sorted(glob.glob(os.path.join(out_dir, "*.json"))):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            limits.update(data)
-        elif isinstance(data, list):
-            rows.extend(r for r in data if isinstance(r, dict))
-    for r in rows:
-        if r.get("mode") == "memcpy" and r.get("out_of_place"):
-            limits["memcpy_gbs"] = r["out_of_place"]["algbw_gbs"]
-    return rows, limits
-
-
 def local_report(out_dir):
     """This machine: the model with (a) the transport's measured loopback bandwidth and latency,
     (b) the bandwidth calibrated from the measured dense all-reduce at the same rank count, plus
     for the dense-in/dense-out form the gather/scatter estimated at the memcpy bandwidth, and
     (c) the same with the gather/scatter times scape-perf measured (scapeMaskPack/Unpack);
     next to scape-perf's measurements (collective only: no compute phase on this machine)."""
-    rows, limits = load_rows(out_dir)
+    rows, limits = summarize.load(out_dir)  # the same JSON rows the summary reads
     bw_t = limits.get("transport_bw_gbs")
     lat = (limits.get("transport_lat_us") or 0.0) * 1e-6
     mem = limits.get("memcpy_gbs")
