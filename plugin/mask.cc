@@ -239,8 +239,8 @@ Status Mask::Encode(std::vector<uint8_t>* out) {
     for (int e = 2; e < scapeNumMaskEncodings; ++e)
       if (sizes[e] < sizes[enc]) enc = static_cast<scapeMaskEncoding_t>(e);
   }
-  if (enc == scapeMaskEncodingIndices && !idx32ok)
-    return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
+  // A forced 32-bit encoding with an owned part above 2^32 was refused by SyncStart; auto never
+  // picks it then (its size is UINT64_MAX).
   const uint64_t bytes = sizes[enc];
   out->assign((bytes + 3) / 4 * 4, 0);
   if (enc == scapeMaskEncodingIndices) {
