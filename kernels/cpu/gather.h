@@ -9,8 +9,9 @@
 // elements; nothing is checked here (the mask validated its indices when it decoded them).
 // Elements are moved as raw bits (NaN payloads survive). idx need not be sorted, but sorted
 // indices are the fast case: the scatter prefetches the lines it is about to write, which
-// hides most of the read-for-ownership latency of a sparse write (about 1.6x on the development
-// VM at density 0.01; see BM_MaskScatter in perf/kernels/bench_kernels.cc). A sparse gather
+// hides most of the read-for-ownership latency of a sparse write (about 1.6x at density 0.01
+// in a throwaway comparison during development; BM_MaskScatter in
+// perf/kernels/bench_kernels.cc times the shipped kernel only). A sparse gather
 // is bounded by the memory system's outstanding-miss limit, which out-of-order execution
 // already reaches (software prefetch measured no faster there).
 #ifndef SCAPE_KERNELS_CPU_GATHER_H_
