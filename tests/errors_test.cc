@@ -243,6 +243,15 @@ TEST(Errors, RanksDisagreeOnNranks) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// The run of `nranks` ranks ended with rank `dead` killed by SIGKILL and every other rank
+// passing, without the watchdog.
+void ExpectOnlyRankKilled(const RunResult& res, size_t nranks, size_t dead) {
+  ASSERT_EQ(res.exitCodes.size(), nranks);
+  EXPECT_FALSE(res.watchdogFired);
+  for (size_t r = 0; r < nranks; ++r)
+    EXPECT_EQ(res.exitCodes[r], r == dead ? -SIGKILL : 0) << "rank " << r << ": " << res.Describe();
+}
+
 // A rank that dies in the middle of a collective: every survivor gets an error within the
 // timeout, and the communicator stays in error state.
 void RankDeathCase() {
@@ -272,10 +281,7 @@ void RankDeathCase() {
     EXPECT_NE(scapeBarrier(c.comm), scapeSuccess);
     return true;
   }, o);
-  ASSERT_EQ(res.exitCodes.size(), 4u);
-  EXPECT_FALSE(res.watchdogFired);
-  EXPECT_EQ(res.exitCodes[2], -SIGKILL);
-  for (int r : {0, 1, 3}) EXPECT_EQ(res.exitCodes[static_cast<size_t>(r)], 0) << res.Describe();
+  ExpectOnlyRankKilled(res, 4, 2);
 }
 
 // Over shared memory the survivors find the dead process themselves.
@@ -321,10 +327,7 @@ void MaskSyncDeathCase() {
     EXPECT_NE(scapeBarrier(c.comm), scapeSuccess);
     return true;
   }, o);
-  ASSERT_EQ(res.exitCodes.size(), 4u);
-  EXPECT_FALSE(res.watchdogFired);
-  EXPECT_EQ(res.exitCodes[2], -SIGKILL);
-  for (int r : {0, 1, 3}) EXPECT_EQ(res.exitCodes[static_cast<size_t>(r)], 0) << res.Describe();
+  ExpectOnlyRankKilled(res, 4, 2);
 }
 
 TEST(Errors, RankDeathDuringMaskSyncFailsEverySurvivor) { MaskSyncDeathCase(); }
