@@ -198,16 +198,18 @@ void usage(FILE* f) {
       "Sparse rows: algbw = k*typesize/time (coo: k*(8+typesize)/time), busbw = wire/time.\n"
       "GB = 1e9 bytes. Times: the slowest rank's mean; #wrong: summed over ranks.\n"
       "masksync columns: count density encoding sent-as (rank 0's encoding) k sent(B/rank)\n"
-      "total(B) mask(B/param) sync(us)\n"
-      "overlapped(us) hidden mask+payload(B/param) dense(B/param) #wrong sync-cpu(us) hid-idle;\n"
-      "hidden = 1 - (T_both - T_c) / T_sync clipped to [0, 1] where T_both = start, busy\n"
-      "memory work on this thread for T_c, wait (T_c = the calibrated T_sync, below);\n"
+      "total(B) mask(B/param) sync(us) busy(us) overlapped(us) hidden mask+payload(B/param)\n"
+      "dense(B/param) #wrong sync-cpu(us) idle(us) idle-ovl(us) hid-idle;\n"
+      "sync = T_sync, start + wait alone; busy = T_busy, a fixed amount of memory work on this\n"
+      "thread that takes T_c alone (T_c = the calibrated T_sync, below); overlapped = start,\n"
+      "the same work, wait; hidden = 1 - (overlapped - busy) / sync clipped to [0, 1];\n"
       "mask+payload = total/count + 8*density;\n"
-      "sync-cpu = CPU time per sync outside the calling thread (mean over ranks); hid-idle =\n"
-      "the hidden fraction when the compute phase sleeps instead (a core left to the sync).\n"
+      "sync-cpu = CPU time per sync outside the calling thread (mean over ranks); idle = a\n"
+      "sleep of T_c alone, idle-ovl = start, the sleep, wait; hid-idle = 1 - (idle-ovl - idle)\n"
+      "/ sync: the hidden fraction when the host thread waits (compute on a device).\n"
       "masksync times: T_c is calibrated first (median of -n syncs), then -n rounds of\n"
-      "(sync alone, busy overlap, idle overlap) run interleaved; each is the slowest rank's\n"
-      "median over its rounds.\n"
+      "(sync, busy, busy overlapped, idle, idle overlapped) run interleaved; each is the\n"
+      "slowest rank's median over its rounds.\n"
       "\n"
       "Without -np, a launcher's environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE,\n"
       "PMI_RANK, SLURM_PROCID) selects scapeCommInitFromEnv; otherwise one rank runs.\n"
@@ -989,19 +991,26 @@ int64_t medianI64(std::vector<int64_t> v) {
   return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
-// Memory work on this thread for `sec` seconds (the compute phase the mask sync hides behind):
-// y = 0.999 y + x over two buffers larger than the caches.
+// Memory work on this thread (the busy compute phase the mask sync hides behind):
+// y = 0.999 y + x over two buffers larger than the caches. The phase is a fixed amount of
+// work, calibrated to last `sec` when it runs alone, so that CPU the sync takes from it makes
+// the phase longer (a phase of fixed length would instead just do less work).
 class BusyCompute {
  public:
   BusyCompute() : x_(kElems, 1.0f), y_(kElems, 0.0f) {}
-  void run(double sec) {
+  // Chunks that take `sec` on this thread now (measured by running for `sec`).
+  uint64_t calibrate(double sec) {
     const double end = nowSec() + sec;
+    uint64_t n = 0;
     do {
-      float* y = y_.data() + pos_;
-      const float* x = x_.data() + pos_;
-      for (size_t i = 0; i < kChunk; ++i) y[i] = 0.999f * y[i] + x[i];
-      pos_ = (pos_ + kChunk) % kElems;
+      chunk();
+      ++n;
     } while (nowSec() < end);
+    sink_ += y_[pos_];
+    return n;
+  }
+  void run(uint64_t chunks) {
+    for (uint64_t c = 0; c < chunks; ++c) chunk();
     sink_ += y_[pos_];
   }
   float sink() const { return sink_; }
@@ -1009,6 +1018,12 @@ class BusyCompute {
  private:
   static constexpr size_t kElems = size_t{8} << 20;  // 32 MiB per buffer
   static constexpr size_t kChunk = 16384;
+  void chunk() {
+    float* y = y_.data() + pos_;
+    const float* x = x_.data() + pos_;
+    for (size_t i = 0; i < kChunk; ++i) y[i] = 0.999f * y[i] + x[i];
+    pos_ = (pos_ + kChunk) % kElems;
+  }
   std::vector<float> x_, y_;
   size_t pos_ = 0;
   float sink_ = 0;
@@ -1050,6 +1065,7 @@ struct SyncRow {
   double syncUs = 0, libSyncUs = 0, bothUs = 0, hidden = 0, maskBpp = 0, totalBpp = 0;
   double syncCpuUs = 0;  // CPU time of the background sync (other threads than the caller's)
   double idleUs = 0, hiddenIdle = 0;  // the same overlap with an idle (sleeping) compute phase
+  double busyAloneUs = 0, idleAloneUs = 0;  // the compute phases alone, same rounds
   int64_t wrong = 0;
 };
 
@@ -1951,38 +1967,60 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     if (!reduceI64(&tcal, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
     scapeMaskSyncInfo_t info{};
     PERF_CHECK("scapeMaskGetSyncInfo", scapeMaskGetSyncInfo(m, &info));
-    // Then -n rounds of: the sync alone again, T_both (start, busy memory work on this thread
-    // for the calibrated T_sync, wait) and T_idle (the same with a sleeping compute phase: the
-    // host thread of a GPU step mostly waits). Interleaved, so drift in the machine's load
-    // hits all three alike; medians, so one stalled iteration does not decide the row.
+    // The busy phase's work: the chunks that take T_c on this thread alone (each rank its own).
     const double tc = static_cast<double>(tcal) * 1e-9;
+    const uint64_t work = compute->calibrate(tc);
+    // Then -n rounds of five timings, each after a barrier: the sync alone again; the busy
+    // phase alone; the busy phase overlapped (start, the busy work on this thread, wait); the
+    // idle phase alone (sleep for T_c: the host thread of a GPU step mostly waits); the idle
+    // phase overlapped. Each overlapped time is compared with the same phase alone from the
+    // same rounds, so what the phase itself costs on this machine (a sleep that wakes late on
+    // a virtual machine, the work's own speed) is not counted against the sync. Interleaved,
+    // so drift in the machine's load hits all five alike; medians, so one stalled iteration
+    // does not decide the row.
+    std::vector<int64_t> busyAlone, idleAlone;
+    auto sleepPhase = [tc](double from) {
+      for (double left = tc; left > 0; left = from + tc - nowSec()) {
+        struct timespec ts {};
+        ts.tv_sec = static_cast<time_t>(left);
+        ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
+        nanosleep(&ts, nullptr);
+      }
+    };
+    auto since = [](double t0) { return static_cast<int64_t>((nowSec() - t0) * 1e9); };
     for (int i = 0; i < o_.iters; ++i) {
       PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
       double t0 = nowSec();
       PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
       PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-      alone.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+      alone.push_back(since(t0));
+      PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+      t0 = nowSec();
+      compute->run(work);
+      busyAlone.push_back(since(t0));
       PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
       t0 = nowSec();
       PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
-      compute->run(tc);
+      compute->run(work);
       PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-      both.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+      both.push_back(since(t0));
       if (o_.syncIdle) {
         PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
         t0 = nowSec();
+        sleepPhase(t0);
+        idleAlone.push_back(since(t0));
+        PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
+        t0 = nowSec();
         PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
-        for (double left = tc; left > 0; left = t0 + tc - nowSec()) {
-          struct timespec ts {};
-          ts.tv_sec = static_cast<time_t>(left);
-          ts.tv_nsec = static_cast<long>((left - static_cast<double>(ts.tv_sec)) * 1e9);
-          nanosleep(&ts, nullptr);
-        }
+        sleepPhase(t0);
         PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
-        idle.push_back(static_cast<int64_t>((nowSec() - t0) * 1e9));
+        idle.push_back(since(t0));
       }
       beat();
     }
+    int64_t refs[2] = {medianI64(busyAlone), o_.syncIdle ? medianI64(idleAlone) : -1};
+    if (!reduceI64(refs, 2, scapeMax, "scapeAllReduce(compute phase alone, int64, max)"))
+      return false;
     int64_t tsync = medianI64(alone);
     if (!reduceI64(&tsync, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
     int64_t tboth = medianI64(both);
@@ -2020,14 +2058,18 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     w.libSyncUs = info.syncSeconds * 1e6;
     w.syncCpuUs = static_cast<double>(sums[3]) / nranks_ / 1e3;
     w.bothUs = static_cast<double>(tboth) / 1e3;
-    // What the overlapped round takes beyond its compute phase (T_c, the calibrated T_sync)
-    // is the part of the sync that was not hidden.
+    // What the overlapped round takes beyond the same compute phase alone is the part of the
+    // sync that was not hidden.
     const double ts = static_cast<double>(tsync), tb = static_cast<double>(tboth);
-    const double tcn = static_cast<double>(tcal);
-    w.hidden = ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (tb - tcn) / ts)) : 1.0;
+    auto hiddenFrac = [ts](double overlapped, double phase) {
+      return ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (overlapped - phase) / ts)) : 1.0;
+    };
+    w.busyAloneUs = static_cast<double>(refs[0]) / 1e3;
+    w.hidden = hiddenFrac(tb, static_cast<double>(refs[0]));
     const double ti = static_cast<double>(tidle);
     w.idleUs = ti / 1e3;
-    w.hiddenIdle = tidle < 0 ? -1.0 : ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (ti - tcn) / ts)) : 1.0;
+    w.idleAloneUs = static_cast<double>(refs[1]) / 1e3;
+    w.hiddenIdle = tidle < 0 ? -1.0 : hiddenFrac(ti, static_cast<double>(refs[1]));
     w.maskBpp = count ? static_cast<double>(info.totalBytes) / static_cast<double>(count) : 0.0;
     w.totalBpp = w.maskBpp + 8.0 * density;
     w.wrong = sums[1];
@@ -2229,31 +2271,37 @@ void Bench::printRow(const Row& w) {
 }
 
 void Bench::printSyncColumns() {
-  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %6s  %9s  %7s  %6s"
-              "  %10s  %8s\n",
+  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
+              "  %6s  %10s  %10s  %10s  %8s\n",
               "count", "density", "encoding", "sent-as", "k", "sent", "total", "mask", "sync",
-              "overlapped", "hidden", "mask+pay", "dense", "#wrong", "sync-cpu", "hid-idle");
-  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %6s  %9s  %7s  %6s"
-              "  %10s  %8s\n",
+              "busy", "overlapped", "hidden", "mask+pay", "dense", "#wrong", "sync-cpu", "idle",
+              "idle-ovl", "hid-idle");
+  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
+              "  %6s  %10s  %10s  %10s  %8s\n",
               "(elements)", "", "", "(rank 0)", "(elements)", "(B/rank)", "(B)", "(B/param)",
-              "(us)", "(us)", "", "(B/param)", "(B/param)", "", "(us)", "");
+              "(us)", "(us)", "(us)", "", "(B/param)", "(B/param)", "", "(us)", "(us)", "(us)", "");
 }
 
 void Bench::printSyncRow(const SyncRow& w) {
-  char wr[32], hi[32];
+  char wr[32], hi[32], ia[32], io[32];
   if (o_.check)
     std::snprintf(wr, sizeof(wr), "%" PRId64, w.wrong);
   else
     std::snprintf(wr, sizeof(wr), "N/A");
-  if (w.hiddenIdle >= 0)
+  if (w.hiddenIdle >= 0) {
     std::snprintf(hi, sizeof(hi), "%8.3f", w.hiddenIdle);
-  else
+    std::snprintf(ia, sizeof(ia), "%10.1f", w.idleAloneUs);
+    std::snprintf(io, sizeof(io), "%10.1f", w.idleUs);
+  } else {
     std::snprintf(hi, sizeof(hi), "%8s", "N/A");
+    std::snprintf(ia, sizeof(ia), "%10s", "N/A");
+    std::snprintf(io, sizeof(io), "%10s", "N/A");
+  }
   std::printf("  %12" PRIu64 "  %7.4g  %11s  %11s  %12" PRIu64 "  %12.0f  %12" PRIu64
-              "  %9.4f  %10.1f  %10.1f  %6.3f  %9.4f  %7.1f  %6s  %10.1f  %s\n",
+              "  %9.4f  %10.1f  %10.1f  %10.1f  %6.3f  %9.4f  %7.1f  %6s  %10.1f  %s  %s  %s\n",
               w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
-              w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.bothUs, w.hidden, w.totalBpp, 8.0,
-              wr, w.syncCpuUs, hi);
+              w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.busyAloneUs, w.bothUs, w.hidden,
+              w.totalBpp, 8.0, wr, w.syncCpuUs, ia, io, hi);
   std::fflush(stdout);
 }
 
@@ -2329,9 +2377,10 @@ void Bench::writeJson() {
     std::fprintf(json_, "}%s\n", ++written < total ? "," : "");
   }
   for (const SyncRow& w : syncRows_) {
-    char idleUs[32] = "null", hiddenIdle[32] = "null";
+    char idleUs[32] = "null", hiddenIdle[32] = "null", idleAloneUs[32] = "null";
     if (w.hiddenIdle >= 0) {
       std::snprintf(idleUs, sizeof(idleUs), "%.1f", w.idleUs);
+      std::snprintf(idleAloneUs, sizeof(idleAloneUs), "%.1f", w.idleAloneUs);
       std::snprintf(hiddenIdle, sizeof(hiddenIdle), "%.4f", w.hiddenIdle);
     }
     std::fprintf(json_,
@@ -2339,13 +2388,14 @@ void Bench::writeJson() {
                  ", \"density\": %.6g, \"encoding\": \"%s\", \"sent_encoding\": \"%s\", \"k\": %" PRIu64
                  ", \"sent_bytes\": %.0f, \"total_bytes\": %" PRIu64
                  ", \"mask_bytes_per_param\": %.6f, \"sync_us\": %.1f, \"lib_sync_us\": %.1f, "
-                 "\"overlapped_us\": %.1f, \"hidden\": %.4f, \"sync_cpu_us\": %.1f, "
-                 "\"idle_overlapped_us\": %s, \"hidden_idle\": %s, "
+                 "\"busy_alone_us\": %.1f, \"overlapped_us\": %.1f, \"hidden\": %.4f, "
+                 "\"sync_cpu_us\": %.1f, \"idle_alone_us\": %s, \"idle_overlapped_us\": %s, "
+                 "\"hidden_idle\": %s, "
                  "\"mask_plus_payload_bytes_per_param\": %.6f, \"dense_bytes_per_param\": 8, "
                  "\"wrong\": ",
                  nranks_, w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
-                 w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.bothUs, w.hidden,
-                 w.syncCpuUs, idleUs, hiddenIdle, w.totalBpp);
+                 w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.busyAloneUs,
+                 w.bothUs, w.hidden, w.syncCpuUs, idleAloneUs, idleUs, hiddenIdle, w.totalBpp);
     if (o_.check)
       std::fprintf(json_, "%" PRId64 "}", w.wrong);
     else
