@@ -38,7 +38,7 @@ template <typename Index>
 std::vector<uint8_t> Encode(MaskEncoding enc, const std::vector<Index>& idx, uint64_t n) {
   uint64_t size = 0;
   EXPECT_EQ(MaskEncodedBytes(enc, idx.data(), idx.size(), n, &size), KernelStatus::kOk);
-  std::vector<uint8_t> buf(size);
+  std::vector<uint8_t> buf(size, 0xa5);  // not zero: the encoder must write every byte
   size_t written = 0;
   EXPECT_EQ(MaskEncode(enc, idx.data(), idx.size(), n, buf.data(), buf.size(), &written),
             KernelStatus::kOk);
@@ -134,6 +134,74 @@ TEST(MaskCodec, RoundTripAdversarial) {
     EXPECT_EQ(DecodeExact(buf.data(), buf.size(), big, &dec32, far.size()),
               KernelStatus::kInvalidArgument);
   }
+}
+
+// The encoders write words at a time; this builds the same bytes one bit at a time, straight
+// from the format in mask_codec.h, so a faster encoder cannot drift from the documented format.
+std::vector<uint8_t> SpecEncoding(MaskEncoding enc, const std::vector<uint64_t>& idx, uint64_t n) {
+  const uint64_t k = idx.size();
+  std::vector<uint8_t> out(kMaskHeaderBytes, 0);
+  out[0] = static_cast<uint8_t>(enc);
+  std::vector<uint8_t> bits;  // one entry per bit of the body, LSB-first within each byte
+  auto put = [&bits](uint64_t v, int width) {
+    for (int b = 0; b < width; ++b) bits.push_back(static_cast<uint8_t>((v >> b) & 1));
+  };
+  auto pad = [&bits] {
+    while (bits.size() % 64 != 0) bits.push_back(0);
+  };
+  if (enc == MaskEncoding::kBitmap) {
+    bits.assign(n, 0);
+    for (uint64_t i : idx) bits[i] = 1;
+    pad();
+  } else if (enc == MaskEncoding::kEliasFano) {
+    int l = 0;
+    while (k > 0 && (uint64_t{2} << l) <= n / k) ++l;  // floor(log2(n / k))
+    out[1] = static_cast<uint8_t>(l);
+    for (uint64_t i : idx) put(i, l);
+    pad();
+    const uint64_t h = k == 0 ? 0 : k + ((n - 1) >> l) + 1;
+    std::vector<uint8_t> high(h, 0);
+    for (uint64_t j = 0; j < k; ++j) high[(idx[j] >> l) + j] = 1;
+    bits.insert(bits.end(), high.begin(), high.end());
+    pad();
+  }
+  for (int b = 0; b < 8; ++b) out[8 + b] = static_cast<uint8_t>(n >> (8 * b));
+  for (int b = 0; b < 8; ++b) out[16 + b] = static_cast<uint8_t>(k >> (8 * b));
+  if (enc == MaskEncoding::kDeltaVarint) {
+    uint64_t prev = 0;
+    for (uint64_t j = 0; j < k; ++j) {
+      uint64_t d = j == 0 ? idx[0] : idx[j] - prev - 1;
+      prev = idx[j];
+      do {
+        out.push_back(static_cast<uint8_t>((d & 0x7f) | (d >= 0x80 ? 0x80 : 0)));
+        d >>= 7;
+      } while (d != 0);
+    }
+    return out;
+  }
+  for (size_t i = 0; i < bits.size(); i += 8) {
+    uint8_t byte = 0;
+    for (int b = 0; b < 8; ++b) byte = static_cast<uint8_t>(byte | (bits[i + b] << b));
+    out.push_back(byte);
+  }
+  return out;
+}
+
+TEST(MaskCodec, BytesMatchTheFormatBitByBit) {
+  SCAPE_SEEDED_RNG(rng);
+  for (uint64_t n : {1ull, 63ull, 64ull, 65ull, 200ull, 4097ull, 100003ull}) {
+    for (double d : {0.0, 0.003, 0.01, 0.1, 0.5, 1.0}) {
+      const std::vector<uint64_t> idx = RandomMask<uint64_t>(rng, n, d);
+      for (MaskEncoding enc : kEncodings) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << idx.size() << " encoding "
+                                          << static_cast<int>(enc));
+        EXPECT_EQ(Encode(enc, idx, n), SpecEncoding(enc, idx, n));
+      }
+    }
+  }
+  // Long gaps: zero words between set bits in every bit section.
+  const std::vector<uint64_t> sparse = {3, 700, 701, 5000, 99999};
+  for (MaskEncoding enc : kEncodings) EXPECT_EQ(Encode(enc, sparse, 100000), SpecEncoding(enc, sparse, 100000));
 }
 
 TEST(MaskCodec, SizesFollowTheDesign) {
