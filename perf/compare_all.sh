@@ -60,7 +60,7 @@ iters() {
     else if (m == "mask") { if (d >= 0.5) { n = 1; w = 0 } else if (d >= 0.05) { n = 10; w = 2 }
                             else { n = 20; w = 3 } }
     else if (m == "coo") { if (d >= 0.05) { n = 1; w = 0 } else { n = 10; w = 2 } }
-    else { if (d >= 0.5) { n = 1; w = 0 } else if (d >= 0.05) { n = 4; w = 1 } else { n = 20; w = 2 } }
+    else { if (d >= 0.5) { n = 1; w = 0 } else if (d >= 0.05) { n = 8; w = 1 } else { n = 20; w = 2 } }
     n = int(n * s + 0.5); if (n < 1) n = 1; w = int(w * s + 0.5)
     printf "-n %d -w %d", n, w }'
 }

@@ -52,6 +52,7 @@
 
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -129,6 +130,7 @@ struct Options {
   int segments = 5;
   bool segmentsSet = false;
   int syncIdle = 1;  // masksync: also measure the overlap with an idle compute phase
+  bool idleSleep = false;  // masksync: the idle phase sleeps (else it polls with sched_yield)
   int inPlace = 1;
 };
 
@@ -173,8 +175,12 @@ void usage(FILE* f) {
       "      --coo-algo ALGO     coo: auto (recursive doubling with the dense switch) or\n"
       "                          allgather [auto]\n"
       "      --coo-out OUT       coo: list (outIndices/outValues) or dense (denseOut) [list]\n"
-      "      --sync-idle 0|1     masksync: also time the overlap with a sleeping compute phase\n"
+      "      --sync-idle 0|1     masksync: also time the overlap with an idle compute phase\n"
       "                          (hid-idle; N/A with 0) [1]\n"
+      "      --idle-wait yield|sleep  masksync: how the idle phase's host thread waits for the\n"
+      "                          device: yield = polls with sched_yield, like CUDA's\n"
+      "                          cudaDeviceScheduleYield; sleep = one nanosleep (on a VM whose\n"
+      "                          idle vCPUs take timers late, this measures the VM) [yield]\n"
       "  -np, --nranks N         fork N local ranks (bootstrap on loopback unless\n"
       "                          SCAPE_SOCKET_IFNAME is set)\n"
       "  -T, --timeout MS        communicator timeout in ms (scapeConfig_t.timeoutMs)\n"
@@ -205,8 +211,9 @@ void usage(FILE* f) {
       "the same work, wait; hidden = 1 - (overlapped - busy) / sync clipped to [0, 1];\n"
       "mask+payload = total/count + 8*density;\n"
       "sync-cpu = CPU time per sync outside the calling thread (mean over ranks); idle = a\n"
-      "sleep of T_c alone, idle-ovl = start, the sleep, wait; hid-idle = 1 - (idle-ovl - idle)\n"
-      "/ sync: the hidden fraction when the host thread waits (compute on a device).\n"
+      "wait of T_c alone (--idle-wait), idle-ovl = start, the wait, wait for the sync;\n"
+      "hid-idle = 1 - (idle-ovl - idle) / sync: the hidden fraction when the host thread\n"
+      "waits for a device.\n"
       "masksync times: T_c is calibrated first (median of -n syncs), then -n rounds of\n"
       "(sync, busy, busy overlapped, idle, idle overlapped) run interleaved; each is the\n"
       "slowest rank's median over its rounds.\n"
@@ -480,10 +487,10 @@ Options parseArgs(int argc, char** argv) {
       {"-D", "--density", 'D', true},      {"", "--mask-sync", 'S', false},
       {"", "--segments", 's', true},       {"", "--encoding", 'E', true},
       {"", "--coo-algo", 'A', true},       {"", "--coo-out", 'O', true},
-      {"", "--sync-idle", 'Y', true},
+      {"", "--sync-idle", 'Y', true},      {"", "--idle-wait", 'Z', true},
   };
   Options o;
-  bool sawMin = false, sawMax = false, sawMode = false, syncIdleSet = false;
+  bool sawMin = false, sawMax = false, sawMode = false, syncIdleSet = false, idleWaitSet = false;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const Spec* spec = nullptr;
@@ -623,6 +630,17 @@ Options parseArgs(int argc, char** argv) {
         o.syncIdle = parseInt(on, val, 0, 1, "0 or 1");
         syncIdleSet = true;
         break;
+      case 'Z': {
+        const std::string v = val;
+        if (v == "yield")
+          o.idleSleep = false;
+        else if (v == "sleep")
+          o.idleSleep = true;
+        else
+          usageError("%s: unknown wait '%s' (expected yield or sleep)", on, val);
+        idleWaitSet = true;
+        break;
+      }
       case 'h':
         usage(stdout);
         std::exit(kExitOk);
@@ -657,6 +675,10 @@ Options parseArgs(int argc, char** argv) {
     usageError("--encoding applies to the mask modes only (this run is --mode %s)", mn);
   if (syncIdleSet && o.mode != Mode::kMaskSync)
     usageError("--sync-idle applies to --mode masksync only (this run is --mode %s)", mn);
+  if (idleWaitSet && o.mode != Mode::kMaskSync)
+    usageError("--idle-wait applies to --mode masksync only (this run is --mode %s)", mn);
+  if (idleWaitSet && o.syncIdle == 0)
+    usageError("--idle-wait has no effect with --sync-idle 0");
   if (o.encodings.size() > 1 && o.mode != Mode::kMaskSync)
     usageError("--encoding: a list of encodings applies to --mode masksync only");
   if (o.segmentsSet && !maskLike)
@@ -1979,7 +2001,17 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     // so drift in the machine's load hits all five alike; medians, so one stalled iteration
     // does not decide the row.
     std::vector<int64_t> busyAlone, idleAlone;
-    auto sleepPhase = [tc](double from) {
+    // The idle phase: the host thread waits T_c for a device. By default it polls the clock
+    // with sched_yield (CUDA's cudaDeviceScheduleYield), leaving the core to any other runnable
+    // thread. With --idle-wait sleep it sleeps instead; on a VM where an idle vCPU takes its
+    // timer interrupts late after a burst of work (perf/RESULTS.md), that mostly measures
+    // the VM.
+    const bool idleSleep = o_.idleSleep;
+    auto sleepPhase = [tc, idleSleep](double from) {
+      if (!idleSleep) {
+        while (nowSec() < from + tc) sched_yield();
+        return;
+      }
       for (double left = tc; left > 0; left = from + tc - nowSec()) {
         struct timespec ts {};
         ts.tv_sec = static_cast<time_t>(left);
@@ -2199,6 +2231,8 @@ void Bench::printHeader(const std::vector<int64_t>& pids, const std::vector<std:
         encs = o_.mode == Mode::kMaskSync ? "bitmap,indices,eliasfano,deltavarint,auto" : "auto";
       std::printf("; segments %d (sizes 1:2:..:%d), shard ownership, encoding %s", o_.segments,
                   o_.segments, encs.c_str());
+      if (o_.mode == Mode::kMaskSync && o_.syncIdle)
+        std::printf("; idle phase %s", o_.idleSleep ? "sleeps" : "polls with sched_yield");
     }
     if (o_.mode == Mode::kCoo)
       std::printf("; algorithm %s, %s output", cooAlgoName(o_.cooAlgo),
@@ -2390,12 +2424,13 @@ void Bench::writeJson() {
                  ", \"mask_bytes_per_param\": %.6f, \"sync_us\": %.1f, \"lib_sync_us\": %.1f, "
                  "\"busy_alone_us\": %.1f, \"overlapped_us\": %.1f, \"hidden\": %.4f, "
                  "\"sync_cpu_us\": %.1f, \"idle_alone_us\": %s, \"idle_overlapped_us\": %s, "
-                 "\"hidden_idle\": %s, "
+                 "\"hidden_idle\": %s, \"idle_wait\": \"%s\", "
                  "\"mask_plus_payload_bytes_per_param\": %.6f, \"dense_bytes_per_param\": 8, "
                  "\"wrong\": ",
                  nranks_, w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
                  w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.busyAloneUs,
-                 w.bothUs, w.hidden, w.syncCpuUs, idleAloneUs, idleUs, hiddenIdle, w.totalBpp);
+                 w.bothUs, w.hidden, w.syncCpuUs, idleAloneUs, idleUs, hiddenIdle,
+                 o_.idleSleep ? "sleep" : "yield", w.totalBpp);
     if (o_.check)
       std::fprintf(json_, "%" PRId64 "}", w.wrong);
     else

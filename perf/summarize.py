@@ -98,7 +98,8 @@ def figures(rows, limits):
                               "total_bpp": r["mask_plus_payload_bytes_per_param"],
                               "hidden": r["hidden"], "sync_us": r["sync_us"],
                               "sync_cpu_us": r.get("sync_cpu_us"),
-                              "hidden_idle": r.get("hidden_idle")})
+                              "hidden_idle": r.get("hidden_idle"),
+                              "idle_wait": r.get("idle_wait")})
     enc_order = {"bitmap": 0, "indices": 1, "eliasfano": 2, "deltavarint": 3, "auto": 4}
     by_enc = [dict(r) for r in sorted(sync.values(), key=lambda r: (
         r["nranks"], -r["density"], enc_order.get(r["encoding"], 9)))]
@@ -143,7 +144,7 @@ def figures(rows, limits):
                        y.get("hidden"), TARGET_HIDDEN, unit="")
                 if y.get("hidden_idle") is not None and y.get("hidden_idle") >= 0:
                     target("density %g, %d ranks: mask sync hidden behind equal compute (auto), "
-                           "host idle (compute on a device)" % (d, n),
+                           "host thread waiting for a device (%s)" % (d, n, y.get("idle_wait") or "sleep"),
                            y.get("hidden_idle"), TARGET_HIDDEN, unit="")
     table = []
     mem = limits.get("memcpy_gbs")
@@ -213,8 +214,9 @@ def main(argv):
                fmt(s.get("ceiling_vs_scape_dense"), "%.1fx")))
     print()
     print("# mask sync per encoding: bytes per parameter per step (dense all-reduce: 8), sync time "
-          "alone, fraction hidden behind an equal busy compute phase on the calling thread, CPU "
-          "time of the background sync, fraction hidden behind an idle (sleeping) phase")
+          "alone, fraction hidden behind an equal busy compute phase (fixed work) on the calling "
+          "thread, CPU time of the background sync, fraction hidden while the calling thread waits "
+          "for a device (polling with sched_yield, or sleeping with --idle-wait sleep)")
     print("# %5s  %7s  %11s  %11s  %12s  %15s  %9s  %7s  %12s  %9s" %
           ("ranks", "density", "encoding", "sent as", "mask(B/par)", "mask+pay(B/par)", "sync(ms)",
            "hidden", "sync-cpu(ms)", "hid-idle"))

@@ -177,10 +177,16 @@ class Format(unittest.TestCase):
                               nranks=1, inplace=False)
 
     def test_mask_sync(self):
+        self.check_mask_sync([], "yield")
+
+    def test_mask_sync_idle_sleep(self):
+        self.check_mask_sync(["--idle-wait", "sleep"], "sleep")
+
+    def check_mask_sync(self, extra, idle_wait):
         with tempfile.TemporaryDirectory() as tmp:
             jpath = os.path.join(tmp, "out.json")
             rc, out, err = run(["-np", "2", "-b", "128K", "-e", "128K", "-n", "2", "-w", "0", "--mask-sync",
-                                "-D", "0.1,0.01", "-J", jpath])
+                                "-D", "0.1,0.01", "-J", jpath] + extra)
             self.assertEqual(rc, 0, out + err)
             with open(jpath) as f:
                 js = json.load(f)
@@ -189,22 +195,29 @@ class Format(unittest.TestCase):
         self.assertEqual(len(js), len(rows))
         encs = ["bitmap", "indices", "eliasfano", "deltavarint", "auto"]
         for i, (f, j) in enumerate(zip(rows, js)):
-            self.assertEqual(len(f), 16, f)
+            self.assertEqual(len(f), 19, f)
             self.assertEqual(f[2], encs[i % 5])
             count, density = int(f[0]), float(f[1])
             total = int(f[6])
             self.assertAlmostEqual(float(f[7]), total / count, places=3)  # mask B/param
-            self.assertAlmostEqual(float(f[11]), total / count + 8 * density, places=3)
-            self.assertEqual(float(f[12]), 8.0)
-            self.assertTrue(0.0 <= float(f[10]) <= 1.0)  # hidden fraction
-            self.assertTrue(0.0 <= float(f[15]) <= 1.0)  # hidden fraction, idle compute
-            self.assertGreaterEqual(float(f[14]), 0.0)   # sync CPU time
-            self.assertEqual(int(f[13]), 0)
+            self.assertAlmostEqual(float(f[12]), total / count + 8 * density, places=3)
+            self.assertEqual(float(f[13]), 8.0)
+            self.assertGreater(float(f[9]), 0.0)         # busy phase alone
+            self.assertTrue(0.0 <= float(f[11]) <= 1.0)  # hidden fraction
+            self.assertEqual(int(f[14]), 0)
+            self.assertGreaterEqual(float(f[15]), 0.0)   # sync CPU time
+            self.assertGreater(float(f[16]), 0.0)        # idle phase alone
+            self.assertTrue(0.0 <= float(f[18]) <= 1.0)  # hidden fraction, idle compute
             for key in ("mask_bytes_per_param", "sync_us", "overlapped_us", "hidden",
                         "mask_plus_payload_bytes_per_param", "sent_bytes", "total_bytes",
-                        "encoding", "sent_encoding", "sync_cpu_us", "hidden_idle", "wrong"):
+                        "encoding", "sent_encoding", "sync_cpu_us", "hidden_idle", "wrong",
+                        "busy_alone_us", "idle_alone_us", "idle_overlapped_us"):
                 self.assertIn(key, j)
             self.assertEqual(j["mode"], "masksync")
+            self.assertEqual(j["idle_wait"], idle_wait)
+            # The figures come from the same medians as the columns.
+            self.assertAlmostEqual(j["busy_alone_us"], float(f[9]), delta=0.11)
+            self.assertAlmostEqual(j["idle_alone_us"], float(f[16]), delta=0.11)
             self.assertEqual(j["encoding"], encs[i % 5])
             if f[2] == "bitmap":  # one bit per element plus the per-part headers
                 self.assertLess(abs(total - count / 8), 256)
@@ -241,7 +254,7 @@ class InjectedErrors(unittest.TestCase):
 
     def test_mask_sync(self):
         self.expect_wrong(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mask-sync", "-D",
-                           "0.1", "--encoding", "eliasfano"], lambda f: int(f[13]))
+                           "0.1", "--encoding", "eliasfano"], lambda f: int(f[14]))
 
     def test_clean_run_has_no_wrong(self):
         rc, out, err = run(["-np", "2", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--mode", "mask",
@@ -273,6 +286,9 @@ class Usage(unittest.TestCase):
         self.bad(["--mask-sync", "--mode", "mask"], "conflicts")
         self.bad(["-I", "2"], "-I expects 0 or 1")
         self.bad(["--sync-idle", "0"], "--sync-idle applies to --mode masksync")
+        self.bad(["--idle-wait", "sleep"], "--idle-wait applies to --mode masksync")
+        self.bad(["--mode", "masksync", "--idle-wait", "nap"], "unknown wait 'nap'")
+        self.bad(["--mode", "masksync", "--sync-idle", "0", "--idle-wait", "yield"], "no effect")
         self.bad(["--mode", "mask", "--encoding", "bitmap,auto"], "applies to --mode masksync only")
         self.bad(["--bogus"], "unknown argument '--bogus'")
 
