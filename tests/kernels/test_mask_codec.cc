@@ -204,6 +204,33 @@ TEST(MaskCodec, BytesMatchTheFormatBitByBit) {
   for (MaskEncoding enc : kEncodings) EXPECT_EQ(Encode(enc, sparse, 100000), SpecEncoding(enc, sparse, 100000));
 }
 
+TEST(MaskCodec, VarintSizeAtEveryLengthBoundary) {
+  // Gaps just below and at each 7-bit boundary, up to and past 2^32 (where the size query
+  // leaves its 32-bit fast path) and 2^63.
+  std::vector<uint64_t> gaps;
+  for (int b = 7; b <= 63; b += 7) {
+    gaps.push_back((uint64_t{1} << b) - 1);
+    gaps.push_back(uint64_t{1} << b);
+  }
+  for (uint64_t g : {uint64_t{0}, uint64_t{1}, (uint64_t{1} << 32) - 1, uint64_t{1} << 32})
+    gaps.push_back(g);
+  const uint64_t n = ~uint64_t{0};
+  for (uint64_t g : gaps) {
+    for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 40}) {
+      std::vector<uint64_t> idx = {first, first + 1 + g, first + 2 + g};
+      if (idx[1] <= idx[0] || idx[2] <= idx[1]) continue;  // wrapped past 2^64
+      SCOPED_TRACE(::testing::Message() << "gap " << g << " first " << first);
+      const std::vector<uint8_t> spec = SpecEncoding(MaskEncoding::kDeltaVarint, idx, n);
+      EXPECT_EQ(DeltaVarintEncodedBytes(idx.data(), idx.size()), spec.size());
+      EXPECT_EQ(Encode(MaskEncoding::kDeltaVarint, idx, n), spec);
+      if (idx[2] < (uint64_t{1} << 32)) {
+        const std::vector<uint32_t> idx32(idx.begin(), idx.end());
+        EXPECT_EQ(DeltaVarintEncodedBytes(idx32.data(), idx32.size()), spec.size());
+      }
+    }
+  }
+}
+
 TEST(MaskCodec, SizesFollowTheDesign) {
   // Elias-Fano at density 0.01 costs about 2 + log2(100) = 8.6 bits per index.
   const uint64_t n = 1u << 22, k = n / 100;
