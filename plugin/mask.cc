@@ -83,9 +83,16 @@ void Mask::BuildOwnership(const std::vector<uint64_t>& offs, const std::vector<u
     for (auto& v : owned_)
       std::sort(v.begin(), v.end(), [](const Piece& x, const Piece& y) { return x.begin < y.begin; });
   }
-  for (int r = 0; r < nranks_; ++r)
-    for (const Piece& p : owned_[static_cast<size_t>(r)])
-      ownedSize_[static_cast<size_t>(r)] += p.end - p.begin;
+  base_.assign(static_cast<size_t>(nranks_), 0);
+  for (int r = 0; r < nranks_; ++r) {
+    const std::vector<Piece>& mine = owned_[static_cast<size_t>(r)];
+    for (size_t i = 0; i < mine.size(); ++i) {
+      ownedSize_[static_cast<size_t>(r)] += mine[i].end - mine[i].begin;
+      if (i > 0 && mine[i].begin != mine[i - 1].end) base_[static_cast<size_t>(r)] = kNoBase;
+    }
+    if (!mine.empty() && base_[static_cast<size_t>(r)] != kNoBase)
+      base_[static_cast<size_t>(r)] = mine[0].begin;
+  }
 }
 
 Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffsets,
@@ -295,25 +302,41 @@ Status Mask::PartCount(int r, const uint8_t* buf, size_t size, uint64_t* k) cons
 
 Status Mask::DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint64_t* out) const {
   const uint64_t nown = ownedSize_[static_cast<size_t>(r)];
+  // A contiguous owned range decodes straight into global positions (one addition per
+  // index); otherwise into owned-space indices, mapped piece by piece afterwards.
+  const uint64_t base = base_[static_cast<size_t>(r)];
+  const uint64_t add = base == kNoBase ? 0 : base;
   if (buf[0] == kIndices32) {  // PartCount checked the header and the size
+    uint32_t prev = 0;
     for (uint64_t i = 0; i < k; ++i) {
       uint32_t v;
       std::memcpy(&v, buf + kHeader + 4 * i, 4);
-      if (v >= nown || (i > 0 && v <= out[i - 1]))
+      if (v >= nown || (i > 0 && v <= prev))
         return RemoteError(StrFormat("rank %d's mask part has an index out of range or out of "
                                      "order at position %llu", r, static_cast<unsigned long long>(i)));
-      out[i] = v;
+      out[i] = v + add;
+      prev = v;
     }
   } else {
     size_t got = 0;
-    kernels::KernelStatus ks = kernels::MaskDecode(buf, size, nown, out, k, &got);
+    kernels::KernelStatus ks = kernels::MaskDecode(buf, size, nown, add, out, k, &got);
     if (ks == kernels::KernelStatus::kOk && got != k) ks = kernels::KernelStatus::kCorrupt;
     if (ks != kernels::KernelStatus::kOk)
       return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
                                    kernels::KernelStatusString(ks)));
   }
-  ToGlobal(r, out, k);
+  if (base == kNoBase) ToGlobal(r, out, k);
   return Status::Ok();
+}
+
+void Mask::CopyToGlobal(int r, const uint64_t* src, uint64_t* dst, uint64_t k) const {
+  const uint64_t base = base_[static_cast<size_t>(r)];
+  if (base == kNoBase) {
+    std::copy(src, src + k, dst);
+    ToGlobal(r, dst, k);
+    return;
+  }
+  for (uint64_t i = 0; i < k; ++i) dst[i] = src[i] + base;
 }
 
 void Mask::ToGlobal(int r, uint64_t* out, uint64_t k) const {
@@ -466,8 +489,7 @@ Status Mask::RunSync() {
   for (size_t r = 0; r < P; ++r) {
     if (static_cast<int>(r) == rank_ && nextCount_[r] == nextLocal_.size()) {
       // Our own part: the indices we encoded are at hand, no need to decode them.
-      std::copy(nextLocal_.begin(), nextLocal_.end(), next_->begin() + static_cast<ptrdiff_t>(nextOff_[r]));
-      ToGlobal(rank_, next_->data() + nextOff_[r], nextCount_[r]);
+      CopyToGlobal(rank_, nextLocal_.data(), next_->data() + nextOff_[r], nextCount_[r]);
       off += counts[r];
       continue;
     }

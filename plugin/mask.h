@@ -76,6 +76,8 @@ class Mask {
   Status DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint64_t* out) const;
   // Rank r's owned-space indices out[0, k) (valid, increasing) to global positions, in place.
   void ToGlobal(int r, uint64_t* out, uint64_t k) const;
+  // Rank r's owned-space indices to global positions, from src into dst.
+  void CopyToGlobal(int r, const uint64_t* src, uint64_t* dst, uint64_t k) const;
   void ThreadMain();
   Status RunSync();  // on the sync thread
 
@@ -86,6 +88,10 @@ class Mask {
   scapeOwnership_t ownership_ = scapeOwnershipShards;
   std::vector<std::vector<Piece>> owned_;  // per rank, increasing
   std::vector<uint64_t> ownedSize_;        // per rank
+  // Per rank: the global position of owned-space index 0 when the rank's pieces are one
+  // contiguous range (always with shards), so local -> global is one addition; else kNoBase.
+  static constexpr uint64_t kNoBase = ~uint64_t{0};
+  std::vector<uint64_t> base_;
 
   std::vector<uint64_t> nextLocal_;  // this rank's selection, local indices in its owned space
   kernels::TopkWorkspace topkWs_;    // top-k buffers kept between steps

@@ -293,9 +293,10 @@ KernelStatus EncodeImpl(MaskEncoding enc, const Index* idx, size_t k, uint64_t n
   return KernelStatus::kOk;
 }
 
+// Writes index + offset (indices are validated before the offset is added).
 template <typename Index>
-KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, Index* out,
-                        size_t capacity, size_t* k_out) {
+KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, uint64_t offset,
+                        Index* out, size_t capacity, size_t* k_out) {
   if (k_out == nullptr || (capacity > 0 && out == nullptr) || (size > 0 && buf == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
@@ -327,7 +328,7 @@ KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, In
         if (bits == 0) continue;
         if (static_cast<uint64_t>(Popcount(bits)) > k - j) return KernelStatus::kCorrupt;
         do {
-          out[j++] = static_cast<Index>(w * 64 + static_cast<uint64_t>(Ctz(bits)));
+          out[j++] = static_cast<Index>(w * 64 + static_cast<uint64_t>(Ctz(bits)) + offset);
           bits &= bits - 1;
         } while (bits != 0);
       }
@@ -367,7 +368,7 @@ KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, In
           if (hi > max_high) return KernelStatus::kCorrupt;
           const uint64_t v = (hi << l) | low.Get(l);
           if (v >= n || (c > 0 && v <= prev)) return KernelStatus::kCorrupt;
-          out[c++] = static_cast<Index>(v);
+          out[c++] = static_cast<Index>(v + offset);
           prev = v;
         }
       }
@@ -402,7 +403,7 @@ KernelStatus DecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, In
           if (room == 0 || v >= room) return KernelStatus::kCorrupt;
           x = prev + 1 + v;
         }
-        out[i] = static_cast<Index>(x);
+        out[i] = static_cast<Index>(x + offset);
         prev = x;
       }
       if (p != end) return KernelStatus::kCorrupt;  // trailing bytes
@@ -511,11 +512,16 @@ KernelStatus MaskReadHeader(const uint8_t* buf, size_t size, MaskHeader* header)
 
 KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, uint32_t* out,
                         size_t capacity, size_t* k_out) {
-  return DecodeImpl(buf, size, expected_n, out, capacity, k_out);
+  return DecodeImpl(buf, size, expected_n, 0, out, capacity, k_out);
 }
 KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, uint64_t* out,
                         size_t capacity, size_t* k_out) {
-  return DecodeImpl(buf, size, expected_n, out, capacity, k_out);
+  return DecodeImpl(buf, size, expected_n, 0, out, capacity, k_out);
+}
+KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, uint64_t offset,
+                        uint64_t* out, size_t capacity, size_t* k_out) {
+  if (offset > ~uint64_t{0} - expected_n) return KernelStatus::kInvalidArgument;
+  return DecodeImpl(buf, size, expected_n, offset, out, capacity, k_out);
 }
 
 }  // namespace kernels

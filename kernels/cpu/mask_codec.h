@@ -121,6 +121,11 @@ KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, ui
                         size_t capacity, size_t* k_out);
 KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, uint64_t* out,
                         size_t capacity, size_t* k_out);
+// The same, writing index + offset for every index (validated against expected_n first): a
+// part of a larger universe decodes straight into its positions there, with no second pass.
+// kInvalidArgument if offset + expected_n exceeds 2^64.
+KernelStatus MaskDecode(const uint8_t* buf, size_t size, uint64_t expected_n, uint64_t offset,
+                        uint64_t* out, size_t capacity, size_t* k_out);
 
 }  // namespace kernels
 }  // namespace scape

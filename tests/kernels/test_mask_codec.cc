@@ -231,6 +231,29 @@ TEST(MaskCodec, VarintSizeAtEveryLengthBoundary) {
   }
 }
 
+TEST(MaskCodec, DecodeWithOffsetAddsItAfterValidation) {
+  SCAPE_SEEDED_RNG(rng);
+  const uint64_t n = 100003, offset = (uint64_t{1} << 40) + 3;
+  const std::vector<uint64_t> idx = RandomMask<uint64_t>(rng, n, 0.02);
+  for (MaskEncoding enc : kEncodings) {
+    SCOPED_TRACE(::testing::Message() << "encoding " << static_cast<int>(enc));
+    const std::vector<uint8_t> buf = Encode(enc, idx, n);
+    std::vector<uint64_t> out(idx.size());
+    size_t k = 0;
+    ASSERT_EQ(MaskDecode(buf.data(), buf.size(), n, offset, out.data(), out.size(), &k),
+              KernelStatus::kOk);
+    ASSERT_EQ(k, idx.size());
+    for (size_t i = 0; i < k; ++i) ASSERT_EQ(out[i], idx[i] + offset) << i;
+    // The universe is still n: an offset does not widen what is accepted.
+    EXPECT_EQ(MaskDecode(buf.data(), buf.size(), n + 1, offset, out.data(), out.size(), &k),
+              KernelStatus::kCorrupt);
+    // offset + n beyond 2^64 is refused.
+    EXPECT_EQ(MaskDecode(buf.data(), buf.size(), n, ~uint64_t{0} - n + 1, out.data(), out.size(),
+                         &k),
+              KernelStatus::kInvalidArgument);
+  }
+}
+
 TEST(MaskCodec, SizesFollowTheDesign) {
   // Elias-Fano at density 0.01 costs about 2 + log2(100) = 8.6 bits per index.
   const uint64_t n = 1u << 22, k = n / 100;
