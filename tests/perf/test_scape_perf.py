@@ -348,6 +348,37 @@ class Peers(unittest.TestCase):
                 self.assertIsNone(j["in_place"])
 
 
+class OverlapRepeat(unittest.TestCase):
+    """perf/overlap_repeat.sh runs masksync repeatedly and summarises every run."""
+
+    def test_two_runs_summarised(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf",
+                              "overlap_repeat.sh")
+        build = os.path.dirname(os.path.dirname(os.path.abspath(EXE["scape"])))
+        env = dict(os.environ, SIZE="128K", REPEATS="2", RANKS="2", DENSITIES="0.1",
+                   PYTHON=sys.executable)
+        env.setdefault("SCAPE_SOCKET_IFNAME", "lo")
+        env.setdefault("UCX_NET_DEVICES", "lo")
+        with tempfile.TemporaryDirectory() as tmp:
+            p = subprocess.run(["bash", script, build, tmp], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, timeout=2 * RUN_TIMEOUT_S,
+                               universal_newlines=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual(sorted(f for f in os.listdir(tmp) if f.endswith(".json")),
+                             ["masksync_np2_d0.1_r1.json", "masksync_np2_d0.1_r2.json"])
+        summary = p.stdout[p.stdout.index("# mask sync overlap over repeated runs"):]
+        rows = data_lines(summary)
+        self.assertEqual(len(rows), 1, p.stdout)
+        f = rows[0]
+        self.assertEqual((f[0], f[1], f[2]), ("2", "0.1", "2"))
+        # "runs >= 0.9 / runs" for the busy and the idle phase, then one steal figure per run.
+        # Each figure is "median [min, max]" (three fields).
+        self.assertEqual((f[10], f[11]), ("/", "2"))
+        self.assertEqual((f[16], f[17]), ("/", "2"))
+        self.assertEqual(len(f), 20, f)
+        self.assertTrue(0.0 <= float(f[12]) <= 1.0, f)  # median hidden (idle)
+
+
 def main():
     argv = [sys.argv[0]]
     it = iter(sys.argv[1:])
