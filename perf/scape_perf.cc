@@ -1994,7 +1994,7 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     const uint64_t work = compute->calibrate(tc);
     // Then -n rounds of five timings, each after a barrier: the sync alone again; the busy
     // phase alone; the busy phase overlapped (start, the busy work on this thread, wait); the
-    // idle phase alone (sleep for T_c: the host thread of a GPU step mostly waits); the idle
+    // idle phase alone (a wait of T_c: the host thread of a GPU step mostly waits); the idle
     // phase overlapped. Each overlapped time is compared with the same phase alone from the
     // same rounds, so what the phase itself costs on this machine (a sleep that wakes late on
     // a virtual machine, the work's own speed) is not counted against the sync. Interleaved,
