@@ -76,6 +76,34 @@ constexpr int kTimedOut = -1;  // returned instead of an ncclResult_t when a dea
 
 // init with the capturing logger, NULL profiler, commId and traffic class.
 ncclResult_t InitCtx(const ncclNet_v11_t* net, void** ctx, uint64_t commId = 0x1234);
+
+// A loaded plugin with one initialised v11 context (what each test process starts with).
+struct Env {
+  Plugin p;
+  void* ctx = nullptr;
+  const ncclNet_v11_t* net = nullptr;
+  // Loads the plugin and initialises the context; a gtest failure with the reason if not.
+  bool Up() {
+    std::string err;
+    if (!LoadPlugin(&p, &err)) {
+      ADD_FAILURE() << err;
+      return false;
+    }
+    net = p.v11;
+    ncclResult_t r = InitCtx(net, &ctx);
+    if (r != ncclSuccess || !ctx) {
+      ADD_FAILURE() << "init returned " << r;
+      return false;
+    }
+    return true;
+  }
+  bool Down() { return net->finalize(ctx) == ncclSuccess; }
+  // Device 0's maxRecvs (1 if the query fails).
+  int MaxRecvs() {
+    ncclNetProperties_v11_t pr;
+    return net->getProperties(0, &pr) == ncclSuccess ? pr.maxRecvs : 1;
+  }
+};
 // connect until *sendComm != NULL, an error, or the deadline.
 int PollConnect(const ncclNet_v11_t* net, void* ctx, int dev, void* handle, void** sendComm,
                 int timeoutMs = 20000);

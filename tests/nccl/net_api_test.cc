@@ -29,28 +29,6 @@ using namespace fake_nccl;
 
 constexpr int kWatchdogMs = 60000;
 
-// A loaded plugin with one initialised v11 context.
-struct Env {
-  Plugin p;
-  void* ctx = nullptr;
-  const ncclNet_v11_t* net = nullptr;
-  bool Up() {
-    std::string err;
-    if (!LoadPlugin(&p, &err)) {
-      ADD_FAILURE() << err;
-      return false;
-    }
-    net = p.v11;
-    ncclResult_t r = InitCtx(net, &ctx);
-    if (r != ncclSuccess || !ctx) {
-      ADD_FAILURE() << "init returned " << r;
-      return false;
-    }
-    return true;
-  }
-  bool Down() { return net->finalize(ctx) == ncclSuccess; }
-};
-
 // A send/recv comm pair of one process connected to itself, with a registered buffer each.
 struct SelfPair {
   void* lc = nullptr;

@@ -30,26 +30,6 @@ int64_t NowMs() {
       .count();
 }
 
-struct Env {
-  Plugin p;
-  void* ctx = nullptr;
-  const ncclNet_v11_t* net = nullptr;
-  bool Up() {
-    std::string err;
-    if (!LoadPlugin(&p, &err)) {
-      ADD_FAILURE() << err;
-      return false;
-    }
-    net = p.v11;
-    return InitCtx(net, &ctx) == ncclSuccess && ctx;
-  }
-  bool Down() { return net->finalize(ctx) == ncclSuccess; }
-  int MaxRecvs() {
-    ncclNetProperties_v11_t pr;
-    return net->getProperties(0, &pr) == ncclSuccess ? pr.maxRecvs : 1;
-  }
-};
-
 // Receiver side of connection setup: listen, hand the handle over, accept.
 bool AcceptFrom(Env& e, const Pipe& handleOut, void** rc) {
   char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
