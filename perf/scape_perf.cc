@@ -2007,7 +2007,7 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     // timer interrupts late after a burst of work (perf/RESULTS.md), that mostly measures
     // the VM.
     const bool idleSleep = o_.idleSleep;
-    auto sleepPhase = [tc, idleSleep](double from) {
+    auto idlePhase = [tc, idleSleep](double from) {
       if (!idleSleep) {
         while (nowSec() < from + tc) sched_yield();
         return;
@@ -2039,28 +2039,23 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
       if (o_.syncIdle) {
         PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
         t0 = nowSec();
-        sleepPhase(t0);
+        idlePhase(t0);
         idleAlone.push_back(since(t0));
         PERF_CHECK("scapeBarrier", scapeBarrier(comm_));
         t0 = nowSec();
         PERF_CHECK("scapeMaskSyncStart", scapeMaskSyncStart(m));
-        sleepPhase(t0);
+        idlePhase(t0);
         PERF_CHECK("scapeMaskSyncWait", scapeMaskSyncWait(m));
         idle.push_back(since(t0));
       }
       beat();
     }
-    int64_t refs[2] = {medianI64(busyAlone), o_.syncIdle ? medianI64(idleAlone) : -1};
-    if (!reduceI64(refs, 2, scapeMax, "scapeAllReduce(compute phase alone, int64, max)"))
-      return false;
-    int64_t tsync = medianI64(alone);
-    if (!reduceI64(&tsync, 1, scapeMax, "scapeAllReduce(sync time, int64, max)")) return false;
-    int64_t tboth = medianI64(both);
-    if (!reduceI64(&tboth, 1, scapeMax, "scapeAllReduce(overlapped time, int64, max)"))
-      return false;
-    int64_t tidle = o_.syncIdle ? medianI64(idle) : -1;
-    if (!reduceI64(&tidle, 1, scapeMax, "scapeAllReduce(idle overlapped time, int64, max)"))
-      return false;
+    // The slowest rank's medians, in one reduction: sync alone, busy alone, busy overlapped,
+    // idle alone, idle overlapped (-1: no idle phase).
+    int64_t med[5] = {medianI64(alone), medianI64(busyAlone), medianI64(both),
+                      o_.syncIdle ? medianI64(idleAlone) : -1, o_.syncIdle ? medianI64(idle) : -1};
+    if (!reduceI64(med, 5, scapeMax, "scapeAllReduce(median times, int64, max)")) return false;
+    const int64_t tsync = med[0], tboth = med[2], tidle = med[4];
     // The synchronised mask must be the one selected, whatever the encoding.
     int64_t wrong = 0;
     if (o_.check) {
@@ -2096,12 +2091,12 @@ bool Bench::syncRows(uint64_t count, double density, BusyCompute* compute) {
     auto hiddenFrac = [ts](double overlapped, double phase) {
       return ts > 0 ? std::min(1.0, std::max(0.0, 1.0 - (overlapped - phase) / ts)) : 1.0;
     };
-    w.busyAloneUs = static_cast<double>(refs[0]) / 1e3;
-    w.hidden = hiddenFrac(tb, static_cast<double>(refs[0]));
+    w.busyAloneUs = static_cast<double>(med[1]) / 1e3;
+    w.hidden = hiddenFrac(tb, static_cast<double>(med[1]));
     const double ti = static_cast<double>(tidle);
     w.idleUs = ti / 1e3;
-    w.idleAloneUs = static_cast<double>(refs[1]) / 1e3;
-    w.hiddenIdle = tidle < 0 ? -1.0 : hiddenFrac(ti, static_cast<double>(refs[1]));
+    w.idleAloneUs = static_cast<double>(med[3]) / 1e3;
+    w.hiddenIdle = tidle < 0 ? -1.0 : hiddenFrac(ti, static_cast<double>(med[3]));
     w.maskBpp = count ? static_cast<double>(info.totalBytes) / static_cast<double>(count) : 0.0;
     w.totalBpp = w.maskBpp + 8.0 * density;
     w.wrong = sums[1];
