@@ -243,10 +243,17 @@ TEST(MaskCodec, DecodeWithOffsetAddsItAfterValidation) {
     ASSERT_EQ(MaskDecode(buf.data(), buf.size(), n, offset, out.data(), out.size(), &k),
               KernelStatus::kOk);
     ASSERT_EQ(k, idx.size());
+    // offset >= n: had the decoder checked index + offset against n, every index would fail.
     for (size_t i = 0; i < k; ++i) ASSERT_EQ(out[i], idx[i] + offset) << i;
-    // The universe is still n: an offset does not widen what is accepted.
-    EXPECT_EQ(MaskDecode(buf.data(), buf.size(), n + 1, offset, out.data(), out.size(), &k),
-              KernelStatus::kCorrupt);
+    // With an offset the input is still validated: one byte short, and a flipped body byte.
+    EXPECT_EQ(MaskDecode(buf.data(), buf.size() - 1, n, offset, out.data(), out.size(), &k),
+              KernelStatus::kTruncated);
+    std::vector<uint64_t> junk;
+    std::vector<uint8_t> bad = buf;
+    bad[bad.size() - 1] ^= 0x80;  // the last body byte: padding, a varint's end, or a bitmap bit
+    const KernelStatus plain = DecodeExact(bad.data(), bad.size(), n, &junk, idx.size());
+    size_t k2 = 0;
+    EXPECT_EQ(MaskDecode(bad.data(), bad.size(), n, offset, out.data(), out.size(), &k2), plain);
     // offset + n beyond 2^64 is refused.
     EXPECT_EQ(MaskDecode(buf.data(), buf.size(), n, ~uint64_t{0} - n + 1, out.data(), out.size(),
                          &k),
