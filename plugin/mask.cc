@@ -249,8 +249,12 @@ Status Mask::Encode(std::vector<uint8_t>* out) {
   // A forced 32-bit encoding with an owned part above 2^32 was refused by SyncStart; auto never
   // picks it then (its size is UINT64_MAX).
   const uint64_t bytes = sizes[enc];
-  out->assign((bytes + 3) / 4 * 4, 0);
+  // Every byte below `bytes` is written below; only the header's reserved bytes (32-bit
+  // encoding) and the padding to 4 bytes need zeros. The buffer is kept between syncs.
+  out->resize((bytes + 3) / 4 * 4);
+  std::fill(out->begin() + static_cast<ptrdiff_t>(bytes), out->end(), uint8_t{0});
   if (enc == scapeMaskEncodingIndices) {
+    std::fill(out->begin(), out->begin() + static_cast<ptrdiff_t>(kHeader), uint8_t{0});
     (*out)[0] = kIndices32;
     std::memcpy(out->data() + 8, &nown, 8);
     std::memcpy(out->data() + 16, &k, 8);
