@@ -27,9 +27,9 @@
 # >= 0.05, 10/2 below (with -w 0 the single timed operation is also the checked one); mask sync
 # 1/0 at density >= 0.5 (auto encoding only and no idle-overlap diagnostic: at density 1 one
 # sync takes seconds and the other encodings only cost more), 8/1 at density >= 0.05, 20/2 below
-# (all five encodings; each iteration is a round of five timings, see scape-perf -h). How
-# repeatable the overlap figures are: perf/overlap_repeat.sh. Every result is checked (-c 1); only the out-of-place form is timed
-# (-I 0).
+# (all five encodings; each iteration is a round of five timings, see scape-perf -h; how
+# repeatable the overlap figures are: perf/overlap_repeat.sh). Every result is checked (-c 1);
+# only the out-of-place form is timed (-I 0).
 # Exit status: 0 if every run succeeded with no wrong values, else 1.
 set -u
 
