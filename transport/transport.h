@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/base/status.h"
+#include "base/status.h"
 
 namespace scape {
 namespace transport {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "plugin/comm.h"
+#include "plugin/core/comm.h"
 #include "scape/scape.h"
 
 namespace scape {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "plugin/nccl/net_params.h"
-#include "transport/base/status.h"
-#include "transport/ucx/ucx_plugin_net.h"
+#include "base/status.h"
+#include "plugin/nccl/ucx_engine.h"
 
 namespace scape {
 namespace nccl {

@@ -4,7 +4,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "transport/base/log.h"
+#include "base/log.h"
 
 namespace scape {
 namespace nccl {

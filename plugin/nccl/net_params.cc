@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "transport/base/param.h"
+#include "base/param.h"
 
 namespace scape {
 namespace nccl {

@@ -1,6 +1,6 @@
 // The plugin's configuration, read from the environment in one place (ReadPluginParams).
 //
-// Plugin-specific knobs (read here with std::getenv until they join transport/base/param.cc):
+// Plugin-specific knobs (read here with std::getenv until they join base/param.cc):
 //   SCAPE_NCCL_DEVICES  which NICs the plugin exposes; default: every active RDMA port, else
 //                       the interface named by SCAPE_SOCKET_IFNAME, else every interface that is
 //                       up, has an address and is not loopback or docker*. Syntax as
@@ -18,7 +18,7 @@
 
 #include <string>
 
-#include "transport/base/status.h"
+#include "base/status.h"
 
 namespace scape {
 namespace nccl {

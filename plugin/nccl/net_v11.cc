@@ -1,5 +1,5 @@
 // ncclNetPlugin_v11: the NCCL net plugin's entry points. Every entry point checks its
-// arguments, runs the UCX engine (transport/ucx/ucx_plugin_net.h), maps the internal Status to
+// arguments, runs the UCX engine (plugin/nccl/ucx_engine.h), maps the internal Status to
 // an ncclResult_t with one WARN line that names the function and what was wrong, and catches
 // every exception so none crosses into NCCL. v10/v9/v8 are adapters onto this
 // (net_adapters.cc).
@@ -22,7 +22,7 @@
 #include "plugin/nccl/net_devices.h"
 #include "plugin/nccl/net_log.h"
 #include "plugin/nccl/net_params.h"
-#include "transport/ucx/ucx_plugin_net.h"
+#include "plugin/nccl/ucx_engine.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "transport/base/log.h"
+#include "base/log.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the bootstrap wire format assumes little-endian hosts");

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "scape/scape.h"
-#include "transport/base/status.h"
+#include "base/status.h"
 #include "transport/bootstrap/socket.h"
 
 namespace scape {

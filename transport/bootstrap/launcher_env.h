@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "transport/base/status.h"
+#include "base/status.h"
 #include "transport/bootstrap/bootstrap.h"
 
 namespace scape {

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "transport/base/clock.h"
-#include "transport/base/status.h"
+#include "base/clock.h"
+#include "base/status.h"
 
 namespace scape {
 namespace bootstrap {

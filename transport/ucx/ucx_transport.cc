@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/base/clock.h"
-#include "transport/base/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "transport/transport.h"
 
 namespace scape {

@@ -1,7 +1,7 @@
 // The agreed mask: layout (segments, owners), the current and next masks, and the background
 // synchronisation of the next mask over a private child communicator.
-#ifndef SCAPE_PLUGIN_MASK_H_
-#define SCAPE_PLUGIN_MASK_H_
+#ifndef SCAPE_PLUGIN_MASK_MASK_H_
+#define SCAPE_PLUGIN_MASK_MASK_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "kernels/cpu/topk.h"
-#include "plugin/comm.h"
+#include "plugin/core/comm.h"
 #include "scape/scape.h"
-#include "transport/base/status.h"
+#include "base/status.h"
 
 namespace scape {
 
@@ -125,4 +125,4 @@ class Mask {
 
 }  // namespace scape
 
-#endif  // SCAPE_PLUGIN_MASK_H_
+#endif  // SCAPE_PLUGIN_MASK_MASK_H_

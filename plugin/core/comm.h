@@ -1,7 +1,7 @@
 // The communicator: owns the transport, the queue of collective tasks and the error state.
-// Internal; the public handle (struct scapeComm) wraps it in plugin/api.cc.
-#ifndef SCAPE_PLUGIN_COMM_H_
-#define SCAPE_PLUGIN_COMM_H_
+// Internal; the public handle (struct scapeComm) wraps it in plugin/api/api.cc.
+#ifndef SCAPE_PLUGIN_CORE_COMM_H_
+#define SCAPE_PLUGIN_CORE_COMM_H_
 
 #include <sys/types.h>
 
@@ -13,7 +13,7 @@
 
 #include "plugin/coll/coll.h"
 #include "scape/scape.h"
-#include "transport/base/status.h"
+#include "base/status.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/transport.h"
 
@@ -132,4 +132,4 @@ class Comm {
 
 }  // namespace scape
 
-#endif  // SCAPE_PLUGIN_COMM_H_
+#endif  // SCAPE_PLUGIN_CORE_COMM_H_

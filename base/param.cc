@@ -1,4 +1,4 @@
-#include "transport/base/param.h"
+#include "base/param.h"
 
 #include <cassert>
 #include <cerrno>

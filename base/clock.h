@@ -1,6 +1,6 @@
 // Monotonic time and deadlines.
-#ifndef SCAPE_TRANSPORT_BASE_CLOCK_H_
-#define SCAPE_TRANSPORT_BASE_CLOCK_H_
+#ifndef SCAPE_BASE_CLOCK_H_
+#define SCAPE_BASE_CLOCK_H_
 
 #include <chrono>
 #include <cstdint>
@@ -31,4 +31,4 @@ class Deadline {
 
 }  // namespace scape
 
-#endif  // SCAPE_TRANSPORT_BASE_CLOCK_H_
+#endif  // SCAPE_BASE_CLOCK_H_

@@ -30,14 +30,14 @@
 //
 // Thread safety: every call is safe from any thread. All calls on comms of one worker are
 // serialised by that worker's mutex.
-#ifndef SCAPE_TRANSPORT_UCX_UCX_PLUGIN_NET_H_
-#define SCAPE_TRANSPORT_UCX_UCX_PLUGIN_NET_H_
+#ifndef SCAPE_PLUGIN_NCCL_UCX_ENGINE_H_
+#define SCAPE_PLUGIN_NCCL_UCX_ENGINE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "transport/base/status.h"
+#include "base/status.h"
 
 namespace scape {
 namespace ucxnet {
@@ -128,4 +128,4 @@ void MemRegionBounds(const MemRegion* mr, uintptr_t* base, size_t* len, MemType*
 }  // namespace ucxnet
 }  // namespace scape
 
-#endif  // SCAPE_TRANSPORT_UCX_UCX_PLUGIN_NET_H_
+#endif  // SCAPE_PLUGIN_NCCL_UCX_ENGINE_H_

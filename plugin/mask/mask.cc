@@ -1,4 +1,4 @@
-#include "plugin/mask.h"
+#include "plugin/mask/mask.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include "kernels/cpu/mask_codec.h"
 #include "kernels/cpu/topk.h"
 #include "plugin/coll/schedule.h"
-#include "transport/base/clock.h"
-#include "transport/base/log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 namespace scape {
 namespace {

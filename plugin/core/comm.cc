@@ -1,4 +1,4 @@
-#include "plugin/comm.h"
+#include "plugin/core/comm.h"
 
 #include <sched.h>
 #include <strings.h>
@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/base/clock.h"
-#include "transport/base/log.h"
-#include "transport/base/param.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/param.h"
 
 namespace scape {
 namespace {

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "kernels/cpu/gather.h"
-#include "plugin/api_internal.h"
+#include "plugin/api/api_internal.h"
 #include "plugin/coll/sparse.h"
-#include "plugin/mask.h"
+#include "plugin/mask/mask.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "transport/base/log.h"
+#include "base/log.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <strings.h>
 
-#include "transport/base/param.h"
+#include "base/param.h"
 
 namespace scape {
 namespace {

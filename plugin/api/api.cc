@@ -8,12 +8,12 @@
 #include <set>
 #include <string>
 
-#include "plugin/api_internal.h"
-#include "plugin/comm.h"
+#include "plugin/api/api_internal.h"
+#include "plugin/core/comm.h"
 #include "scape/scape.h"
-#include "transport/base/clock.h"
-#include "transport/base/log.h"
-#include "transport/base/param.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/launcher_env.h"
 

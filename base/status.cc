@@ -1,4 +1,4 @@
-#include "transport/base/status.h"
+#include "base/status.h"
 
 #include <cstdarg>
 #include <cstdio>

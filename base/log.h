@@ -1,8 +1,8 @@
 // Logging. Level from SCAPE_DEBUG (WARN by default; INFO, TRACE, NONE). Level is checked before
 // any formatting. Lines go to stderr as "host:pid:tid SCAPE LEVEL message"; the NCCL plugin
 // installs NCCL's logger with SetLogSink so lines reach NCCL_DEBUG output instead.
-#ifndef SCAPE_TRANSPORT_BASE_LOG_H_
-#define SCAPE_TRANSPORT_BASE_LOG_H_
+#ifndef SCAPE_BASE_LOG_H_
+#define SCAPE_BASE_LOG_H_
 
 namespace scape {
 
@@ -27,4 +27,4 @@ void SetLogSink(LogSink sink);
 #define SCAPE_INFO(...) SCAPE_LOG(::scape::LogLevel::kInfo, __VA_ARGS__)
 #define SCAPE_TRACE(...) SCAPE_LOG(::scape::LogLevel::kTrace, __VA_ARGS__)
 
-#endif  // SCAPE_TRANSPORT_BASE_LOG_H_
+#endif  // SCAPE_BASE_LOG_H_

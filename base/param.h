@@ -1,8 +1,8 @@
 // Every SCAPE_* environment variable is declared once, in the table in param.cc, with its
 // default and a one-line description; README.md's configuration table mirrors it. Reading a
 // name that is not in the table is a programming error (it aborts in debug builds).
-#ifndef SCAPE_TRANSPORT_BASE_PARAM_H_
-#define SCAPE_TRANSPORT_BASE_PARAM_H_
+#ifndef SCAPE_BASE_PARAM_H_
+#define SCAPE_BASE_PARAM_H_
 
 #include <cstdint>
 #include <string>
@@ -25,4 +25,4 @@ int64_t ParamInt(const char* name, int64_t fallback, bool* ok = nullptr);
 
 }  // namespace scape
 
-#endif  // SCAPE_TRANSPORT_BASE_PARAM_H_
+#endif  // SCAPE_BASE_PARAM_H_

@@ -11,10 +11,10 @@
 #include <set>
 #include <string>
 
-#include "plugin/comm.h"
-#include "plugin/mask.h"
+#include "plugin/core/comm.h"
+#include "plugin/mask/mask.h"
 #include "scape/scape.h"
-#include "transport/base/status.h"
+#include "base/status.h"
 
 struct scapeRequest;
 

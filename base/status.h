@@ -1,7 +1,7 @@
 // One internal status type for every layer below the API boundary. A Status carries a
 // scapeResult_t and, on failure, a message that says what was wrong. Success allocates nothing.
-#ifndef SCAPE_TRANSPORT_BASE_STATUS_H_
-#define SCAPE_TRANSPORT_BASE_STATUS_H_
+#ifndef SCAPE_BASE_STATUS_H_
+#define SCAPE_BASE_STATUS_H_
 
 #include <string>
 #include <utility>
@@ -53,4 +53,4 @@ Status ErrnoError(const std::string& what, int err);
     if (!_st.ok()) return _st;               \
   } while (0)
 
-#endif  // SCAPE_TRANSPORT_BASE_STATUS_H_
+#endif  // SCAPE_BASE_STATUS_H_

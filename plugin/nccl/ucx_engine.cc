@@ -1,5 +1,5 @@
-// UCX engine of the NCCL net plugin; see ucx_plugin_net.h for the objects and the protocol.
-#include "transport/ucx/ucx_plugin_net.h"
+// UCX engine of the NCCL net plugin; see ucx_engine.h for the objects and the protocol.
+#include "plugin/nccl/ucx_engine.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "transport/base/clock.h"
+#include "base/clock.h"
 #include "transport/bootstrap/socket.h"
 
 namespace scape {
