@@ -112,6 +112,17 @@ class Op {
   virtual Status Progress(Ctx& ctx, bool* done, bool* advanced) = 0;
 };
 
+// What an algorithm composed of whole collectives (the sparse all-reduce) needs of its
+// communicator: who this rank is, and a way to run one validated collective to completion.
+// plugin/core's Comm implements it, so such algorithms never see the communicator itself.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual int rank() const = 0;
+  virtual int nranks() const = 0;
+  virtual Status Run(const CollArgs& args) = 0;
+};
+
 // Builds the task for a validated call (buffers, dtype, op and root already checked).
 std::unique_ptr<Op> MakeOp(const CollArgs& args, int rank, int nranks, const Tuning& tuning);
 

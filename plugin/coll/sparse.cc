@@ -159,7 +159,7 @@ Status CheckHeader(const Header& h, uint64_t n, int from) {
 }
 
 // One exchange (all ranks call it; peers -1 make it a no-op for this rank).
-Status Exchange(Comm* comm, int sendPeer, const void* sbuf, size_t slen, int recvPeer, void* rbuf,
+Status Exchange(Runner* comm, int sendPeer, const void* sbuf, size_t slen, int recvPeer, void* rbuf,
                 size_t rlen, uint64_t* bytesSent) {
   CollArgs a;
   a.type = CollType::kExchange;
@@ -177,7 +177,7 @@ Header HeaderOf(const Part& p, uint64_t n) {
   return Header{kHdrMagic, p.dense ? 1u : 0u, p.dense ? n : p.nnz()};
 }
 
-Status RecursiveDoubling(Comm* comm, Part* part, uint64_t n, scapeDataType_t t, size_t esz,
+Status RecursiveDoubling(Runner* comm, Part* part, uint64_t n, scapeDataType_t t, size_t esz,
                          uint64_t* bytesSent) {
   const int P = comm->nranks(), r = comm->rank();
   const RdLayout l = MakeRdLayout(P);
@@ -242,7 +242,7 @@ Status RecursiveDoubling(Comm* comm, Part* part, uint64_t n, scapeDataType_t t, 
   return oneWay(folds && vr >= 0 ? r - 1 : -1, folds && vr < 0 ? r + 1 : -1);
 }
 
-Status ViaAllGather(Comm* comm, Part* part, uint64_t n, scapeDataType_t t, size_t esz,
+Status ViaAllGather(Runner* comm, Part* part, uint64_t n, scapeDataType_t t, size_t esz,
                     uint64_t* bytesSent) {
   const size_t P = static_cast<size_t>(comm->nranks());
   const size_t r = static_cast<size_t>(comm->rank());
@@ -362,7 +362,7 @@ void SparseResult::ToList(uint64_t* idxOut, void* valsOut, size_t esz) const {
   }
 }
 
-Status SparseAllReduce(Comm* comm, const uint64_t* idx, const void* vals, size_t nnz, uint64_t n,
+Status SparseAllReduce(Runner* comm, const uint64_t* idx, const void* vals, size_t nnz, uint64_t n,
                        scapeDataType_t dtype, scapeRedOp_t op, scapeSparseAlgo_t algo,
                        SparseResult* out) {
   const size_t esz = scapeTypeSize(dtype);

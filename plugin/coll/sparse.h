@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "plugin/core/comm.h"
+#include "plugin/coll/coll.h"
 #include "scape/scape.h"
 
 namespace scape {
@@ -25,7 +25,7 @@ struct SparseResult {
 };
 
 // Collective over comm; arguments validated by the caller (sorted distinct indices < n).
-Status SparseAllReduce(Comm* comm, const uint64_t* idx, const void* vals, size_t nnz, uint64_t n,
+Status SparseAllReduce(Runner* comm, const uint64_t* idx, const void* vals, size_t nnz, uint64_t n,
                        scapeDataType_t dtype, scapeRedOp_t op, scapeSparseAlgo_t algo,
                        SparseResult* out);
 

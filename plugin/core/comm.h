@@ -42,16 +42,16 @@ struct PendingOp {
   std::function<void()> onDone;
 };
 
-class Comm {
+class Comm final : public coll::Runner {
  public:
   // Collective over all ranks: rendezvous, connect, wire up. Fails on every rank that came if
   // one does not.
   static Status Create(int nranks, int rank, const bootstrap::RootAddress& root,
                        const CommConfig& cfg, std::unique_ptr<Comm>* out);
-  ~Comm();
+  ~Comm() override;
 
-  int rank() const { return rank_; }
-  int nranks() const { return nranks_; }
+  int rank() const override { return rank_; }
+  int nranks() const override { return nranks_; }
   const CommConfig& config() const { return cfg_; }
   // The error that broke the communicator (ok while usable).
   const Status& error() const { return error_; }
@@ -79,7 +79,7 @@ class Comm {
   }
 
   // Submit + Wait: runs one collective to completion (internal callers).
-  Status Run(const coll::CollArgs& args);
+  Status Run(const coll::CollArgs& args) override;
 
   // Collective: a new communicator over the same ranks with its own transport (its own UCX
   // worker and endpoints), wired up through this one. Used for channels that a background
