@@ -1,7 +1,7 @@
-// The NCCL network-plugin ABI, versions 8 to 11, as NCCL 2.28 expects it. Written from the
-// project's fact sheet (shared/reference/nccl-net-abi.md, sections 3 and 4), not copied from
-// NCCL's headers. Every struct is checked below with static_assert on sizeof and offsetof
-// against the layouts measured there (x86_64 / LP64).
+// The NCCL network-plugin ABI, versions 8 to 11, as NCCL 2.28 expects it. Written from a fact
+// sheet of NCCL 2.28.9's plugin ABI (its user-facing facts are in docs/NCCL_PLUGIN.md), not
+// copied from NCCL's headers. Every struct is checked below with static_assert on sizeof and
+// offsetof against the layouts measured for that fact sheet (x86_64 / LP64, gcc 12).
 //
 // Plain C layout only: this header is included by the plugin (plugin/nccl/) and by the fake
 // NCCL in tests/nccl/, never together with NCCL's own headers.
