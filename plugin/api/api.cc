@@ -125,23 +125,6 @@ Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
 
 }  // namespace
 
-namespace scape {
-namespace api {
-
-Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* request,
-                   std::function<void()> onDone) {
-  std::shared_ptr<PendingOp> op;
-  SCAPE_RETURN_IF_ERROR(comm->impl->Submit(a, &op, std::move(onDone)));
-  if (!request) return comm->impl->Wait(op.get());
-  auto* req = new scapeRequest{comm, op};
-  comm->requests.insert(req);
-  *request = req;
-  return Status::Ok();
-}
-
-}  // namespace api
-}  // namespace scape
-
 extern "C" {
 
 SCAPE_API const char* scapeGetErrorString(scapeResult_t r) {
@@ -217,8 +200,12 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
     scape::bootstrap::LauncherInfo li;
     SCAPE_RETURN_IF_ERROR(scape::bootstrap::ReadLauncherEnv(
         [](const char* k) -> const char* {
-          const char* v = std::getenv(k);
-          return (v && *v) ? v : nullptr;
+          // SCAPE_BOOTSTRAP_* are knobs (base/param.cc); the rest belong to the launchers.
+          if (std::strncmp(k, "SCAPE_", 6) != 0) return scape::ParamExternal(k);
+          static thread_local std::string knob;
+          if (!scape::ParamIsSet(k)) return nullptr;
+          knob = scape::ParamString(k);
+          return knob.c_str();
         },
         &li));
     scape::bootstrap::RootAddress root;
@@ -289,6 +276,8 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
     }
     if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
     // Masks die with their communicator (their sync threads finish within the timeout).
+    for (scapeOptim* o : comm->optims) scape::api::DeleteOptimOnAbort(o);  // before masks
+    comm->optims.clear();
     for (scapeMask* m : comm->masks) delete m;
     comm->masks.clear();
     for (scapeRequest* r : comm->requests) delete r;
