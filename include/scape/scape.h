@@ -678,6 +678,231 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                                              void* outValues, size_t capacity, size_t* outNnz,
                                              uint64_t* bytesSent, scapeComm_t comm);
 
+/* ====================== BEGIN optimizer (SCAPE-AdamS step) ====================== */
+/* ------------------------------------------------------------------------------------------ */
+/* SCAPE-AdamS optimizer: the whole step as one call (issue 11)                                */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * An optimizer object runs every phase of a SCAPE-AdamS step on host memory in one call,
+ * on top of the agreed mask and the values-only collectives above:
+ *
+ *   1. waits for the mask sync started by the previous step and makes that mask current;
+ *   2. candidate c = b1*m + (1-b1)*g + e (e: this rank's fp32 residual), fused with the pack
+ *      of c at the current mask into the payload (fp32, bf16 or fp16) and with the residual
+ *      update: e := c outside the mask; at the mask e := c - payload (the payload's rounding
+ *      error: error feedback, 0 for fp32);
+ *   3. top-k of |c| on this rank's owned part selects the next mask (density of the next
+ *      step, see the schedule), and its sync starts in the background;
+ *   4. one values-only exchange of the payload: an all-reduce (average) with replicated state,
+ *      a reduce-scatter with sharded state;
+ *   5. recovered gradient g^ = (m_t - b1*m_{t-1}) / (1-b1) at the mask, global-norm clipping
+ *      (one norm per step over every rank's part, sparse and always-dense segments together),
+ *      AdamS update fused with the unpack: at the mask
+ *        v = b2*m_{t-1}^2 + (1-b2)*g^^2,  m_t rebuilt from the clipped g^,
+ *        theta = theta*(1 - lr*wd) - lr * m_t / (sqrt(v) + eps)   (bias correction: option),
+ *      outside it theta = theta*(1 - lr*wd) and m = 0;
+ *   6. sharded state only: each owner updates its part of the mask and the updated values
+ *      (parameters and momentum, fp32) are all-gathered values-only.
+ *
+ * Always-dense segments (norms, biases) are always in the mask (see scapeMaskCreate): they
+ * travel in the same values-only exchange as the sparse positions, as one dense block per
+ * owner, and are counted apart in scapeOptimInfo_t.denseBytes.
+ *
+ * Step 0: scapeOptimCreate agrees on the full mask (every position), so the first step is a
+ * dense step by construction, as the density warm-up (which starts at 1) wants.
+ *
+ * Results: parameters and momentum are bit-identical on every rank after every step, and the
+ * sharded state gives the same bits as the replicated one (same mask ownership assumed: the
+ * mask depends on how selection is partitioned). State per rank: momentum and residual, fp32,
+ * 8 bytes per parameter, plus the mask's index buffers (16 bytes per masked position) and a
+ * scratch buffer for the statistic of the owned part.
+ *
+ * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
+ * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
+ * optimizer before the communicator. scapeCommAbort frees optimizers too.
+ */
+
+/** Opaque optimizer handle. */
+typedef struct scapeOptim* scapeOptim_t;
+
+/** Where the optimizer state and the update live. */
+typedef enum {
+  /** Every rank updates every position (all-reduce of the payload). */
+  scapeOptimReplicated = 0,
+  /** ZeRO-1 style: each rank updates the masked positions it owns (reduce-scatter of the
+   *  payload), then the updated parameters and momentum are all-gathered values-only. */
+  scapeOptimSharded = 1,
+  scapeNumOptimOwnerships = 2
+} scapeOptimOwnership_t;
+
+/** Bias correction of the AdamS update (t = the step's number, counting from 1). */
+typedef enum {
+  scapeBiasCorrectionNone = 0,     /**< the AdamS paper form: none (default) */
+  scapeBiasCorrectionAdamS = 1,    /**< AdamS reference code: m_t and m_{t-1} / (1 - b1^t) */
+  scapeBiasCorrectionArtifact = 2, /**< SCAPE artifact: m_t / (1 - b1^t), v / (1 - b2^t) */
+  scapeNumBiasCorrections = 3
+} scapeBiasCorrection_t;
+
+/**
+ * Optimizer configuration. Fill it with scapeOptimConfigInit (defaults below), then set the
+ * layout and what differs. Every rank must pass the same configuration (checked: a layout
+ * that differs between ranks fails scapeOptimCreate on every rank).
+ *
+ * | field          | meaning                                                  | default      |
+ * |----------------|----------------------------------------------------------|--------------|
+ * | n              | parameters in the flat buffer, 0 < n < 2^40              | 0 (must set) |
+ * | nsegments      | segments (the model's tensors), >= 1                     | 0 (must set) |
+ * | segOffsets     | nsegments + 1 offsets: 0, non-decreasing, last == n      | NULL (set)   |
+ * | denseFlags     | NULL or nsegments bytes, non-zero = always dense         | NULL         |
+ * | ownership      | a scapeOptimOwnership_t                                  | replicated   |
+ * | maskOwnership  | a scapeOwnership_t (how selection is partitioned), or -1 | -1: segments for replicated, shards for sharded |
+ * | lr             | learning rate >= 0 (scapeOptimSetLr changes it)          | 1e-3         |
+ * | beta1, beta2   | in [0, 1)                                                | 0.9, 0.95    |
+ * | eps            | >= 0, added outside the square root                      | 1e-8         |
+ * | weightDecay    | decoupled, >= 0: theta *= 1 - lr*wd on every coordinate  | 0            |
+ * | maxGradNorm    | clip g^ to this global L2 norm; 0 = no clipping          | 0            |
+ * | biasCorrection | a scapeBiasCorrection_t                                  | none         |
+ * | density        | target density rho* of sparse segments, 0 < rho* <= 1    | 0.01         |
+ * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (W = 0: fixed) | 0     |
+ * | payloadType    | scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         |
+ * | maskEncoding   | a scapeMaskEncoding_t                                    | auto         |
+ *
+ * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
+ * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
+ */
+typedef struct {
+  size_t size;    /**< sizeof(scapeOptimConfig_t); set by scapeOptimConfigInit */
+  unsigned magic; /**< SCAPE_OPTIM_CONFIG_MAGIC; set by scapeOptimConfigInit */
+  uint64_t n;
+  int nsegments;
+  const uint64_t* segOffsets; /**< copied at create */
+  const uint8_t* denseFlags;  /**< copied at create */
+  int ownership;              /**< scapeOptimOwnership_t */
+  int maskOwnership;          /**< scapeOwnership_t or -1 */
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weightDecay;
+  float maxGradNorm;
+  int biasCorrection;         /**< scapeBiasCorrection_t */
+  double density;
+  int64_t warmupSteps;
+  int payloadType;            /**< scapeDataType_t */
+  int maskEncoding;           /**< scapeMaskEncoding_t */
+} scapeOptimConfig_t;
+
+#define SCAPE_OPTIM_CONFIG_MAGIC 0x5CA90u
+
+/** Fills *config with the defaults above (and its size and magic). scapeInvalidArgument on
+ *  NULL. Thread-safe. */
+SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* config);
+
+/**
+ * Creates an optimizer on `comm`. Collective: every rank calls it with the same
+ * configuration. Creates the optimizer's mask (scapeMaskCreate) and agrees on the full mask
+ * for step 0. Momentum and residual start at 0.
+ *
+ * @return scapeSuccess; scapeInvalidArgument (NULL pointer, config not initialised with
+ *         scapeOptimConfigInit, n or segments that do not tile [0, n), a hyperparameter that
+ *         is negative, NaN or out of range, density outside (0, 1], unsupported payload
+ *         type; the message names the field); scapeInvalidUsage (ranks disagree on the
+ *         layout); communication errors as for any collective.
+ */
+SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimConfig_t* config,
+                                         scapeComm_t comm);
+
+/** Destroys an optimizer and its mask (waiting, within the timeout, for a sync in flight).
+ *  NULL is a no-op. */
+SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim);
+
+/** Sets the learning rate of the following steps (>= 0, finite; every rank the same). */
+SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
+
+/**
+ * One SCAPE-AdamS step (all phases above). Collective: every rank calls it, in the same order
+ * as its other collectives on the communicator.
+ *
+ * @param params  n fp32 parameters, updated in place; identical on every rank before the
+ *                first step (they stay so). 4-byte aligned, not overlapping grads.
+ * @param grads   n fp32 gradients of this rank (read only). 4-byte aligned.
+ * @param count   must equal the layout's n.
+ * @return scapeSuccess; scapeInvalidArgument (NULL or misaligned buffer, overlapping buffers,
+ *         count != n; nothing was changed); scapeInvalidUsage (a sync of the optimizer's mask
+ *         started by another user of the mask is in flight, or that user advanced the mask;
+ *         nothing was changed); communication errors as for any collective.
+ */
+SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const float* grads,
+                                       uint64_t count);
+
+/** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
+typedef enum {
+  scapeOptimPhaseSyncWait = 0,  /**< waiting for the mask sync of the previous step, advance */
+  scapeOptimPhaseCandidate = 1, /**< candidate + pack + residual (one fused pass) */
+  scapeOptimPhaseSelect = 2,    /**< top-k of the owned part, start of the mask sync */
+  scapeOptimPhaseExchange = 3,  /**< the values-only all-reduce (or reduce-scatter) */
+  scapeOptimPhaseNorm = 4,      /**< recovered-gradient norm (and its all-gather if sharded) */
+  scapeOptimPhaseUpdate = 5,    /**< AdamS update fused with the unpack */
+  scapeOptimPhaseGather = 6,    /**< sharded: all-gather of the updated values and unpack */
+  scapeOptimNumPhases = 7
+} scapeOptimPhase_t;
+
+/** What the optimizer is doing; see scapeOptimGetInfo. */
+typedef struct {
+  int64_t step;            /**< steps completed */
+  double density;          /**< scheduled density of the mask the last step used (1 before
+                                the first step) */
+  double nextDensity;      /**< scheduled density of the mask the next step uses */
+  uint64_t maskCount;      /**< k of the mask the last step used, all ranks' parts (n before
+                                the first step) */
+  uint64_t denseCount;     /**< positions of always-dense segments (always in the mask) */
+  /* Bytes this rank sent in the last step, by category (ring volumes of the collectives:
+   * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves). */
+  uint64_t maskBytes;      /**< encoded part of the last completed mask sync */
+  uint64_t payloadBytes;   /**< values of sparse positions (payload, and the all-gather) */
+  uint64_t denseBytes;     /**< values of always-dense positions */
+  double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
+  float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
+  uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter) */
+  uint64_t maskStateBytes; /**< the mask's index buffers */
+  uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
+  double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
+} scapeOptimInfo_t;
+
+/** Fills *info. Local. */
+SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* info);
+
+/** The optimizer's mask, for the mask queries (scapeMaskGetCount, scapeMaskGetIndices, ...).
+ *  Owned by the optimizer (do not destroy it); starting its sync or advancing it yourself
+ *  makes the next scapeOptimStep fail with scapeInvalidUsage. */
+SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask);
+
+/**
+ * Checkpoints. A checkpoint holds this rank's whole optimizer state: momentum, residual, this
+ * rank's parts of the current and the next mask, the step counter (the schedule position),
+ * the hyperparameters and a fingerprint of the layout and of the rank count; it is versioned
+ * and checksummed. Parameters are not included (save them as usual). Each rank saves and
+ * loads its own checkpoint.
+ *
+ * scapeOptimCheckpointSize writes the bytes scapeOptimSave needs to *bytes. Both wait for the
+ * mask sync in flight (local). scapeOptimSave writes the checkpoint into buf (capacity bytes;
+ * scapeInvalidArgument if too small) and its size to *written.
+ *
+ * scapeOptimLoad restores a checkpoint: collective (every rank loads, its own checkpoint).
+ * Every rank validates its buffer first (size, magic, version, checksum, layout, rank count,
+ * rank) and the ranks agree on the outcome before anything changes: if any rank's checkpoint
+ * is bad, every rank fails (the bad rank with scapeInvalidArgument naming what is wrong, the
+ * others with scapeInvalidUsage naming that rank) and every optimizer is left untouched. On
+ * success the hyperparameters are the checkpoint's and the run continues bit-identical to one
+ * that was never interrupted. A checkpoint from another rank count is refused (no
+ * re-sharding).
+ */
+SCAPE_API scapeResult_t scapeOptimCheckpointSize(scapeOptim_t optim, size_t* bytes);
+SCAPE_API scapeResult_t scapeOptimSave(scapeOptim_t optim, void* buf, size_t capacity,
+                                       size_t* written);
+SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size_t size);
+/* ======================= END optimizer (SCAPE-AdamS step) ======================= */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/dtype.h"
@@ -394,6 +395,294 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
                                  const uint64_t* mask, size_t k, const float* m, size_t n,
                                  float beta1, double* sq_norm, int max_threads) {
   return SqNormImpl(payload, payload_type, mask, k, m, n, beta1, sq_norm, max_threads);
+}
+
+
+// ------------------------------------------------------------------------------------------
+// Mask views (any owner order) and the optimizer's fused passes
+// ------------------------------------------------------------------------------------------
+namespace {
+
+// Stores that hand back the value as stored (for the error feedback of 16-bit payloads).
+struct StoreBackF32 {
+  float* p;
+  float operator()(size_t j, float v) const {
+    p[j] = v;
+    return v;
+  }
+  static constexpr bool kExact = true;
+};
+struct StoreBackBf16 {
+  uint16_t* p;
+  float operator()(size_t j, float v) const {
+    const uint16_t h = FloatToBf16(v);
+    p[j] = h;
+    return Bf16ToFloat(h);
+  }
+  static constexpr bool kExact = false;
+};
+struct StoreBackFp16 {
+  uint16_t* p;
+  float operator()(size_t j, float v) const {
+    const uint16_t h = FloatToFp16(v);
+    p[j] = h;
+    return Fp16ToFloat(h);
+  }
+  static constexpr bool kExact = false;
+};
+
+// Walks positions [b, e) of a view in increasing order: dense(i0, i1, run) for every stretch
+// of positions outside the mask (inside one run), point(p, j, run) for every mask entry.
+template <typename Dense, typename Point>
+void WalkView(const MaskView& v, size_t b, size_t e, Dense dense, Point point) {
+  const MaskRun* const rend = v.runs + v.nruns;
+  const MaskRun* r = std::upper_bound(v.runs, rend, uint64_t{b},
+                                      [](uint64_t x, const MaskRun& run) { return x < run.end; });
+  for (; r < rend && r->begin < e; ++r) {
+    const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(e, r->end);
+    const uint64_t* jb = v.idx + r->jb;
+    const uint64_t* je = v.idx + r->je;
+    if (lo > r->begin) jb = std::lower_bound(jb, je, lo);
+    if (hi < r->end) je = std::lower_bound(jb, je, hi);
+    size_t i = static_cast<size_t>(lo);
+    for (const uint64_t* q = jb; q < je; ++q) {
+      const size_t p = static_cast<size_t>(*q);
+      if (p > i) dense(i, p, *r);
+      point(p, static_cast<size_t>(q - v.idx), *r);
+      i = p + 1;
+    }
+    if (hi > i) dense(i, static_cast<size_t>(hi), *r);
+  }
+}
+
+template <typename Body>
+bool ForChunks(size_t n, int max_threads, Body body) {
+  const int nt = detail::ThreadsFor(n, kParallelGrain, max_threads);
+  return detail::ParallelRun(nt, [&](int t) {
+    const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
+    if (b < e) body(b, e);
+  });
+}
+
+template <typename Store>
+bool CandidateViewRun(const float* m, const float* g, float* e, size_t n, float b1, float omb1,
+                      const MaskView& v, Store store, float* stat, int max_threads) {
+  return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    WalkView(
+        v, b, end,
+        [&](size_t i0, size_t i1, const MaskRun& r) {
+          if (stat && (r.flags & kRunOwned)) {
+            CandidateDenseOut(m, g, e, stat, i0, i1, b1, omb1);
+          } else {
+            CandidateDense(m, g, e, i0, i1, b1, omb1);
+          }
+        },
+        [&](size_t p, size_t j, const MaskRun& r) {
+          const float c = Candidate(m[p], g[p], e[p], b1, omb1);
+          const float q = store(j, c);
+          e[p] = (Store::kExact || !std::isfinite(q)) ? 0.0f : c - q;
+          if (stat && (r.flags & kRunOwned)) stat[p] = c;
+        });
+  });
+}
+
+}  // namespace
+
+bool MaskViewIsValid(const MaskView& v, size_t n) {
+  if (v.k > 0 && v.idx == nullptr) return false;
+  if (v.nruns > 0 && v.runs == nullptr) return false;
+  if (n == 0) return v.k == 0;
+  if (v.nruns == 0 || v.runs[0].begin != 0 || v.runs[v.nruns - 1].end != n) return false;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  try {
+    ranges.reserve(v.nruns);
+  } catch (...) {
+    return false;
+  }
+  for (size_t r = 0; r < v.nruns; ++r) {
+    const MaskRun& run = v.runs[r];
+    if (run.begin > run.end || (r + 1 < v.nruns && run.end != v.runs[r + 1].begin)) return false;
+    if (run.jb > run.je || run.je > v.k) return false;
+    for (uint64_t j = run.jb; j < run.je; ++j) {
+      const uint64_t p = v.idx[j];
+      if (p < run.begin || p >= run.end || (j > run.jb && p <= v.idx[j - 1])) return false;
+    }
+    if (run.je > run.jb) ranges.emplace_back(run.jb, run.je);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t next = 0;
+  for (const auto& rg : ranges) {
+    if (rg.first != next) return false;
+    next = rg.second;
+  }
+  return next == v.k;
+}
+
+KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e, size_t n,
+                                       float beta1, const MaskView& mask,
+                                       scapeDataType_t type, void* payload, float* stat,
+                                       int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
+  if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const float b1 = beta1, omb1 = 1.0f - beta1;
+  bool ok = false;
+  switch (type) {
+    case scapeFloat32:
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreBackF32{static_cast<float*>(payload)},
+                            stat, max_threads);
+      break;
+    case scapeBfloat16:
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
+                            StoreBackBf16{static_cast<uint16_t*>(payload)}, stat, max_threads);
+      break;
+    default:
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
+                            StoreBackFp16{static_cast<uint16_t*>(payload)}, stat, max_threads);
+      break;
+  }
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type,
+                                   const MaskView& mask, float* theta, float* m, size_t n,
+                                   const AdamSParams& params, int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
+  if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const bool do_decay = s.decay != 1.0f;
+  auto run = [&](auto load) {
+    return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+      WalkView(
+          mask, b, end,
+          [&](size_t i0, size_t i1, const MaskRun&) {
+            DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+          },
+          [&](size_t p, size_t j, const MaskRun&) { AdamSPoint(load(j), theta + p, m + p, s); });
+    });
+  };
+  bool ok = false;
+  switch (type) {
+    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
+    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
+    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+  }
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const uint64_t* idx,
+                              size_t k, const float* theta, const float* m, size_t n,
+                              const AdamSParams& params, float* pairs, int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (k > 0 && (payload == nullptr || theta == nullptr || m == nullptr || pairs == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (!ValidMask(idx, k, n)) return KernelStatus::kInvalidArgument;
+  auto run = [&](auto load) {
+    const int nt = detail::ThreadsFor(k, kParallelGrain / 4, max_threads);
+    return detail::ParallelRun(nt, [&](int t) {
+      const size_t jb = detail::ChunkBegin(k, nt, t), je = detail::ChunkBegin(k, nt, t + 1);
+      for (size_t j = jb; j < je; ++j) {
+        const size_t i = static_cast<size_t>(idx[j]);
+        float th = theta[i], mm = m[i];
+        AdamSPoint(load(j), &th, &mm, s);
+        pairs[2 * j] = th;
+        pairs[2 * j + 1] = mm;
+      }
+    });
+  };
+  bool ok = false;
+  switch (type) {
+    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
+    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
+    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+  }
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta,
+                                  float* m, size_t n, const AdamSParams& params,
+                                  int max_threads) {
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (mask.k > 0 && pairs == nullptr) return KernelStatus::kInvalidArgument;
+  if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const bool do_decay = s.decay != 1.0f;
+  const bool ok = ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    WalkView(
+        mask, b, end,
+        [&](size_t i0, size_t i1, const MaskRun&) {
+          DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+        },
+        [&](size_t p, size_t j, const MaskRun&) {
+          theta[p] = pairs[2 * j];
+          m[p] = pairs[2 * j + 1];
+        });
+  });
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,
+                            const AdamSParams& params, int max_threads) {
+  AdamSParams p = params;
+  p.bias_correction = BiasCorrection::kNone;
+  p.clip_scale = 1.0f;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(p, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (n > 0 && (g == nullptr || theta == nullptr || m == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const bool ok = ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    for (size_t i = b; i < end; ++i) {
+      const float mp = m[i], gi = g[i];
+      const float mn = (s.b1 * mp) + (s.omb1 * gi);
+      const float v = (s.b2 * (mp * mp)) + (s.omb2 * (gi * gi));
+      theta[i] = (theta[i] * s.decay) - ((s.lr * mn) / (std::sqrt(v) + s.eps));
+      m[i] = mn;
+    }
+  });
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus DenseAdamWStep(const float* g, float* theta, float* m, float* v, size_t n,
+                            const AdamSParams& params, int max_threads) {
+  AdamSParams p = params;
+  p.bias_correction = BiasCorrection::kNone;
+  p.clip_scale = 1.0f;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(p, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (n > 0 && (g == nullptr || theta == nullptr || m == nullptr || v == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const bool ok = ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    for (size_t i = b; i < end; ++i) {
+      const float gi = g[i];
+      const float mn = (s.b1 * m[i]) + (s.omb1 * gi);
+      const float vn = (s.b2 * v[i]) + (s.omb2 * (gi * gi));
+      theta[i] = (theta[i] * s.decay) - ((s.lr * mn) / (std::sqrt(vn) + s.eps));
+      m[i] = mn;
+      v[i] = vn;
+    }
+  });
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
 }  // namespace kernels

@@ -150,6 +150,87 @@ constexpr size_t kSqNormBlock = 256;
 bool MaskIsValid(const uint32_t* mask, size_t k, size_t n);
 bool MaskIsValid(const uint64_t* mask, size_t k, size_t n);
 
+
+// ---------------------------------------------------------------------------------------------
+// Masks in any owner order (the optimizer's fused passes, plugin/optim).
+//
+// An agreed mask lists its positions in mask order: by owner rank, then by index. With shard
+// ownership that is increasing order; with segment ownership the owners' blocks interleave in
+// index space. A MaskView describes either without copying the mask: `runs` tile [0, n) in
+// increasing order (run r is [begin, end), the next run begins where it ends), and the mask
+// entries inside run r are idx[jb, je), strictly increasing and inside [begin, end). Entry j's
+// payload slot is j (mask order). A sorted mask is one run {0, n, 0, k}. Runs with the
+// kRunOwned flag are this rank's owned part (the candidate pass writes the statistic there).
+// ---------------------------------------------------------------------------------------------
+struct MaskRun {
+  uint64_t begin, end;  // positions
+  uint64_t jb, je;      // mask entries
+  uint32_t flags;       // kRunOwned | kRunDense
+};
+constexpr uint32_t kRunOwned = 1, kRunDense = 2;
+
+struct MaskView {
+  const uint64_t* idx = nullptr;  // k entries, mask order
+  size_t k = 0;
+  const MaskRun* runs = nullptr;
+  size_t nruns = 0;
+};
+
+// Validates a view over n positions: the runs tile [0, n); every entry lies in its run, runs'
+// entries are strictly increasing, and the runs' entry ranges partition [0, k) (any order of
+// runs is allowed for the entries: mask order may differ from position order). O(k + nruns).
+bool MaskViewIsValid(const MaskView& v, size_t n);
+
+// Candidate, pack and residual at a view, with error feedback (design brief section 7):
+//   c[i]       = ((b1*m[i]) + ((1-b1)*g[i])) + e[i]      (as CandidatePackResidual)
+//   payload[j] = convert(c[idx[j]])
+//   e[i]       = c[i]                                     outside the mask
+//   e[i]       = c[i] - float(payload[j])                 inside the mask (the rounding error;
+//                                                        +0.0f for fp32, and +0.0f when the
+//                                                        payload value is not finite)
+//   stat[i]    = c[i]                                     for i in runs flagged kRunOwned
+//                                                        (stat may be nullptr: not written)
+// Aliasing: no buffer may overlap another. Errors: kInvalidArgument (null pointer, bad view,
+// beta1 outside [0, 1)), kUnsupported (payload type). Nothing is written on error.
+KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e, size_t n,
+                                       float beta1, const MaskView& mask,
+                                       scapeDataType_t payload_type, void* payload, float* stat,
+                                       int max_threads = 0);
+
+// UnpackAdamSUpdate at a view: the same arithmetic for every entry j (payload slot j at
+// position idx[j]), decay and m = 0 outside the mask.
+KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t payload_type,
+                                   const MaskView& mask, float* theta, float* m, size_t n,
+                                   const AdamSParams& params, int max_threads = 0);
+
+// The AdamS update of k sorted positions without touching theta or m (the sharded owner's
+// part): for j < k, with i = idx[j], mp = m[i], th = theta[i] and mt = convert(payload[j]),
+// computes (theta', m') exactly as UnpackAdamSUpdate would write them and stores
+// pairs[2j] = theta', pairs[2j+1] = m'. Errors as UnpackAdamSUpdate.
+KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t payload_type,
+                              const uint64_t* idx, size_t k, const float* theta, const float* m,
+                              size_t n, const AdamSParams& params, float* pairs,
+                              int max_threads = 0);
+
+// Unpack of gathered (theta', m') pairs at a view: theta[idx[j]] = pairs[2j],
+// m[idx[j]] = pairs[2j+1]; outside the mask theta *= decay (skipped when decay == 1) and
+// m = +0.0f, with decay = 1 - lr*wd from `params` as in UnpackAdamSUpdate.
+KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta,
+                                  float* m, size_t n, const AdamSParams& params,
+                                  int max_threads = 0);
+
+// ---------------------------------------------------------------------------------------------
+// Dense baselines (scape-perf --mode step): one fused pass over n.
+//   AdamS: mp = m[i]; mn = (b1*mp) + (omb1*g[i]); v = (b2*(mp*mp)) + (omb2*(g*g));
+//          theta = (theta*decay) - ((lr*mn) / (sqrt(v) + eps)); m = mn      (no correction)
+//   AdamW: mn as above; vn = (b2*v[i]) + (omb2*(g*g));
+//          theta = (theta*decay) - ((lr*mn) / (sqrt(vn) + eps)); m = mn; v = vn
+// ---------------------------------------------------------------------------------------------
+KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,
+                            const AdamSParams& params, int max_threads = 0);
+KernelStatus DenseAdamWStep(const float* g, float* theta, float* m, float* v, size_t n,
+                            const AdamSParams& params, int max_threads = 0);
+
 }  // namespace kernels
 }  // namespace scape
 

@@ -377,6 +377,7 @@ Status Mask::SyncStart() {
   }
   cv_.notify_all();
   inFlight_ = true;
+  ++generation_;
   return Status::Ok();
 }
 
@@ -419,6 +420,7 @@ Status Mask::Advance() {
   curOff_.swap(nextOff_);
   synced_ = false;
   nextSet_ = false;
+  ++generation_;
   return Status::Ok();
 }
 

@@ -41,6 +41,16 @@ class Mask {
   Status SyncTest(bool* done);
   Status SyncWait();
   Status Advance();
+  // For the optimizer (plugin/optim): whether a sync is in flight, whether one completed since
+  // the last advance, and a counter of successful SyncStart and Advance calls (so a caller
+  // can tell that another user of the mask synchronised or advanced it).
+  bool SyncInFlight() const { return inFlight_; }
+  bool SyncCompleted() const { return synced_; }
+  uint64_t Generation() const { return generation_; }
+  // The next mask as the last completed sync decoded it (mask order), with rank r's part.
+  const std::vector<uint64_t>& Next() const { return *next_; }
+  uint64_t NextRankCount(int r) const { return nextCount_[static_cast<size_t>(r)]; }
+  uint64_t NextRankOffset(int r) const { return nextOff_[static_cast<size_t>(r)]; }
 
   // The current mask, in mask order (owner rank, then index).
   const std::vector<uint64_t>& Current() const { return *cur_; }
@@ -113,6 +123,7 @@ class Mask {
   bool stop_ = false, requested_ = false, finished_ = false;  // guarded by mu_
   bool inFlight_ = false;       // caller thread only
   bool synced_ = false;         // a sync completed since the last Advance
+  uint64_t generation_ = 0;     // successful SyncStart + Advance calls (caller thread only)
   Status syncStatus_;           // written by the thread before finished_
   // The sync thread's buffers (it alone touches them while a sync is in flight; nextLocal_ is
   // only read then: the caller may not change it during a sync).

@@ -1,0 +1,268 @@
+// SCAPE API entry points of the SCAPE-AdamS optimizer (plugin/optim): argument checks, error
+// strings, and the guarantee that no exception crosses into the caller. A call that fails its
+// checks changes nothing.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "plugin/api/api_internal.h"
+#include "plugin/mask/mask.h"
+#include "plugin/optim/optim.h"
+
+struct scapeOptim {
+  std::unique_ptr<scape::Optimizer> impl;
+  scapeComm* comm = nullptr;
+  scapeMask* mask = nullptr;  // registered in comm->masks; destroyed with the optimizer
+};
+
+namespace {
+
+using scape::Status;
+using scape::StrFormat;
+using scape::api::CheckComm;
+using scape::api::Guard;
+
+scapeComm* CommOf(scapeOptim* o) { return o && o->impl ? o->comm : nullptr; }
+
+Status CheckOptim(scapeOptim* o) {
+  if (!o || !o->impl) return scape::InvalidArgument("optim is NULL");
+  return Status::Ok();
+}
+
+bool Misaligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) != 0; }
+
+Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
+                     scape::OptimHyper* hyper) {
+  if (!c) return scape::InvalidArgument("config is NULL");
+  if (c->size != sizeof(scapeOptimConfig_t) || c->magic != SCAPE_OPTIM_CONFIG_MAGIC)
+    return scape::InvalidArgument(StrFormat("config (size %zu, magic %#x) was not initialised with "
+                                            "scapeOptimConfigInit (size %zu, magic %#x)",
+                                            c->size, c->magic, sizeof(scapeOptimConfig_t),
+                                            SCAPE_OPTIM_CONFIG_MAGIC));
+  if (c->n == 0 || c->n >= (uint64_t{1} << 40))
+    return scape::InvalidArgument(StrFormat("config->n = %llu: expected 0 < n < 2^40",
+                                            static_cast<unsigned long long>(c->n)));
+  if (c->nsegments < 1)
+    return scape::InvalidArgument(StrFormat("config->nsegments = %d: expected >= 1", c->nsegments));
+  if (!c->segOffsets) return scape::InvalidArgument("config->segOffsets is NULL");
+  const uint64_t* o = c->segOffsets;
+  if (o[0] != 0)
+    return scape::InvalidArgument(StrFormat("config->segOffsets[0] = %llu: segments must start at 0",
+                                            static_cast<unsigned long long>(o[0])));
+  for (int s = 0; s < c->nsegments; ++s)
+    if (o[s + 1] < o[s])
+      return scape::InvalidArgument(StrFormat(
+          "config->segOffsets[%d] = %llu is below segOffsets[%d] = %llu: segments overlap "
+          "(offsets must be non-decreasing)", s + 1, static_cast<unsigned long long>(o[s + 1]), s,
+          static_cast<unsigned long long>(o[s])));
+  if (o[c->nsegments] != c->n)
+    return scape::InvalidArgument(StrFormat("config->segOffsets[%d] = %llu: the segments cover "
+                                            "[0, %llu), not the n = %llu parameters",
+                                            c->nsegments,
+                                            static_cast<unsigned long long>(o[c->nsegments]),
+                                            static_cast<unsigned long long>(o[c->nsegments]),
+                                            static_cast<unsigned long long>(c->n)));
+  if (c->ownership < 0 || c->ownership >= scapeNumOptimOwnerships)
+    return scape::InvalidArgument(StrFormat("config->ownership = %d: expected a "
+                                            "scapeOptimOwnership_t (0..%d)", c->ownership,
+                                            scapeNumOptimOwnerships - 1));
+  if (c->maskOwnership < -1 || c->maskOwnership >= scapeNumOwnerships)
+    return scape::InvalidArgument(StrFormat("config->maskOwnership = %d: expected -1 or a "
+                                            "scapeOwnership_t (0..%d)", c->maskOwnership,
+                                            scapeNumOwnerships - 1));
+  if (c->maskEncoding < 0 || c->maskEncoding >= scapeNumMaskEncodings)
+    return scape::InvalidArgument(StrFormat("config->maskEncoding = %d: expected a "
+                                            "scapeMaskEncoding_t (0..%d)", c->maskEncoding,
+                                            scapeNumMaskEncodings - 1));
+  scape::OptimHyper h;
+  h.lr = c->lr;
+  h.beta1 = c->beta1;
+  h.beta2 = c->beta2;
+  h.eps = c->eps;
+  h.weightDecay = c->weightDecay;
+  h.maxGradNorm = c->maxGradNorm;
+  h.bias = static_cast<scapeBiasCorrection_t>(c->biasCorrection);
+  h.density = c->density;
+  h.warmupSteps = c->warmupSteps;
+  h.payload = static_cast<scapeDataType_t>(c->payloadType);
+  SCAPE_RETURN_IF_ERROR(scape::ValidateHyper(h).Prepend("config"));
+  layout->n = c->n;
+  layout->offsets.assign(o, o + c->nsegments + 1);
+  layout->dense.assign(static_cast<size_t>(c->nsegments), 0);
+  if (c->denseFlags)
+    for (int s = 0; s < c->nsegments; ++s) layout->dense[static_cast<size_t>(s)] = c->denseFlags[s] != 0;
+  layout->ownership = static_cast<scapeOptimOwnership_t>(c->ownership);
+  layout->maskOwnership =
+      c->maskOwnership >= 0 ? static_cast<scapeOwnership_t>(c->maskOwnership)
+      : layout->ownership == scapeOptimSharded ? scapeOwnershipShards
+                                               : scapeOwnershipSegments;
+  layout->encoding = static_cast<scapeMaskEncoding_t>(c->maskEncoding);
+  *hyper = h;
+  return Status::Ok();
+}
+
+}  // namespace
+
+namespace scape {
+namespace api {
+
+// Frees an optimizer whose communicator is being torn down by scapeCommAbort (which frees the
+// optimizer's mask with the communicator's other masks).
+void DeleteOptimOnAbort(scapeOptim* o) {
+  if (!o) return;
+  o->impl.reset();
+  delete o;
+}
+
+}  // namespace api
+}  // namespace scape
+
+extern "C" {
+
+SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
+  return Guard(nullptr, "scapeOptimConfigInit", [&]() -> Status {
+    if (!c) return scape::InvalidArgument("config is NULL");
+    std::memset(c, 0, sizeof(*c));
+    c->size = sizeof(*c);
+    c->magic = SCAPE_OPTIM_CONFIG_MAGIC;
+    c->ownership = scapeOptimReplicated;
+    c->maskOwnership = -1;
+    c->lr = 1e-3f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.95f;
+    c->eps = 1e-8f;
+    c->weightDecay = 0.0f;
+    c->maxGradNorm = 0.0f;
+    c->biasCorrection = scapeBiasCorrectionNone;
+    c->density = 0.01;
+    c->warmupSteps = 0;
+    c->payloadType = scapeFloat32;
+    c->maskEncoding = scapeMaskEncodingAuto;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimConfig_t* config,
+                                         scapeComm_t comm) {
+  return Guard(comm, "scapeOptimCreate", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+    if (!optim) return scape::InvalidArgument("optim is NULL");
+    scape::OptimLayout layout;
+    scape::OptimHyper hyper;
+    SCAPE_RETURN_IF_ERROR(ResolveConfig(config, &layout, &hyper));
+    if (!comm->impl->error().ok()) return comm->impl->error();
+    std::unique_ptr<scape::Mask> mimpl;
+    SCAPE_RETURN_IF_ERROR(scape::Mask::Create(comm->impl.get(), layout.n, layout.offsets,
+                                              layout.dense, layout.maskOwnership, layout.encoding,
+                                              &mimpl));
+    std::unique_ptr<scapeMask> mask(new scapeMask{std::move(mimpl), comm});
+    std::unique_ptr<scape::Optimizer> impl;
+    SCAPE_RETURN_IF_ERROR(
+        scape::Optimizer::Create(comm->impl.get(), mask->impl.get(), layout, hyper, &impl));
+    auto* o = new scapeOptim();
+    o->impl = std::move(impl);
+    o->comm = comm;
+    o->mask = mask.release();
+    comm->masks.insert(o->mask);
+    comm->optims.insert(o);
+    *optim = o;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim) {
+  if (!optim) return scapeSuccess;
+  scapeComm* comm = CommOf(optim);
+  scapeResult_t r = Guard(comm, "scapeOptimDestroy", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    optim->impl.reset();  // waits for its sync in flight
+    comm->masks.erase(optim->mask);
+    comm->optims.erase(optim);
+    delete optim->mask;
+    optim->mask = nullptr;
+    return Status::Ok();
+  });
+  if (r == scapeSuccess) delete optim;
+  return r;
+}
+
+SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr) {
+  return Guard(CommOf(optim), "scapeOptimSetLr", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    return optim->impl->SetLr(lr);
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const float* grads,
+                                       uint64_t count) {
+  return Guard(CommOf(optim), "scapeOptimStep", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    const int rank = optim->comm->impl->rank();
+    const uint64_t n = optim->impl->n();
+    if (count != n)
+      return scape::InvalidArgument(StrFormat("rank %d: count = %llu differs from the layout's "
+                                              "n = %llu", rank,
+                                              static_cast<unsigned long long>(count),
+                                              static_cast<unsigned long long>(n)));
+    if (!params) return scape::InvalidArgument(StrFormat("rank %d: params is NULL", rank));
+    if (!grads) return scape::InvalidArgument(StrFormat("rank %d: grads is NULL", rank));
+    if (Misaligned(params))
+      return scape::InvalidArgument(StrFormat("rank %d: params = %p is not 4-byte aligned", rank,
+                                              static_cast<void*>(params)));
+    if (Misaligned(grads))
+      return scape::InvalidArgument(StrFormat("rank %d: grads = %p is not 4-byte aligned", rank,
+                                              static_cast<const void*>(grads)));
+    const uintptr_t p = reinterpret_cast<uintptr_t>(params), g = reinterpret_cast<uintptr_t>(grads);
+    if (p < g + 4 * n && g < p + 4 * n)
+      return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
+    return optim->impl->Step(params, grads);
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* info) {
+  return Guard(CommOf(optim), "scapeOptimGetInfo", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    if (!info) return scape::InvalidArgument("info is NULL");
+    optim->impl->GetInfo(info);
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask) {
+  return Guard(CommOf(optim), "scapeOptimGetMask", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    if (!mask) return scape::InvalidArgument("mask is NULL");
+    *mask = optim->mask;
+    return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimCheckpointSize(scapeOptim_t optim, size_t* bytes) {
+  return Guard(CommOf(optim), "scapeOptimCheckpointSize", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    if (!bytes) return scape::InvalidArgument("bytes is NULL");
+    return optim->impl->CheckpointSize(bytes);
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimSave(scapeOptim_t optim, void* buf, size_t capacity,
+                                       size_t* written) {
+  return Guard(CommOf(optim), "scapeOptimSave", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    if (!buf) return scape::InvalidArgument("buf is NULL");
+    if (!written) return scape::InvalidArgument("written is NULL");
+    return optim->impl->Save(buf, capacity, written);
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size_t size) {
+  return Guard(CommOf(optim), "scapeOptimLoad", [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    // A NULL buffer still takes part in the ranks' agreement (as a refused checkpoint), so the
+    // other ranks fail at once instead of waiting for the timeout.
+    return optim->impl->Load(buf, size);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,629 @@
+#include "plugin/optim/optim.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "base/clock.h"
+#include "kernels/cpu/kernel_status.h"
+#include "plugin/coll/coll.h"
+
+namespace scape {
+namespace {
+
+// Checkpoint format, version 1 (little-endian host layout, as written by Save):
+//   0 magic "SCAPEOPT" | 8 u32 version | 12 u32 header bytes (144) | 16 u64 total bytes |
+//   24 u64 checksum of bytes [32, total) | 32 u64 layout fingerprint | 40 i32 nranks |
+//   44 i32 rank | 48 u64 n | 56 i64 steps completed | 64 f32 lr, beta1, beta2, eps,
+//   weight decay, max grad norm | 88 i32 bias correction | 92 i32 payload type |
+//   96 i32 ownership | 100 i32 mask ownership | 104 i32 next mask present | 108 i32 0 |
+//   112 f64 density | 120 i64 warm-up steps | 128 u64 kc | 136 u64 kn |
+//   144 momentum (n f32) | residual (n f32) | this rank's part of the current mask (kc u64) |
+//   its part of the next mask (kn u64).
+constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeader = 144;
+
+template <typename T>
+void Put(uint8_t* b, size_t off, T v) {
+  std::memcpy(b + off, &v, sizeof(T));
+}
+template <typename T>
+T Get(const uint8_t* b, size_t off) {
+  T v;
+  std::memcpy(&v, b + off, sizeof(T));
+  return v;
+}
+
+inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// 64-bit checksum, four lanes of 8-byte words (every step is a bijection of the lane state, so
+// any change of one word is always detected), then the tail bytes and the length.
+uint64_t Checksum(const uint8_t* p, size_t n) {
+  constexpr uint64_t K1 = 0x9e3779b97f4a7c15ull, K2 = 0xc2b2ae3d27d4eb4full;
+  uint64_t h[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull,
+                   0x082efa98ec4e6c89ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = Rotl(h[l] ^ (w * K1), 31) * K2;
+    }
+  for (; i < n; ++i) h[0] = (h[0] ^ p[i]) * 1099511628211ull;
+  uint64_t x = static_cast<uint64_t>(n) * K1;
+  for (int l = 0; l < 4; ++l) {
+    x = (x ^ h[l]) * K2;
+    x ^= x >> 29;
+  }
+  return x;
+}
+
+uint64_t Fnv(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+kernels::BiasCorrection KernelBias(scapeBiasCorrection_t b) {
+  switch (b) {
+    case scapeBiasCorrectionAdamS: return kernels::BiasCorrection::kAdamSReference;
+    case scapeBiasCorrectionArtifact: return kernels::BiasCorrection::kScapeArtifact;
+    default: return kernels::BiasCorrection::kNone;
+  }
+}
+
+Status KernelError(const char* what, kernels::KernelStatus ks) {
+  return Status(ks == kernels::KernelStatus::kInvalidArgument ? scapeInternalError
+                                                              : kernels::ToResult(ks),
+                StrFormat("%s kernel failed: %s", what, kernels::KernelStatusString(ks)));
+}
+
+// Ring volume one rank sends for an all-reduce / reduce-scatter or all-gather of `bytes`.
+uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
+uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
+
+double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
+
+}  // namespace
+
+Status ValidateHyper(const OptimHyper& h) {
+  auto bad = [](const char* f, double v, const char* want) {
+    return InvalidArgument(StrFormat("%s = %g: expected %s", f, v, want));
+  };
+  if (!(std::isfinite(h.lr) && h.lr >= 0.0f)) return bad("lr", h.lr, "a finite value >= 0");
+  if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f)) return bad("beta1", h.beta1, "0 <= beta1 < 1");
+  if (!(h.beta2 >= 0.0f && h.beta2 < 1.0f)) return bad("beta2", h.beta2, "0 <= beta2 < 1");
+  if (!(std::isfinite(h.eps) && h.eps >= 0.0f)) return bad("eps", h.eps, "a finite value >= 0");
+  if (!(std::isfinite(h.weightDecay) && h.weightDecay >= 0.0f))
+    return bad("weightDecay", h.weightDecay, "a finite value >= 0");
+  if (!(std::isfinite(h.maxGradNorm) && h.maxGradNorm >= 0.0f))
+    return bad("maxGradNorm", h.maxGradNorm, "a finite value >= 0 (0: no clipping)");
+  if (static_cast<int>(h.bias) < 0 || h.bias >= scapeNumBiasCorrections)
+    return InvalidArgument(StrFormat("biasCorrection = %d: expected a scapeBiasCorrection_t (0..%d)",
+                                     static_cast<int>(h.bias), scapeNumBiasCorrections - 1));
+  if (!(h.density > 0.0 && h.density <= 1.0))
+    return bad("density", h.density, "0 < density <= 1");
+  if (h.warmupSteps < 0)
+    return InvalidArgument(StrFormat("warmupSteps = %lld: expected >= 0",
+                                     static_cast<long long>(h.warmupSteps)));
+  if (h.payload != scapeFloat32 && h.payload != scapeBfloat16 && h.payload != scapeFloat16)
+    return InvalidArgument(StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
+                                     "scapeFloat16", static_cast<int>(h.payload)));
+  const double decay = 1.0 - static_cast<double>(h.lr) * h.weightDecay;
+  if (!(decay > 0.0))
+    return InvalidArgument(StrFormat("lr * weightDecay = %g: expected below 1 (the decay factor "
+                                     "1 - lr*wd must stay positive)",
+                                     static_cast<double>(h.lr) * h.weightDecay));
+  return Status::Ok();
+}
+
+Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout,
+                         const OptimHyper& hyper, std::unique_ptr<Optimizer>* out) {
+  SCAPE_RETURN_IF_ERROR(ValidateHyper(hyper));
+  std::unique_ptr<Optimizer> o(new Optimizer());
+  o->comm_ = comm;
+  o->mask_ = mask;
+  o->rank_ = comm->rank();
+  o->nranks_ = comm->nranks();
+  o->layout_ = layout;
+  o->hyper_ = hyper;
+  // The kernels share the host's cores with the other ranks on it (the tests and the
+  // benchmark run every rank on one host).
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  o->threads_ = std::max(1, static_cast<int>(hw) / o->nranks_);
+
+  // Every rank must run the same optimizer: compare a fingerprint of everything that is not
+  // the mask's layout (scapeMaskCreate compared that one already).
+  uint64_t h = 1469598103934665603ull;
+  h = Fnv(h, static_cast<uint64_t>(layout.ownership));
+  float fs[] = {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weightDecay, hyper.maxGradNorm};
+  for (float f : fs) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    h = Fnv(h, u);
+  }
+  uint64_t d;
+  std::memcpy(&d, &hyper.density, 8);
+  h = Fnv(Fnv(Fnv(Fnv(h, d), static_cast<uint64_t>(hyper.warmupSteps)),
+              static_cast<uint64_t>(hyper.bias)),
+          static_cast<uint64_t>(hyper.payload));
+  int64_t mine = static_cast<int64_t>(h);
+  std::vector<int64_t> all(static_cast<size_t>(o->nranks_));
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &mine;
+  ag.recv = all.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(comm->Run(ag));
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != mine)
+      return InvalidUsage(StrFormat("rank %zu passed a different optimizer configuration than "
+                                    "rank %d (ownership, hyperparameters, density schedule or "
+                                    "payload type): every rank must pass the same",
+                                    r, o->rank_));
+
+  const uint64_t n = layout.n;
+  o->m_.assign(n, 0.0f);
+  o->e_.assign(n, 0.0f);
+  o->stat_.reset(new float[n]);  // untouched outside the owned part: never faulted in
+  o->denseInMask_.assign(static_cast<size_t>(o->nranks_), 0);
+  for (int r = 0; r < o->nranks_; ++r)
+    for (const Mask::Piece& p : mask->Owned(r)) {
+      if (p.dense) o->denseInMask_[static_cast<size_t>(r)] += p.end - p.begin;
+      if (r == o->rank_) o->ownedSize_ += p.end - p.begin;
+    }
+  for (uint64_t c : o->denseInMask_) o->denseCount_ += c;
+
+  // Step 0 has no mask chosen by a previous step: agree on the full mask (dense step).
+  std::vector<uint64_t> all0;
+  all0.reserve(o->ownedSize_);
+  for (const Mask::Piece& p : mask->Owned(o->rank_))
+    for (uint64_t i = p.begin; i < p.end; ++i) all0.push_back(i);
+  SCAPE_RETURN_IF_ERROR(o->SyncOwnPart(all0.data(), all0.size()).Prepend("step-0 mask"));
+  *out = std::move(o);
+  return Status::Ok();
+}
+
+Optimizer::~Optimizer() {
+  if (mask_ && pending_) (void)mask_->SyncWait();
+}
+
+Status Optimizer::SyncOwnPart(const uint64_t* idx, size_t k) {
+  if (mask_->SyncInFlight()) SCAPE_RETURN_IF_ERROR(mask_->SyncWait());
+  SCAPE_RETURN_IF_ERROR(mask_->SetNextIndices(idx, k));
+  SCAPE_RETURN_IF_ERROR(mask_->SyncStart());
+  SCAPE_RETURN_IF_ERROR(mask_->SyncWait());
+  SCAPE_RETURN_IF_ERROR(mask_->Advance());
+  pending_ = false;
+  gen_ = mask_->Generation();
+  return Status::Ok();
+}
+
+Status Optimizer::SetLr(float lr) {
+  OptimHyper h = hyper_;
+  h.lr = lr;
+  SCAPE_RETURN_IF_ERROR(ValidateHyper(h));
+  hyper_ = h;
+  return Status::Ok();
+}
+
+double Optimizer::Density(int64_t t) const {
+  if (t <= 0) return 1.0;
+  if (hyper_.warmupSteps > 0 && t < hyper_.warmupSteps)
+    return std::pow(hyper_.density, static_cast<double>(t) / static_cast<double>(hyper_.warmupSteps));
+  return hyper_.density;
+}
+
+Status Optimizer::CheckMaskUse() const {
+  if (mask_->Generation() == gen_) return Status::Ok();
+  if (mask_->SyncInFlight() && !pending_)
+    return InvalidUsage("a sync of the optimizer's mask started by another user of the mask is "
+                        "in flight: the optimizer owns its mask's syncs (nothing was changed)");
+  return InvalidUsage("the optimizer's mask was synchronised or advanced by another user of the "
+                      "mask since the last step, so the mask this step must use is gone "
+                      "(nothing was changed; load a checkpoint or recreate the optimizer)");
+}
+
+void Optimizer::BuildRuns() {
+  const std::vector<uint64_t>& cur = mask_->Current();
+  runs_.clear();
+  for (int r = 0; r < nranks_; ++r) {
+    uint64_t j = mask_->RankOffset(r);
+    const uint64_t jend = j + mask_->RankCount(r);
+    for (const Mask::Piece& p : mask_->Owned(r)) {
+      const uint64_t je = static_cast<uint64_t>(
+          std::lower_bound(cur.begin() + static_cast<ptrdiff_t>(j),
+                           cur.begin() + static_cast<ptrdiff_t>(jend), p.end) -
+          cur.begin());
+      uint32_t flags = (r == rank_ ? kernels::kRunOwned : 0u) | (p.dense ? kernels::kRunDense : 0u);
+      runs_.push_back(kernels::MaskRun{p.begin, p.end, j, je, flags});
+      j = je;
+    }
+  }
+  std::sort(runs_.begin(), runs_.end(),
+            [](const kernels::MaskRun& a, const kernels::MaskRun& b) { return a.begin < b.begin; });
+}
+
+kernels::MaskView Optimizer::View() const {
+  kernels::MaskView v;
+  v.idx = mask_->Current().data();
+  v.k = mask_->Current().size();
+  v.runs = runs_.data();
+  v.nruns = runs_.size();
+  return v;
+}
+
+Status Optimizer::Step(float* theta, const float* g) {
+  if (!comm_->error().ok()) return comm_->error();
+  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
+  for (double& p : phase_) p = 0.0;
+  const uint64_t n = layout_.n;
+  const scapeDataType_t pt = hyper_.payload;
+  const size_t esz = scapeTypeSize(pt);
+
+  int64_t t0 = NowNs();
+  if (pending_) {
+    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
+    SCAPE_RETURN_IF_ERROR(mask_->Advance());
+    pending_ = false;
+    gen_ = mask_->Generation();
+    maskBytes_ = mask_->Info().sentBytes;
+  } else {
+    maskBytes_ = 0;
+  }
+  BuildRuns();
+  phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+
+  const std::vector<uint64_t>& cur = mask_->Current();
+  const uint64_t k = cur.size();
+  const uint64_t kr = mask_->RankCount(rank_), offr = mask_->RankOffset(rank_);
+  if (send_.size() < k * esz + 8) send_.resize(k * esz + 8);
+  const bool sharded = layout_.ownership == scapeOptimSharded;
+  const uint64_t recvElems = sharded ? kr : k;
+  if (recvElems * esz + 8 > recv_.size()) recv_.resize(recvElems * esz + 8);
+  const kernels::MaskView view = View();
+
+  // Candidate + pack + residual (error feedback) + statistic of the owned part.
+  t0 = NowNs();
+  kernels::KernelStatus ks = kernels::CandidatePackResidualView(
+      m_.data(), g, e_.data(), n, hyper_.beta1, view, pt, send_.data(), stat_.get(), threads_);
+  if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
+  phase_[scapeOptimPhaseCandidate] = Seconds(t0);
+
+  // The next mask from the new statistic; its sync runs in the background during the rest of
+  // this step and the next forward/backward, and is waited for at the next step.
+  t0 = NowNs();
+  SCAPE_RETURN_IF_ERROR(mask_->SelectNextTopk(stat_.get(), Density(step_ + 1)));
+  SCAPE_RETURN_IF_ERROR(mask_->SyncStart());
+  pending_ = true;
+  gen_ = mask_->Generation();
+  phase_[scapeOptimPhaseSelect] = Seconds(t0);
+
+  // The values-only exchange (average over ranks), owner blocks as reduce-scatter.
+  t0 = NowNs();
+  coll::CollArgs a;
+  a.type = sharded ? coll::CollType::kReduceScatter : coll::CollType::kAllReduce;
+  a.send = send_.data();
+  a.recv = recv_.data();
+  a.count = k;
+  a.counts = mask_->RankCounts();
+  a.dtype = pt;
+  a.op = scapeAvg;
+  SCAPE_RETURN_IF_ERROR(comm_->Run(a).Prepend("payload exchange"));
+  phase_[scapeOptimPhaseExchange] = Seconds(t0);
+
+  // Global norm of the recovered gradient: one partial per owner block (blocked order), summed
+  // in rank order, so replicated and sharded state get the same bits.
+  t0 = NowNs();
+  std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
+  if (sharded) {
+    double mine = 0.0;
+    ks = kernels::RecoveredGradSqNorm(recv_.data(), pt, cur.data() + offr, kr, m_.data(), n,
+                                      hyper_.beta1, &mine, threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
+    coll::CollArgs ng;
+    ng.type = coll::CollType::kAllGather;
+    ng.send = &mine;
+    ng.recv = partial.data();
+    ng.count = 1;
+    ng.dtype = scapeInt64;  // the doubles' bits, moved exactly
+    SCAPE_RETURN_IF_ERROR(comm_->Run(ng).Prepend("gradient norm all-gather"));
+  } else {
+    for (int r = 0; r < nranks_; ++r) {
+      const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
+      ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(),
+                                        n, hyper_.beta1, &partial[static_cast<size_t>(r)],
+                                        threads_);
+      if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
+    }
+  }
+  double sq = 0.0;
+  for (double p : partial) sq += p;
+  gradNorm_ = std::sqrt(sq);
+  clipScale_ = 1.0f;
+  if (hyper_.maxGradNorm > 0.0f && std::isfinite(gradNorm_)) {
+    const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
+    if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
+  }
+  phase_[scapeOptimPhaseNorm] = Seconds(t0);
+
+  kernels::AdamSParams ap;
+  ap.lr = hyper_.lr;
+  ap.beta1 = hyper_.beta1;
+  ap.beta2 = hyper_.beta2;
+  ap.eps = hyper_.eps;
+  ap.weight_decay = hyper_.weightDecay;
+  ap.clip_scale = clipScale_;
+  ap.clip_momentum = true;
+  ap.bias_correction = KernelBias(hyper_.bias);
+  ap.step = step_ + 1;
+
+  t0 = NowNs();
+  if (!sharded) {
+    ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
+    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
+  } else {
+    if (pairsSend_.size() < 2 * kr + 2) pairsSend_.resize(2 * kr + 2);
+    if (pairsAll_.size() < 2 * k + 2) pairsAll_.resize(2 * k + 2);
+    ks = kernels::AdamSUpdatePairs(recv_.data(), pt, cur.data() + offr, kr, theta, m_.data(), n,
+                                   ap, pairsSend_.data(), threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
+    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
+    t0 = NowNs();
+    coll::CollArgs gg;
+    gg.type = coll::CollType::kAllGather;
+    gg.send = pairsSend_.data();
+    gg.recv = pairsAll_.data();
+    gg.dtype = scapeFloat32;
+    gg.counts = mask_->RankCounts();
+    for (size_t& c : gg.counts) c *= 2;
+    SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
+    ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
+    phase_[scapeOptimPhaseGather] = Seconds(t0);
+  }
+
+  const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
+  if (!sharded) {
+    payloadBytes_ = RingAllReduce(ks_ * esz, nranks_);
+    denseBytes_ = RingAllReduce(kd * esz, nranks_);
+  } else {
+    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_) +
+                    8 * static_cast<uint64_t>(nranks_ - 1);
+    denseBytes_ = RingHalf(kd * esz, nranks_) + RingHalf(kd * 8, nranks_);
+  }
+  ++step_;
+  return Status::Ok();
+}
+
+void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
+  scapeOptimInfo_t x{};
+  x.step = step_;
+  x.density = step_ > 0 ? Density(step_ - 1) : 1.0;
+  x.nextDensity = Density(step_);
+  x.maskCount = mask_->Current().size();
+  x.denseCount = denseCount_;
+  x.maskBytes = maskBytes_;
+  x.payloadBytes = payloadBytes_;
+  x.denseBytes = denseBytes_;
+  x.gradNorm = gradNorm_;
+  x.clipScale = clipScale_;
+  x.stateBytes = 8 * layout_.n;
+  x.maskStateBytes = 8 * (mask_->Current().size() + mask_->Next().size());
+  x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
+                   4 * ownedSize_;
+  for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
+  *info = x;
+}
+
+uint64_t Optimizer::LayoutFingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  h = Fnv(h, layout_.n);
+  h = Fnv(h, layout_.offsets.size());
+  for (uint64_t o : layout_.offsets) h = Fnv(h, o);
+  for (uint8_t d : layout_.dense) h = Fnv(h, d != 0);
+  h = Fnv(h, static_cast<uint64_t>(layout_.ownership));
+  h = Fnv(h, static_cast<uint64_t>(layout_.maskOwnership));
+  h = Fnv(h, static_cast<uint64_t>(nranks_));
+  return h;
+}
+
+Status Optimizer::CheckpointSize(size_t* bytes) {
+  if (pending_ && mask_->SyncInFlight())
+    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the last step"));
+  const uint64_t kc = mask_->RankCount(rank_);
+  const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
+  *bytes = kHeader + 8 * layout_.n + 8 * (kc + kn);
+  return Status::Ok();
+}
+
+Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
+  size_t total = 0;
+  SCAPE_RETURN_IF_ERROR(CheckpointSize(&total));
+  if (capacity < total)
+    return InvalidArgument(StrFormat("capacity = %zu: the checkpoint needs %zu bytes "
+                                     "(scapeOptimCheckpointSize)", capacity, total));
+  uint8_t* b = static_cast<uint8_t*>(buf);
+  const uint64_t n = layout_.n;
+  const uint64_t kc = mask_->RankCount(rank_);
+  const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
+  std::memset(b, 0, kHeader);
+  std::memcpy(b, kMagic, 8);
+  Put<uint32_t>(b, 8, kVersion);
+  Put<uint32_t>(b, 12, static_cast<uint32_t>(kHeader));
+  Put<uint64_t>(b, 16, total);
+  Put<uint64_t>(b, 32, LayoutFingerprint());
+  Put<int32_t>(b, 40, nranks_);
+  Put<int32_t>(b, 44, rank_);
+  Put<uint64_t>(b, 48, n);
+  Put<int64_t>(b, 56, step_);
+  Put<float>(b, 64, hyper_.lr);
+  Put<float>(b, 68, hyper_.beta1);
+  Put<float>(b, 72, hyper_.beta2);
+  Put<float>(b, 76, hyper_.eps);
+  Put<float>(b, 80, hyper_.weightDecay);
+  Put<float>(b, 84, hyper_.maxGradNorm);
+  Put<int32_t>(b, 88, static_cast<int32_t>(hyper_.bias));
+  Put<int32_t>(b, 92, static_cast<int32_t>(hyper_.payload));
+  Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
+  Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
+  Put<int32_t>(b, 104, pending_ ? 1 : 0);
+  Put<double>(b, 112, hyper_.density);
+  Put<int64_t>(b, 120, hyper_.warmupSteps);
+  Put<uint64_t>(b, 128, kc);
+  Put<uint64_t>(b, 136, kn);
+  size_t off = kHeader;
+  if (n) std::memcpy(b + off, m_.data(), 4 * n);
+  off += 4 * n;
+  if (n) std::memcpy(b + off, e_.data(), 4 * n);
+  off += 4 * n;
+  if (kc) std::memcpy(b + off, mask_->Current().data() + mask_->RankOffset(rank_), 8 * kc);
+  off += 8 * kc;
+  if (kn) std::memcpy(b + off, mask_->Next().data() + mask_->NextRankOffset(rank_), 8 * kn);
+  Put<uint64_t>(b, 24, Checksum(b + 32, total - 32));
+  *written = total;
+  return Status::Ok();
+}
+
+Status Optimizer::ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const {
+  const std::vector<Mask::Piece>& mine = mask_->Owned(rank_);
+  size_t pi = 0;
+  uint64_t prev = 0;
+  for (uint64_t j = 0; j < k; ++j) {
+    const uint64_t x = Get<uint64_t>(p, 8 * j);
+    if (j > 0 && x <= prev)
+      return InvalidArgument(StrFormat("checkpoint: %s mask entry %llu is not above the one before",
+                                       what, static_cast<unsigned long long>(j)));
+    while (pi < mine.size() && x >= mine[pi].end) ++pi;
+    if (pi == mine.size() || x < mine[pi].begin)
+      return InvalidArgument(StrFormat("checkpoint: %s mask entry %llu (position %llu) is not in "
+                                       "rank %d's owned part", what,
+                                       static_cast<unsigned long long>(j),
+                                       static_cast<unsigned long long>(x), rank_));
+    prev = x;
+  }
+  return Status::Ok();
+}
+
+Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper,
+                                     int64_t* step, bool* hasNext, uint64_t* kc,
+                                     uint64_t* kn) const {
+  if (size < kHeader)
+    return InvalidArgument(StrFormat("checkpoint: size = %zu is below the %zu-byte header "
+                                     "(truncated?)", size, kHeader));
+  if (std::memcmp(b, kMagic, 8) != 0)
+    return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
+  const uint32_t ver = Get<uint32_t>(b, 8);
+  if (ver != kVersion || Get<uint32_t>(b, 12) != kHeader)
+    return InvalidArgument(StrFormat("checkpoint: version %u, this library reads version %u",
+                                     ver, kVersion));
+  const uint64_t total = Get<uint64_t>(b, 16);
+  if (total != size)
+    return InvalidArgument(StrFormat("checkpoint: size = %zu but the header says %llu bytes "
+                                     "(truncated or padded)", size,
+                                     static_cast<unsigned long long>(total)));
+  if (Checksum(b + 32, size - 32) != Get<uint64_t>(b, 24))
+    return InvalidArgument("checkpoint: checksum mismatch (the data is corrupted)");
+  const int32_t np = Get<int32_t>(b, 40), rk = Get<int32_t>(b, 44);
+  if (np != nranks_)
+    return InvalidArgument(StrFormat("checkpoint: saved on %d ranks, this communicator has %d: "
+                                     "loading on another rank count (re-sharding) is not "
+                                     "supported", np, nranks_));
+  if (rk != rank_)
+    return InvalidArgument(StrFormat("checkpoint: saved by rank %d, loaded on rank %d: each rank "
+                                     "loads its own checkpoint", rk, rank_));
+  if (Get<uint64_t>(b, 48) != layout_.n || Get<uint64_t>(b, 32) != LayoutFingerprint())
+    return InvalidArgument(StrFormat("checkpoint: layout fingerprint %016llx (n = %llu) differs "
+                                     "from this optimizer's %016llx (n = %llu): the checkpoint "
+                                     "comes from another layout (segments, dense flags or "
+                                     "ownership)",
+                                     static_cast<unsigned long long>(Get<uint64_t>(b, 32)),
+                                     static_cast<unsigned long long>(Get<uint64_t>(b, 48)),
+                                     static_cast<unsigned long long>(LayoutFingerprint()),
+                                     static_cast<unsigned long long>(layout_.n)));
+  OptimHyper h;
+  h.lr = Get<float>(b, 64);
+  h.beta1 = Get<float>(b, 68);
+  h.beta2 = Get<float>(b, 72);
+  h.eps = Get<float>(b, 76);
+  h.weightDecay = Get<float>(b, 80);
+  h.maxGradNorm = Get<float>(b, 84);
+  h.bias = static_cast<scapeBiasCorrection_t>(Get<int32_t>(b, 88));
+  h.payload = static_cast<scapeDataType_t>(Get<int32_t>(b, 92));
+  h.density = Get<double>(b, 112);
+  h.warmupSteps = Get<int64_t>(b, 120);
+  SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
+  const int64_t st = Get<int64_t>(b, 56);
+  const int32_t nx = Get<int32_t>(b, 104);
+  if (st < 0 || (nx != 0 && nx != 1) || Get<int32_t>(b, 108) != 0)
+    return InvalidArgument("checkpoint: bad step counter or flags");
+  const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
+  const uint64_t n = layout_.n;
+  if (c > n || x > n || (nx == 0 && x != 0) || size != kHeader + 8 * n + 8 * (c + x))
+    return InvalidArgument("checkpoint: mask part sizes do not match the checkpoint's size");
+  const uint8_t* idx = b + kHeader + 8 * n;
+  SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx, c, "current"));
+  SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx + 8 * c, x, "next"));
+  *hyper = h;
+  *step = st;
+  *hasNext = nx != 0;
+  *kc = c;
+  *kn = x;
+  return Status::Ok();
+}
+
+Status Optimizer::Load(const void* buf, size_t size) {
+  const uint8_t* b = static_cast<const uint8_t*>(buf);
+  OptimHyper h;
+  int64_t st = 0;
+  bool hasNext = false;
+  uint64_t kc = 0, kn = 0;
+  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn)
+                 : InvalidArgument("buf is NULL");
+  // Every rank validates first; they agree on the outcome before anything changes.
+  if (!comm_->error().ok()) return comm_->error();
+  int64_t mine = v.ok() ? 0 : 1;
+  std::vector<int64_t> all(static_cast<size_t>(nranks_));
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &mine;
+  ag.recv = all.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(comm_->Run(ag).Prepend("checkpoint agreement"));
+  if (!v.ok()) return v;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != 0)
+      return InvalidUsage(StrFormat("rank %zu refused its checkpoint, so no rank loaded one "
+                                    "(this optimizer is unchanged)", r));
+  const uint64_t n = layout_.n;
+  const uint8_t* idx = b + kHeader + 8 * n;
+  std::vector<uint64_t> cur(kc), next(kn);
+  if (kc) std::memcpy(cur.data(), idx, 8 * kc);
+  if (kn) std::memcpy(next.data(), idx + 8 * kc, 8 * kn);
+  SCAPE_RETURN_IF_ERROR(SyncOwnPart(cur.data(), kc).Prepend("restoring the current mask"));
+  if (hasNext) {
+    SCAPE_RETURN_IF_ERROR(mask_->SetNextIndices(next.data(), kn));
+    SCAPE_RETURN_IF_ERROR(mask_->SyncStart().Prepend("restoring the next mask"));
+    pending_ = true;
+    gen_ = mask_->Generation();
+  }
+  if (n) {
+    std::memcpy(m_.data(), b + kHeader, 4 * n);
+    std::memcpy(e_.data(), b + kHeader + 4 * n, 4 * n);
+  }
+  step_ = st;
+  hyper_ = h;
+  maskBytes_ = payloadBytes_ = denseBytes_ = 0;
+  return Status::Ok();
+}
+
+}  // namespace scape

@@ -1,0 +1,102 @@
+// The SCAPE-AdamS optimizer step (issue 11): the whole step on host memory, built on the agreed
+// mask (plugin/mask) and the collectives of the communicator (plugin/core, plugin/coll).
+// Internal; the public handle (struct scapeOptim) wraps it in plugin/api/api_optim.cc, which
+// validates every argument before calling in.
+#ifndef SCAPE_PLUGIN_OPTIM_OPTIM_H_
+#define SCAPE_PLUGIN_OPTIM_OPTIM_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/cpu/scape_step.h"
+#include "plugin/core/comm.h"
+#include "plugin/mask/mask.h"
+#include "scape/scape.h"
+
+namespace scape {
+
+// Hyperparameters that a checkpoint carries and scapeOptimSetLr changes.
+struct OptimHyper {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weightDecay = 0.0f;
+  float maxGradNorm = 0.0f;
+  scapeBiasCorrection_t bias = scapeBiasCorrectionNone;
+  double density = 0.01;
+  int64_t warmupSteps = 0;
+  scapeDataType_t payload = scapeFloat32;
+};
+
+// Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
+Status ValidateHyper(const OptimHyper& h);
+
+// A resolved, validated configuration.
+struct OptimLayout {
+  uint64_t n = 0;
+  std::vector<uint64_t> offsets;  // nsegments + 1
+  std::vector<uint8_t> dense;     // nsegments (0/1)
+  scapeOptimOwnership_t ownership = scapeOptimReplicated;
+  scapeOwnership_t maskOwnership = scapeOwnershipSegments;
+  scapeMaskEncoding_t encoding = scapeMaskEncodingAuto;
+};
+
+class Optimizer {
+ public:
+  // Collective. `mask` was created on `comm` with the layout (dense flags, mask ownership and
+  // encoding) and outlives the optimizer. Agrees on the configuration across ranks and on the
+  // full mask for step 0.
+  static Status Create(Comm* comm, Mask* mask, const OptimLayout& layout, const OptimHyper& hyper,
+                       std::unique_ptr<Optimizer>* out);
+  ~Optimizer();
+
+  uint64_t n() const { return layout_.n; }
+  Status SetLr(float lr);
+  // theta and g: n floats each, validated by the caller.
+  Status Step(float* theta, const float* g);
+  void GetInfo(scapeOptimInfo_t* info) const;
+
+  Status CheckpointSize(size_t* bytes);
+  Status Save(void* buf, size_t capacity, size_t* written);
+  // Collective.
+  Status Load(const void* buf, size_t size);
+
+ private:
+  Optimizer() = default;
+  double Density(int64_t t) const;  // scheduled density of step t
+  Status CheckMaskUse() const;
+  void BuildRuns();
+  kernels::MaskView View() const;
+  Status SyncOwnPart(const uint64_t* idx, size_t k);  // set + sync + wait (collective)
+  Status ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper, int64_t* step,
+                            bool* hasNext, uint64_t* kc, uint64_t* kn) const;
+  Status ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const;
+  uint64_t LayoutFingerprint() const;
+
+  Comm* comm_ = nullptr;
+  Mask* mask_ = nullptr;
+  int rank_ = 0, nranks_ = 1, threads_ = 1;
+  OptimLayout layout_;
+  OptimHyper hyper_;
+
+  std::vector<float> m_, e_;      // momentum (identical on every rank), residual (this rank)
+  std::unique_ptr<float[]> stat_;  // n floats; only this rank's owned part is ever touched
+  uint64_t ownedSize_ = 0, denseCount_ = 0;
+  std::vector<char> send_, recv_;  // payload before / after the exchange
+  std::vector<float> pairsSend_, pairsAll_;  // sharded: updated (theta, m) pairs
+  std::vector<kernels::MaskRun> runs_;        // the current mask as a view (BuildRuns)
+  std::vector<uint64_t> denseInMask_;         // per rank: dense positions in its block
+
+  int64_t step_ = 0;      // steps completed
+  bool pending_ = false;  // a sync of the next mask was started by the last step
+  uint64_t gen_ = 0;      // mask generation after our last SyncStart / Advance
+
+  // Last step's figures (scapeOptimInfo_t).
+  uint64_t maskBytes_ = 0, payloadBytes_ = 0, denseBytes_ = 0;
+  double gradNorm_ = 0.0;
+  float clipScale_ = 1.0f;
+  double phase_[scapeOptimNumPhases] = {};
+};
+
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_OPTIM_OPTIM_H_
