@@ -25,6 +25,8 @@
 
 #include "base/clock.h"
 #include "transport/bootstrap/socket.h"
+#include "transport/ucx/ucx_status.h"
+#include "transport/ucx/ucx_context.h"
 
 namespace scape {
 namespace ucxnet {
@@ -134,22 +136,9 @@ uint64_t HostId() {
   return id;
 }
 
-Status UcsError(const std::string& what, ucs_status_t s) {
-  switch (s) {
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_REJECTED:
-    case UCS_ERR_CANCELED:
-    case UCS_ERR_TIMED_OUT:
-      return RemoteError(what + ": " + ucs_status_string(s));
-    case UCS_ERR_MESSAGE_TRUNCATED:
-    case UCS_ERR_INVALID_PARAM:
-      return InternalError(what + ": " + ucs_status_string(s));
-    default:
-      return SystemError(what + ": " + ucs_status_string(s));
-  }
-}
+// The project's one UCX-to-result mapping (transport/ucx/ucx_status.h), shared with the
+// communicator's transport.
+Status UcsError(const std::string& what, ucs_status_t s) { return transport::UcxError(what, s); }
 
 // ---- UCP contexts (one per device, shared by the process) and workers -------------------------
 
@@ -172,43 +161,19 @@ Status GetUcpCtx(int dev, const DeviceRoute& route, std::shared_ptr<UcpCtx>* out
     *out = sp;
     return Status::Ok();
   }
-  ucp_config_t* config = nullptr;
-  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-  if (s != UCS_OK) return UcsError("ucp_config_read", s);
-  std::unique_ptr<ucp_config_t, void (*)(ucp_config_t*)> cfg(config, ucp_config_release);
-  auto modify = [&](const char* k, const std::string& v) -> Status {
-    ucs_status_t ms = ucp_config_modify(config, k, v.c_str());
-    if (ms != UCS_OK)
-      return UcsError(StrFormat("UCX configuration %s=%s", k, v.c_str()), ms).Prepend(
-          ms == UCS_ERR_NO_ELEM ? "unknown UCX setting" : "bad UCX setting");
-    return Status::Ok();
-  };
-  if (!g_opts.tls.empty()) SCAPE_RETURN_IF_ERROR(modify("TLS", g_opts.tls));
-  if (g_opts.setNetDevices && !route.ucxNetDevices.empty())
-    SCAPE_RETURN_IF_ERROR(modify("NET_DEVICES", route.ucxNetDevices));
-  if (route.rails > 1)
-    SCAPE_RETURN_IF_ERROR(modify("MAX_RNDV_RAILS", std::to_string(route.rails)));
-
-  ucp_params_t params;
-  std::memset(&params, 0, sizeof(params));
-  params.field_mask =
-      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG;
-  params.mt_workers_shared = 1;  // workers of several NCCL proxy threads share it
-  params.name = "scape-nccl-net";
+  transport::UcpContextOptions co;
+  co.settings.emplace_back("TLS", g_opts.tls);
+  if (g_opts.setNetDevices) co.settings.emplace_back("NET_DEVICES", route.ucxNetDevices);
+  if (route.rails > 1) co.settings.emplace_back("MAX_RNDV_RAILS", std::to_string(route.rails));
+  co.sharedByThreads = true;  // workers of several NCCL proxy threads share it
+  co.name = "scape-nccl-net";
   auto ctx = std::make_shared<UcpCtx>();
-  s = ucp_init(&params, config, &ctx->h);
-  if (s != UCS_OK) {
+  Status st = transport::CreateUcpContext(co, &ctx->h, &ctx->cuda);
+  if (!st.ok()) {
     ctx->h = nullptr;
-    return UcsError(StrFormat("ucp_init for device %d (UCX_NET_DEVICES=%s)", dev,
-                              route.ucxNetDevices.c_str()),
-                    s);
+    return st.Prepend(StrFormat("UCP context for device %d (UCX_NET_DEVICES=%s)", dev,
+                                route.ucxNetDevices.c_str()));
   }
-  ucp_context_attr_t attr;
-  std::memset(&attr, 0, sizeof(attr));
-  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  if (ucp_context_query(ctx->h, &attr) == UCS_OK)
-    ctx->cuda = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   g_ctxs[dev] = ctx;
   *out = ctx;
   return Status::Ok();
@@ -338,7 +303,7 @@ void SetNoDelay(int fd) {
 
 struct NetContext {
   uint64_t magic = kCtxMagic;
-  int timeoutMs = 120000;
+  int timeoutMs = kDefaultTimeoutMs;
   int graceMs = 1000;
   std::mutex mu;
   std::map<int, std::shared_ptr<Worker>> workers;

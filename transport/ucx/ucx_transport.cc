@@ -1,5 +1,5 @@
-// UCX implementation of transport::Transport over the UCP tag API. The only file in the
-// project that includes UCX headers (besides the NCCL plugin's own transport use).
+// UCX implementation of transport::Transport over the UCP tag API. UCX headers appear only here,
+// in the rest of transport/ucx/, and in the NCCL plugin's engine (plugin/nccl/ucx_engine.cc).
 #include <poll.h>
 
 #include <ucp/api/ucp.h>
@@ -13,6 +13,8 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_status.h"
 
 namespace scape {
 namespace transport {
@@ -20,28 +22,6 @@ namespace {
 
 // Upper bound on a worker address we accept from the network.
 constexpr size_t kMaxAddressBytes = 64 * 1024;
-
-Status UcxError(const std::string& what, ucs_status_t s) {
-  scapeResult_t code = scapeSystemError;
-  switch (s) {
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_REJECTED:
-    case UCS_ERR_CANCELED:
-      code = scapeRemoteError;
-      break;
-    case UCS_ERR_MESSAGE_TRUNCATED:
-      code = scapeInvalidUsage;
-      break;
-    case UCS_ERR_TIMED_OUT:
-      code = scapeTimeout;
-      break;
-    default:
-      break;
-  }
-  return Status(code, what + ": " + ucs_status_string(s));
-}
 
 class UcxRequest final : public Request {
  public:
@@ -74,37 +54,17 @@ class UcxTransport final : public Transport {
   Status Init(const TransportOptions& opts) {
     opts_ = opts;
     peers_.resize(static_cast<size_t>(opts.nranks));
-    ucp_config_t* config = nullptr;
-    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-    if (s != UCS_OK) return UcxError("ucp_config_read", s);
-    auto modify = [&](const char* k, const std::string& v) -> Status {
-      if (v.empty()) return Status::Ok();
-      ucs_status_t ms = ucp_config_modify(config, k, v.c_str());
-      if (ms != UCS_OK) return UcxError(StrFormat("ucp_config_modify(%s=%s)", k, v.c_str()), ms);
-      return Status::Ok();
-    };
-    Status st = modify("NET_DEVICES", opts.netDevices);
-    if (st.ok()) st = modify("TLS", opts.tls);
     // Detect dead peers on every transport within a fraction of the operation timeout.
-    if (st.ok()) {
-      int ka = opts.timeoutMs / 4;
-      if (ka < 200) ka = 200;
-      if (ka > 5000) ka = 5000;
-      st = modify("KEEPALIVE_INTERVAL", StrFormat("%dms", ka));
-    }
-    if (!st.ok()) {
-      ucp_config_release(config);
-      return st;
-    }
-
-    ucp_params_t params;
-    std::memset(&params, 0, sizeof(params));
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG | (opts.wakeup ? UCP_FEATURE_WAKEUP : 0);
-    params.mt_workers_shared = 0;
-    s = ucp_init(&params, config, &context_);
-    ucp_config_release(config);
-    if (s != UCS_OK) return UcxError("ucp_init", s);
+    int ka = opts.timeoutMs / 4;
+    if (ka < 200) ka = 200;
+    if (ka > 5000) ka = 5000;
+    UcpContextOptions co;
+    co.settings = {{"NET_DEVICES", opts.netDevices},
+                   {"TLS", opts.tls},
+                   {"KEEPALIVE_INTERVAL", StrFormat("%dms", ka)}};
+    co.wakeup = opts.wakeup;
+    SCAPE_RETURN_IF_ERROR(CreateUcpContext(co, &context_, nullptr));
+    ucs_status_t s;
 
     ucp_worker_params_t wp;
     std::memset(&wp, 0, sizeof(wp));
@@ -224,6 +184,15 @@ class UcxTransport final : public Transport {
   }
 
   bool Progress() override { return ucp_worker_progress(worker_) != 0; }
+
+  bool Probe(uint64_t wantedTag, uint64_t tagMask, uint64_t* senderTag) override {
+    ucp_tag_recv_info_t info;
+    std::memset(&info, 0, sizeof(info));
+    ucp_tag_message_h m = ucp_tag_probe_nb(worker_, wantedTag, tagMask, /*remove=*/0, &info);
+    if (!m) return false;
+    *senderTag = info.sender_tag;
+    return true;
+  }
 
   bool WaitForEvent(int timeoutMs) override {
     if (efd_ < 0) return false;
