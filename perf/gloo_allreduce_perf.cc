@@ -13,7 +13,8 @@
 // expectation (small integers, exact in fp32; the same pattern as mpi-allreduce-perf); the
 // wrong-element counts are summed over ranks.
 //
-// Columns and JSON rows are scape-perf's ("impl": "gloo"; see scape-perf -h).
+// The options, the columns, the JSON rows ("impl": "gloo") and the launcher (fork, watchdog)
+// are perf/common's, shared with scape-perf (see scape-perf -h) and mpi-allreduce-perf.
 // Exit status: 0 ok, 1 a call failed, 2 wrong results, 64 bad command line, 124 watchdog.
 
 #include <gloo/allreduce.h>
@@ -26,16 +27,12 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <dirent.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,18 +42,17 @@
 #include <string>
 #include <vector>
 
+#include "perf/common/launch.h"
+#include "perf/common/perf_common.h"
+
 namespace {
 
-constexpr int kExitCallFailed = 1;
-constexpr int kExitWrong = 2;
-constexpr int kExitUsage = 64;
-constexpr int kExitWatchdog = 124;
 const char* kProg = "gloo-allreduce-perf";
+constexpr int kModeWidth = 8;  // the width of the mode column
 
 struct Options {
-  uint64_t minBytes = 32ull << 20, maxBytes = 32ull << 20, factor = 2;
-  int iters = 20, warmup = 5, check = 1, inPlace = 1, nranks = 1, timeoutS = 120,
-      watchdogS = 1800;
+  perf_sweep sweep;
+  int nranks = 1, timeoutS = 120, watchdogS = 1800;
   std::string json;
 };
 
@@ -79,104 +75,51 @@ void usage(FILE* f) {
                kProg);
 }
 
-[[noreturn]] void usageError(const char* fmt, ...) {
-  std::fprintf(stderr, "%s: ", kProg);
-  va_list ap;
-  va_start(ap, fmt);
-  std::vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  std::fprintf(stderr, " (run '%s -h' for the options)\n", kProg);
-  std::exit(kExitUsage);
-}
-
-uint64_t parseSize(const char* opt, const char* s) {
-  if (s == nullptr || *s == '\0' || *s == '-' || *s == '+')
-    usageError("%s expects a size such as 8, 64K, 1M, 2G, got '%s'", opt, s ? s : "");
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || errno == ERANGE) usageError("%s expects a size such as 8, 64K, 1M, 2G, got '%s'", opt, s);
-  uint64_t mult = 1;
-  if (*end == 'k' || *end == 'K') mult = 1ull << 10;
-  if (*end == 'm' || *end == 'M') mult = 1ull << 20;
-  if (*end == 'g' || *end == 'G') mult = 1ull << 30;
-  if (mult > 1) ++end;
-  if (mult > 1 && (std::strcmp(end, "B") == 0 || std::strcmp(end, "iB") == 0))
-    end += std::strlen(end);
-  else if (mult == 1 && std::strcmp(end, "B") == 0)
-    ++end;
-  if (*end != '\0') usageError("%s: unexpected '%s' in size '%s' (suffixes: K, M, G)", opt, end, s);
-  if (v > UINT64_MAX / mult) usageError("%s: size '%s' is too large", opt, s);
-  return v * mult;
-}
-
-int parseInt(const char* opt, const char* s, long lo, long hi, const char* what) {
-  if (s == nullptr || *s == '\0') usageError("%s expects %s", opt, what);
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi)
-    usageError("%s expects %s, got '%s'", opt, what, s);
-  return static_cast<int>(v);
+void onOption(void* ctx, int key, const char* opt, const char* v) {
+  auto* o = static_cast<Options*>(ctx);
+  if (perf_sweep_opt(&o->sweep, key, opt, v)) return;
+  switch (key) {
+    case 'N':
+      o->nranks = perf_parse_int(opt, v, 1, 256, "a rank count 1..256");
+      break;
+    case 'T':
+      o->timeoutS = perf_parse_int(opt, v, 1, 1 << 20, "a timeout in seconds >= 1");
+      break;
+    case 'W':
+      o->watchdogS = perf_parse_int(opt, v, 1, 1 << 30, "a watchdog limit in seconds >= 1");
+      break;
+    case 'J':
+      if (*v == '\0') perf_usage_error("-J expects a file name");
+      o->json = v;
+      break;
+    case 'h':
+      usage(stdout);
+      std::exit(0);
+    default:
+      perf_usage_error("unknown argument '%s'", opt);
+  }
 }
 
 Options parseArgs(int argc, char** argv) {
+  static const perf_opt_spec kSpecs[] = {
+      {"-np", "--nranks", 'N', 1},  // before "-n" so "-np4" is not "-n p4"
+      PERF_SWEEP_OPT_SPECS,
+      {"-T", "--timeout", 'T', 1},
+      {"-W", "--watchdog", 'W', 1},
+      {"-J", "--json", 'J', 1},
+      {"-h", "--help", 'h', 0},
+  };
+  perf_set_prog(kProg);
   Options o;
-  bool sawMin = false, sawMax = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      usage(stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) usageError("%s expects a value (or is unknown)", a.c_str());
-    const char* v = argv[++i];
-    if (a == "-np") {
-      o.nranks = parseInt("-np", v, 1, 256, "a rank count 1..256");
-    } else if (a == "-b") {
-      o.minBytes = parseSize("-b", v);
-      sawMin = true;
-    } else if (a == "-e") {
-      o.maxBytes = parseSize("-e", v);
-      sawMax = true;
-    } else if (a == "-f") {
-      o.factor = static_cast<uint64_t>(parseInt("-f", v, 2, 1 << 20, "an integer factor >= 2"));
-    } else if (a == "-n") {
-      o.iters = parseInt("-n", v, 1, 1 << 30, "an iteration count >= 1");
-    } else if (a == "-w") {
-      o.warmup = parseInt("-w", v, 0, 1 << 30, "a warm-up count >= 0");
-    } else if (a == "-c") {
-      o.check = parseInt("-c", v, 0, 1, "0 or 1");
-    } else if (a == "-I") {
-      o.inPlace = parseInt("-I", v, 0, 1, "0 or 1");
-    } else if (a == "-T") {
-      o.timeoutS = parseInt("-T", v, 1, 1 << 20, "a timeout in seconds >= 1");
-    } else if (a == "-W") {
-      o.watchdogS = parseInt("-W", v, 1, 1 << 30, "a watchdog limit in seconds >= 1");
-    } else if (a == "-J") {
-      if (*v == '\0') usageError("-J expects a file name");
-      o.json = v;
-    } else {
-      usageError("unknown argument '%s'", a.c_str());
-    }
-  }
-  if (sawMin && !sawMax) o.maxBytes = std::max(o.maxBytes, o.minBytes);
-  if (sawMax && !sawMin) o.minBytes = std::min(o.minBytes, o.maxBytes);
-  if (o.minBytes < sizeof(float)) usageError("-b must be at least %zu bytes", sizeof(float));
-  if (o.minBytes > o.maxBytes)
-    usageError("-b (%" PRIu64 " bytes) must not exceed -e (%" PRIu64 " bytes)", o.minBytes,
-               o.maxBytes);
+  perf_sweep_init(&o.sweep);
+  perf_parse_opts(argc, argv, kSpecs, sizeof(kSpecs) / sizeof(kSpecs[0]), onOption, &o);
+  perf_sweep_finish(&o.sweep, sizeof(float));
   return o;
 }
 
 // The pattern of mpi-allreduce-perf and scape-perf (float sum): partial sums stay exact.
 uint32_t g_modulus = 16;
-int64_t valueOf(int r, uint64_t j) {
-  uint32_t h = static_cast<uint32_t>(j) * 2654435761u ^ static_cast<uint32_t>(j >> 32) ^
-               (static_cast<uint32_t>(r) + 1u) * 0x85ebca77u;
-  h ^= h >> 15;
-  return static_cast<int64_t>(h % g_modulus);
-}
+int64_t valueOf(int r, uint64_t j) { return static_cast<int64_t>(perf_pattern_hash(r, j) % g_modulus); }
 int64_t reducedOf(int nranks, uint64_t j) {
   int64_t acc = 0;
   for (int r = 0; r < nranks; ++r) acc += valueOf(r, j);
@@ -192,18 +135,10 @@ int64_t countWrong(const float* buf, uint64_t count, int nranks) {
   return wrong;
 }
 
-void formatTime(char* out, size_t n, double us) {
-  if (us >= 10000.0)
-    std::snprintf(out, n, "%7.0f", us);
-  else if (us >= 100.0)
-    std::snprintf(out, n, "%7.1f", us);
-  else
-    std::snprintf(out, n, "%7.2f", us);
-}
-
 class Rank {
  public:
-  Rank(const Options& o, std::shared_ptr<gloo::Context> ctx) : o_(o), ctx_(std::move(ctx)) {
+  Rank(const Options& o, std::shared_ptr<gloo::Context> ctx)
+      : o_(o), s_(o.sweep), ctx_(std::move(ctx)) {
     rank_ = ctx_->rank;
     nranks_ = ctx_->size;
   }
@@ -251,149 +186,112 @@ class Rank {
     allreduce(in, recv, count);
     barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o_.iters; ++i) allreduce(in, recv, count);
-    *sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o_.iters;
+    for (int i = 0; i < s_.iters; ++i) allreduce(in, recv, count);
+    *sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / s_.iters;
     *wrong = 0;
-    if (o_.check) {
+    if (s_.check) {
       fill(data, count, rank_);
       if (!inPlace) std::memset(recv, 0xa5, count * sizeof(float));
       allreduce(in, recv, count);
       *wrong = countWrong(recv, count, nranks_);
     }
+    perf::beat();
+  }
+
+  // One size: both placements, the slowest rank's times, the ranks' wrong elements.
+  perf_row measure(float* send, float* recv, uint64_t size) {
+    perf_row row{};
+    const uint64_t count = size / sizeof(float);
+    double sec[2] = {0, 0};
+    int64_t wrong[2] = {0, 0};
+    benchOne(send, recv, count, false, &sec[0], &wrong[0]);
+    if (s_.in_place) benchOne(send, recv, count, true, &sec[1], &wrong[1]);
+    reduceSmall(sec, 2, true);
+    reduceSmall(wrong, 2, false);
+    row.bytes = count * sizeof(float);
+    row.count = count;
+    row.type = "float";
+    row.redop = "sum";
+    row.root = -1;
+    row.mode = "dense";
+    row.density = 1.0;
+    row.k = count;
+    row.wire = 2.0 * (nranks_ - 1) / nranks_ * static_cast<double>(row.bytes);
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && !s_.in_place) continue;
+      perf_place& p = row.place[k];
+      p.ran = 1;
+      p.time_us = sec[k] * 1e6;
+      p.algbw = sec[k] > 0 ? static_cast<double>(row.bytes) / 1e9 / sec[k] : 0.0;
+      p.busbw = p.algbw * 2.0 * (nranks_ - 1) / nranks_;
+      p.deqbw = p.algbw;
+      p.wrong = wrong[k];
+    }
+    return row;
   }
 
   int run() {
-    g_modulus = static_cast<uint32_t>(std::min<int64_t>(16777216 / nranks_, 15) + 1);
-    FILE* json = nullptr;
+    g_modulus = perf_float_sum_modulus(nranks_);
+    perf_json json{nullptr, 0};
     if (rank_ == 0 && !o_.json.empty()) {
-      json = std::fopen(o_.json.c_str(), "w");
-      if (json == nullptr) {
+      FILE* f = std::fopen(o_.json.c_str(), "w");
+      if (f == nullptr) {
         std::fprintf(stderr, "%s: -J: cannot open '%s': %s\n", kProg, o_.json.c_str(),
                      std::strerror(errno));
-        return kExitUsage;
+        return PERF_EXIT_USAGE;
       }
-      std::fprintf(json, "[\n");
+      perf_json_open(&json, f);
     }
-    std::vector<float> send(o_.maxBytes / sizeof(float)), recv(o_.maxBytes / sizeof(float));
+    std::vector<float> send(s_.max_bytes / sizeof(float)), recv(s_.max_bytes / sizeof(float));
     if (rank_ == 0) {
       std::printf("# %s: Gloo %d.%d.%d ring all-reduce (TCP, 127.0.0.1), nranks %d\n", kProg,
                   GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH, nranks_);
-      std::printf("# nRanks %d minBytes %" PRIu64 " maxBytes %" PRIu64 " step: %" PRIu64
-                  "(factor) warmup iters: %d iters: %d validation: %d\n",
-                  nranks_, o_.minBytes, o_.maxBytes, o_.factor, o_.warmup, o_.iters, o_.check);
+      perf_print_sweep_line(stdout, nranks_, &s_);
       std::printf("#\n");
-      std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
-                  "          %8s  %7s  %12s  %12s  %7s  %7s\n",
-                  "", "", "", "", "", "", "", "", "", "deqbw", "deqbw");
-      std::printf("# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
-      std::printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
-      std::printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
-      std::printf("  %8s  %7s  %12s  %12s  %7s  %7s\n", "mode", "density", "k", "wire", "oop", "ip");
-      std::printf("# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
-      std::printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
-      std::printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
-      std::printf("  %8s  %7s  %12s  %12s  %7s  %7s\n", "", "", "(elements)", "(B/rank)", "(GB/s)",
-                  "(GB/s)");
+      perf_print_columns(stdout, kModeWidth);
       std::fflush(stdout);
     }
-    for (uint64_t wsize : {o_.maxBytes, o_.minBytes}) {
+    for (uint64_t wsize : {s_.max_bytes, s_.min_bytes}) {
       const uint64_t count = wsize / sizeof(float);
       fill(send.data(), count, rank_);
-      for (int i = 0; i < o_.warmup; ++i) allreduce(send.data(), recv.data(), count);
+      for (int i = 0; i < s_.warmup; ++i) allreduce(send.data(), recv.data(), count);
     }
     double bwSum = 0;
-    int bwCount = 0, rows = 0;
+    int bwCount = 0;
     int64_t wrongTotal = 0;
-    for (uint64_t size = o_.minBytes; size <= o_.maxBytes;) {
-      const uint64_t count = size / sizeof(float), bytes = count * sizeof(float);
-      double sec[2] = {0, 0};
-      int64_t wrong[2] = {0, 0};
-      benchOne(send.data(), recv.data(), count, false, &sec[0], &wrong[0]);
-      if (o_.inPlace) benchOne(send.data(), recv.data(), count, true, &sec[1], &wrong[1]);
-      reduceSmall(sec, 2, true);
-      reduceSmall(wrong, 2, false);
-      const double wire = 2.0 * (nranks_ - 1) / nranks_ * static_cast<double>(bytes);
-      double alg[2] = {0, 0}, bus[2] = {0, 0};
-      for (int k = 0; k < 2; ++k) {
-        if (k == 1 && !o_.inPlace) continue;
-        alg[k] = sec[k] > 0 ? static_cast<double>(bytes) / 1e9 / sec[k] : 0.0;
-        bus[k] = alg[k] * 2.0 * (nranks_ - 1) / nranks_;
-        bwSum += bus[k];
+    uint64_t size = s_.min_bytes;
+    do {
+      const perf_row row = measure(send.data(), recv.data(), size);
+      for (const perf_place& p : row.place) {
+        if (!p.ran) continue;
+        bwSum += p.busbw;
         ++bwCount;
-        wrongTotal += wrong[k];
+        wrongTotal += p.wrong;
       }
       if (rank_ == 0) {
-        std::printf("%12" PRIu64 "  %12" PRIu64 "  %8s  %6s  %6d", bytes, count, "float", "sum", -1);
-        for (int k = 0; k < 2; ++k) {
-          if (k == 1 && !o_.inPlace) {
-            std::printf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A");
-            continue;
-          }
-          char t[32], w[32];
-          formatTime(t, sizeof(t), sec[k] * 1e6);
-          if (o_.check)
-            std::snprintf(w, sizeof(w), "%" PRId64, wrong[k]);
-          else
-            std::snprintf(w, sizeof(w), "N/A");
-          std::printf("  %7s  %6.2f  %6.2f  %6s", t, alg[k], bus[k], w);
-        }
-        char ip[32];
-        if (o_.inPlace)
-          std::snprintf(ip, sizeof(ip), "%7.2f", alg[1]);
-        else
-          std::snprintf(ip, sizeof(ip), "%7s", "N/A");
-        std::printf("  %8s  %7.4g  %12" PRIu64 "  %12.0f  %7.2f  %7s\n", "dense", 1.0, count, wire,
-                    alg[0], ip);
+        perf_print_row(stdout, &row, kModeWidth, s_.check);
         std::fflush(stdout);
       }
-      if (json != nullptr) {
-        static const char* kPlace[2] = {"out_of_place", "in_place"};
-        std::fprintf(json,
-                     "%s  {\"impl\": \"gloo\", \"collective\": \"allreduce\", \"mode\": \"dense\", "
-                     "\"nranks\": %d, \"size\": %" PRIu64 ", \"count\": %" PRIu64
-                     ", \"type\": \"float\", \"redop\": \"sum\", \"root\": -1, \"density\": 1, "
-                     "\"k\": %" PRIu64 ", \"wire_bytes\": %.0f",
-                     rows++ ? ",\n" : "", nranks_, bytes, count, count, wire);
-        for (int k = 0; k < 2; ++k) {
-          if (k == 1 && !o_.inPlace) {
-            std::fprintf(json, ", \"%s\": null", kPlace[k]);
-            continue;
-          }
-          std::fprintf(json,
-                       ", \"%s\": {\"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
-                       "\"deq_bw_gbs\": %.4f, ",
-                       kPlace[k], sec[k] * 1e6, alg[k], bus[k], alg[k]);
-          if (o_.check)
-            std::fprintf(json, "\"wrong\": %" PRId64 "}", wrong[k]);
-          else
-            std::fprintf(json, "\"wrong\": null}");
-        }
-        std::fprintf(json, "}");
-      }
-      if (size > o_.maxBytes / o_.factor) break;
-      size *= o_.factor;
-    }
+      perf_json_row_start(&json);
+      perf_json_row_head(&json, "gloo", "allreduce", nranks_, &row);
+      perf_json_row_tail(&json, &row, s_.check);
+    } while (perf_sweep_next(&s_, &size));
     if (rank_ == 0) {
-      if (o_.check)
-        std::printf("# Out of bounds values : %" PRId64 " %s\n", wrongTotal,
-                    wrongTotal ? "FAILED" : "OK");
-      else
-        std::printf("# Out of bounds values : N/A (-c 0)\n");
-      std::printf("# Avg bus bandwidth    : %g \n#\n", bwCount ? bwSum / bwCount : 0.0);
+      perf_print_wrong_footer(stdout, s_.check, wrongTotal);
+      perf_print_summary_line(stdout, "Avg bus bandwidth", bwCount ? bwSum / bwCount : 0.0);
+      std::printf("#\n");
       std::fflush(stdout);
     }
-    if (json != nullptr) {
-      std::fprintf(json, "\n]\n");
-      if (std::fclose(json) != 0) {
-        std::fprintf(stderr, "%s: writing %s failed\n", kProg, o_.json.c_str());
-        return kExitCallFailed;
-      }
+    if (json.f != nullptr && perf_json_close(&json) != 0) {
+      std::fprintf(stderr, "%s: writing %s failed\n", kProg, o_.json.c_str());
+      return PERF_EXIT_CALL_FAILED;
     }
-    return wrongTotal ? kExitWrong : 0;
+    return wrongTotal ? PERF_EXIT_WRONG : 0;
   }
 
  private:
   const Options& o_;
+  const perf_sweep& s_;
   std::shared_ptr<gloo::Context> ctx_;
   int rank_ = 0, nranks_ = 1;
   uint32_t tag_ = 1;
@@ -410,12 +308,25 @@ int runRank(const Options& o, int rank, const std::string& storeDir) {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, o.nranks);
     ctx->setTimeout(std::chrono::seconds(o.timeoutS));
     ctx->connectFullMesh(store, dev);
+    perf::beat();
     Rank r(o, ctx);
     return r.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d: Gloo failed: %s\n", kProg, rank, e.what());
-    return kExitCallFailed;
+    return PERF_EXIT_CALL_FAILED;
   }
+}
+
+// The FileStore's files (flat), then the directory.
+void removeStore(const std::string& storeDir) {
+  if (DIR* d = opendir(storeDir.c_str())) {
+    while (const struct dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") unlink((storeDir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  rmdir(storeDir.c_str());
 }
 
 }  // namespace
@@ -426,72 +337,18 @@ int main(int argc, char** argv) {
   const char* dir = mkdtemp(tmpl);
   if (dir == nullptr) {
     std::fprintf(stderr, "%s: mkdtemp failed: %s\n", kProg, std::strerror(errno));
-    return kExitCallFailed;
+    return PERF_EXIT_CALL_FAILED;
   }
   const std::string storeDir = dir;
-  std::fflush(stdout);
-  const pid_t parent = getpid();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < o.nranks; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::fprintf(stderr, "%s: fork failed: %s\n", kProg, std::strerror(errno));
-      for (pid_t p : pids) kill(p, SIGKILL);
-      return kExitCallFailed;
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(kExitCallFailed);
-      const int code = runRank(o, r, storeDir);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  // Wait for the ranks; the first failure (or the watchdog) ends the others.
-  const auto start = std::chrono::steady_clock::now();
-  int exitCode = 0, alive = o.nranks;
-  bool killed = false;
-  std::vector<bool> done(pids.size(), false);
-  auto killRest = [&]() {
-    for (size_t i = 0; i < pids.size(); ++i)
-      if (!done[i]) kill(pids[i], SIGKILL);
-    killed = true;
-  };
-  while (alive > 0) {
-    int st = 0;
-    const pid_t pid = waitpid(-1, &st, WNOHANG);
-    if (pid > 0) {
-      --alive;
-      for (size_t i = 0; i < pids.size(); ++i)
-        if (pids[i] == pid) done[i] = true;
-      const int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      if (code != 0 && exitCode == 0 && !killed) {
-        exitCode = code;
-        if (code != kExitWrong)
-          std::fprintf(stderr, "%s: a rank (pid %d) ended with status %d; stopping the others\n",
-                       kProg, static_cast<int>(pid), code);
-        killRest();
-      }
-      continue;
-    }
-    if (!killed && std::chrono::steady_clock::now() - start > std::chrono::seconds(o.watchdogS)) {
-      std::fprintf(stderr, "%s: watchdog: the run exceeded -W %d s; killing the ranks\n", kProg,
-                   o.watchdogS);
-      killRest();
-      exitCode = kExitWatchdog;
-    }
-    usleep(20000);
-  }
-  // The FileStore's files (flat), then the directory.
-  if (DIR* d = opendir(storeDir.c_str())) {
-    while (const struct dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") unlink((storeDir + "/" + name).c_str());
-    }
-    closedir(d);
-  }
-  rmdir(storeDir.c_str());
+  // The ranks: the first failure ends the others after a grace of 5 s (so that rank 0 still
+  // writes its rows and JSON when every rank ends with "wrong results"); the watchdog (-W).
+  perf::LaunchOptions lo;
+  lo.prog = kProg;
+  lo.nranks = o.nranks;
+  lo.watchdogS = o.watchdogS;
+  lo.failGraceS = 5.0;
+  const int exitCode =
+      perf::forkRanks(lo, [&](int rank, void*) { return runRank(o, rank, storeDir); });
+  removeStore(storeDir);
   return exitCode;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tests of scape-perf's output (and of its peers'): the columns and the JSON are as documented
-(scape-perf -h, perf/scape_perf.cc), #wrong counts real mismatches (SCAPE_PERF_INJECT_ERROR=1
+(scape-perf -h, perf/scape_perf/), #wrong counts real mismatches (SCAPE_PERF_INJECT_ERROR=1
 makes rank 0 corrupt one element of each checked result: #wrong > 0 and exit status 2), and bad
 flags are clear errors (exit status 64).
 
