@@ -3,7 +3,8 @@
 # one run on this host, at 2 and 4 local ranks, one size (64 Mi fp32 = 256 MiB), densities
 # 1.0 / 0.1 / 0.01:
 #   - Open MPI's MPI_Allreduce (dense; mpi-allreduce-perf under mpirun, shared memory),
-#   - Gloo's ring all-reduce (gloo-allreduce-perf, TCP on loopback; skipped when not built),
+#   - Gloo's ring all-reduce (gloo-allreduce-perf, TCP on loopback; skipped when not built,
+#     unless REQUIRE_PEERS names it),
 #   - SCAPE dense (scape-perf), SCAPE masked (scape-perf --mode mask: scapeAllReduce with an
 #     agreed mask, dense in and out; and --mode mask-packed: scapeMaskAllReducePacked, the same
 #     exchange on the k packed values, without the gather/scatter), the COO sparse baseline
@@ -19,7 +20,9 @@
 #   perf/compare_all.sh [BUILD_DIR [OUT_DIR]]   BUILD_DIR: <repo>/build; OUT_DIR: BUILD_DIR/perf-results
 #
 # Environment (defaults): RANKS ("2 4"), SIZE (256M), DENSITIES (1.0,0.1,0.01), RUN_TIMEOUT_S
-# (240, per run), SCALE (1: multiplies every iteration count below).
+# (240, per run), SCALE (1: multiplies every iteration count below), REQUIRE_PEERS ("": the
+# peers, of "mpi gloo", whose absence is an error; perf/main_job.sh requires both, otherwise a
+# missing peer is skipped with a note).
 # Iterations (timed -n / warm-up -w; in scape-perf's sparse modes the first warm-up operation is
 # the checked one), chosen so that the whole job fits in about 4 minutes on a quiet 2-core
 # machine: every dense peer 3/0 (plus its untimed and its checked operation); masked all-reduce
@@ -51,6 +54,20 @@ if [ ! -x "$scape" ]; then
   echo "compare_all.sh: $scape not found; build it with cmake --build $build --target scape-perf" >&2
   exit 1
 fi
+REQUIRE_PEERS=${REQUIRE_PEERS:-}
+# A required peer that is missing fails the run at once, before minutes of measurements.
+for peer in $REQUIRE_PEERS; do
+  case $peer in
+    mpi)
+      [ -x "$mpiperf" ] || { echo "compare_all.sh: ERROR: required peer mpi: $mpiperf not built" >&2; exit 1; }
+      command -v mpirun >/dev/null 2>&1 ||
+        { echo "compare_all.sh: ERROR: required peer mpi: mpirun not found (openmpi-bin)" >&2; exit 1; } ;;
+    gloo)
+      [ -x "$glooperf" ] ||
+        { echo "compare_all.sh: ERROR: required peer gloo: $glooperf not built (libgloo-dev)" >&2; exit 1; } ;;
+    *) echo "compare_all.sh: ERROR: REQUIRE_PEERS: unknown peer '$peer' (mpi, gloo)" >&2; exit 1 ;;
+  esac
+done
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.out "$out"/*.err "$out"/results.png
 

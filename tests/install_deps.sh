@@ -7,7 +7,9 @@ pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librd
       openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  # No pipe into grep -q: under pipefail an early grep exit can fail the writer (SIGPIPE).
+  [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == *"install ok installed"* ]] ||
+    missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install_deps: installing ${missing[*]}"
