@@ -325,7 +325,8 @@ class Communicator:
 
     def destroy(self) -> None:
         """Destroys the communicator (local; does not wait for peers). Masks still alive are
-        destroyed first. Raises InvalidUsageError while non-blocking requests are pending
+        destroyed first, and so are the library optimizers of :class:`scape.optim.ScapeAdamS`
+        objects built on it. Raises InvalidUsageError while non-blocking requests are pending
         (complete them, or use :meth:`abort`). A second call, or a call after :meth:`abort`,
         is a no-op."""
         if self._handle is None or self._aborting:
@@ -344,7 +345,7 @@ class Communicator:
 
     def abort(self) -> None:
         """Abandons the communicator at once from any state (``scapeCommAbort``): tells every
-        peer, cancels pending requests and frees its masks. Safe to call from another thread
+        peer, cancels pending requests and frees its masks and optimizers. Safe to call from another thread
         while a call on this communicator is blocked; that call raises InvalidUsageError.
         A second call is a no-op."""
         h = self._handle
