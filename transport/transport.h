@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "base/param.h"
 #include "base/status.h"
 
 namespace scape {
@@ -49,7 +50,7 @@ class Request {
 struct TransportOptions {
   int rank = 0;
   int nranks = 1;
-  int timeoutMs = 120000;
+  int timeoutMs = kDefaultTimeoutMs;
   bool wakeup = false;        // enable WaitForEvent (blocking progress)
   std::string netDevices;     // UCX NET_DEVICES; empty: UCX default
   std::string tls;            // UCX TLS; empty: UCX default
@@ -84,6 +85,16 @@ class Transport {
   // Sleeps until the network has an event or timeoutMs passes. Returns false if this
   // transport cannot sleep on events (the caller then yields instead).
   virtual bool WaitForEvent(int timeoutMs) = 0;
+
+  // Looks, without receiving it, for a message that arrived with no receive posted for it and
+  // whose tag matches (tag & tagMask) == (wantedTag & tagMask); true (with its full tag) if
+  // there is one. Used to find peers that run a different collective than this rank.
+  virtual bool Probe(uint64_t wantedTag, uint64_t tagMask, uint64_t* senderTag) {
+    (void)wantedTag;
+    (void)tagMask;
+    (void)senderTag;
+    return false;
+  }
 
   // True (with a reason) once the connection to `peer` has failed.
   virtual bool PeerFailed(int peer, std::string* why) const = 0;

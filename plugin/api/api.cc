@@ -2,13 +2,18 @@
 // C++ exception crosses into the caller. Everything below this file speaks scape::Status.
 #include <time.h>
 
+#include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <set>
 #include <string>
 
 #include "plugin/api/api_internal.h"
+#include "plugin/device/device.h"
 #include "plugin/core/comm.h"
 #include "scape/scape.h"
 #include "base/clock.h"
@@ -36,13 +41,13 @@ bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
 Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask,
                  void* stream, scapeRequest_t* request, bool blocking) {
   using scape::coll::CollType;
+  // NCCL-backend communicators (scapeCommInitNccl) have no UCX communicator.
+  if (scape::device::IsNcclComm(comm))
+    return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   scape::Comm& c = *comm->impl;
   const int rank = c.rank(), p = c.nranks();
   if (!blocking && !request) return scape::InvalidArgument("request is NULL");
-  if (stream)
-    return scape::Unsupported("stream must be NULL: the CUDA/NCCL stream backend is not built "
-                              "into this release");
   if (a.type != CollType::kBarrier) {
     if (!ValidType(a.dtype))
       return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t "
@@ -79,6 +84,10 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
             "rank %d: sendbuf and recvbuf overlap without being the in-place layout", rank));
     }
   }
+  // Device buffers are staged on the stream; host buffers with a stream wait for it first.
+  bool onDevice = false;
+  Status dev = scape::device::UcxCollective(comm, a, mask, stream, !blocking, &onDevice);
+  if (onDevice || !dev.ok()) return dev;
   if (mask) {
     if (a.type != CollType::kAllReduce)
       return scape::Unsupported("a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
@@ -124,6 +133,74 @@ Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
 }
 
 }  // namespace
+
+namespace scape {
+namespace api {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const void*, HandleKind> live;
+  std::deque<void*> quarantine[4];  // per kind: destroyed handles kept out of reuse
+};
+
+Registry& Reg() {
+  static Registry* r = new Registry();  // never destroyed: handles may die during exit
+  return *r;
+}
+
+bool LiveLocked(Registry& r, const void* h, HandleKind kind) {
+  auto it = r.live.find(h);
+  return it != r.live.end() && it->second == kind;
+}
+
+}  // namespace
+
+void RegisterHandle(const void* h, HandleKind kind) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.live[h] = kind;
+}
+
+void UnregisterHandle(const void* h) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.live.erase(h);
+}
+
+bool HandleLive(const void* h, HandleKind kind) {
+  if (!h) return false;
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  return LiveLocked(r, h, kind);
+}
+
+void QuarantineFree(void* p, HandleKind kind) {
+  if (!p) return;
+  void* victim = nullptr;
+  {
+    Registry& r = Reg();
+    std::lock_guard<std::mutex> lk(r.mu);
+    std::deque<void*>& q = r.quarantine[static_cast<int>(kind)];
+    q.push_back(p);
+    if (q.size() > kHandleQuarantine) {
+      victim = q.front();
+      q.pop_front();
+    }
+  }
+  ::operator delete(victim);
+}
+
+bool EnterComm(scapeComm* comm) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (!LiveLocked(r, comm, HandleKind::kComm)) return false;
+  comm->activeCalls.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+}  // namespace api
+}  // namespace scape
 
 extern "C" {
 
@@ -201,11 +278,8 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
     SCAPE_RETURN_IF_ERROR(scape::bootstrap::ReadLauncherEnv(
         [](const char* k) -> const char* {
           // SCAPE_BOOTSTRAP_* are knobs (base/param.cc); the rest belong to the launchers.
-          if (std::strncmp(k, "SCAPE_", 6) != 0) return scape::ParamExternal(k);
-          static thread_local std::string knob;
-          if (!scape::ParamIsSet(k)) return nullptr;
-          knob = scape::ParamString(k);
-          return knob.c_str();
+          return std::strncmp(k, "SCAPE_", 6) == 0 ? scape::ParamCString(k)
+                                                    : scape::ParamExternal(k);
         },
         &li));
     scape::bootstrap::RootAddress root;
@@ -249,31 +323,54 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
                                            comm->requests.size()));
     return Status::Ok();
   });
-  if (r == scapeSuccess) delete comm;
+  if (r == scapeSuccess) {
+    scape::device::ReleaseComm(comm);  // device work in flight: drained first
+    delete comm;
+  }
   return r;
 }
 
 SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
+  using scape::api::HandleKind;
   if (!comm) return scapeSuccess;
+  if (!scape::api::EnterComm(comm))
+    return Report(nullptr, scape::InvalidArgument("scapeCommAbort: comm is not a live "
+                                                  "communicator (already destroyed or aborted)"));
+  const bool already = comm->aborting.exchange(true, std::memory_order_acq_rel);
+  comm->activeCalls.fetch_sub(1, std::memory_order_acq_rel);
+  if (already)
+    return Report(nullptr, scape::InvalidUsage("scapeCommAbort: another thread is already "
+                                               "aborting this communicator"));
   try {
     // Another thread may be blocked in a call on this communicator (a watchdog thread aborting
     // a hung collective): ask it to give up, and free nothing until it has left the library.
-    comm->aborting.store(true, std::memory_order_release);
     if (comm->impl) comm->impl->RequestAbort();
+    scape::device::AbortComm(comm);  // device work in flight fails fast
     const int timeoutMs = comm->impl ? comm->impl->config().timeoutMs : 0;
-    scape::Deadline dl = scape::Deadline::AfterMs(timeoutMs + 10000);
-    while (comm->activeCalls.load(std::memory_order_acquire) > 0) {
-      if (dl.Expired()) {
-        // A call that does not come back: leak the communicator rather than free it under
-        // that call. Its peers are told by the call itself when it fails.
-        SCAPE_WARN("scapeCommAbort: a call on this communicator did not return within %d ms; "
-                   "leaking the communicator instead of freeing it under that call",
-                   timeoutMs + 10000);
-        return scapeSuccess;
+    auto drained = [&](int64_t ms) {
+      scape::Deadline dl = scape::Deadline::AfterMs(ms);
+      while (comm->activeCalls.load(std::memory_order_acquire) > 0) {
+        if (dl.Expired()) return false;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, nullptr);
       }
-      struct timespec ts = {0, 1000000};
-      nanosleep(&ts, nullptr);
+      return true;
+    };
+    bool ok = drained(timeoutMs + 10000);
+    // From here on the handle is dead: calls that start now fail with scapeInvalidArgument
+    // without touching it; the few that started since the abort began see `aborting` and
+    // leave at once.
+    scape::api::UnregisterHandle(comm);
+    if (ok) ok = drained(2000);
+    if (!ok) {
+      // A call that does not come back: leak the communicator rather than free it under
+      // that call. Its peers are told by the call itself when it fails.
+      SCAPE_WARN("scapeCommAbort: a call on this communicator did not return within %d ms; "
+                 "leaking the communicator instead of freeing it under that call",
+                 timeoutMs + 10000);
+      return scapeSuccess;
     }
+    scape::device::ReleaseComm(comm);
     if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
     // Masks die with their communicator (their sync threads finish within the timeout).
     for (scapeOptim* o : comm->optims) scape::api::DeleteOptimOnAbort(o);  // before masks
@@ -289,28 +386,51 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
   return scapeSuccess;
 }
 
+namespace {
+// The queries do not count as calls (they do not block); they only need a live handle.
+Status QueryComm(const scapeComm* comm, const char* fn) {
+  if (!comm) return scape::InvalidArgument(std::string(fn) + ": comm is NULL");
+  if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm) || !comm->impl)
+    return scape::InvalidArgument(std::string(fn) + ": comm is not a live communicator "
+                                  "(destroyed, aborted, or not made by scapeCommInit*)");
+  return Status::Ok();
+}
+}  // namespace
+
 SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
-  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommCount: comm is NULL"));
+  if (nranks && scape::device::NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
+  if (Status q = QueryComm(comm, "scapeCommCount"); !q.ok()) return Report(nullptr, q);
   if (!nranks) return Report(comm, scape::InvalidArgument("scapeCommCount: nranks is NULL"));
   *nranks = comm->impl->nranks();
   return scapeSuccess;
 }
 
 SCAPE_API scapeResult_t scapeCommUserRank(const scapeComm_t comm, int* rank) {
-  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommUserRank: comm is NULL"));
+  if (rank && scape::device::NcclCommInfo(comm, nullptr, rank)) return scapeSuccess;
+  if (Status q = QueryComm(comm, "scapeCommUserRank"); !q.ok()) return Report(nullptr, q);
   if (!rank) return Report(comm, scape::InvalidArgument("scapeCommUserRank: rank is NULL"));
   *rank = comm->impl->rank();
   return scapeSuccess;
 }
 
 SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
-  return comm ? comm->lastError.c_str() : scape::api::t_lastError.c_str();
+  if (!comm) return scape::api::t_lastError.c_str();
+  if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm))
+    return "scapeGetLastError: comm is not a live communicator (destroyed or aborted); the "
+           "message of a call ended by scapeCommAbort is in scapeGetLastError(NULL) on the "
+           "thread that made it";
+  return comm->lastError.c_str();
 }
 
 SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {
-  if (!comm || !comm->impl) return Report(nullptr, scape::InvalidArgument("scapeCommGetAsyncError: comm is NULL"));
+  if (asyncError && scape::device::IsNcclComm(comm)) {
+    *asyncError = scape::device::AsyncError(comm).code();
+    return scapeSuccess;
+  }
+  if (Status q = QueryComm(comm, "scapeCommGetAsyncError"); !q.ok()) return Report(nullptr, q);
   if (!asyncError) return Report(comm, scape::InvalidArgument("scapeCommGetAsyncError: asyncError is NULL"));
   *asyncError = comm->impl->error().code();
+  if (*asyncError == scapeSuccess) *asyncError = scape::device::AsyncError(comm).code();
   return scapeSuccess;
 }
 
@@ -392,13 +512,28 @@ SCAPE_API scapeResult_t scapeBarrierAsync(scapeComm_t comm, scapeRequest_t* requ
                     nullptr, nullptr, 0, scapeFloat32, scapeSum, 0);
 }
 
+namespace {
+// A request handle, checked before anything is read through it; on success the call is
+// counted on the request's communicator (see EnterComm).
+Status EnterRequest(scapeRequest* request, const char* fn, scapeComm** comm) {
+  if (!request) return scape::InvalidArgument(std::string(fn) + ": request is NULL");
+  if (!scape::api::HandleLive(request, scape::api::HandleKind::kRequest))
+    return scape::InvalidArgument(std::string(fn) + ": request is not a live request (already "
+                                  "completed by scapeTest/scapeWait, or its communicator was "
+                                  "aborted)");
+  if (!scape::api::EnterComm(request->comm))
+    return scape::InvalidArgument(std::string(fn) + ": the request's communicator is not live "
+                                  "(aborted)");
+  *comm = request->comm;
+  return Status::Ok();
+}
+}  // namespace
+
 SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
-  if (!request || !done)
-    return Report(request ? request->comm : nullptr,
-                  scape::InvalidArgument(request ? "scapeTest: done is NULL"
-                                                 : "scapeTest: request is NULL"));
-  scapeComm* comm = request->comm;
-  scape::api::ActiveCall active(comm);  // also covers the erase below
+  scapeComm* comm = nullptr;
+  if (Status st = EnterRequest(request, "scapeTest", &comm); !st.ok()) return Report(nullptr, st);
+  scape::api::ActiveCall active(comm, scape::api::ActiveCall::Entered{});  // covers the erase
+  if (!done) return Report(comm, scape::InvalidArgument("scapeTest: done is NULL"));
   bool fin = false;
   scapeResult_t r = Guard(comm, "scapeTest", [&]() -> Status {
     return comm->impl->Test(request->op.get(), &fin);
@@ -411,9 +546,9 @@ SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
 }
 
 SCAPE_API scapeResult_t scapeWait(scapeRequest_t request) {
-  if (!request) return Report(nullptr, scape::InvalidArgument("scapeWait: request is NULL"));
-  scapeComm* comm = request->comm;
-  scape::api::ActiveCall active(comm);  // also covers the erase below
+  scapeComm* comm = nullptr;
+  if (Status st = EnterRequest(request, "scapeWait", &comm); !st.ok()) return Report(nullptr, st);
+  scape::api::ActiveCall active(comm, scape::api::ActiveCall::Entered{});  // covers the erase
   scapeResult_t r = Guard(comm, "scapeWait", [&]() -> Status {
     return comm->impl->Wait(request->op.get());
   });

@@ -17,12 +17,39 @@
 #include "base/status.h"
 
 struct scapeRequest;
+struct scapeOptim;
+
+namespace scape {
+namespace api {
+
+// Handle registry (api.cc): every communicator, mask and request handle is registered when it
+// is made and unregistered when it is destroyed, and every entry point looks a handle up
+// before it touches it, so a destroyed (or never created) handle is an error, not a crash.
+// The memory of a destroyed handle is kept out of reuse for a while (kHandleQuarantine later
+// destructions of the same kind), so that a stale handle is not mistaken for a newer one that
+// the allocator placed at the same address.
+enum class HandleKind { kComm = 1, kMask = 2, kRequest = 3 };
+constexpr size_t kHandleQuarantine = 4096;
+void RegisterHandle(const void* h, HandleKind kind);
+void UnregisterHandle(const void* h);
+bool HandleLive(const void* h, HandleKind kind);
+// Frees a handle's memory later (class operator delete of the handle structs).
+void QuarantineFree(void* p, HandleKind kind);
+
+}  // namespace api
+}  // namespace scape
 
 struct scapeComm {
+  scapeComm() { scape::api::RegisterHandle(this, scape::api::HandleKind::kComm); }
+  ~scapeComm() { scape::api::UnregisterHandle(this); }
+  static void operator delete(void* p) {
+    scape::api::QuarantineFree(p, scape::api::HandleKind::kComm);
+  }
   std::unique_ptr<scape::Comm> impl;
   std::string lastError;
   std::set<scapeRequest*> requests;  // live request handles
   std::set<scapeMask*> masks;        // live masks created on this communicator
+  std::set<scapeOptim*> optims;      // live optimizers (api_optim.cc); each owns one of masks
   // Calls in progress on this communicator (counted by ActiveCall), so that scapeCommAbort
   // from another thread frees nothing while a blocked call is still inside the library.
   std::atomic<int> activeCalls{0};
@@ -30,11 +57,25 @@ struct scapeComm {
 };
 
 struct scapeRequest {
+  scapeRequest(scapeComm* c, std::shared_ptr<scape::PendingOp> o) : comm(c), op(std::move(o)) {
+    scape::api::RegisterHandle(this, scape::api::HandleKind::kRequest);
+  }
+  ~scapeRequest() { scape::api::UnregisterHandle(this); }
+  static void operator delete(void* p) {
+    scape::api::QuarantineFree(p, scape::api::HandleKind::kRequest);
+  }
   scapeComm* comm;
   std::shared_ptr<scape::PendingOp> op;
 };
 
 struct scapeMask {
+  scapeMask(std::unique_ptr<scape::Mask> m, scapeComm* c) : impl(std::move(m)), comm(c) {
+    scape::api::RegisterHandle(this, scape::api::HandleKind::kMask);
+  }
+  ~scapeMask() { scape::api::UnregisterHandle(this); }
+  static void operator delete(void* p) {
+    scape::api::QuarantineFree(p, scape::api::HandleKind::kMask);
+  }
   std::unique_ptr<scape::Mask> impl;
   scapeComm* comm;
 };
@@ -53,11 +94,19 @@ inline scapeResult_t Report(scapeComm* comm, const Status& st) {
 
 // Counts a call as in progress on `comm` (NULL: nothing) for the lifetime of the object. The
 // decrement is the last thing a call does to its communicator.
+// Looks `comm` up in the handle registry and, if it is live, counts a call as in progress on
+// it, both under the registry's lock (so that scapeCommAbort, which retires the handle under
+// that lock and then waits for the count to drop, never frees what a starting call uses).
+bool EnterComm(scapeComm* comm);
+
 class ActiveCall {
  public:
   explicit ActiveCall(scapeComm* comm) : comm_(comm) {
     if (comm_) comm_->activeCalls.fetch_add(1, std::memory_order_acq_rel);
   }
+  struct Entered {};
+  // For a call already counted by EnterComm.
+  ActiveCall(scapeComm* comm, Entered) : comm_(comm) {}
   ~ActiveCall() {
     if (comm_) comm_->activeCalls.fetch_sub(1, std::memory_order_acq_rel);
   }
@@ -73,7 +122,11 @@ class ActiveCall {
 // scapeCommAbort); once an abort has begun, new calls fail at once.
 template <typename F>
 scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
-  ActiveCall active(comm);
+  if (comm && !EnterComm(comm))
+    return Report(nullptr, InvalidArgument(std::string(fn) + ": comm is not a live communicator "
+                                           "(destroyed, aborted, or not made by "
+                                           "scapeCommInit*)"));
+  ActiveCall active(comm, ActiveCall::Entered{});
   if (comm && comm->aborting.load(std::memory_order_acquire))
     // Not recorded on the communicator: its owner is tearing it down on another thread.
     return Report(nullptr, InvalidUsage(std::string(fn) + ": the communicator is being aborted "
@@ -82,6 +135,10 @@ scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
     Status st = body();
     if (!st.ok()) {
       if (st.message().rfind(fn, 0) != 0) st.Prepend(fn);
+      // A call ended by scapeCommAbort from another thread: the communicator is freed as soon
+      // as this call has returned, so the message goes to this thread's slot as well
+      // (scapeGetLastError(NULL)), where the caller can still read it.
+      if (comm && comm->aborting.load(std::memory_order_acquire)) t_lastError = st.message();
       return Report(comm, st);
     }
     return scapeSuccess;
@@ -101,6 +158,10 @@ inline Status CheckComm(scapeComm* comm) {
   if (!comm || !comm->impl) return InvalidArgument("comm is NULL");
   return Status::Ok();
 }
+
+// Frees an optimizer for scapeCommAbort, which frees its mask with the other masks
+// (api_optim.cc).
+void DeleteOptimOnAbort(scapeOptim* optim);
 
 // scapeAllReduce with a mask: pack, dense all-reduce of the k values, unpack (api_mask.cc).
 // request NULL: blocking; else the operation is queued and *request receives its handle (the

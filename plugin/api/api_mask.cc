@@ -20,13 +20,20 @@ using scape::api::ValidOp;
 using scape::api::ValidType;
 
 Status CheckMask(scapeMask* mask) {
-  if (!mask || !mask->impl) return scape::InvalidArgument("mask is NULL");
+  if (!mask) return scape::InvalidArgument("mask is NULL");
+  // Looked up before anything is read through it: a destroyed mask is an error, not a crash.
+  if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask) || !mask->impl)
+    return scape::InvalidArgument("mask is not a live mask (destroyed, or its communicator was "
+                                  "aborted)");
   return Status::Ok();
 }
 
 Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   if (!mask) return scape::InvalidArgument("mask is NULL");
+  if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask))
+    return scape::InvalidArgument(StrFormat("rank %d: mask is not a live mask (destroyed, or its "
+                                            "communicator was aborted)", comm->impl->rank()));
   // Checked against the communicator's live masks before anything is dereferenced: a
   // destroyed mask or one of another communicator is an argument error, not a crash.
   if (comm->masks.count(mask) == 0)
@@ -50,7 +57,9 @@ Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* o
   return Status::Ok();
 }
 
-scapeComm* CommOf(scapeMask* m) { return m && m->impl ? m->comm : nullptr; }
+scapeComm* CommOf(scapeMask* m) {
+  return scape::api::HandleLive(m, scape::api::HandleKind::kMask) && m->impl ? m->comm : nullptr;
+}
 
 // The packed values-only collectives; request NULL = blocking. Counts are copied from the
 // current mask when the call is made, so advancing the mask afterwards does not affect an
@@ -213,6 +222,10 @@ SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegm
 
 SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask) {
   if (!mask) return scapeSuccess;
+  if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask))
+    return scape::api::Report(nullptr, scape::InvalidArgument(
+                                           "scapeMaskDestroy: mask is not a live mask (destroyed "
+                                           "twice, or its communicator was aborted)"));
   scapeComm* comm = mask->comm;
   return Guard(comm, "scapeMaskDestroy", [&]() -> Status {
     if (comm) comm->masks.erase(mask);
@@ -460,16 +473,36 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                                                 rank, i, static_cast<unsigned long long>(indices[i]),
                                                 static_cast<unsigned long long>(n)));
     scape::coll::SparseResult res;
-    SCAPE_RETURN_IF_ERROR(scape::coll::SparseAllReduce(comm->impl.get(), indices, values, nnz, n,
-                                                       dtype, op, algo, &res));
+    scape::Comm& c = *comm->impl;
+    Status st = scape::coll::SparseAllReduce(&c, indices, values, nnz, n, dtype, op, algo, &res);
+    if (st.ok() && c.nranks() > 1) {
+      // Every rank validates what it received; one that finds a peer's part malformed fails.
+      // This last step keeps the others from returning before every rank has validated, so
+      // the failure is reported on every rank (the failing rank's abort notice ends it there)
+      // instead of on one.
+      int32_t mine = 1, all = 0;
+      scape::coll::CollArgs a;
+      a.type = scape::coll::CollType::kAllReduce;
+      a.send = &mine;
+      a.recv = &all;
+      a.count = 1;
+      a.dtype = scapeInt32;
+      a.op = scapeMin;
+      st = c.Run(a);
+    }
+    // An error after communication started breaks the communicator (peers are told), as for
+    // every collective: a validation failure found here is no exception.
+    if (!st.ok()) return c.Abandon(st);
     const size_t esz = scapeTypeSize(dtype);
+    // Outputs only on success: check the capacity before writing anything.
+    if (outIndices && res.Nnz() > capacity)
+      return scape::InvalidArgument(StrFormat("the union has %zu entries, more than capacity %zu "
+                                              "(nothing was written)",
+                                              res.Nnz(), capacity));
     if (bytesSent) *bytesSent = res.bytesSent;
     if (denseOut) res.ToDense(denseOut, esz);
     if (outIndices) {
       *outNnz = res.Nnz();
-      if (res.Nnz() > capacity)
-        return scape::InvalidArgument(StrFormat("the union has %zu entries, more than capacity %zu",
-                                                res.Nnz(), capacity));
       res.ToList(outIndices, outValues, esz);
     }
     return Status::Ok();

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -22,6 +23,9 @@ namespace {
 
 constexpr uint32_t kNoticeMagic = 0x5ca9ab07u;
 constexpr size_t kNoticeMsgBytes = 240;
+// How long the head operation waits without progress before the mismatch probe runs (and
+// how often it runs while the wait lasts).
+constexpr int64_t kProbeIdleNs = 50 * 1000 * 1000;
 
 struct Notice {
   uint32_t magic;
@@ -38,46 +42,103 @@ int OnlineCpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-Status ParseProgress(const std::string& v, scapeProgressMode_t* out) {
-  const char* names[] = {"auto", "spin", "yield", "blocking"};
-  for (int i = 0; i < scapeNumProgressModes; ++i)
-    if (strcasecmp(v.c_str(), names[i]) == 0) {
-      *out = static_cast<scapeProgressMode_t>(i);
-      return Status::Ok();
+// True when the caller's struct (cfg->size bytes) is large enough to hold `field`: a caller
+// built against an older, smaller scapeConfig_t has not set the fields added after it.
+#define SCAPE_CONFIG_HAS(cfg, field) \
+  ((cfg)->size >= offsetof(scapeConfig_t, field) + sizeof((cfg)->field))
+
+// Zero-byte dissemination rounds that end an operation on every rank only once every rank has
+// reached them with the same signature: the confirmation of a collective whose own messages
+// do not reach every rank (a broadcast: its root learns nothing from the others; a count-0
+// collective: it moves nothing at all). Runs after `inner` (may be null), in the same
+// operation (sequence number and signature), on steps above any the algorithms use. Ranks
+// that disagree on the root or the count meet here, or in the probe of Comm::ProbeMismatch,
+// instead of some returning success while the others wait for the timeout.
+class ConfirmOp final : public coll::Op {
+ public:
+  static constexpr uint32_t kFirstStep = 0xffe0;
+  ConfirmOp(std::unique_ptr<coll::Op> inner, int rank, int nranks)
+      : inner_(std::move(inner)), r_(rank), p_(nranks) {}
+  Status Start(coll::Ctx& ctx) override {
+    if (inner_) return inner_->Start(ctx);
+    return StartRound(ctx);
+  }
+  Status Progress(coll::Ctx& ctx, bool* done, bool* advanced) override {
+    *done = false;
+    if (inner_) {
+      bool d = false;
+      SCAPE_RETURN_IF_ERROR(inner_->Progress(ctx, &d, advanced));
+      if (!d) return Status::Ok();
+      inner_.reset();
+      SCAPE_RETURN_IF_ERROR(StartRound(ctx));
     }
-  return InvalidArgument(StrFormat("SCAPE_PROGRESS='%s': expected auto, spin, yield or blocking",
-                                   v.c_str()));
-}
+    while (dist_ < p_) {
+      bool sd = false, rd = false;
+      SCAPE_RETURN_IF_ERROR(ctx.Check(&send_, 0, &sd, advanced));
+      SCAPE_RETURN_IF_ERROR(ctx.Check(&recv_, 0, &rd, advanced));
+      if (!sd || !rd) return Status::Ok();
+      dist_ <<= 1;
+      ++round_;
+      SCAPE_RETURN_IF_ERROR(StartRound(ctx));
+    }
+    *done = true;
+    return Status::Ok();
+  }
+
+ private:
+  Status StartRound(coll::Ctx& ctx) {
+    if (dist_ >= p_) return Status::Ok();
+    const uint32_t step = kFirstStep + round_;
+    SCAPE_RETURN_IF_ERROR(ctx.Recv((r_ - dist_ % p_ + p_) % p_, step, dummy_, 0, &recv_));
+    return ctx.Send((r_ + dist_) % p_, step, dummy_, 0, &send_);
+  }
+  std::unique_ptr<coll::Op> inner_;
+  int r_, p_;
+  int dist_ = 1;
+  uint32_t round_ = 0;
+  char dummy_[8] = {0};
+  std::unique_ptr<transport::Request> send_, recv_;
+};
 
 }  // namespace
 
 Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
   CommConfig c;
-  bool ok = true;
-  int64_t t = ParamInt("SCAPE_TIMEOUT_MS", 120000, &ok);
-  if (!ok || t <= 0 || t > 24LL * 3600 * 1000)
-    return InvalidArgument(StrFormat("SCAPE_TIMEOUT_MS='%s': expected milliseconds in 1..86400000",
-                                     ParamString("SCAPE_TIMEOUT_MS").c_str()));
+  LogEffectiveParams("communicator");
+  int64_t t = 0;
+  SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_TIMEOUT_MS", &t));
   c.timeoutMs = static_cast<int>(t);
-  SCAPE_RETURN_IF_ERROR(ParseProgress(ParamString("SCAPE_PROGRESS"), &c.progress));
+  int progress = 0;  // the choices are declared in scapeProgressMode_t's order
+  SCAPE_RETURN_IF_ERROR(ParamGetChoice("SCAPE_PROGRESS", &progress));
+  c.progress = static_cast<scapeProgressMode_t>(progress);
   c.netIf = ParamString("SCAPE_SOCKET_IFNAME");
   if (cfg) {
-    if (cfg->magic != SCAPE_CONFIG_MAGIC || cfg->size < sizeof(size_t) + 2 * sizeof(unsigned))
-      return InvalidArgument("config: not initialised with SCAPE_CONFIG_INITIALIZER (bad magic "
-                             "or size)");
-    if (cfg->timeoutMs != SCAPE_CONFIG_UNDEF_INT) {
+    // Only the header (size, magic, version) is read before the size is known to cover it.
+    constexpr size_t kHeader = offsetof(scapeConfig_t, version) + sizeof(unsigned);
+    if (cfg->size < kHeader || cfg->magic != SCAPE_CONFIG_MAGIC)
+      return InvalidArgument(StrFormat("config: not initialised with SCAPE_CONFIG_INITIALIZER "
+                                       "(size %zu, magic 0x%x)",
+                                       cfg->size, cfg->magic));
+    constexpr unsigned kOurs = SCAPE_VERSION_CODE;
+    if (cfg->version / 10000 != kOurs / 10000 ||
+        (cfg->size > sizeof(scapeConfig_t) && cfg->version > kOurs))
+      return Unsupported(StrFormat("config: built against SCAPE version code %u (struct of %zu "
+                                   "bytes); this library is %d (%zu bytes)",
+                                   cfg->version, cfg->size, SCAPE_VERSION_CODE,
+                                   sizeof(scapeConfig_t)));
+    if (SCAPE_CONFIG_HAS(cfg, timeoutMs) && cfg->timeoutMs != SCAPE_CONFIG_UNDEF_INT) {
       if (cfg->timeoutMs <= 0)
         return InvalidArgument(StrFormat("config->timeoutMs = %d: expected > 0", cfg->timeoutMs));
       c.timeoutMs = cfg->timeoutMs;
     }
-    if (cfg->progressMode != SCAPE_CONFIG_UNDEF_INT) {
+    if (SCAPE_CONFIG_HAS(cfg, progressMode) && cfg->progressMode != SCAPE_CONFIG_UNDEF_INT) {
       if (cfg->progressMode < 0 || cfg->progressMode >= scapeNumProgressModes)
         return InvalidArgument(StrFormat("config->progressMode = %d: expected a "
                                          "scapeProgressMode_t (0..%d)",
                                          cfg->progressMode, scapeNumProgressModes - 1));
       c.progress = static_cast<scapeProgressMode_t>(cfg->progressMode);
     }
-    if (cfg->netIf) c.netIf = cfg->netIf;
+    if (SCAPE_CONFIG_HAS(cfg, netIf) && cfg->netIf) c.netIf = cfg->netIf;
   }
   *out = c;
   return Status::Ok();
@@ -103,16 +164,13 @@ Status Comm::Init(const bootstrap::RootAddress& root) {
 }
 
 Status Comm::InitTransport() {
-  tuning_.ringThresholdBytes =
-      static_cast<size_t>(ParamInt("SCAPE_RING_THRESHOLD", 64 * 1024));
-  int64_t chunk = ParamInt("SCAPE_CHUNK_BYTES", 2 * 1024 * 1024);
-  tuning_.chunkBytes = static_cast<size_t>(chunk >= 4096 ? chunk : 4096);
-  const std::string algo = ParamString("SCAPE_ALLREDUCE_ALGO");
-  if (algo == "ring") tuning_.allreduceAlgo = 1;
-  else if (algo == "rd") tuning_.allreduceAlgo = 2;
-  else if (algo != "auto")
-    return InvalidArgument(StrFormat("SCAPE_ALLREDUCE_ALGO='%s': expected auto, ring or rd",
-                                     algo.c_str()));
+  int64_t threshold = 0, chunk = 0;
+  SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_RING_THRESHOLD", &threshold));
+  SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_CHUNK_BYTES", &chunk));  // >= 4096 by declaration
+  tuning_.ringThresholdBytes = static_cast<size_t>(threshold);
+  tuning_.chunkBytes = static_cast<size_t>(chunk);
+  // Declared as "auto,ring,rd": 0 auto, 1 ring, 2 recursive doubling, as allreduceAlgo counts.
+  SCAPE_RETURN_IF_ERROR(ParamGetChoice("SCAPE_ALLREDUCE_ALGO", &tuning_.allreduceAlgo));
 
   transport::TransportOptions to;
   to.rank = rank_;
@@ -124,8 +182,7 @@ Status Comm::InitTransport() {
   // too, unless the user chose UCX's devices.
   bootstrap::SockAddr ifaddr;
   SCAPE_RETURN_IF_ERROR(bootstrap::InterfaceAddress(cfg_.netIf, &ifaddr, &ifname_));
-  const char* userDevices = std::getenv("UCX_NET_DEVICES");
-  if ((!userDevices || !*userDevices) && bootstrap::IsLoopback(ifaddr)) to.netDevices = ifname_;
+  if (!ParamExternal("UCX_NET_DEVICES") && bootstrap::IsLoopback(ifaddr)) to.netDevices = ifname_;
   hostHash_ = bootstrap::HostHash();
 
   Status st;
@@ -135,7 +192,9 @@ Status Comm::InitTransport() {
 }
 
 Status Comm::Connect(const std::vector<bootstrap::PeerEntry>& table) {
-  const bool localShm = ParamInt("SCAPE_LOCAL_SHM", 1) != 0;
+  int64_t shm = 1;
+  SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_LOCAL_SHM", &shm));
+  const bool localShm = shm != 0;
   localRanks_ = 0;
   peers_.clear();
   for (int r = 0; r < nranks_; ++r) {
@@ -269,6 +328,18 @@ Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
   p->seq = nextSeq_++;
   p->op = coll::MakeOp(args, rank_, nranks_, tuning_);
   if (!p->op) return InternalError("no algorithm for this collective");
+  if (nranks_ > 1 && args.counts.empty()) {
+    const bool data = args.type == coll::CollType::kAllReduce ||
+                      args.type == coll::CollType::kReduceScatter ||
+                      args.type == coll::CollType::kAllGather ||
+                      args.type == coll::CollType::kBroadcast;
+    // A count-0 collective still meets the other ranks (it is matched like any other, and a
+    // rank that passed count 0 where the others passed 100 must hear of it); a broadcast ends
+    // with the confirmation, so that its root does not return while the others disagree.
+    if (data && args.count == 0) p->op = std::make_unique<ConfirmOp>(nullptr, rank_, nranks_);
+    else if (args.type == coll::CollType::kBroadcast)
+      p->op = std::make_unique<ConfirmOp>(std::move(p->op), rank_, nranks_);
+  }
   queue_.push_back(p);
   *out = p;
   // Start at once when nothing is ahead of it, so that its first messages go out now.
@@ -313,6 +384,20 @@ Status Comm::Poll(bool* advanced) {
   tp_->Progress();
   WatchLocalPeers();
   SCAPE_RETURN_IF_ERROR(CheckControl());
+  const int64_t now = NowNs();
+  if (!queue_.empty() && queue_.front()->started && now - lastAdvanceNs_ > kProbeIdleNs &&
+      now - lastProbeNs_ > kProbeIdleNs) {
+    lastProbeNs_ = now;
+    Status m = ProbeMismatch(*queue_.front());
+    if (!m.ok()) return m;
+  }
+  struct AdvanceStamp {
+    bool* adv;
+    int64_t* stamp;
+    ~AdvanceStamp() {
+      if (*adv) *stamp = NowNs();
+    }
+  } stamp{advanced, &lastAdvanceNs_};
   while (!queue_.empty()) {
     PendingOp* head = queue_.front().get();
     coll::Ctx ctx(tp_.get(), rank_, nranks_, head->seq, coll::Signature(head->args), tuning_,
@@ -335,6 +420,29 @@ Status Comm::Poll(bool* advanced) {
     head->op.reset();
     queue_.pop_front();
     *advanced = true;
+  }
+  return Status::Ok();
+}
+
+// The head operation has waited a while: a peer that runs a different collective (other
+// count, root, datatype or operation) under the same sequence number may have sent messages
+// that match none of this rank's receives. Every message of one operation from one peer carries
+// that peer's signature, so the first such message from each peer tells whether it agrees.
+Status Comm::ProbeMismatch(const PendingOp& head) {
+  const uint32_t sig = coll::Signature(head.args);
+  const uint64_t srcMask = ((uint64_t{1} << coll::kSrcBits) - 1) << 42;
+  const uint64_t seqMask = uint64_t{0x3ff} << 16;
+  for (int q = 0; q < nranks_; ++q) {
+    if (q == rank_) continue;
+    uint64_t tag = 0;
+    const uint64_t want = coll::MakeTag(coll::kKindData, q, 0, head.seq, 0);
+    if (!tp_->Probe(want, coll::kKindMask | srcMask | seqMask, &tag)) continue;
+    if (coll::TagSig(tag) != (sig & 0xffffu))
+      return InvalidUsage(StrFormat("rank %d is in a different collective call than this rank "
+                                    "(operation, count, datatype, op or root differ; its %s #%u "
+                                    "carries signature %04x, this rank's %04x)",
+                                    q, coll::CollName(head.args.type), head.seq,
+                                    coll::TagSig(tag), sig & 0xffffu));
   }
   return Status::Ok();
 }

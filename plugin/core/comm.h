@@ -13,6 +13,7 @@
 
 #include "plugin/coll/coll.h"
 #include "scape/scape.h"
+#include "base/param.h"
 #include "base/status.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/transport.h"
@@ -20,7 +21,7 @@
 namespace scape {
 
 struct CommConfig {
-  int timeoutMs = 120000;
+  int timeoutMs = kDefaultTimeoutMs;
   scapeProgressMode_t progress = scapeProgressAuto;
   std::string netIf;  // empty: default interface
 };
@@ -68,6 +69,11 @@ class Comm final : public coll::Runner {
 
   // Best effort: tells every peer we are aborting, then closes all endpoints. Once only.
   void Abort(const std::string& why);
+
+  // Puts the communicator in error state with `st` (peers are told, queued operations fail),
+  // for an error found by a caller after communication started (a sparse all-reduce that
+  // received a malformed part). Returns the communicator's error.
+  Status Abandon(Status st) { return Fail(std::move(st)); }
 
   // Thread-safe: asks the thread that is driving this communicator (and every child made from
   // it) to give up: its wait ends within one poll with scapeInvalidUsage, the peers are told,
@@ -118,6 +124,10 @@ class Comm final : public coll::Runner {
   };
   std::vector<LocalPeer> localPeers_;
   int64_t lastLivenessCheckNs_ = 0;
+  // Cross-rank mismatch detection while the head operation waits (ProbeMismatch).
+  int64_t lastAdvanceNs_ = 0;
+  int64_t lastProbeNs_ = 0;
+  Status ProbeMismatch(const PendingOp& head);
   std::deque<std::shared_ptr<PendingOp>> queue_;
   uint32_t nextSeq_ = 0;
   Status error_;

@@ -152,6 +152,13 @@ Mask::~Mask() {
 Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
   if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
   const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
+  // Strictly increasing indices inside the owned part: never more than its size. Checked
+  // before anything is allocated for them.
+  const uint64_t nown = ownedSize_[static_cast<size_t>(rank_)];
+  if (k > nown)
+    return InvalidArgument(StrFormat("k = %zu indices, but rank %d owns only %llu elements "
+                                     "(indices must be distinct positions of its owned part)",
+                                     k, rank_, static_cast<unsigned long long>(nown)));
   std::vector<uint64_t> local;
   local.reserve(k);
   size_t i = 0;
@@ -362,7 +369,9 @@ void Mask::ToGlobal(int r, uint64_t* out, uint64_t k) const {
 Status Mask::SyncStart() {
   if (inFlight_) return InvalidUsage("a mask sync is already in flight");
   if (!comm_->error().ok()) return comm_->error();
-  if (!nextSet_) nextLocal_.clear();  // nothing selected: an empty part
+  // Nothing selected since the last advance: the part holds the always-dense segments only
+  // (as scapeMaskSetNextIndices with k = 0 would).
+  if (!nextSet_) SCAPE_RETURN_IF_ERROR(SetNextIndices(nullptr, 0));
   if (encoding_ == scapeMaskEncodingIndices && ownedSize_[static_cast<size_t>(rank_)] > (uint64_t{1} << 32))
     return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
   // The sync thread decodes into next_: if an operation still holds that buffer (it was
