@@ -222,7 +222,7 @@ double Optimizer::Density(int64_t t) const {
 
 Status Optimizer::CheckMaskUse() const {
   if (mask_->Generation() == gen_) return Status::Ok();
-  if (mask_->SyncInFlight() && !pending_)
+  if (mask_->SyncInFlight())  // ours would carry our generation: this one is not ours
     return InvalidUsage("a sync of the optimizer's mask started by another user of the mask is "
                         "in flight: the optimizer owns its mask's syncs (nothing was changed)");
   return InvalidUsage("the optimizer's mask was synchronised or advanced by another user of the "
