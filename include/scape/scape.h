@@ -44,7 +44,8 @@
  *
  * Memory
  * ------
- * All buffers are host memory owned by the caller. The library never keeps a pointer to a
+ * Buffers are owned by the caller: host memory, or device memory for the collectives that
+ * say so (see "GPU data path"). The library never keeps a pointer to a
  * caller buffer after the operation that uses it has completed. For non-blocking calls the
  * buffers must stay valid and untouched (send buffers unmodified, receive buffers unread) until
  * scapeTest reports completion or scapeWait returns.
@@ -339,7 +340,10 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
  * - in place: pass the same pointer as sendbuf and recvbuf (all-reduce, broadcast), or
  *   sendbuf == recvbuf + rank * count (all-gather), or recvbuf == sendbuf + rank * recvcount
  *   (reduce-scatter). Any other overlap of send and receive buffers is invalid.
- * - stream: reserved for the CUDA / NCCL backend; must be NULL (scapeUnsupported otherwise).
+ * - stream: a cudaStream_t (as void*) or NULL. Host buffers with NULL: as described here.
+ *   Host buffers with a stream: the call first waits for the stream (a host wait for the
+ *   work queued on it before the call), then runs as with NULL. Device buffers: see "GPU
+ *   data path" below (the blocking form enqueues on the stream and returns at once).
  * - Results are bit-identical on every rank.
  *
  * Blocking forms return when the operation has completed on this rank. The *Async forms
@@ -362,7 +366,9 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
  *              buffer and the positions it packed, so the mask may be advanced or destroyed
  *              before the request completes.
  * @return scapeSuccess; scapeInvalidArgument (NULL buffer with count > 0, bad dtype/op, bad
- *         overlap, NULL comm, count != the mask's n); scapeUnsupported (stream non-NULL);
+ *         overlap, NULL comm, count != the mask's n, host and device buffers mixed);
+ *         scapeUnsupported (a stream in a build or on a machine without CUDA, device
+ *         buffers with a mask or with the *Async form);
  *         scapeInvalidUsage
  *         (communicator in error state, ranks disagree on count/dtype/op); scapeRemoteError;
  *         scapeTimeout; scapeSystemError.
@@ -902,6 +908,81 @@ SCAPE_API scapeResult_t scapeOptimSave(scapeOptim_t optim, void* buf, size_t cap
                                        size_t* written);
 SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size_t size);
 /* ======================= END optimizer (SCAPE-AdamS step) ======================= */
+
+/* ====================== BEGIN device (GPU data path, issue 13) ====================== */
+/* ------------------------------------------------------------------------------------------ */
+/* GPU data path: device buffers on CUDA streams, and the NCCL backend                        */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The library finds out where each buffer lives (cudaPointerGetAttributes). Without a CUDA
+ * driver, or in a build without CUDA (scapeGetDeviceSupport), every pointer is host memory.
+ * A collective's buffers must both be host memory or both device memory (managed memory
+ * counts as device memory); a mix is scapeInvalidArgument naming the arguments. Every rank
+ * must pass the same kind of buffers to a given collective.
+ *
+ * Device buffers on a UCX communicator (scapeCommInit*): scapeAllReduce, scapeReduceScatter,
+ * scapeAllGather and scapeBroadcast enqueue on `stream` (NULL: the default stream) and return
+ * at once, as NCCL's calls do: the buffers are read and written in stream order, so work
+ * queued on the stream after the call sees the result. The bytes are staged through
+ * page-locked host buffers (Debian's UCX moves no CUDA memory): copies to the host, the host
+ * collective, copies back, in chunks of SCAPE_DEVICE_CHUNK_BYTES (default 4 MiB), so that the
+ * copies of one chunk overlap the wire of the next. The host collective runs on a background
+ * thread of the communicator, over a second, private UCX channel that the first device
+ * collective creates (collectively, so every rank must make its first device collective at
+ * the same call: a one-time host wait). Results are bit-identical to the host collective.
+ * Rules of this path:
+ *  - The stream is blocked (a host function waits) while its chunk is on the wire: other work
+ *    on that stream waits, work on other streams does not.
+ *  - Issue device collectives in an order the streams can satisfy: if stream A's collective
+ *    is issued first, A must not wait for a later collective on stream B (as with NCCL).
+ *  - Errors found after the call returned (a peer that fails, a timeout) leave the receive
+ *    buffer unchanged, are returned by the next device collective on the communicator and by
+ *    scapeCommGetAsyncError.
+ *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
+ *    to reach the end of their streams.
+ *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
+ *    (the blocking forms are already asynchronous), a non-NULL mask, the scapeMask* packed
+ *    collectives, scapeSparseAllReduce and the optimizer step.
+ *
+ * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
+ * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream
+ * (NCCL picks NVLink, its network or our net plugin). NCCL is loaded at run time
+ * (SCAPE_NCCL_LIBRARY, else libnccl.so.2): the library has no link-time dependency on CUDA
+ * or NCCL. Device buffers only; reductions are NCCL's (floating-point sums need not match
+ * the UCX backend's bits). No barrier, no masks, no *Async forms in this release.
+ */
+
+/** The backend that moves a communicator's bytes. */
+typedef enum {
+  scapeBackendUcx = 0,  /**< scapeCommInit*: UCX (host buffers; device buffers staged) */
+  scapeBackendNccl = 1, /**< scapeCommInitNccl: a caller's NCCL communicator */
+  scapeNumBackends = 2
+} scapeBackend_t;
+
+/**
+ * Makes a communicator on a caller's NCCL communicator (an ncclComm_t passed as void*, so this
+ * header needs no NCCL header). Local: no communication. The NCCL communicator stays the
+ * caller's: destroy the SCAPE communicator first, then the NCCL one. Rank and size are
+ * NCCL's (scapeCommUserRank / scapeCommCount).
+ *
+ * @param comm      out: the new communicator.
+ * @param ncclComm  the ncclComm_t.
+ * @param config    NULL or a configuration (validated; only timeoutMs applies).
+ * @return scapeSuccess; scapeInvalidArgument (NULL comm or ncclComm, a bad config);
+ *         scapeUnsupported (NCCL cannot be loaded: the message names the library and why);
+ *         scapeSystemError (the library is not NCCL >= 2.10: the message names the missing
+ *         entry point or the version); NCCL's errors from ncclCommCount / ncclCommUserRank.
+ */
+SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
+                                          const scapeConfig_t* config);
+
+/** Writes the communicator's scapeBackend_t to *backend. */
+SCAPE_API scapeResult_t scapeCommGetBackend(scapeComm_t comm, int* backend);
+
+/** *cudaBuilt = 1 if this library was built with its CUDA kernels and device path;
+ *  *deviceAvailable = 1 if a CUDA driver and device were found at run time. Thread-safe. */
+SCAPE_API scapeResult_t scapeGetDeviceSupport(int* cudaBuilt, int* deviceAvailable);
+/* ======================= END device (GPU data path, issue 13) ======================= */
 
 #ifdef __cplusplus
 } /* extern "C" */

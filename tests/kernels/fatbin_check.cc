@@ -7,6 +7,10 @@
 // a 16-byte container header with magic 0xBA55ED50, then entries whose header holds the kind
 // at offset 0 (1 = PTX, 2 = ELF cubin), the header size at 4, the payload size at 8 and the SM
 // number at 28). Exit status 0 when every requirement holds, 1 otherwise, 2 on a read error.
+// Requirements: "NN" = machine code (cubin) for sm_NN; "ptxNN" = PTX for compute_NN (the
+// forward-compatible code a newer GPU JIT-compiles); "containers=N" = at least N fatbin
+// containers in all (one per compiled .cu file: a linked library whose kernels were dropped
+// by the linker has fewer).
 // Everything is bounds-checked: a malformed file is reported, never crashes the checker.
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +43,7 @@ struct Entry {
 };
 
 // Parses the concatenated fatbin containers of a .nv_fatbin section.
-bool ParseFatbin(Bytes s, std::vector<Entry>* out, std::string* err) {
+bool ParseFatbin(Bytes s, std::vector<Entry>* out, std::string* err, int* ncontainers) {
   size_t p = 0;
   int containers = 0;
   while (p + 16 <= s.n) {
@@ -77,6 +81,7 @@ bool ParseFatbin(Bytes s, std::vector<Entry>* out, std::string* err) {
     ++containers;
     p = end;
   }
+  *ncontainers = containers;
   if (containers == 0) {
     *err = "no fatbin container in .nv_fatbin";
     return false;
@@ -139,7 +144,9 @@ bool FindFatbinSection(Bytes elf, Bytes* sec, std::string* err) {
 }
 
 int g_objects_with_device_code = 0;
+int g_containers = 0;
 bool g_ok = true;
+std::set<uint32_t> g_want_ptx;
 
 void CheckElf(const std::string& name, Bytes elf, const std::set<uint32_t>& want) {
   Bytes sec{nullptr, 0};
@@ -152,7 +159,10 @@ void CheckElf(const std::string& name, Bytes elf, const std::set<uint32_t>& want
     return;
   }
   std::vector<Entry> entries;
-  if (!ParseFatbin(sec, &entries, &err)) {
+  int containers = 0;
+  const bool parsed = ParseFatbin(sec, &entries, &err, &containers);
+  g_containers += containers;
+  if (!parsed) {
     std::printf("%s: %s\n", name.c_str(), err.c_str());
     g_ok = false;
     return;
@@ -166,6 +176,12 @@ void CheckElf(const std::string& name, Bytes elf, const std::set<uint32_t>& want
   for (uint32_t a : want) {
     if (!sass.count(a)) {
       line += "  MISSING sm_" + std::to_string(a);
+      g_ok = false;
+    }
+  }
+  for (uint32_t a : g_want_ptx) {
+    if (!ptx.count(a)) {
+      line += "  MISSING compute_" + std::to_string(a) + "(ptx)";
       g_ok = false;
     }
   }
@@ -219,8 +235,16 @@ int main(int argc, char** argv) {
   }
   std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::set<uint32_t> want;
-  for (int i = 2; i < argc; ++i)
-    want.insert(static_cast<uint32_t>(std::strtoul(argv[i], nullptr, 10)));
+  int min_containers = 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("ptx", 0) == 0)
+      g_want_ptx.insert(static_cast<uint32_t>(std::strtoul(a.c_str() + 3, nullptr, 10)));
+    else if (a.rfind("containers=", 0) == 0)
+      min_containers = std::atoi(a.c_str() + 11);
+    else
+      want.insert(static_cast<uint32_t>(std::strtoul(a.c_str(), nullptr, 10)));
+  }
   Bytes all{data.data(), data.size()};
   if (data.size() >= 8 && std::memcmp(data.data(), "!<arch>\n", 8) == 0) {
     CheckArchive(all, want);
@@ -231,7 +255,13 @@ int main(int argc, char** argv) {
     std::printf("%s: no object with CUDA device code (.nv_fatbin) found\n", argv[1]);
     return 1;
   }
-  std::printf("%d object(s) with device code: %s\n", g_objects_with_device_code,
+  if (g_containers < min_containers) {
+    std::printf("%d fatbin container(s), expected at least %d: kernels are missing\n",
+                g_containers, min_containers);
+    g_ok = false;
+  }
+  std::printf("%d object(s) with device code, %d fatbin container(s): %s\n",
+              g_objects_with_device_code, g_containers,
               g_ok ? "all required SM architectures present" : "FAILED");
   return g_ok ? 0 : 1;
 }

@@ -1,0 +1,202 @@
+// Device dispatch: see device.h.
+#include "plugin/device/device.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "base/log.h"
+#include "plugin/api/api_internal.h"
+#include "plugin/core/comm.h"
+#include "plugin/device/nccl_backend.h"
+#include "plugin/device/runtime.h"
+#include "plugin/device/staging.h"
+
+namespace scape {
+namespace device {
+namespace {
+
+struct Entry {
+  std::unique_ptr<StagingChannel> staging;  // UCX backend, after its first device call
+  std::unique_ptr<NcclBackend> nccl;        // NCCL backend
+};
+
+std::mutex g_mu;
+std::map<const scapeComm*, std::shared_ptr<Entry>> g_entries;
+
+std::shared_ptr<Entry> Find(const scapeComm* comm) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_entries.find(comm);
+  return it == g_entries.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Entry> Take(const scapeComm* comm) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_entries.find(comm);
+  if (it == g_entries.end()) return nullptr;
+  std::shared_ptr<Entry> e = it->second;
+  g_entries.erase(it);
+  return e;
+}
+
+bool IsDev(PtrKind k) { return k != PtrKind::kHost; }
+
+// Classifies a collective's buffers: *device = true for device (or managed) memory. A mix is
+// an error naming both arguments.
+Status CheckKinds(Runtime* rt, const coll::CollArgs& a, int rank, bool* device) {
+  const bool needSend = a.type != coll::CollType::kBroadcast || rank == a.root;
+  const bool hasSend = needSend && a.send, hasRecv = a.recv != nullptr;
+  const PtrKind ks = hasSend ? rt->Kind(a.send) : PtrKind::kHost;
+  const PtrKind kr = hasRecv ? rt->Kind(a.recv) : PtrKind::kHost;
+  if (hasSend && hasRecv && IsDev(ks) != IsDev(kr))
+    return InvalidArgument(StrFormat(
+        "rank %d: sendbuf is %s but recvbuf is %s: a collective's buffers must both be host "
+        "memory or both device memory", rank, PtrKindName(ks), PtrKindName(kr)));
+  *device = (hasSend && IsDev(ks)) || (hasRecv && IsDev(kr));
+  return Status::Ok();
+}
+
+Status AsyncWithDevice(const char* what) {
+  return Unsupported(StrFormat(
+      "device buffers are stream-ordered: the %s forms take host buffers only; call the "
+      "blocking form, which enqueues on the stream and returns at once", what));
+}
+
+}  // namespace
+
+Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                     bool async, bool* handled) {
+  *handled = false;
+  if (a.type == coll::CollType::kBarrier) return Status::Ok();
+  Runtime* rt = GetRuntime();
+  Comm& c = *comm->impl;
+  bool dev = false;
+  SCAPE_RETURN_IF_ERROR(CheckKinds(rt, a, c.rank(), &dev));
+  if (!dev) {
+    if (!stream) return Status::Ok();
+    // Host buffers on a stream: what the caller queued on the stream must finish first.
+    Status st = rt->StreamSynchronize(stream);
+    if (!st.ok()) st.Prepend(StrFormat("rank %d: host buffers with a non-NULL stream", c.rank()));
+    return st;
+  }
+  *handled = true;
+  if (async) return AsyncWithDevice("*Async");
+  if (mask)
+    return Unsupported("the masked (dense-in/out) all-reduce takes host buffers in this release; "
+                       "with device buffers, pack on the device and all-reduce the packed values");
+  if (!c.error().ok()) return c.error();
+  std::shared_ptr<Entry> e = Find(comm);
+  if (!e || !e->staging) {
+    // The first device collective: the staging channel (collective: every rank makes its
+    // first device collective at the same call, as every rank passes the same buffer kinds).
+    std::unique_ptr<StagingChannel> ch;
+    Status st = StagingChannel::Create(&c, rt, &ch);
+    if (!st.ok()) return st.Prepend("setting up the device staging channel");
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto& slot = g_entries[comm];
+    if (!slot) slot = std::make_shared<Entry>();
+    slot->staging = std::move(ch);
+    e = slot;
+  }
+  if (e->staging->runtime() != rt)
+    return InvalidUsage("the device runtime changed while device work was in flight");
+  return e->staging->Enqueue(a, stream);
+}
+
+bool IsNcclComm(const scapeComm* comm) {
+  if (!comm) return false;
+  std::shared_ptr<Entry> e = Find(comm);
+  return e && e->nccl;
+}
+
+bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank) {
+  std::shared_ptr<Entry> e = comm ? Find(comm) : nullptr;
+  if (!e || !e->nccl) return false;
+  if (nranks) *nranks = e->nccl->nranks();
+  if (rank) *rank = e->nccl->rank();
+  return true;
+}
+
+Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                      bool async) {
+  using coll::CollType;
+  std::shared_ptr<Entry> e = Find(comm);
+  if (!e || !e->nccl) return InternalError("not an NCCL-backend communicator");
+  NcclBackend& b = *e->nccl;
+  const int rank = b.rank(), p = b.nranks();
+  if (a.type == CollType::kBarrier)
+    return Unsupported("the NCCL backend has no barrier (NCCL has none): all-reduce one "
+                       "element on the stream and synchronise it instead");
+  if (async) return AsyncWithDevice("*Async");
+  if (mask)
+    return Unsupported("masks run on the UCX backend in this release (the NCCL backend "
+                       "exchanges dense and packed device buffers)");
+  if (a.dtype < 0 || a.dtype >= scapeNumTypes)
+    return InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t (0..%d)",
+                                     rank, static_cast<int>(a.dtype), scapeNumTypes - 1));
+  if ((a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter) &&
+      (a.op < 0 || a.op >= scapeNumOps))
+    return InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)", rank,
+                                     static_cast<int>(a.op), scapeNumOps - 1));
+  if (a.type == CollType::kBroadcast && (a.root < 0 || a.root >= p))
+    return InvalidArgument(StrFormat("rank %d: root %d out of range 0..%d", rank, a.root, p - 1));
+  const bool needSend = a.type != CollType::kBroadcast || rank == a.root;
+  if (a.count > 0 && needSend && !a.send)
+    return InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank, a.count));
+  if (a.count > 0 && !a.recv)
+    return InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank, a.count));
+  Runtime* rt = GetRuntime();
+  if (a.count > 0) {
+    bool dev = false;
+    SCAPE_RETURN_IF_ERROR(CheckKinds(rt, a, rank, &dev));
+    if (!dev)
+      return InvalidArgument(StrFormat(
+          "rank %d: %s is host memory: the NCCL backend moves device memory only (use a UCX "
+          "communicator for host buffers)", rank, needSend ? "sendbuf" : "recvbuf"));
+  }
+  return b.Run(a, stream);
+}
+
+Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
+  if (!out) return InvalidArgument("comm is NULL");
+  if (!ncclComm) return InvalidArgument("ncclComm is NULL");
+  CommConfig cfg;
+  SCAPE_RETURN_IF_ERROR(ResolveConfig(config, &cfg));
+  auto entry = std::make_shared<Entry>();
+  SCAPE_RETURN_IF_ERROR(NcclBackend::Create(ncclComm, &entry->nccl));
+  auto* c = new scapeComm();
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_entries[c] = entry;
+  }
+  *out = c;
+  return Status::Ok();
+}
+
+void ReleaseComm(scapeComm* comm) {
+  std::shared_ptr<Entry> e = Take(comm);
+  if (e && e->staging) {
+    const int ms = e->staging->aborted() ? 1000
+                   : comm->impl           ? comm->impl->config().timeoutMs
+                                          : 10000;
+    Status st = e->staging->Drain(ms);
+    if (!st.ok()) SCAPE_WARN("scapeCommDestroy: %s", st.message().c_str());
+  }
+  // The channel (its worker and child communicator) goes with the entry, before the parent.
+}
+
+void AbortComm(scapeComm* comm) {
+  std::shared_ptr<Entry> e = Find(comm);
+  if (e && e->staging) e->staging->Abort();
+}
+
+Status AsyncError(scapeComm* comm) {
+  std::shared_ptr<Entry> e = Find(comm);
+  if (!e) return Status::Ok();
+  if (e->nccl) return e->nccl->AsyncError();
+  if (e->staging) return e->staging->error();
+  return Status::Ok();
+}
+
+}  // namespace device
+}  // namespace scape

@@ -1,0 +1,50 @@
+// Device dispatch: the one place the API entry points ask "is this a device call?".
+//
+// - Pointer kinds come from the device runtime (cudaPointerGetAttributes; without a driver
+//   every pointer is host memory). A collective's buffers must both be host memory or both
+//   device (or managed) memory; a mix is scapeInvalidArgument naming the arguments.
+// - Host buffers with a non-NULL stream (UCX backend): the call first waits for the stream
+//   (work queued on it before the call, a host wait), then runs as with stream = NULL.
+// - Device buffers on the UCX backend: staged through page-locked host buffers
+//   (plugin/device/staging.h), enqueued on the stream; the call returns at once.
+// - NCCL backend (scapeCommInitNccl): device buffers only, issued to NCCL on the stream.
+#ifndef SCAPE_PLUGIN_DEVICE_DEVICE_H_
+#define SCAPE_PLUGIN_DEVICE_DEVICE_H_
+
+#include "base/status.h"
+#include "plugin/coll/coll.h"
+#include "scape/scape.h"
+
+struct scapeComm;
+struct scapeMask;
+
+namespace scape {
+namespace device {
+
+// For a validated collective on a UCX communicator. *handled = true when the device layer
+// took the call (device buffers); false when the host path must run it (host buffers; a
+// non-NULL stream has then been synchronised). async: the *Async form was called.
+Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                     bool async, bool* handled);
+
+// NCCL-backend communicators (made by scapeCommInitNccl; their scapeComm has no UCX impl).
+bool IsNcclComm(const scapeComm* comm);
+// Validates and issues a collective on an NCCL-backend communicator.
+Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                      bool async);
+Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
+// rank / nranks of an NCCL-backend communicator (false if `comm` is not one).
+bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
+
+// Lifecycle hooks of scapeCommDestroy / scapeCommAbort (any communicator; no-ops when it
+// never made a device call): release drains the device work in flight (within the timeout),
+// abort makes it fail fast.
+void ReleaseComm(scapeComm* comm);
+void AbortComm(scapeComm* comm);
+// The first error of the communicator's device work (ok if none), for scapeCommGetAsyncError.
+Status AsyncError(scapeComm* comm);
+
+}  // namespace device
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_DEVICE_DEVICE_H_

@@ -1,0 +1,171 @@
+// The NCCL backend: see nccl_backend.h.
+#include "plugin/device/nccl_backend.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace scape {
+namespace device {
+
+int NcclDataType(scapeDataType_t t) {
+  switch (t) {
+    case scapeFloat32: return kNcclFloat32;
+    case scapeFloat16: return kNcclFloat16;
+    case scapeBfloat16: return kNcclBfloat16;
+    case scapeInt32: return kNcclInt32;
+    case scapeInt64: return kNcclInt64;
+    default: return -1;
+  }
+}
+
+int NcclRedOp(scapeRedOp_t o) {
+  switch (o) {
+    case scapeSum: return kNcclSum;
+    case scapeAvg: return kNcclAvg;
+    case scapeMax: return kNcclMax;
+    case scapeMin: return kNcclMin;
+    default: return -1;
+  }
+}
+
+Status FromNccl(int r, const char* what, const char* msg) {
+  if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
+  std::string m = StrFormat("%s returned %d", what, r);
+  if (msg && *msg) m += std::string(": ") + msg;
+  switch (r) {
+    case kNcclInvalidArgument: return InvalidArgument(m);
+    case kNcclInvalidUsage: return InvalidUsage(m);
+    case kNcclRemoteError: return RemoteError(m);
+    case kNcclInternalError: return InternalError(m);
+    default: return SystemError(m);  // unhandled CUDA error, system error, unknown
+  }
+}
+
+namespace {
+
+std::mutex g_mu;
+std::map<std::string, NcclApi*> g_loaded;
+
+template <typename F>
+Status Resolve(void* lib, const std::string& path, const char* name, F* fn, bool required) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (!*fn && required)
+    return SystemError(StrFormat("the NCCL library %s has no %s: not an NCCL 2.x library?",
+                                 path.c_str(), name));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status LoadNccl(const NcclApi** out) {
+  const char* env = std::getenv("SCAPE_NCCL_LIBRARY");
+  const std::string path = env && *env ? env : "libnccl.so.2";
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_loaded.find(path);
+  if (it != g_loaded.end()) {
+    *out = it->second;
+    return Status::Ok();
+  }
+  dlerror();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    return Unsupported(StrFormat("the NCCL backend needs NCCL, and %s cannot be loaded (%s); "
+                                 "install NCCL 2.x or set SCAPE_NCCL_LIBRARY to its path",
+                                 path.c_str(), e ? e : "unknown dlopen error"));
+  }
+  auto api = std::make_unique<NcclApi>();
+  api->path = path;
+  Status st = Resolve(lib, path, "ncclGetVersion", &api->getVersion, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclGetErrorString", &api->getErrorString, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclGetLastError", &api->getLastError, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommCount", &api->commCount, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommUserRank", &api->commUserRank, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommGetAsyncError", &api->commGetAsyncError, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclAllReduce", &api->allReduce, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclReduceScatter", &api->reduceScatter, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclAllGather", &api->allGather, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclBroadcast", &api->broadcast, true);
+  if (st.ok()) {
+    int v = 0;
+    int r = api->getVersion(&v);
+    if (r != kNcclSuccess) st = FromNccl(r, "ncclGetVersion", nullptr);
+    else if (v < 21000)
+      st = SystemError(StrFormat("the NCCL library %s is version %d; the NCCL backend needs "
+                                 "2.10 or later (ncclAvg)", path.c_str(), v));
+    api->version = v;
+  }
+  if (!st.ok()) {
+    dlclose(lib);
+    return st;
+  }
+  // Never closed: NCCL keeps threads and state for the process's lifetime.
+  *out = g_loaded[path] = api.release();
+  return Status::Ok();
+}
+
+Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out) {
+  if (!ncclComm) return InvalidArgument("ncclComm is NULL");
+  const NcclApi* api = nullptr;
+  SCAPE_RETURN_IF_ERROR(LoadNccl(&api));
+  std::unique_ptr<NcclBackend> b(new NcclBackend());
+  b->api_ = api;
+  b->comm_ = ncclComm;
+  int r = api->commCount(ncclComm, &b->nranks_);
+  if (r != kNcclSuccess) return FromNccl(r, "ncclCommCount", api->getErrorString(r));
+  r = api->commUserRank(ncclComm, &b->rank_);
+  if (r != kNcclSuccess) return FromNccl(r, "ncclCommUserRank", api->getErrorString(r));
+  if (b->nranks_ < 1 || b->rank_ < 0 || b->rank_ >= b->nranks_)
+    return InvalidArgument(StrFormat("ncclComm reports rank %d of %d", b->rank_, b->nranks_));
+  *out = std::move(b);
+  return Status::Ok();
+}
+
+Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
+  using coll::CollType;
+  const int dt = NcclDataType(a.dtype);
+  if (dt < 0) return InvalidArgument(StrFormat("datatype %d has no NCCL type", a.dtype));
+  int r = kNcclSuccess;
+  const char* what = "";
+  switch (a.type) {
+    case CollType::kAllReduce:
+      what = "ncclAllReduce";
+      r = api_->allReduce(a.send, a.recv, a.count, dt, NcclRedOp(a.op), comm_, stream);
+      break;
+    case CollType::kReduceScatter:
+      what = "ncclReduceScatter";
+      r = api_->reduceScatter(a.send, a.recv, a.count, dt, NcclRedOp(a.op), comm_, stream);
+      break;
+    case CollType::kAllGather:
+      what = "ncclAllGather";
+      r = api_->allGather(a.send, a.recv, a.count, dt, comm_, stream);
+      break;
+    case CollType::kBroadcast:
+      what = "ncclBroadcast";
+      r = api_->broadcast(a.send, a.recv, a.count, dt, a.root, comm_, stream);
+      break;
+    default:
+      return Unsupported(StrFormat("%s has no NCCL form (NCCL has no barrier: synchronise the "
+                                   "stream after a 1-element all-reduce instead)",
+                                   coll::CollName(a.type)));
+  }
+  if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
+  const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;
+  if (!msg || !*msg) msg = api_->getErrorString(r);
+  return FromNccl(r, what, msg);
+}
+
+Status NcclBackend::AsyncError() {
+  int e = kNcclSuccess;
+  int r = api_->commGetAsyncError(comm_, &e);
+  if (r != kNcclSuccess) return FromNccl(r, "ncclCommGetAsyncError", api_->getErrorString(r));
+  if (e == kNcclSuccess || e == kNcclInProgress) return Status::Ok();
+  const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;
+  return FromNccl(e, "the NCCL communicator", msg && *msg ? msg : api_->getErrorString(e));
+}
+
+}  // namespace device
+}  // namespace scape

@@ -1,0 +1,75 @@
+// The NCCL backend: SCAPE collectives on a caller's ncclComm_t, with libnccl loaded by dlopen
+// (the shipped library has no link-time dependency on NCCL). The NCCL types are mirrored
+// here as plain integers so that no NCCL header is needed; their values are NCCL's ABI
+// (nccl.h of NCCL 2.x) and tests/device checks them against nccl.h where it is installed.
+#ifndef SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
+#define SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "plugin/coll/coll.h"
+#include "plugin/device/runtime.h"
+#include "scape/scape.h"
+
+namespace scape {
+namespace device {
+
+// NCCL ABI values (nccl.h).
+enum : int { kNcclInt32 = 2, kNcclInt64 = 4, kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclBfloat16 = 9 };
+enum : int { kNcclSum = 0, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
+// NCCL result codes (ncclResult_t).
+enum : int {
+  kNcclSuccess = 0, kNcclUnhandledCudaError = 1, kNcclSystemError = 2, kNcclInternalError = 3,
+  kNcclInvalidArgument = 4, kNcclInvalidUsage = 5, kNcclRemoteError = 6, kNcclInProgress = 7
+};
+int NcclDataType(scapeDataType_t t);  // -1: none
+int NcclRedOp(scapeRedOp_t o);        // -1: none
+// Maps an ncclResult_t to a Status; `what` names the call.
+Status FromNccl(int r, const char* what, const char* ncclMessage);
+
+// The entry points the backend uses, resolved from the library.
+struct NcclApi {
+  std::string path;
+  int version = 0;
+  int (*getVersion)(int*) = nullptr;
+  const char* (*getErrorString)(int) = nullptr;
+  const char* (*getLastError)(void*) = nullptr;  // optional (NCCL >= 2.13)
+  int (*commCount)(void*, int*) = nullptr;
+  int (*commUserRank)(void*, int*) = nullptr;
+  int (*commGetAsyncError)(void*, int*) = nullptr;
+  int (*allReduce)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
+  int (*reduceScatter)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
+  int (*allGather)(const void*, void*, size_t, int, void*, void*) = nullptr;
+  int (*broadcast)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
+};
+
+// Loads NCCL once per path and keeps it loaded: SCAPE_NCCL_LIBRARY if set, else
+// "libnccl.so.2" through the dynamic loader's search path. scapeUnsupported when the library
+// cannot be opened (message: the path and dlerror), scapeSystemError when it lacks an entry
+// point or is older than 2.10 (no ncclAvg).
+Status LoadNccl(const NcclApi** out);
+
+// One communicator's NCCL state.
+class NcclBackend {
+ public:
+  static Status Create(void* ncclComm, std::unique_ptr<NcclBackend>* out);
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const NcclApi& api() const { return *api_; }
+  // Issues a validated collective on `stream` (device pointers checked by the caller).
+  Status Run(const coll::CollArgs& a, Stream stream);
+  // ncclCommGetAsyncError as a Status.
+  Status AsyncError();
+
+ private:
+  const NcclApi* api_ = nullptr;
+  void* comm_ = nullptr;
+  int rank_ = 0, nranks_ = 1;
+};
+
+}  // namespace device
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_

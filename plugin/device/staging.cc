@@ -1,0 +1,455 @@
+// The staging pipeline: see staging.h.
+#include "plugin/device/staging.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "plugin/core/comm.h"
+
+namespace scape {
+namespace device {
+
+size_t StageChunkBytes() {
+  static const size_t v = [] {
+    const char* e = std::getenv("SCAPE_DEVICE_CHUNK_BYTES");
+    if (!e || !*e) return size_t{4} << 20;
+    char* end = nullptr;
+    unsigned long long x = std::strtoull(e, &end, 10);
+    if (!end || *end || x < 4096) {
+      SCAPE_WARN("SCAPE_DEVICE_CHUNK_BYTES=%s is not a byte count >= 4096; using 4 MiB", e);
+      return size_t{4} << 20;
+    }
+    return static_cast<size_t>(x);
+  }();
+  return v;
+}
+
+Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
+                     StagePlan* out) {
+  using coll::CollType;
+  const size_t esz = scapeTypeSize(a.dtype);
+  if (esz == 0) return InvalidArgument("staging: bad datatype");
+  if (nranks < 1 || rank < 0 || rank >= nranks) return InvalidArgument("staging: bad rank");
+  if (!a.counts.empty()) return Unsupported("staging: per-rank block sizes are not staged");
+  const size_t P = static_cast<size_t>(nranks), n = a.count;
+  StagePlan plan;
+  const bool blocks = a.type == CollType::kReduceScatter || a.type == CollType::kAllGather;
+  if (a.type != CollType::kAllReduce && a.type != CollType::kBroadcast && !blocks)
+    return Unsupported(StrFormat("staging: %s has no device form", coll::CollName(a.type)));
+  // Elements of the count dimension per chunk: about chunkBytes staged per chunk.
+  size_t per = chunkBytes / esz / (blocks ? P : 1);
+  if (per < 1) per = 1;
+  if (a.type == CollType::kAllReduce || a.type == CollType::kBroadcast) {
+    plan.sendStageBytes = plan.recvStageBytes = n * esz;
+  } else if (a.type == CollType::kReduceScatter) {
+    plan.sendStageBytes = P * n * esz;
+    plan.recvStageBytes = n * esz;
+  } else {
+    plan.sendStageBytes = n * esz;
+    plan.recvStageBytes = P * n * esz;
+  }
+  const bool hasSend = a.type != CollType::kBroadcast || rank == a.root;
+  size_t lo = 0;
+  do {
+    const size_t hi = std::min(n, lo + per), len = hi - lo, b = len * esz;
+    StageChunk c;
+    c.count = len;
+    c.hasSend = hasSend;
+    switch (a.type) {
+      case CollType::kAllReduce:
+      case CollType::kBroadcast:
+        c.sendOff = c.recvOff = lo * esz;
+        if (b && hasSend) c.d2h.push_back({lo * esz, lo * esz, b});
+        if (b) c.h2d.push_back({lo * esz, lo * esz, b});
+        break;
+      case CollType::kReduceScatter:
+        // Chunk c holds [lo, hi) of every rank's block, packed block after block.
+        c.sendOff = P * lo * esz;
+        c.recvOff = lo * esz;
+        if (b)
+          for (size_t r = 0; r < P; ++r) c.d2h.push_back({(P * lo + r * len) * esz, (r * n + lo) * esz, b});
+        if (b) c.h2d.push_back({lo * esz, lo * esz, b});
+        break;
+      default:  // all-gather
+        c.sendOff = lo * esz;
+        c.recvOff = P * lo * esz;
+        if (b) c.d2h.push_back({lo * esz, lo * esz, b});
+        if (b)
+          for (size_t r = 0; r < P; ++r) c.h2d.push_back({(r * n + lo) * esz, (P * lo + r * len) * esz, b});
+        break;
+    }
+    plan.chunks.push_back(std::move(c));
+    lo = hi;
+  } while (lo < n);
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+// ---- jobs ----------------------------------------------------------------------------------
+
+struct StagingChannel::Job {
+  coll::CollArgs args;
+  StagePlan plan;
+  char* sendStage = nullptr;
+  size_t sendBytes = 0;
+  char* recvStage = nullptr;
+  size_t recvBytes = 0;
+  std::vector<Event> events;
+  struct WaitArg {
+    Job* job;
+    size_t chunk;
+  };
+  std::vector<WaitArg> waitArgs;
+  int timeoutMs = 120000;
+  std::mutex m;
+  std::condition_variable cv;
+  size_t chunksDone = 0;
+  bool failed = false;
+  bool workerDone = false;  // the worker no longer touches the stages
+  bool streamDone = false;  // the last host function ran: the stream no longer touches them
+  bool doneFnQueued = false;
+};
+
+namespace {
+
+// Host function: the stream waits here until the worker has reduced chunk `chunk` (or the job
+// failed, or the communicator's timeout passed: then the receive buffer keeps what it held).
+void WaitChunkFn(void* arg) {
+  auto* w = static_cast<StagingChannel::Job::WaitArg*>(arg);
+  StagingChannel::Job* j = w->job;
+  std::unique_lock<std::mutex> lk(j->m);
+  // A second past the worker's own deadline, so that the worker reports the cause first.
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(j->timeoutMs + 1000);
+  if (!j->cv.wait_until(lk, until, [&] { return j->failed || j->chunksDone > w->chunk; })) {
+    j->failed = true;  // the worker reports the timeout as the channel's error
+    j->cv.notify_all();
+  }
+}
+
+void JobDoneFn(void* arg) {
+  auto* j = static_cast<StagingChannel::Job*>(arg);
+  std::lock_guard<std::mutex> lk(j->m);
+  j->streamDone = true;
+  j->cv.notify_all();
+}
+
+}  // namespace
+
+Status StagingChannel::Create(Comm* parent, Runtime* rt, std::unique_ptr<StagingChannel>* out) {
+  std::unique_ptr<StagingChannel> ch(new StagingChannel());
+  SCAPE_RETURN_IF_ERROR(parent->CreateChild(&ch->child_));
+  ch->comm_ = ch->child_.get();
+  ch->rt_ = rt;
+  ch->timeoutMs_ = parent->config().timeoutMs;
+  SCAPE_RETURN_IF_ERROR(ch->Start());
+  *out = std::move(ch);
+  return Status::Ok();
+}
+
+Status StagingChannel::CreateOver(Comm* comm, Runtime* rt, int timeoutMs,
+                                  std::unique_ptr<StagingChannel>* out) {
+  std::unique_ptr<StagingChannel> ch(new StagingChannel());
+  ch->comm_ = comm;
+  ch->rt_ = rt;
+  ch->timeoutMs_ = timeoutMs;
+  SCAPE_RETURN_IF_ERROR(ch->Start());
+  *out = std::move(ch);
+  return Status::Ok();
+}
+
+Status StagingChannel::Start() {
+  rank_ = comm_->rank();
+  nranks_ = comm_->nranks();
+  chunkBytes_ = StageChunkBytes();
+  try {
+    worker_ = std::thread([this] { WorkerMain(); });
+  } catch (const std::exception& e) {
+    return SystemError(std::string("cannot start the staging worker thread: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+StagingChannel::~StagingChannel() {
+  Status st = Drain(aborted() ? 1000 : timeoutMs_ + 1000);
+  if (!st.ok()) SCAPE_WARN("device staging: %s", st.message().c_str());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    if (!st.ok()) abort_.store(true);
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  // Jobs whose streams never reached their end keep their stages (leaked, not freed under a
+  // pending copy).
+  for (Block& b : freeBlocks_) rt_->HostFree(b.p);
+  for (Event e : freeEvents_) rt_->EventDestroy(e);
+  freeBlocks_.clear();
+  freeEvents_.clear();
+  child_.reset();
+}
+
+Status StagingChannel::error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void StagingChannel::Abort() {
+  abort_.store(true, std::memory_order_release);
+  if (comm_) comm_->RequestAbort();
+  cv_.notify_all();
+}
+
+Status StagingChannel::AcquireStage(size_t bytes, void** p) {
+  if (bytes == 0) {
+    *p = nullptr;
+    return Status::Ok();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    size_t best = freeBlocks_.size();
+    for (size_t i = 0; i < freeBlocks_.size(); ++i)
+      if (freeBlocks_[i].bytes >= bytes &&
+          (best == freeBlocks_.size() || freeBlocks_[i].bytes < freeBlocks_[best].bytes))
+        best = i;
+    if (best < freeBlocks_.size()) {
+      *p = freeBlocks_[best].p;
+      freeBlocks_.erase(freeBlocks_.begin() + static_cast<std::ptrdiff_t>(best));
+      return Status::Ok();
+    }
+  }
+  return rt_->HostAlloc(bytes, p);
+}
+
+void StagingChannel::Reap() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < live_.size();) {
+    Job* j = live_[i].get();
+    bool done;
+    {
+      std::lock_guard<std::mutex> jl(j->m);
+      done = j->workerDone && j->streamDone;
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    if (j->sendStage) freeBlocks_.push_back({j->sendStage, j->sendBytes});
+    if (j->recvStage) freeBlocks_.push_back({j->recvStage, j->recvBytes});
+    for (Event e : j->events) freeEvents_.push_back(e);
+    j->sendStage = j->recvStage = nullptr;
+    j->events.clear();
+    live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
+  SCAPE_RETURN_IF_ERROR(error());
+  Reap();
+  auto job = std::make_shared<Job>();
+  job->args = a;
+  job->timeoutMs = timeoutMs_;
+  SCAPE_RETURN_IF_ERROR(MakeStagePlan(a, rank_, nranks_, chunkBytes_, &job->plan));
+  const size_t n = job->plan.chunks.size();
+  void* s = nullptr;
+  void* r = nullptr;
+  Status st = AcquireStage(job->plan.sendStageBytes, &s);
+  if (st.ok()) st = AcquireStage(job->plan.recvStageBytes, &r);
+  job->sendStage = static_cast<char*>(s);
+  job->sendBytes = job->plan.sendStageBytes;
+  job->recvStage = static_cast<char*>(r);
+  job->recvBytes = job->plan.recvStageBytes;
+  for (size_t c = 0; st.ok() && c < n; ++c) {
+    Event e = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!freeEvents_.empty()) {
+        e = freeEvents_.back();
+        freeEvents_.pop_back();
+      }
+    }
+    if (!e) st = rt_->EventCreate(&e);
+    if (st.ok()) job->events.push_back(e);
+  }
+  job->waitArgs.resize(n);
+  for (size_t c = 0; c < n; ++c) job->waitArgs[c] = {job.get(), c};
+  const char* src = static_cast<const char*>(a.send);
+  char* dst = static_cast<char*>(a.recv);
+  bool anyHostFn = false;
+  for (size_t c = 0; st.ok() && c < n; ++c) {
+    for (const StageCopy& cp : job->plan.chunks[c].d2h) {
+      st = rt_->CopyAsync(job->sendStage + cp.dst, src + cp.src, cp.bytes, stream);
+      if (!st.ok()) break;
+    }
+    if (st.ok()) st = rt_->EventRecord(job->events[c], stream);
+  }
+  for (size_t c = 0; st.ok() && c < n; ++c) {
+    st = rt_->LaunchHostFunc(stream, WaitChunkFn, &job->waitArgs[c]);
+    if (!st.ok()) break;
+    anyHostFn = true;
+    for (const StageCopy& cp : job->plan.chunks[c].h2d) {
+      st = rt_->CopyAsync(dst + cp.dst, job->recvStage + cp.src, cp.bytes, stream);
+      if (!st.ok()) break;
+    }
+  }
+  if (st.ok() || anyHostFn) {
+    Status d = rt_->LaunchHostFunc(stream, JobDoneFn, job.get());
+    job->doneFnQueued = d.ok();
+    if (st.ok()) st = d;
+  }
+  if (!st.ok()) {
+    // Nothing reaches the worker: release the stream's waits at once.
+    std::lock_guard<std::mutex> jl(job->m);
+    job->failed = true;
+    job->workerDone = true;
+    if (!job->doneFnQueued && !anyHostFn) job->streamDone = true;  // nothing on the stream
+    job->cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (job->doneFnQueued || job->streamDone) live_.push_back(job);
+    // else: host functions may still run against the job: leak it rather than free it.
+    else new std::shared_ptr<Job>(job);
+    if (st.ok()) queue_.push_back(job);
+  }
+  cv_.notify_all();
+  if (!st.ok()) st.Prepend("enqueueing the staged copies on the stream");
+  return st;
+}
+
+Status StagingChannel::Drain(int timeoutMs) {
+  Deadline dl = Deadline::AfterMs(timeoutMs);
+  for (;;) {
+    Reap();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (live_.empty() && queue_.empty()) return error_;
+    }
+    if (dl.Expired())
+      return TimeoutError(StrFormat("device collectives still in flight after %d ms: a stream "
+                                    "did not reach them (is it waiting on later work?)",
+                                    timeoutMs));
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+void StagingChannel::FailJob(Job* job, const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.ok()) error_ = st;
+  }
+  std::lock_guard<std::mutex> jl(job->m);
+  job->failed = true;
+  job->workerDone = true;
+  job->cv.notify_all();
+}
+
+void StagingChannel::WorkerMain() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      job = queue_.front();
+    }
+    RunJob(job.get());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.pop_front();
+    }
+  }
+}
+
+void StagingChannel::RunJob(Job* job) {
+  Status prior = error();
+  if (!prior.ok()) return FailJob(job, prior);
+  const size_t n = job->plan.chunks.size();
+  size_t next = 0;
+  std::deque<std::pair<size_t, std::shared_ptr<PendingOp>>> inflight;
+  int64_t last = NowNs();
+  const int64_t limit = static_cast<int64_t>(timeoutMs_) * 1000000;
+  int idle = 0;
+  for (;;) {
+    if (abort_.load(std::memory_order_acquire))
+      return FailJob(job, InvalidUsage("device collective: the communicator was aborted"));
+    bool progress = false;
+    if (next < n && inflight.size() < 4) {
+      bool ready = false;
+      Status st = rt_->EventQuery(job->events[next], &ready);
+      if (!st.ok()) return FailJob(job, st);
+      if (ready) {
+        const StageChunk& c = job->plan.chunks[next];
+        coll::CollArgs a = job->args;
+        a.count = c.count;
+        a.send = c.hasSend ? job->sendStage + c.sendOff : nullptr;
+        a.recv = job->recvStage + c.recvOff;
+        if (c.count == 0) a.send = a.recv = nullptr;
+        std::shared_ptr<PendingOp> op;
+        st = comm_->Submit(a, &op);
+        if (!st.ok()) return FailJob(job, st);
+        inflight.emplace_back(next, std::move(op));
+        ++next;
+        progress = true;
+      }
+    }
+    if (!inflight.empty()) {
+      bool fin = false;
+      Status st = comm_->Test(inflight.front().second.get(), &fin);
+      if (!st.ok()) return FailJob(job, st);
+      if (!comm_->error().ok() && !fin) return FailJob(job, comm_->error());
+      if (fin) {
+        bool gaveUp, all;
+        {
+          std::lock_guard<std::mutex> jl(job->m);
+          job->chunksDone = inflight.front().first + 1;
+          all = job->chunksDone == n;
+          gaveUp = job->failed;  // a stream wait gave up (its timeout)
+          if (all || gaveUp) job->workerDone = true;
+          job->cv.notify_all();
+        }
+        inflight.pop_front();
+        progress = true;
+        if (gaveUp) {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (error_.ok())
+            error_ = TimeoutError("device collective: the stream's wait for the host exchange "
+                                  "timed out");
+          return;
+        }
+        if (all) return;
+      }
+    }
+    if (progress) {
+      last = NowNs();
+      idle = 0;
+      continue;
+    }
+    if (NowNs() - last > limit)
+      return FailJob(job, TimeoutError(StrFormat(
+                              "device collective: no progress for %d ms (chunk %zu of %zu %s)",
+                              timeoutMs_, next < n ? next : n - 1, n,
+                              next < n && inflight.empty()
+                                  ? "waiting for its copy from the device: the stream did not "
+                                    "reach it"
+                                  : "on the wire")));
+    if (++idle < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+}  // namespace device
+}  // namespace scape

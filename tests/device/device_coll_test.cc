@@ -1,0 +1,363 @@
+// Device buffers on the UCX backend, with the CPU fake device (tests/device/fake_device.h):
+// real ranks (forked), the real bootstrap and UCX on loopback, the library's real staging
+// pipeline and stream bookkeeping; only the "device" is host memory behind a fake runtime.
+// Every result is compared bit for bit with the same collective on host buffers.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plugin/device/runtime.h"
+#include "scape/scape.h"
+#include "tests/device/fake_device.h"
+#include "tests/harness.h"
+
+namespace {
+
+using fake_device::FakeRuntime;
+using fake_device::Gate;
+using scape_test::RankCtx;
+using scape_test::RunRanks;
+
+// In a rank process: the fake runtime, installed once (leaked: it must outlive the
+// communicator, which the harness destroys after the body).
+FakeRuntime& Fake() {
+  static FakeRuntime* rt = [] {
+    auto* f = new FakeRuntime();
+    scape::device::SetRuntimeForTesting(f);
+    return f;
+  }();
+  return *rt;
+}
+
+enum class Coll { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+const char* Name(Coll c) {
+  switch (c) {
+    case Coll::kAllReduce: return "allreduce";
+    case Coll::kReduceScatter: return "reducescatter";
+    case Coll::kAllGather: return "allgather";
+    default: return "broadcast";
+  }
+}
+
+scapeResult_t Call(Coll c, const void* s, void* r, size_t n, scapeDataType_t t, scapeRedOp_t op,
+                   int root, scapeComm_t comm, void* stream) {
+  switch (c) {
+    case Coll::kAllReduce: return scapeAllReduce(s, r, n, t, op, nullptr, comm, stream);
+    case Coll::kReduceScatter: return scapeReduceScatter(s, r, n, t, op, comm, stream);
+    case Coll::kAllGather: return scapeAllGather(s, r, n, t, comm, stream);
+    default: return scapeBroadcast(s, r, n, t, root, comm, stream);
+  }
+}
+
+// Random bytes that are valid values of the type (finite floats).
+std::vector<char> RandomValues(std::mt19937& rng, size_t n, scapeDataType_t t) {
+  const size_t esz = scapeTypeSize(t);
+  std::vector<char> v(n * esz);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (size_t i = 0; i < n; ++i) {
+    float f = nd(rng);
+    switch (t) {
+      case scapeFloat32: std::memcpy(&v[i * esz], &f, 4); break;
+      case scapeBfloat16: {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        uint16_t h = static_cast<uint16_t>(u >> 16);
+        std::memcpy(&v[i * esz], &h, 2);
+        break;
+      }
+      case scapeInt64: {
+        int64_t x = static_cast<int64_t>(rng()) - (1ll << 31);
+        std::memcpy(&v[i * esz], &x, 8);
+        break;
+      }
+      default: {
+        int32_t x = static_cast<int32_t>(rng() % 200001) - 100000;
+        std::memcpy(&v[i * esz], &x, 4);
+      }
+    }
+  }
+  return v;
+}
+
+// One collective on device buffers (staged) against the same on host buffers.
+bool DeviceMatchesHost(RankCtx& ctx, Coll c, size_t n, scapeDataType_t t, scapeRedOp_t op,
+                       bool inPlace, unsigned seed) {
+  FakeRuntime& rt = Fake();
+  SCOPED_TRACE(::testing::Message() << Name(c) << " n=" << n << " type=" << t << " op=" << op
+                                    << " inPlace=" << inPlace << " rank=" << ctx.rank);
+  const size_t P = static_cast<size_t>(ctx.nranks), esz = scapeTypeSize(t);
+  const int root = static_cast<int>(seed % P);
+  const size_t sendN = c == Coll::kReduceScatter ? P * n : n;
+  const size_t recvN = c == Coll::kAllGather ? P * n : n;
+  std::mt19937 rng(seed * 7919u + static_cast<unsigned>(ctx.rank));
+  std::vector<char> in = RandomValues(rng, sendN, t);
+  std::vector<char> hostOut(recvN * esz, 0x5a);
+  std::vector<char> hostIn = in;
+  const void* hs = hostIn.data();
+  void* hr = hostOut.data();
+  if (c == Coll::kBroadcast && ctx.rank != root) hs = nullptr;
+  EXPECT_SCAPE_OK(Call(c, hs, hr, n, t, op, root, ctx.comm, nullptr), ctx.comm);
+
+  // The same on "device" buffers, in place where the layout allows it.
+  char* dsend = static_cast<char*>(rt.DeviceMalloc(std::max(sendN, recvN) * esz));
+  char* drecv = inPlace ? nullptr : static_cast<char*>(rt.DeviceMalloc(recvN * esz));
+  void* stream = rt.NewStream();
+  const void* ds = dsend;
+  void* dr = drecv;
+  if (inPlace) {
+    // all-reduce/broadcast: the same buffer; all-gather: send at recv + rank*n; reduce-scatter:
+    // recv at send + rank*n.
+    dr = dsend;
+    if (c == Coll::kAllGather) ds = dsend + static_cast<size_t>(ctx.rank) * n * esz;
+    if (c == Coll::kReduceScatter) dr = dsend + static_cast<size_t>(ctx.rank) * n * esz;
+  } else {
+    std::memset(drecv, 0x5a, recvN * esz);
+  }
+  std::memcpy(const_cast<void*>(ds), in.data(), in.size());
+  if (c == Coll::kBroadcast && ctx.rank != root) ds = nullptr;
+  const uint64_t d2h0 = rt.d2hCopies, h2d0 = rt.h2dCopies;
+  scapeResult_t r = Call(c, ds, dr, n, t, op, root, ctx.comm, stream);
+  EXPECT_EQ(r, scapeSuccess) << scapeGetLastError(ctx.comm);
+  EXPECT_TRUE(rt.StreamOf(stream)->Sync());
+  std::vector<char> got(recvN * esz);
+  if (!got.empty()) std::memcpy(got.data(), dr, got.size());
+  EXPECT_TRUE(got == hostOut) << "device result differs from the host collective";
+  if (n > 0) {
+    EXPECT_GT(rt.h2dCopies.load(), h2d0) << "nothing was copied back to the device";
+    if (c != Coll::kBroadcast || ctx.rank == root) {
+      EXPECT_GT(rt.d2hCopies.load(), d2h0) << "nothing was staged from the device";
+    }
+  }
+  rt.DeviceFree(dsend);
+  rt.DeviceFree(drecv);
+  return !::testing::Test::HasFailure();
+}
+
+class DeviceColl : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceColl, StagedResultsAreBitIdenticalToHost) {
+  const int P = GetParam();
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "8192", 1);  // many chunks: the pipeline is exercised
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(P, [&](RankCtx& ctx) {
+    unsigned s = seed;
+    for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast})
+      for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{2049}, size_t{100003}})
+        for (bool inPlace : {false, true}) {
+          scapeDataType_t t = (s % 3 == 0) ? scapeFloat32 : (s % 3 == 1) ? scapeBfloat16 : scapeInt32;
+          scapeRedOp_t op = static_cast<scapeRedOp_t>(s % scapeNumOps);
+          if (!DeviceMatchesHost(ctx, c, n, t, op, inPlace, s++)) return false;
+        }
+    // int64 and every op once more at an odd size.
+    for (int op = 0; op < scapeNumOps; ++op)
+      if (!DeviceMatchesHost(ctx, Coll::kAllReduce, 5003, scapeInt64,
+                             static_cast<scapeRedOp_t>(op), false, s++))
+        return false;
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceColl, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
+
+// The call enqueues and returns while its stream is held; nothing is written until the
+// stream runs; collectives queued back to back on a stream see each other's results.
+TEST(DeviceStream, CallsEnqueueAndReturnAndFollowStreamOrder) {
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  auto res = RunRanks(3, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const size_t n = 10007;
+    auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(i % 13) + ctx.rank;
+    void* s = rt.NewStream();
+    Gate gate;
+    rt.HoldStream(s, &gate);
+    // Three in-place sums queued behind the gate: each must see the previous one's result.
+    for (int k = 0; k < 3; ++k)
+      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
+    // Nothing has run yet: the calls returned with the stream held.
+    for (size_t i = 0; i < n; ++i)
+      if (d[i] != static_cast<int32_t>(i % 13) + ctx.rank) {
+        ADD_FAILURE() << "element " << i << " changed before the stream reached the call";
+        break;
+      }
+    gate.Open();
+    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    for (size_t i = 0; i < n; ++i) {
+      // sum over ranks of (v + r) = 3v + 3; then x3 twice more.
+      const int32_t v = static_cast<int32_t>(i % 13);
+      const int32_t want = (3 * v + 3) * 9;
+      if (d[i] != want) {
+        ADD_FAILURE() << "element " << i << " = " << d[i] << ", want " << want;
+        break;
+      }
+    }
+    rt.DeviceFree(d);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Host buffers with a stream: the call waits for the stream first, so a copy queued on the
+// stream before the call (device -> host send buffer) is what gets reduced.
+TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    rt.copyDelayUs = 20000;  // the queued copy is slow
+    const size_t n = 1000;
+    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<float>(i) + 0.5f * ctx.rank;
+    std::vector<float> h(n, -1.f), out(n, 0.f);
+    void* s = rt.NewStream();
+    EXPECT_TRUE(rt.CopyAsync(h.data(), d, n * 4, s).ok());
+    const uint64_t syncs = rt.syncs;
+    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), out.data(), n, scapeFloat32, scapeSum, nullptr,
+                                   ctx.comm, s), ctx.comm);
+    EXPECT_EQ(rt.syncs.load(), syncs + 1);
+    for (size_t i = 0; i < n; ++i)
+      if (out[i] != 2.f * static_cast<float>(i) + 0.5f) {
+        ADD_FAILURE() << "element " << i << " = " << out[i];
+        break;
+      }
+    rt.copyDelayUs = 0;
+    rt.DeviceFree(d);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Pointer-kind errors name the arguments; forms without a device path say so.
+TEST(DeviceStream, MixesAndUnsupportedFormsAreClearErrors) {
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const size_t n = 64;
+    void* d = rt.DeviceMalloc(n * 4 * 2);
+    std::vector<float> h(n * 2);
+    void* s = rt.NewStream();
+    EXPECT_EQ(scapeAllReduce(d, h.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
+              scapeInvalidArgument);
+    std::string m = scapeGetLastError(ctx.comm);
+    EXPECT_NE(m.find("sendbuf is device memory but recvbuf is host memory"), std::string::npos) << m;
+    EXPECT_EQ(scapeAllGather(h.data(), d, n, scapeFloat32, ctx.comm, s), scapeInvalidArgument);
+    m = scapeGetLastError(ctx.comm);
+    EXPECT_NE(m.find("sendbuf is host memory but recvbuf is device memory"), std::string::npos) << m;
+    scapeRequest_t req = nullptr;
+    EXPECT_EQ(scapeAllReduceAsync(d, d, n, scapeFloat32, scapeSum, nullptr, ctx.comm, s, &req),
+              scapeUnsupported);
+    m = scapeGetLastError(ctx.comm);
+    EXPECT_NE(m.find("blocking form"), std::string::npos) << m;
+    EXPECT_EQ(req, nullptr);
+    // Argument errors of the host path still come first (bad datatype).
+    EXPECT_EQ(scapeAllReduce(d, d, n, static_cast<scapeDataType_t>(42), scapeSum, nullptr,
+                             ctx.comm, s), scapeInvalidArgument);
+    // After the errors (local, nothing sent) the communicator still works, on both paths.
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, nullptr,
+                                   ctx.comm, nullptr), ctx.comm);
+    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    scapeResult_t ae = scapeInternalError;
+    EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
+    EXPECT_EQ(ae, scapeSuccess);
+    rt.DeviceFree(d);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// A peer that never joins the device collective: the worker gives up after the timeout,
+// releases the stream (the receive buffer keeps its bytes), and the error is sticky.
+TEST(DeviceStream, APeerThatNeverComesTimesOutReleasesTheStreamAndSticks) {
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 1500;
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const size_t n = 4096;
+    auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+    for (size_t i = 0; i < n; ++i) d[i] = 7;
+    if (ctx.rank == 1) {
+      // Make the device channel with rank 0 (first device call), then stay away.
+      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr), ctx.comm);
+      EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
+      struct timespec ts = {4, 0};
+      nanosleep(&ts, nullptr);
+      return !::testing::Test::HasFailure();
+    }
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr), ctx.comm);
+    EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
+    EXPECT_EQ(d[0], 14);
+    void* s = rt.NewStream();
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
+    EXPECT_TRUE(rt.StreamOf(s)->Sync(10000)) << "the stream was not released";
+    EXPECT_EQ(d[0], 14) << "a failed collective must leave the receive buffer unchanged";
+    scapeResult_t ae = scapeSuccess;
+    EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
+    EXPECT_EQ(ae, scapeTimeout);
+    EXPECT_EQ(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), scapeTimeout);
+    std::string m = scapeGetLastError(ctx.comm);
+    EXPECT_NE(m.find("no progress"), std::string::npos) << m;
+    return !::testing::Test::HasFailure();
+  }, opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// scapeCommDestroy right after enqueueing: it waits for the work to reach the end of its
+// stream, so the result is in place and nothing is freed under a pending copy.
+TEST(DeviceStream, DestroyDrainsWorkInFlight) {
+  scape_test::RankOptions opts;
+  opts.initComm = false;
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    rt.copyDelayUs = 2000;
+    scapeComm_t comm = nullptr;
+    EXPECT_SCAPE_OK(scapeCommInitRank(&comm, ctx.nranks, ctx.id, ctx.rank), nullptr);
+    if (!comm) return false;
+    const size_t n = 50000;
+    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    for (size_t i = 0; i < n; ++i) d[i] = 1.f;
+    void* s = rt.NewStream();
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, comm, s), comm);
+    EXPECT_SCAPE_OK(scapeCommDestroy(comm), nullptr);
+    for (size_t i = 0; i < n; ++i)
+      if (d[i] != 2.f) {
+        ADD_FAILURE() << "element " << i << " = " << d[i] << " after destroy";
+        break;
+      }
+    EXPECT_EQ(rt.pinnedLive.load(), 0u) << "staging buffers not freed";
+    rt.copyDelayUs = 0;
+    return !::testing::Test::HasFailure();
+  }, opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Without a device runtime (CPU build, or no driver: this machine), every pointer is host
+// memory and a non-NULL stream cannot be honoured: a clear scapeUnsupported.
+TEST(DeviceNone, AStreamWithoutCudaIsUnsupported) {
+  int built = -1, avail = -1;
+  ASSERT_EQ(scapeGetDeviceSupport(&built, &avail), scapeSuccess);
+  if (avail) GTEST_SKIP() << "a CUDA device is present: the no-driver path cannot be reached here";
+  auto res = RunRanks(1, [&](RankCtx& ctx) {
+    std::vector<float> h(16, 1.f);
+    int fakeStream = 0;
+    EXPECT_EQ(scapeAllReduce(h.data(), h.data(), 16, scapeFloat32, scapeSum, nullptr, ctx.comm,
+                             &fakeStream), scapeUnsupported);
+    std::string m = scapeGetLastError(ctx.comm);
+    EXPECT_NE(m.find("stream = NULL"), std::string::npos) << m;
+    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), h.data(), 16, scapeFloat32, scapeSum, nullptr,
+                                   ctx.comm, nullptr), ctx.comm);
+    int backend = -1;
+    EXPECT_SCAPE_OK(scapeCommGetBackend(ctx.comm, &backend), ctx.comm);
+    EXPECT_EQ(backend, scapeBackendUcx);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+}  // namespace
