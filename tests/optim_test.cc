@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/scape_step.h"
 #include "tests/harness.h"
 #include "tests/test_util.h"
 
@@ -771,6 +772,125 @@ TEST(Optim, ForeignMaskUseIsRefused) {
     return true;
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+}  // namespace
+}  // namespace scape_test
+
+namespace scape_test {
+namespace {
+
+// The fused passes at a mask in owner-major order, large enough to run on several threads
+// (chunk boundaries fall inside runs), give the bits of one thread and of the sorted-mask
+// kernels.
+TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
+  namespace k = scape::kernels;
+  const size_t n = (size_t{1} << 20) + 4099;
+  // Four "owners" take alternating stretches of the buffer (segment ownership interleaves).
+  std::vector<uint64_t> cuts{0};
+  for (size_t b = 0; cuts.back() < n; ++b) cuts.push_back(std::min<uint64_t>(n, cuts.back() + 50000 + 977 * (b % 7)));
+  const int P = 4;
+  std::vector<std::vector<uint64_t>> blocks(P);
+  std::vector<k::MaskRun> runs;
+  unsigned seed = FreshSeed();
+  for (size_t r = 0; r + 1 < cuts.size(); ++r)
+    for (uint64_t i = cuts[r]; i < cuts[r + 1]; ++i)
+      if (SplitMix(seed ^ i) % 37 == 0) blocks[r % P].push_back(i);
+  std::vector<uint64_t> idx, sorted;
+  std::vector<uint64_t> boff(P + 1, 0);
+  for (int b = 0; b < P; ++b) {
+    boff[b + 1] = boff[b] + blocks[b].size();
+    idx.insert(idx.end(), blocks[b].begin(), blocks[b].end());
+  }
+  std::vector<size_t> cursor(P, 0);
+  for (size_t r = 0; r + 1 < cuts.size(); ++r) {
+    const int b = static_cast<int>(r % P);
+    const uint64_t jb = boff[b] + cursor[b];
+    while (cursor[b] < blocks[b].size() && blocks[b][cursor[b]] < cuts[r + 1]) ++cursor[b];
+    runs.push_back({cuts[r], cuts[r + 1], jb, boff[b] + cursor[b], b == 1 ? k::kRunOwned : 0u});
+  }
+  sorted = idx;
+  std::sort(sorted.begin(), sorted.end());
+  k::MaskView v;
+  v.idx = idx.data();
+  v.k = idx.size();
+  v.runs = runs.data();
+  v.nruns = runs.size();
+  ASSERT_TRUE(k::MaskViewIsValid(v, n));
+  // Slot of each sorted entry in mask order.
+  std::vector<size_t> slot(sorted.size());
+  {
+    std::vector<std::pair<uint64_t, size_t>> ps;
+    for (size_t j = 0; j < idx.size(); ++j) ps.push_back({idx[j], j});
+    std::sort(ps.begin(), ps.end());
+    for (size_t q = 0; q < ps.size(); ++q) slot[q] = ps[q].second;
+  }
+  std::vector<float> m(n), g(n), e(n), theta(n);
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = static_cast<float>(InputValue(scapeFloat32, seed, 1, i));
+    g[i] = static_cast<float>(InputValue(scapeFloat32, seed, 2, i));
+    e[i] = static_cast<float>(InputValue(scapeFloat32, seed, 3, i)) * 0.1f;
+    theta[i] = static_cast<float>(InputValue(scapeFloat32, seed, 4, i));
+  }
+  for (scapeDataType_t t : {scapeFloat32, scapeBfloat16}) {
+    const size_t esz = scapeTypeSize(t);
+    std::vector<float> e1 = e, e2 = e, stat1(n, 7.0f), stat2(n, 7.0f);
+    std::vector<char> p1(idx.size() * esz), p2(idx.size() * esz);
+    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e1.data(), n, 0.9f, v, t, p1.data(), stat1.data(), 1), k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e2.data(), n, 0.9f, v, t, p2.data(), stat2.data(), 4), k::KernelStatus::kOk);
+    EXPECT_EQ(std::memcmp(e1.data(), e2.data(), 4 * n), 0);
+    EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size()), 0);
+    EXPECT_EQ(std::memcmp(stat1.data(), stat2.data(), 4 * n), 0);
+    // The statistic is written on the owned runs only; the fp32 payload equals the sorted kernel's.
+    size_t owned = 0, ownedLen = 0, untouched = 0, otherLen = 0;
+    for (const auto& r : runs)
+      for (uint64_t i = r.begin; i < r.end; ++i) {
+        if (r.flags & k::kRunOwned) {
+          owned += stat1[i] != 7.0f;
+          ++ownedLen;
+        } else {
+          untouched += stat1[i] == 7.0f;
+          ++otherLen;
+        }
+      }
+    EXPECT_EQ(owned, ownedLen);
+    EXPECT_EQ(untouched, otherLen);
+    if (t == scapeFloat32) {
+      std::vector<float> e3 = e, ps(sorted.size());
+      ASSERT_EQ(k::CandidatePackResidual(m.data(), g.data(), e3.data(), n, 0.9f, sorted.data(), sorted.size(), t, ps.data(), nullptr, 1), k::KernelStatus::kOk);
+      EXPECT_EQ(std::memcmp(e3.data(), e1.data(), 4 * n), 0);
+      size_t bad = 0;
+      for (size_t q = 0; q < sorted.size(); ++q) bad += std::memcmp(&ps[q], p1.data() + 4 * slot[q], 4) != 0;
+      EXPECT_EQ(bad, 0u);
+      // The update at the view equals the sorted update with the payload in sorted order.
+      k::AdamSParams ap;
+      ap.clip_scale = 0.7f;
+      ap.bias_correction = k::BiasCorrection::kScapeArtifact;
+      ap.step = 3;
+      std::vector<float> th1 = theta, m1 = m, th2 = theta, m2 = m, th3 = theta, m3 = m;
+      ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), t, v, th1.data(), m1.data(), n, ap, 4), k::KernelStatus::kOk);
+      ASSERT_EQ(k::UnpackAdamSUpdate(ps.data(), t, sorted.data(), sorted.size(), th2.data(), m2.data(), n, ap, 1), k::KernelStatus::kOk);
+      EXPECT_EQ(std::memcmp(th1.data(), th2.data(), 4 * n), 0);
+      EXPECT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0);
+      // Pairs per owner block, then the unpack of the gathered pairs: the same bits again.
+      std::vector<float> pairs(2 * idx.size());
+      for (int b = 0; b < P; ++b)
+        ASSERT_EQ(k::AdamSUpdatePairs(p1.data() + 4 * boff[b], t, idx.data() + boff[b], blocks[b].size(), theta.data(), m.data(), n, ap, pairs.data() + 2 * boff[b], 2), k::KernelStatus::kOk);
+      ASSERT_EQ(k::UnpackPairsDecayView(pairs.data(), v, th3.data(), m3.data(), n, ap, 4), k::KernelStatus::kOk);
+      EXPECT_EQ(std::memcmp(th3.data(), th2.data(), 4 * n), 0);
+      EXPECT_EQ(std::memcmp(m3.data(), m2.data(), 4 * n), 0);
+    }
+  }
+  // A view whose runs do not tile the buffer, or whose entries leave their run, is refused.
+  std::vector<k::MaskRun> bad = runs;
+  bad[1].begin += 1;
+  k::MaskView bv = v;
+  bv.runs = bad.data();
+  EXPECT_FALSE(k::MaskViewIsValid(bv, n));
+  bad = runs;
+  std::swap(bad[0].je, bad[P].je);
+  bv.runs = bad.data();
+  EXPECT_FALSE(k::MaskViewIsValid(bv, n));
 }
 
 }  // namespace
