@@ -17,12 +17,12 @@ namespace {
 std::atomic<LogSink> g_sink{nullptr};
 
 LogLevel ParseLevel() {
-  const std::string v = ParamString("SCAPE_DEBUG");
-  if (v.empty() || strcasecmp(v.c_str(), "WARN") == 0) return LogLevel::kWarn;
-  if (strcasecmp(v.c_str(), "INFO") == 0) return LogLevel::kInfo;
-  if (strcasecmp(v.c_str(), "TRACE") == 0) return LogLevel::kTrace;
-  if (strcasecmp(v.c_str(), "NONE") == 0) return LogLevel::kNone;
-  return LogLevel::kWarn;
+  // The choices are declared in LogLevel's order. A malformed level cannot be returned as an
+  // error from here: it logs at the default level and says so once.
+  int level = static_cast<int>(LogLevel::kWarn);
+  Status st = ParamGetChoice("SCAPE_DEBUG", &level);
+  if (!st.ok()) std::fprintf(stderr, "SCAPE WARN %s; logging at WARN\n", st.message().c_str());
+  return static_cast<LogLevel>(level);
 }
 
 }  // namespace

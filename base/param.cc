@@ -1,67 +1,188 @@
 #include "base/param.h"
 
+#include <strings.h>
+
 #include <cassert>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+
+#include "base/log.h"
+
+#define SCAPE_PARAM_STR2(x) #x
+#define SCAPE_PARAM_STR(x) SCAPE_PARAM_STR2(x)
 
 namespace scape {
 namespace {
 
+// One declaration per knob. The "doc" strings are README.md's configuration table (regenerate
+// it with `build/tests/scape_param_table --update README.md` after an edit here). Order: as the
+// README lists them.
 const ParamInfo kParams[] = {
-    {"SCAPE_DEBUG", "WARN", "log level: NONE, WARN, INFO, TRACE"},
-    {"SCAPE_TIMEOUT_MS", "120000",
-     "milliseconds an operation (or the bootstrap) may go without progress before scapeTimeout"},
-    {"SCAPE_PROGRESS", "auto", "how ranks wait: auto, spin, yield, blocking"},
+    {"SCAPE_TIMEOUT_MS", SCAPE_PARAM_STR(SCAPE_PARAM_DEFAULT_TIMEOUT_MS),
+     "ms an operation (or the bootstrap) may go without progress before `scapeTimeout` "
+     "(`scapeConfig_t.timeoutMs`)",
+     ParamType::kInt, 1, 86400000},
+    {"SCAPE_PROGRESS", "auto",
+     "how ranks wait: `spin`, `yield` (for more ranks than cores), `blocking` (sleep on network "
+     "events), `auto` (spin unless this host has more ranks than cores) "
+     "(`scapeConfig_t.progressMode`)",
+     ParamType::kChoice, 0, 0, "auto,spin,yield,blocking"},  // order of scapeProgressMode_t
     {"SCAPE_SOCKET_IFNAME", "",
-     "network interface for the bootstrap and UCX TCP (default: first up non-loopback, else lo)"},
-    {"SCAPE_UCX_TLS", "", "UCX transports to use (UCX_TLS syntax); empty: UCX's default"},
+     "interface of the bootstrap socket (`scapeConfig_t.netIf`); when it is a loopback "
+     "interface, UCX's network devices are limited to it too, unless `UCX_NET_DEVICES` is set",
+     ParamType::kString, 0, 0, nullptr, "first up non-loopback interface, else `lo`"},
+    {"SCAPE_UCX_TLS", "", "UCX transports (`UCX_TLS` syntax), e.g. `tcp`, `sm,self`, `rc,sm`",
+     ParamType::kString, 0, 0, nullptr, "UCX default"},
     {"SCAPE_LOCAL_SHM", "1",
-     "1: ranks on one host use shared memory (a dead peer is found by watching its process); "
-     "0: every peer goes over a network transport that reports failures itself"},
-    {"SCAPE_ALLREDUCE_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
-    {"SCAPE_RING_THRESHOLD", "65536",
-     "bytes from which auto all-reduce uses the ring instead of recursive doubling"},
-    {"SCAPE_CHUNK_BYTES", "2097152", "pipeline chunk size of ring algorithms, in bytes"},
-    {"SCAPE_BOOTSTRAP_ADDR", "", "host:port of the rendezvous root for scapeCommInitFromEnv"},
+     "`1`: ranks on one host talk over shared memory, and a dead peer is found by watching its "
+     "process; `0`: every peer goes over a network transport (TCP, RDMA) that reports failures "
+     "itself",
+     ParamType::kInt, 0, 1},
+    {"SCAPE_ALLREDUCE_ALGO", "auto",
+     "`ring` (bandwidth-optimal), `rd` (recursive doubling, latency-optimal) or `auto`",
+     ParamType::kChoice, 0, 0, "auto,ring,rd"},
+    {"SCAPE_RING_THRESHOLD", "65536", "bytes from which `auto` uses the ring", ParamType::kInt, 0,
+     INT64_C(1) << 62},
+    {"SCAPE_CHUNK_BYTES", "2097152", "pipeline chunk of the ring and broadcast (4096 .. 1 GiB)",
+     ParamType::kInt, 4096, INT64_C(1) << 30},
+    {"SCAPE_BOOTSTRAP_ADDR", "", "`host:port` of the rendezvous root for `scapeCommInitFromEnv`",
+     ParamType::kString, 0, 0, nullptr, "-"},
     {"SCAPE_BOOTSTRAP_SECRET", "",
-     "32 hex digits: the shared secret for scapeCommInitFromEnv (default: derived from job id)"},
-    {"SCAPE_NCCL_DEVICES", "",
-     "NICs the NCCL net plugin exposes (names, prefix match; '=' exact, '^' exclude); empty: auto"},
-    {"SCAPE_NCCL_UCX_TLS", "", "UCX transports for the NCCL net plugin; empty: SCAPE_UCX_TLS"},
+     "32 hex digits, the shared secret for `scapeCommInitFromEnv`", ParamType::kString, 0, 0,
+     nullptr, "derived from the job id"},
+    {"SCAPE_NCCL_DEVICES", "", "NICs the NCCL net plugin exposes (see \"NCCL net plugin\")",
+     ParamType::kString, 0, 0, nullptr, "auto"},
+    {"SCAPE_NCCL_UCX_TLS", "", "UCX transports of the NCCL net plugin", ParamType::kString, 0, 0,
+     nullptr, "`SCAPE_UCX_TLS`"},
+    {"SCAPE_DEBUG", "WARN", "log level: `NONE`, `WARN`, `INFO`, `TRACE`", ParamType::kChoice, 0,
+     0, "NONE,WARN,INFO,TRACE"},  // order of LogLevel
     {nullptr, nullptr, nullptr},
 };
 
-const ParamInfo* Find(const char* name) {
-  for (const ParamInfo* p = kParams; p->name; ++p)
-    if (std::strcmp(p->name, name) == 0) return p;
-  return nullptr;
+// The one getenv of the library. Empty reads as unset.
+const char* RawEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+const ParamInfo& Declared(const char* name) {
+  static const ParamInfo kUndeclared = {"", "", ""};
+  const ParamInfo* p = FindParam(name);
+  assert(p && "parameter not declared in base/param.cc");
+  return p ? *p : kUndeclared;
+}
+
+// A malformed knob: one message shape for every type.
+Status Malformed(const ParamInfo& p, const std::string& value, const std::string& expected) {
+  return InvalidUsage(StrFormat("%s='%s': expected %s (see the configuration table in "
+                                "README.md)",
+                                p.name, value.c_str(), expected.c_str()));
+}
+
+bool ParseInt64(const std::string& v, int64_t* out) {
+  if (v.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 0);
+  if (errno != 0 || end == v.c_str() || *end != '\0') return false;
+  *out = static_cast<int64_t>(x);
+  return true;
 }
 
 }  // namespace
 
 const ParamInfo* ParamTable() { return kParams; }
 
-std::string ParamString(const char* name) {
-  const ParamInfo* info = Find(name);
-  assert(info && "parameter not declared in param.cc");
-  const char* v = std::getenv(name);
-  if (v && *v) return v;
-  return info ? info->defaultValue : "";
+const ParamInfo* FindParam(const char* name) {
+  if (!name) return nullptr;
+  for (const ParamInfo* p = kParams; p->name; ++p)
+    if (std::strcmp(p->name, name) == 0) return p;
+  return nullptr;
 }
 
-int64_t ParamInt(const char* name, int64_t fallback, bool* ok) {
-  if (ok) *ok = true;
-  std::string v = ParamString(name);
-  if (v.empty()) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  long long x = std::strtoll(v.c_str(), &end, 0);
-  if (errno != 0 || end == v.c_str() || *end != '\0') {
-    if (ok) *ok = false;
-    return fallback;
+std::string ParamString(const char* name) {
+  const ParamInfo& info = Declared(name);
+  if (!*info.name) return "";
+  const char* v = RawEnv(name);
+  return v ? std::string(v) : std::string(info.defaultValue);
+}
+
+const char* ParamCString(const char* name) {
+  const ParamInfo& info = Declared(name);
+  if (!*info.name) return nullptr;
+  const char* v = RawEnv(name);
+  return v ? v : (*info.defaultValue ? info.defaultValue : nullptr);
+}
+
+bool ParamIsSet(const char* name) {
+  const ParamInfo& info = Declared(name);
+  return *info.name && RawEnv(name) != nullptr;
+}
+
+Status ParamGetInt(const char* name, int64_t* out) {
+  const ParamInfo& info = Declared(name);
+  if (!*info.name || info.type != ParamType::kInt)
+    return InternalError(StrFormat("%s is not declared as an integer knob", name));
+  const std::string v = ParamString(name);
+  int64_t x = 0;
+  if (!ParseInt64(v, &x) || x < info.minValue || x > info.maxValue)
+    return Malformed(info, v,
+                     StrFormat("an integer in %lld..%lld", static_cast<long long>(info.minValue),
+                               static_cast<long long>(info.maxValue)));
+  *out = x;
+  return Status::Ok();
+}
+
+Status ParamGetChoice(const char* name, int* out) {
+  const ParamInfo& info = Declared(name);
+  if (!*info.name || info.type != ParamType::kChoice || !info.choices)
+    return InternalError(StrFormat("%s is not declared as a choice knob", name));
+  const std::string v = ParamString(name);
+  const std::string all = info.choices;
+  int index = 0;
+  for (size_t begin = 0; begin <= all.size(); ++index) {
+    size_t end = all.find(',', begin);
+    if (end == std::string::npos) end = all.size();
+    if (strcasecmp(all.substr(begin, end - begin).c_str(), v.c_str()) == 0) {
+      *out = index;
+      return Status::Ok();
+    }
+    begin = end + 1;
   }
-  return static_cast<int64_t>(x);
+  std::string expected = "one of " + all;
+  return Malformed(info, v, expected);
+}
+
+const char* ParamExternal(const char* name) {
+  assert(name && std::strncmp(name, "SCAPE_", 6) != 0 &&
+         "SCAPE_* variables are knobs: declare them in base/param.cc");
+  return name ? RawEnv(name) : nullptr;
+}
+
+void LogEffectiveParams(const char* who) {
+  static std::once_flag once;
+  if (static_cast<int>(CurrentLogLevel()) < static_cast<int>(LogLevel::kInfo)) return;
+  std::call_once(once, [who] {
+    SCAPE_INFO("knobs at %s init (value, then where it came from):", who ? who : "library");
+    for (const ParamInfo* p = kParams; p->name; ++p) {
+      const bool set = RawEnv(p->name) != nullptr;
+      const std::string v = ParamString(p->name);
+      SCAPE_INFO("  %s=%s (%s)", p->name,
+                 v.empty() ? (p->defaultDoc ? p->defaultDoc : "<unset>") : v.c_str(),
+                 set ? "env" : "default");
+    }
+  });
+}
+
+std::string ParamTableMarkdown() {
+  std::string md = "| variable | default | meaning |\n|---|---|---|\n";
+  for (const ParamInfo* p = kParams; p->name; ++p) {
+    const char* def = p->defaultDoc ? p->defaultDoc : p->defaultValue;
+    md += StrFormat("| `%s` | %s | %s |\n", p->name, *def ? def : "-", p->doc);
+  }
+  return md;
 }
 
 }  // namespace scape

@@ -74,12 +74,35 @@ TEST(SharedLibrary, LoadsWithRtldNowAndExportsOnlyTheApi) {
   // LeakSanitizer would then report as UCX's leaks (NCCL keeps its net plugin loaded too).
 }
 
+std::string ReadLink(const std::string& link) {
+  char target[256] = {0};
+  ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+  return n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string();
+}
+
+// SCAPE_SO_PATH is libnccl-net-scape.so, the name NCCL dlopens for NCCL_NET_PLUGIN=scape: a
+// link to the SONAME file, a link to the versioned file.
+TEST(SharedLibrary, VersionedNamesChainToTheLibrary) {
+  const std::string path = SCAPE_SO_PATH;
+  const std::string dir = path.substr(0, path.rfind('/'));
+  ASSERT_EQ(path.substr(path.rfind('/') + 1), "libnccl-net-scape.so");
+  const std::string soname = "libnccl-net-scape.so." + std::to_string(SCAPE_MAJOR);
+  const std::string real = soname + "." + std::to_string(SCAPE_MINOR) + "." +
+                           std::to_string(SCAPE_PATCH);
+  EXPECT_EQ(ReadLink(path), soname);
+  EXPECT_EQ(ReadLink(dir + "/" + soname), real);
+  struct stat st;
+  ASSERT_EQ(lstat((dir + "/" + real).c_str(), &st), 0) << real;
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << real << " is not a regular file";
+}
+
 TEST(SharedLibrary, NcclNetSymlinkSitsBesideIt) {
   std::string path = SCAPE_SO_PATH;
   std::string link = path.substr(0, path.rfind('/')) + "/libnccl-net.so";
-  char target[256] = {0};
-  ASSERT_GT(readlink(link.c_str(), target, sizeof(target) - 1), 0) << link;
-  EXPECT_STREQ(target, "libnccl-net-scape.so");
+  EXPECT_EQ(ReadLink(link), "libnccl-net-scape.so." + std::to_string(SCAPE_MAJOR)) << link;
+  void* h = dlopen(link.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  EXPECT_NE(dlsym(h, "ncclNetPlugin_v11"), nullptr);
 }
 
 }  // namespace

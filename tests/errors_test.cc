@@ -77,12 +77,13 @@ TEST(Api, EnvironmentConfigErrors) {
   scapeUniqueId id;
   ASSERT_EQ(scapeGetUniqueId(&id), scapeSuccess);
   scapeComm_t comm = nullptr;
+  // A malformed knob is a configuration error (scapeInvalidUsage), as for the NCCL plugin.
   setenv("SCAPE_TIMEOUT_MS", "soon", 1);
-  EXPECT_EQ(scapeCommInitRank(&comm, 1, id, 0), scapeInvalidArgument);
+  EXPECT_EQ(scapeCommInitRank(&comm, 1, id, 0), scapeInvalidUsage);
   EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "SCAPE_TIMEOUT_MS"));
   unsetenv("SCAPE_TIMEOUT_MS");
   setenv("SCAPE_PROGRESS", "sometimes", 1);
-  EXPECT_EQ(scapeCommInitRank(&comm, 1, id, 0), scapeInvalidArgument);
+  EXPECT_EQ(scapeCommInitRank(&comm, 1, id, 0), scapeInvalidUsage);
   EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "SCAPE_PROGRESS"));
   unsetenv("SCAPE_PROGRESS");
   const char* keep[] = {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",

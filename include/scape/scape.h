@@ -66,10 +66,10 @@ extern "C" {
 #define SCAPE_API
 #endif
 
-/** Library version: SCAPE_VERSION_CODE == major * 10000 + minor * 100 + patch. */
-#define SCAPE_MAJOR 0
-#define SCAPE_MINOR 1
-#define SCAPE_PATCH 0
+/** Library version: SCAPE_MAJOR, SCAPE_MINOR, SCAPE_PATCH and SCAPE_VERSION_STRING come from
+ *  scape_version.h, generated from the build's project version and installed beside this
+ *  header. SCAPE_VERSION_CODE == major * 10000 + minor * 100 + patch. */
+#include <scape/scape_version.h>
 #define SCAPE_VERSION_CODE (SCAPE_MAJOR * 10000 + SCAPE_MINOR * 100 + SCAPE_PATCH)
 
 /* ------------------------------------------------------------------------------------------ */
@@ -253,14 +253,18 @@ SCAPE_API scapeResult_t scapeGetUniqueId(scapeUniqueId* uniqueId);
  *         token that was not made by scapeGetUniqueId); scapeInvalidUsage (ranks disagree on
  *         nranks, or two callers claim the same rank); scapeTimeout (not every rank came);
  *         scapeRemoteError (the root refused us, for example a wrong secret);
- *         scapeSystemError.
+ *         scapeSystemError; scapeInvalidUsage also when a SCAPE_* environment variable is
+ *         malformed (the message names it and what it accepts).
  */
 SCAPE_API scapeResult_t scapeCommInitRank(scapeComm_t* comm, int nranks, scapeUniqueId uniqueId,
                                           int rank);
 
 /** As scapeCommInitRank, with an explicit configuration (NULL means "all defaults").
  *  scapeInvalidArgument if config was not initialised with SCAPE_CONFIG_INITIALIZER or a field
- *  is out of range. */
+ *  is out of range. A struct from an older release (smaller `size`) is accepted: only the
+ *  fields within its size are read, the others take the environment or default.
+ *  scapeUnsupported for a struct from a later release (larger `size` and `version`) or from
+ *  another major version. */
 SCAPE_API scapeResult_t scapeCommInitRankConfig(scapeComm_t* comm, int nranks,
                                                 scapeUniqueId uniqueId, int rank,
                                                 const scapeConfig_t* config);

@@ -1,6 +1,6 @@
 // The plugin's configuration, read from the environment in one place (ReadPluginParams).
 //
-// Plugin-specific knobs (read here with std::getenv until they join base/param.cc):
+// Plugin-specific knobs (declared, like every knob, in base/param.cc):
 //   SCAPE_NCCL_DEVICES  which NICs the plugin exposes; default: every active RDMA port, else
 //                       the interface named by SCAPE_SOCKET_IFNAME, else every interface that is
 //                       up, has an address and is not loopback or docker*. Syntax as
@@ -18,6 +18,7 @@
 
 #include <string>
 
+#include "base/param.h"
 #include "base/status.h"
 
 namespace scape {
@@ -28,7 +29,7 @@ struct PluginParams {
   std::string tls;            // SCAPE_NCCL_UCX_TLS, else SCAPE_UCX_TLS
   std::string socketIfname;   // SCAPE_SOCKET_IFNAME
   bool userNetDevices = false;  // UCX_NET_DEVICES is set
-  int timeoutMs = 120000;     // SCAPE_TIMEOUT_MS
+  int timeoutMs = kDefaultTimeoutMs;  // SCAPE_TIMEOUT_MS
 };
 
 Status ReadPluginParams(PluginParams* out);

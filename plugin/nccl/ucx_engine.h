@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/param.h"
 #include "base/status.h"
 
 namespace scape {
@@ -60,7 +61,7 @@ struct DeviceRoute {
 struct Options {
   std::string tls;            // UCX TLS ("" = UCX's default)
   bool setNetDevices = true;  // false when the user set UCX_NET_DEVICES: leave it alone
-  int timeoutMs = 120000;     // connection setup deadline; bound on the flush at close
+  int timeoutMs = kDefaultTimeoutMs;  // connection setup deadline; bound on the flush at close
   int peerGraceMs = 1000;     // a pending request fails this long after the peer is gone
 };
 
