@@ -164,8 +164,8 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         scape_test::Store(t, a.data(), i, scape_test::InputValue(t, g(), 0, i));
         scape_test::Store(t, b.data(), i, scape_test::InputValue(t, g(), 1, i));
       }
-      ASSERT_TRUE(kernels::ReduceInto(t, op, ab.data(), a.data(), b.data(), n, op == scapeAvg ? 2 : 1));
-      ASSERT_TRUE(kernels::ReduceInto(t, op, ba.data(), b.data(), a.data(), n, op == scapeAvg ? 2 : 1));
+      ASSERT_EQ(kernels::ReduceInto(t, op, ab.data(), a.data(), b.data(), n, op == scapeAvg ? 2 : 1), kernels::KernelStatus::kOk);
+      ASSERT_EQ(kernels::ReduceInto(t, op, ba.data(), b.data(), a.data(), n, op == scapeAvg ? 2 : 1), kernels::KernelStatus::kOk);
       EXPECT_EQ(ab, ba) << "dtype " << t << " op " << op;
       for (size_t i = 0; i < n; ++i) {
         double x = scape_test::Load(t, a.data(), i), y = scape_test::Load(t, b.data(), i);
@@ -184,7 +184,7 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         a[i] = static_cast<uint16_t>(g());
         b[i] = static_cast<uint16_t>(g());
       }
-      ASSERT_TRUE(kernels::ReduceInto(t, scapeSum, out.data(), a.data(), b.data(), a.size(), div));
+      ASSERT_EQ(kernels::ReduceInto(t, scapeSum, out.data(), a.data(), b.data(), a.size(), div), kernels::KernelStatus::kOk);
       for (size_t i = 0; i < a.size(); ++i) {
         float x = t == scapeFloat16 ? kernels::Fp16ToFloat(a[i]) : kernels::Bf16ToFloat(a[i]);
         float y = t == scapeFloat16 ? kernels::Fp16ToFloat(b[i]) : kernels::Bf16ToFloat(b[i]);
@@ -194,8 +194,20 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         ASSERT_EQ(out[i], want) << "dtype " << t << " element " << i << " a=" << a[i] << " b=" << b[i];
       }
     }
-  EXPECT_FALSE(kernels::ReduceInto(static_cast<scapeDataType_t>(9), scapeSum, nullptr, nullptr, nullptr, 0, 1));
-  EXPECT_FALSE(kernels::ReduceInto(scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, nullptr, nullptr, 0, 1));
+  EXPECT_EQ(kernels::ReduceInto(static_cast<scapeDataType_t>(9), scapeSum, nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 4, 1), kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kOk);
+  std::vector<int32_t> q = {7, -7, 9};
+  EXPECT_EQ(kernels::DivideInPlace(scapeInt32, q.data(), q.size(), 2), kernels::KernelStatus::kOk);
+  EXPECT_EQ(q, (std::vector<int32_t>{3, -3, 4}));
+  EXPECT_EQ(kernels::DivideInPlace(static_cast<scapeDataType_t>(9), q.data(), q.size(), 2), kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::DivideInPlace(scapeFloat32, nullptr, 3, 2), kernels::KernelStatus::kInvalidArgument);
+  // A status is turned into a Status once, with the kernel's reason.
+  Status st = kernels::ToStatus(kernels::KernelStatus::kCorrupt, "decode");
+  EXPECT_EQ(st.code(), scapeRemoteError);
+  EXPECT_EQ(st.message(), "decode: corrupt input");
+  EXPECT_TRUE(kernels::ToStatus(kernels::KernelStatus::kOk, "x").ok());
 }
 
 TEST(Bootstrap, UniqueIdRoundTripAndValidation) {

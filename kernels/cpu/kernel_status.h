@@ -6,12 +6,19 @@
 #ifndef SCAPE_KERNELS_CPU_KERNEL_STATUS_H_
 #define SCAPE_KERNELS_CPU_KERNEL_STATUS_H_
 
+#include <string>
+
+#include "base/status.h"
 #include "scape/scape.h"
 
 namespace scape {
 namespace kernels {
 
-enum class KernelStatus : int {
+// [[nodiscard]]: a kernel's result must be looked at (it is the only way a kernel reports an
+// error). Every kernel in kernels/ that can fail returns this type; ones that cannot fail
+// (conversions, gathers of validated indices) return nothing, and predicates (MaskIsValid)
+// return bool.
+enum class [[nodiscard]] KernelStatus : int {
   kOk = 0,
   kInvalidArgument = 1,  // null pointer with a non-zero count, bad size/parameter, unsorted mask
   kBufferTooSmall = 2,   // an output or temp-storage capacity is smaller than required
@@ -49,6 +56,13 @@ inline scapeResult_t ToResult(KernelStatus s) {
     case KernelStatus::kCudaError: return scapeSystemError;
   }
   return scapeInternalError;
+}
+
+// The Status a caller above kernels/ returns for a kernel result: ok, or ToResult's code with
+// "<what>: <reason>".
+inline Status ToStatus(KernelStatus s, const std::string& what) {
+  if (s == KernelStatus::kOk) return Status::Ok();
+  return Status(ToResult(s), what + ": " + KernelStatusString(s));
 }
 
 }  // namespace kernels

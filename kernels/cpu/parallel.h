@@ -47,7 +47,7 @@ inline size_t ChunkBegin(size_t n, int parts, int i, size_t align = 16) {
 }
 
 template <typename F>
-bool ParallelRun(int nthreads, F&& f) {
+[[nodiscard]] bool ParallelRun(int nthreads, F&& f) {
   std::atomic<bool> ok{true};
   auto guarded = [&](int t) {
     try {

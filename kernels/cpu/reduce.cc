@@ -160,10 +160,8 @@ bool ReduceTyped(scapeDataType_t dtype, void* dst, const void* a, const void* b,
   }
 }
 
-}  // namespace
-
-bool ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a, const void* b,
-                size_t n, int finalDivisor) {
+bool ReduceAny(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a, const void* b,
+               size_t n, int finalDivisor) {
   if (dtype == scapeInt32)
     return ReduceIntAny(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
                         static_cast<const int32_t*>(b), n, finalDivisor);
@@ -179,7 +177,7 @@ bool ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a
   }
 }
 
-bool DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
+bool DivideAny(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
   if (divisor <= 1) return dtype >= 0 && dtype < scapeNumTypes;
   switch (dtype) {
     case scapeFloat32: {
@@ -211,6 +209,20 @@ bool DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
     default:
       return false;
   }
+}
+
+}  // namespace
+
+KernelStatus ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a,
+                        const void* b, size_t n, int finalDivisor) {
+  if (n > 0 && (!dst || !a || !b)) return KernelStatus::kInvalidArgument;
+  return ReduceAny(dtype, op, dst, a, b, n, finalDivisor) ? KernelStatus::kOk
+                                                          : KernelStatus::kInvalidArgument;
+}
+
+KernelStatus DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
+  if (n > 0 && !buf) return KernelStatus::kInvalidArgument;
+  return DivideAny(dtype, buf, n, divisor) ? KernelStatus::kOk : KernelStatus::kInvalidArgument;
 }
 
 void ConvertFloatToBf16(const float* src, uint16_t* dst, size_t n) {

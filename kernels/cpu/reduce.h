@@ -11,22 +11,25 @@
 //   recursive doubling give identical bits on every rank.
 //   Aliasing: dst may equal a or b; no other overlap. n == 0 is a no-op.
 //   max/min follow fmaxf/fminf (a NaN operand loses to a number).
-// Returns false for an invalid dtype or op (nothing written).
+// Returns KernelStatus::kInvalidArgument for an invalid dtype or op, or a null pointer with
+// n > 0 (nothing written); kOk otherwise.
 #ifndef SCAPE_KERNELS_CPU_REDUCE_H_
 #define SCAPE_KERNELS_CPU_REDUCE_H_
 
 #include <cstddef>
 
+#include "kernels/cpu/kernel_status.h"
 #include "scape/scape.h"
 
 namespace scape {
 namespace kernels {
 
-bool ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a, const void* b,
-                size_t n, int finalDivisor);
+KernelStatus ReduceInto(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a,
+                        const void* b, size_t n, int finalDivisor);
 
-// dst[i] = src[i] / divisor (used for an average when no reduction hop remains, e.g. 1 rank).
-bool DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor);
+// buf[i] = buf[i] / divisor (used for an average when no reduction hop remains, e.g. 1 rank).
+// kInvalidArgument for an invalid dtype or a null buf with n > 0.
+KernelStatus DivideInPlace(scapeDataType_t dtype, void* buf, size_t n, int divisor);
 
 }  // namespace kernels
 }  // namespace scape

@@ -16,9 +16,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/gather.h"
@@ -34,11 +37,21 @@ using namespace scape::kernels;  // NOLINT
 constexpr size_t kN = size_t{64} << 20;  // 64 Mi elements
 constexpr double kDensity = 0.01;
 
+// ParallelRun reports a worker that threw; these workers do not throw, so a failure would mean
+// a share of the data was not produced: stop rather than measure it.
+template <typename F>
+void RunOrDie(int nt, F&& f) {
+  if (!detail::ParallelRun(nt, std::forward<F>(f))) {
+    std::fprintf(stderr, "bench_kernels: a worker thread failed\n");
+    std::abort();
+  }
+}
+
 // Fast deterministic approximately-normal data (sum of 4 uniforms, scaled).
 std::vector<float> Normalish(size_t n, uint64_t seed) {
   std::vector<float> v(n);
   const int nt = detail::KernelThreads(0);
-  detail::ParallelRun(nt, [&](int t) {
+  RunOrDie(nt, [&](int t) {
     uint64_t s =
         seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(t) * 0xbf58476d1ce4e5b9ull + 1;
     const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
@@ -66,7 +79,7 @@ struct Data {
 
 void ParallelCopy(float* dst, const float* src, size_t n) {
   const int nt = detail::KernelThreads(0);
-  detail::ParallelRun(nt, [&](int t) {
+  RunOrDie(nt, [&](int t) {
     const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
     std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
   });
@@ -75,7 +88,7 @@ void ParallelCopy(float* dst, const float* src, size_t n) {
 double ParallelSum(const float* x, size_t n) {
   const int nt = detail::KernelThreads(0);
   std::vector<double> part(static_cast<size_t>(nt));
-  detail::ParallelRun(nt, [&](int t) {
+  RunOrDie(nt, [&](int t) {
     const size_t b = detail::ChunkBegin(n, nt, t), e = detail::ChunkBegin(n, nt, t + 1);
     float acc[16] = {};
     size_t i = b;

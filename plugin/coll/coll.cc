@@ -175,7 +175,7 @@ class RingOp final : public Op {
       const int rb = RingRecvBlock(r_, p_, t);
       SCAPE_RETURN_IF_ERROR(ctx.Check(&col.recv, ChunkLen(rb, c) * esz_, &rd, advanced));
       if (!sd || !rd) continue;
-      if (t < p_ - 1) Reduce(t, rb, c);
+      if (t < p_ - 1) SCAPE_RETURN_IF_ERROR(Reduce(t, rb, c));
       if (++col.t >= steps_) {
         --active_;
         continue;
@@ -230,12 +230,14 @@ class RingOp final : public Op {
     return ctx.Send(Mod(r_ + 1, p_), step, src, ChunkLen(sb, c) * esz_, &col.send);
   }
 
-  void Reduce(int t, int b, size_t c) {
+  Status Reduce(int t, int b, size_t c) {
     const size_t n = ChunkLen(b, c);
     const void* local = Ptr(a_.send, (BlockOff(b) + ChunkOff(b, c)) * esz_);
     const bool last = t == p_ - 2;
-    kernels::ReduceInto(a_.dtype, a_.op, PartialPtr(t, b, c), Slot(staging_, 0, c), local, n,
-                        last && a_.op == scapeAvg ? p_ : 1);
+    return kernels::ToStatus(
+        kernels::ReduceInto(a_.dtype, a_.op, PartialPtr(t, b, c), Slot(staging_, 0, c), local, n,
+                            last && a_.op == scapeAvg ? p_ : 1),
+        "ring reduction");
   }
 
   Mode mode_;
@@ -263,7 +265,7 @@ class StagedOp : public Op {
     void* rbuf = nullptr;
     size_t rlen = 0;
     uint32_t step = 0;
-    std::function<void()> after;
+    std::function<Status()> after;  // runs when both halves are done (a reduction)
   };
 
   Status Start(Ctx& ctx) override { return PostCurrent(ctx); }
@@ -274,7 +276,7 @@ class StagedOp : public Op {
       SCAPE_RETURN_IF_ERROR(ctx.Check(&send_, 0, &sd, advanced));
       SCAPE_RETURN_IF_ERROR(ctx.Check(&recv_, stages_[cur_].rlen, &rd, advanced));
       if (!sd || !rd) break;
-      if (stages_[cur_].after) stages_[cur_].after();
+      if (stages_[cur_].after) SCAPE_RETURN_IF_ERROR(stages_[cur_].after());
       ++cur_;
       SCAPE_RETURN_IF_ERROR(PostCurrent(ctx));
     }
@@ -313,7 +315,9 @@ class RdAllReduceOp final : public StagedOp {
     void* buf = a_.recv;
     auto reduce = [this, buf](int div) {
       return [this, buf, div] {
-        kernels::ReduceInto(a_.dtype, a_.op, buf, buf, tmp_, a_.count, div);
+        return kernels::ToStatus(
+            kernels::ReduceInto(a_.dtype, a_.op, buf, buf, tmp_, a_.count, div),
+            "recursive-doubling reduction");
       };
     };
     const int avgDiv = a_.op == scapeAvg ? p_ : 1;

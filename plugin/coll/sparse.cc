@@ -101,12 +101,13 @@ size_t MergeLists(scapeDataType_t t, const uint64_t* ai, const char* av, size_t 
 }
 
 // mine := mine (+) theirs, the same bits whichever side computes it.
-void Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t esz) {
+Status Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t esz) {
   if (mine->dense || theirs.dense) {
     ToDenseInPlace(mine, n, esz);
     ToDenseInPlace(&theirs, n, esz);
-    kernels::ReduceInto(t, scapeSum, mine->vals.data(), mine->vals.data(), theirs.vals.data(), n, 1);
-    return;
+    return kernels::ToStatus(kernels::ReduceInto(t, scapeSum, mine->vals.data(), mine->vals.data(),
+                                                 theirs.vals.data(), n, 1),
+                             "sparse merge (dense)");
   }
   const size_t a = mine->nnz(), b = theirs.nnz();
   Part out;
@@ -120,6 +121,7 @@ void Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t esz)
   out.idx.resize(w);
   out.vals.resize(w * esz);
   *mine = std::move(out);
+  return Status::Ok();
 }
 
 // Serialises a part: sparse = indices then values; dense = values.
@@ -204,7 +206,7 @@ Status RecursiveDoubling(Runner* comm, Part* part, uint64_t n, scapeDataType_t t
       if (to < 0 && vr < 0) {
         *part = std::move(p);  // the final result replaces a folded rank's own data
       } else {
-        Merge(part, std::move(p), n, t, esz);
+        SCAPE_RETURN_IF_ERROR(Merge(part, std::move(p), n, t, esz));
       }
     }
     return Status::Ok();
@@ -235,7 +237,7 @@ Status RecursiveDoubling(Runner* comm, Part* part, uint64_t n, scapeDataType_t t
     if (partner >= 0) {
       Part p;
       SCAPE_RETURN_IF_ERROR(Deserialise(theirs, std::move(in), n, esz, partner, &p));
-      Merge(part, std::move(p), n, t, esz);
+      SCAPE_RETURN_IF_ERROR(Merge(part, std::move(p), n, t, esz));
     }
   }
   // Final: odd folding ranks send the result down to their even partner.
@@ -377,8 +379,10 @@ Status SparseAllReduce(Runner* comm, const uint64_t* idx, const void* vals, size
       SCAPE_RETURN_IF_ERROR(RecursiveDoubling(comm, &part, n, dtype, esz, &sent));
     }
   }
-  if (op == scapeAvg) kernels::DivideInPlace(dtype, part.vals.data(), part.vals.size() / esz,
-                                             comm->nranks());
+  if (op == scapeAvg)
+    SCAPE_RETURN_IF_ERROR(kernels::ToStatus(
+        kernels::DivideInPlace(dtype, part.vals.data(), part.vals.size() / esz, comm->nranks()),
+        "sparse average"));
   out->n = n;
   out->dense = part.dense;
   out->idx = std::move(part.idx);
