@@ -4,7 +4,8 @@
 # installed here: CMake uses /usr/local/cuda when present and builds CPU-only otherwise.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
-      openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib)
+      openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib
+      clang-format)  # clang-format: tests/check_format.sh (Debian 12: version 14)
 missing=()
 for p in "${pkgs[@]}"; do
   # No pipe into grep -q: under pipefail an early grep exit can fail the writer (SIGPIPE).

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/install_deps.sh
+# Formatting first (cheap). Skipped unless SCAPE_CHECK_FORMAT=1 until the tree is reformatted.
+bash tests/check_format.sh
 
 jobs=2
 echo "=== build (release) ==="
