@@ -18,8 +18,7 @@ set(SCAPE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/scape)
 install(TARGETS nccl-net-scape EXPORT scapeTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
-  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})  # include dir: INSTALL_INTERFACE in plugin/
 # The libnccl-net.so symlink made beside the library at build time (plugin/CMakeLists.txt);
 # file(INSTALL) copies a symlink as a symlink.
 install(FILES ${PROJECT_BINARY_DIR}/lib/libnccl-net.so DESTINATION ${CMAKE_INSTALL_LIBDIR})

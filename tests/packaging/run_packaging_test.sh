@@ -73,8 +73,9 @@ fi
 
 # ---- scape-perf ------------------------------------------------------------------------------
 if [ -x "$prefix/bin/scape-perf" ]; then
-  if ldd "$prefix/bin/scape-perf" | grep -q "libnccl-net-scape.so.$major => $libdir/"; then
-    pass "bin/scape-perf loads the installed library"
+  resolved=$(ldd "$prefix/bin/scape-perf" | sed -n "s/.*libnccl-net-scape.so.$major => \([^ ]*\).*/\1/p")
+  if [ -n "$resolved" ] && [ "$(readlink -f "$resolved")" = "$(readlink -f "$real")" ]; then
+    pass "bin/scape-perf loads the installed library ($resolved)"
   else
     fail "bin/scape-perf does not resolve the installed library: $(ldd "$prefix/bin/scape-perf" | grep nccl-net)"
   fi
