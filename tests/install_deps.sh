@@ -5,7 +5,11 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
       openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib
-      clang-format)  # clang-format: tests/check_format.sh (Debian 12: version 14)
+      clang-format  # clang-format: tests/check_format.sh (Debian 12: version 14)
+      # The Python package's tests and perf/train: Debian's torch (1.13) and numpy for
+      # /usr/bin/python3, OpenBLAS (torch otherwise runs on the reference BLAS, ~10x slower),
+      # and the fortune databases the training experiment reads.
+      python3-numpy python3-torch libopenblas0-pthread fortunes)
 missing=()
 for p in "${pkgs[@]}"; do
   # No pipe into grep -q: under pipefail an early grep exit can fail the writer (SIGPIPE).

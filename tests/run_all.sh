@@ -15,6 +15,9 @@ echo "=== build (release) ==="
 cmake -B build -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.cmake.log 2>&1 || { cat build.cmake.log; exit 1; }
 rm -f build.cmake.log
 cmake --build build -j"$jobs"
+# `import scape` for /usr/bin/python3 from anywhere: a .pth in the user's site-packages that
+# points at build/python (the package CMake staged, which knows build/lib's library).
+bash python/develop.sh build
 echo "=== ctest (release) ==="
 # Tests run one at a time: multi-rank tests fork up to 8 ranks on 2 cores.
 (cd build && ctest --output-on-failure --timeout 300)
