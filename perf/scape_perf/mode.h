@@ -50,6 +50,7 @@ extern const ModeDesc kModeMaskPacked;  // mode_mask.cc
 extern const ModeDesc kModeCoo;         // mode_coo.cc
 extern const ModeDesc kModeMaskSync;    // mode_masksync.cc
 extern const ModeDesc kModeMemcpy;      // mode_memcpy.cc
+extern const ModeDesc kModeStep;        // mode_step.cc
 
 // Every mode, in the order of -h (modes.cc).
 extern const ModeDesc* const kModes[];
