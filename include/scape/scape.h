@@ -729,7 +729,8 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  *
  * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
  * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
- * optimizer before the communicator. scapeCommAbort frees optimizers too.
+ * optimizer before the communicator. scapeCommAbort frees its optimizers too (their handles
+ * become invalid, like its masks').
  */
 
 /** Opaque optimizer handle. */
