@@ -37,6 +37,10 @@ constexpr size_t kMaxCollBytes = static_cast<size_t>(1) << 30;
 
 // Per-communicator context returned by init.
 struct PluginCtx {
+  PluginCtx() { ucxnet::RegisterLive(this); }
+  ~PluginCtx() { ucxnet::UnregisterLive(this); }
+  PluginCtx(const PluginCtx&) = delete;
+  PluginCtx& operator=(const PluginCtx&) = delete;
   uint64_t magic = kPluginCtxMagic;
   uint64_t commId = 0;
   int trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF;
@@ -87,26 +91,34 @@ const char* ResultName(ncclResult_t r) {
   }
 }
 
-ncclResult_t Report(const char* fn, const Status& st) {
+// The WARN line names the entry point's own site (file and line of its Guard call), not this
+// helper's: NCCL prints the location with every WARN.
+ncclResult_t Report(const char* fn, const Status& st, const char* file, int line) {
   if (st.ok()) return ncclSuccess;
   ncclResult_t r = ToNccl(st.code());
-  NET_WARN("%s: %s (%s)", fn, st.message().c_str(), ResultName(r));
+  ::scape::nccl::NetLog(NCCL_LOG_WARN, NCCL_ALL, file, line, "%s: %s (%s)", fn,
+                        st.message().c_str(), ResultName(r));
   return r;
 }
 
-// Runs an entry point's body: no exception leaves it.
+// Runs an entry point's body: no exception leaves it. `file` and `line` default to the
+// caller's location (the entry point), for the WARN line.
 template <typename F>
-ncclResult_t Guard(const char* fn, F&& body) {
+ncclResult_t Guard(const char* fn, F&& body, const char* file = __builtin_FILE(),
+                   int line = __builtin_LINE()) {
   try {
-    return Report(fn, body());
+    return Report(fn, body(), file, line);
   } catch (const std::bad_alloc&) {
-    NET_WARN("%s: out of memory (ncclSystemError)", fn);
+    ::scape::nccl::NetLog(NCCL_LOG_WARN, NCCL_ALL, file, line,
+                          "%s: out of memory (ncclSystemError)", fn);
     return ncclSystemError;
   } catch (const std::exception& e) {
-    NET_WARN("%s: unexpected exception: %s (ncclInternalError)", fn, e.what());
+    ::scape::nccl::NetLog(NCCL_LOG_WARN, NCCL_ALL, file, line,
+                          "%s: unexpected exception: %s (ncclInternalError)", fn, e.what());
     return ncclInternalError;
   } catch (...) {
-    NET_WARN("%s: unexpected exception (ncclInternalError)", fn);
+    ::scape::nccl::NetLog(NCCL_LOG_WARN, NCCL_ALL, file, line,
+                          "%s: unexpected exception (ncclInternalError)", fn);
     return ncclInternalError;
   }
 }
@@ -115,7 +127,8 @@ Status BadArg(std::string what) { return scape::InternalError(std::move(what)); 
 
 PluginCtx* AsCtx(void* p) {
   auto* c = static_cast<PluginCtx*>(p);
-  return c && c->magic == kPluginCtxMagic ? c : nullptr;
+  // Looked up before it is read: a second finalize must not read the freed context.
+  return ucxnet::IsLive(p) && c->magic == kPluginCtxMagic ? c : nullptr;
 }
 
 Status CheckDev(int dev, NetDevice* out) {

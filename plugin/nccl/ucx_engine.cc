@@ -302,6 +302,8 @@ void SetNoDelay(int fd) {
 // ---- objects ----------------------------------------------------------------------------------
 
 struct NetContext {
+  NetContext() { RegisterLive(this); }
+  ~NetContext() { UnregisterLive(this); }
   uint64_t magic = kCtxMagic;
   int timeoutMs = kDefaultTimeoutMs;
   int graceMs = 1000;
@@ -346,8 +348,16 @@ struct Comm {
       reqs[static_cast<size_t>(i)].index = i;
       reqs[static_cast<size_t>(i)].comm = this;
       freeList.push_back(i);
+      RegisterLive(&reqs[static_cast<size_t>(i)]);
     }
+    RegisterLive(this);
   }
+  ~Comm() {
+    UnregisterLive(this);
+    for (Request& r : reqs) UnregisterLive(&r);
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
   Request* Acquire() {
     if (freeList.empty()) return nullptr;
@@ -399,6 +409,8 @@ struct RecvComm : Comm {
 };
 
 struct MemRegion {
+  MemRegion() { RegisterLive(this); }
+  ~MemRegion() { UnregisterLive(this); }
   uint64_t magic = kMrMagic;
   const void* owner = nullptr;
   uintptr_t base = 0;
@@ -421,6 +433,8 @@ struct PendingAccept {
 }  // namespace
 
 struct ListenComm {
+  ListenComm() { RegisterLive(this); }
+  ~ListenComm() { UnregisterLive(this); }
   uint64_t magic = kListenMagic;
   int dev = 0;
   std::shared_ptr<Worker> worker;
@@ -1088,29 +1102,55 @@ int RequestsInFlight(void* comm) {
   return c->inFlight;
 }
 
+namespace {
+struct LiveSet {
+  std::mutex mu;
+  std::unordered_map<const void*, int> live;  // address -> registrations
+};
+LiveSet& Live() {
+  static LiveSet* s = new LiveSet();  // never destroyed: objects may die during exit
+  return *s;
+}
+}  // namespace
+
+void RegisterLive(const void* p) {
+  std::lock_guard<std::mutex> lk(Live().mu);
+  ++Live().live[p];
+}
+void UnregisterLive(const void* p) {
+  std::lock_guard<std::mutex> lk(Live().mu);
+  auto it = Live().live.find(p);
+  if (it != Live().live.end() && --it->second <= 0) Live().live.erase(it);
+}
+bool IsLive(const void* p) {
+  if (!p) return false;
+  std::lock_guard<std::mutex> lk(Live().mu);
+  return Live().live.count(p) != 0;
+}
+
 NetContext* AsNetContext(void* p) {
   auto* c = static_cast<NetContext*>(p);
-  return c && c->magic == kCtxMagic ? c : nullptr;
+  return IsLive(p) && c->magic == kCtxMagic ? c : nullptr;
 }
 ListenComm* AsListenComm(void* p) {
   auto* c = static_cast<ListenComm*>(p);
-  return c && c->magic == kListenMagic ? c : nullptr;
+  return IsLive(p) && c->magic == kListenMagic ? c : nullptr;
 }
 SendComm* AsSendComm(void* p) {
   auto* c = static_cast<SendComm*>(p);
-  return c && c->magic == kSendMagic ? c : nullptr;
+  return IsLive(p) && c->magic == kSendMagic ? c : nullptr;
 }
 RecvComm* AsRecvComm(void* p) {
   auto* c = static_cast<RecvComm*>(p);
-  return c && c->magic == kRecvMagic ? c : nullptr;
+  return IsLive(p) && c->magic == kRecvMagic ? c : nullptr;
 }
 MemRegion* AsMemRegion(void* p) {
   auto* m = static_cast<MemRegion*>(p);
-  return m && m->magic == kMrMagic ? m : nullptr;
+  return IsLive(p) && m->magic == kMrMagic ? m : nullptr;
 }
 Request* AsRequest(void* p) {
   auto* r = static_cast<Request*>(p);
-  return r && r->magic == kReqMagic ? r : nullptr;
+  return IsLive(p) && r->magic == kReqMagic ? r : nullptr;
 }
 
 void MemRegionBounds(const MemRegion* mr, uintptr_t* base, size_t* len, MemType* type) {

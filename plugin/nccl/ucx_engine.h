@@ -116,6 +116,14 @@ Status Test(Request* req, bool* done, size_t* sizes, int* n);
 int RequestsInFlight(void* comm);
 std::string CommInfo(void* comm);
 
+// Live-object registry: every object handed out (contexts, comms, memory regions, request
+// slots, and the shims' own contexts) is registered while it exists, and the As* checks look a
+// pointer up before reading through it, so a stale pointer (a second deregMr, close or
+// finalize) is refused without touching freed memory.
+void RegisterLive(const void* p);
+void UnregisterLive(const void* p);
+bool IsLive(const void* p);
+
 // Pointer checks for values handed back by the caller (null if not a live object of the type).
 NetContext* AsNetContext(void* p);
 ListenComm* AsListenComm(void* p);

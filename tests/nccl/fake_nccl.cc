@@ -73,7 +73,7 @@ void Logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int 
                  level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "TRACE",
                  file, line, buf);
   std::lock_guard<std::mutex> lk(g_logMu);
-  g_logs->push_back(LogLine{level, flags, buf});
+  g_logs->push_back(LogLine{level, flags, buf, file ? file : "", line});
 }
 
 std::vector<LogLine> Logs() {

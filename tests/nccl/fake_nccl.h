@@ -37,6 +37,8 @@ struct LogLine {
   int level;
   unsigned long flags;
   std::string text;
+  std::string file;  // the source location the plugin passed
+  int line = 0;
 };
 // The logger handed to init: records every line (and echoes WARNs to stderr).
 void Logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
