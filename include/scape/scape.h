@@ -13,10 +13,21 @@
  *   that names the function, the argument or peer rank at fault and what was expected.
  *   Calls that fail before a communicator exists (scapeGetUniqueId, scapeCommInit*) record
  *   their message in a per-thread slot read with scapeGetLastError(NULL).
+ * - Handles (communicators, masks, requests) are checked before use: passing one that was
+ *   destroyed, aborted, already completed, or never created is scapeInvalidArgument (message
+ *   in scapeGetLastError(NULL)), never a crash. A destroyed handle's address is kept out of
+ *   reuse for the next 4096 handles of its kind destroyed after it, so a stale handle is not
+ *   taken for a newer one; beyond that a stale pointer may alias a live handle.
  * - Collective calls are matched across ranks by their order: every rank of a communicator
  *   must issue the same collectives, in the same order, with the same count, datatype, op and
- *   root. A mismatch that reaches the wire is detected and reported on every rank
- *   (scapeRemoteError or scapeInvalidUsage); the communicator is then unusable (see "Errors").
+ *   root. A mismatch is detected and reported on every rank, by the mismatched call itself
+ *   (scapeInvalidUsage on the ranks that see it, scapeRemoteError on the others, which hear of
+ *   it from them), within milliseconds rather than at the timeout: every message carries a
+ *   16-bit signature of the call's arguments, a rank whose operation waits more than 50 ms
+ *   looks for peers' messages carrying another signature, and broadcasts and count-0 calls
+ *   end with a short zero-byte confirmation among all ranks (log2(nranks) rounds) so that no
+ *   rank returns before the others agree. The communicator is then unusable (see "Errors").
+ *   (A mismatch whose signatures collide, 1 in 65536, goes undetected.)
  * - No call blocks forever. Every wait inside the library has a deadline set by the
  *   communicator's timeout (scapeConfig_t.timeoutMs, SCAPE_TIMEOUT_MS): an operation that makes
  *   no progress for that long fails with scapeTimeout. A peer that dies or aborts makes every
@@ -294,7 +305,8 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
  * Destroys a communicator and frees everything it owns. Local: it does not wait for peers.
  * Returns scapeInvalidUsage (and destroys nothing) while non-blocking requests of this
  * communicator are incomplete or masks created on it still exist; complete / destroy them or
- * use scapeCommAbort. NULL is a no-op.
+ * use scapeCommAbort. NULL is a no-op; a communicator already destroyed or aborted is
+ * scapeInvalidArgument.
  */
 SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
 
@@ -303,14 +315,18 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
  * their pending and next operations fail with scapeRemoteError instead of waiting for the
  * timeout), cancels pending requests, and frees everything, including request handles not yet
  * completed and the masks created on it (their handles become invalid; a mask sync in flight
- * is stopped too). NULL is a no-op. Always returns scapeSuccess.
+ * is stopped too). NULL is a no-op. Returns scapeSuccess, or scapeInvalidArgument for a
+ * communicator already destroyed or aborted, or scapeInvalidUsage while another thread is
+ * aborting it.
  *
  * Thread safety: may be called from another thread while one call on the communicator is in
  * progress (typically blocked in a collective, scapeWait or scapeMaskSyncWait). That call
  * notices at its next poll of the network (at most about 20 ms later in blocking progress
  * mode), tells the peers (waiting at most 1 s for the notices to leave) and fails with
- * scapeInvalidUsage; scapeCommAbort frees the communicator only after the call has returned; calls that start once the abort has begun fail with scapeInvalidUsage (message in
- * scapeGetLastError(NULL)). If the call does not return within the communicator's timeout
+ * scapeInvalidUsage, its message in scapeGetLastError(NULL) of the thread that made it (the
+ * communicator's own slot is gone with it); scapeCommAbort frees the communicator only after
+ * the call has returned; calls that start once the abort has begun fail with
+ * scapeInvalidUsage (message in scapeGetLastError(NULL)). If the call does not return within the communicator's timeout
  * plus 10 s, the communicator is leaked instead of freed under it. No call on the
  * communicator may start after scapeCommAbort has returned (the handle is gone).
  */
@@ -338,8 +354,10 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
 /* ------------------------------------------------------------------------------------------ */
 /*
  * Common arguments:
- * - count: number of elements (not bytes). 0 is valid and completes without moving data
- *   (it still participates in ordering). Buffers may be NULL only when count is 0.
+ * - count: number of elements (not bytes). 0 is valid and moves no data, but is still a
+ *   collective: it completes when every rank has reached it (a zero-byte exchange of
+ *   log2(nranks) rounds), so that a rank passing 0 where the others pass 100 is told.
+ *   Buffers may be NULL only when count is 0.
  * - dtype, op: see the enums; every rank must pass the same values.
  * - in place: pass the same pointer as sendbuf and recvbuf (all-reduce, broadcast), or
  *   sendbuf == recvbuf + rank * count (all-gather), or recvbuf == sendbuf + rank * recvcount
@@ -513,7 +531,8 @@ SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegm
                                         scapeOwnership_t ownership,
                                         scapeMaskEncoding_t encoding, scapeComm_t comm);
 
-/** Destroys a mask (waiting, within the timeout, for a sync in flight). NULL is a no-op. */
+/** Destroys a mask (waiting, within the timeout, for a sync in flight). NULL is a no-op; a
+ *  mask that was already destroyed (or freed by scapeCommAbort) is scapeInvalidArgument. */
 SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask);
 
 /**
@@ -527,7 +546,9 @@ SCAPE_API scapeResult_t scapeMaskGetOwnedRanges(scapeMask_t mask, int rank, uint
 /**
  * Sets this rank's owned part of the next mask from `k` sorted global indices, all inside the
  * rank's owned ranges, strictly increasing. Positions of always-dense segments are added by
- * the library (do not list them). Local: no communication.
+ * the library (do not list them). Local: no communication. k larger than the rank's owned
+ * part is scapeInvalidArgument. A rank that starts a sync without setting or selecting its
+ * part since the last advance contributes the always-dense segments only (as k = 0 does).
  */
 SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t* indices,
                                                 size_t k);
@@ -535,8 +556,10 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
 /**
  * Selects this rank's owned part of the next mask by top-k of |statistic| (for SCAPE:
  * statistic = the candidate c = b1*m + (1-b1)*g + e): for every piece of a segment inside the
- * owned part, k = max(1, floor(density * length)) largest magnitudes (ties to the lower index;
- * NaN counts as largest); always-dense segments entirely. Deterministic. Local.
+ * owned part, k = max(1, floor(density * length)) largest magnitudes (ties to the lower
+ * index); always-dense segments entirely. Deterministic. Local. The order is that of the bit
+ * pattern of |x|: -0 equals +0, infinity is above every finite value, NaN above infinity, and
+ * NaNs order among themselves by their payload bits (as the CPU and CUDA kernels do).
  *
  * @param statistic  the full flat buffer (n floats); only the owned part is read.
  * @param density    0 < density <= 1.
@@ -676,7 +699,10 @@ typedef enum {
  * indices below n with their values; the result is the union, values reduced (sum or avg;
  * a missing index counts as 0), written densely to `denseOut` (n elements, every element
  * written) and/or as a list to `outIndices`/`outValues` (capacity entries; *outNnz receives
- * the union's size, and scapeInvalidArgument is returned if it exceeds capacity).
+ * the union's size). A union larger than capacity is scapeInvalidArgument and writes no
+ * output at all (the message gives the size needed). Every rank validates what it receives;
+ * a malformed part from a peer (or ranks that disagree on n) fails the call on every rank
+ * and puts the communicator in error state, as any failure after communication started.
  * Results are identical on every rank. dtype: fp32, fp16 or bf16 values.
  *
  * @param bytesSent  optional out: bytes this rank sent (to compare with dense and masked).
