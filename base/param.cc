@@ -56,6 +56,13 @@ const ParamInfo kParams[] = {
      ParamType::kString, 0, 0, nullptr, "auto"},
     {"SCAPE_NCCL_UCX_TLS", "", "UCX transports of the NCCL net plugin", ParamType::kString, 0, 0,
      nullptr, "`SCAPE_UCX_TLS`"},
+    {"SCAPE_DEVICE_CHUNK_BYTES", "4194304",
+     "chunk of the pipeline that stages device (GPU) buffers through pinned host memory "
+     "(4096 .. 1 GiB)",
+     ParamType::kInt, 4096, INT64_C(1) << 30},
+    {"SCAPE_NCCL_LIBRARY", "libnccl.so.2",
+     "the NCCL library (name or path) that collectives on device buffers with a stream load",
+     ParamType::kString},
     {"SCAPE_DEBUG", "WARN", "log level: `NONE`, `WARN`, `INFO`, `TRACE`", ParamType::kChoice, 0,
      0, "NONE,WARN,INFO,TRACE"},  // order of LogLevel
     {nullptr, nullptr, nullptr},
@@ -153,6 +160,12 @@ Status ParamGetChoice(const char* name, int* out) {
   }
   std::string expected = "one of " + all;
   return Malformed(info, v, expected);
+}
+
+int64_t ParamDefaultInt(const char* name) {
+  const ParamInfo& info = Declared(name);
+  int64_t x = 0;
+  return info.type == ParamType::kInt && ParseInt64(info.defaultValue, &x) ? x : 0;
 }
 
 const char* ParamExternal(const char* name) {

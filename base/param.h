@@ -60,6 +60,8 @@ bool ParamIsSet(const char* name);
 
 // A kInt knob, parsed and range-checked (scapeInvalidUsage naming the variable otherwise).
 Status ParamGetInt(const char* name, int64_t* out);
+// A kInt knob's declared default (for callers that fall back to it after an error).
+int64_t ParamDefaultInt(const char* name);
 // A kChoice knob: the index of its value in the declared `choices` (scapeInvalidUsage if it is
 // none of them).
 Status ParamGetChoice(const char* name, int* out);

@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 
+#include "base/param.h"
+
 namespace scape {
 namespace device {
 
@@ -61,8 +63,7 @@ Status Resolve(void* lib, const std::string& path, const char* name, F* fn, bool
 }  // namespace
 
 Status LoadNccl(const NcclApi** out) {
-  const char* env = std::getenv("SCAPE_NCCL_LIBRARY");
-  const std::string path = env && *env ? env : "libnccl.so.2";
+  const std::string path = ParamString("SCAPE_NCCL_LIBRARY");  // default libnccl.so.2
   std::lock_guard<std::mutex> lk(g_mu);
   auto it = g_loaded.find(path);
   if (it != g_loaded.end()) {

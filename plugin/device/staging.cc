@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/param.h"
 #include "plugin/core/comm.h"
 
 namespace scape {
@@ -18,13 +19,11 @@ namespace device {
 
 size_t StageChunkBytes() {
   static const size_t v = [] {
-    const char* e = std::getenv("SCAPE_DEVICE_CHUNK_BYTES");
-    if (!e || !*e) return size_t{4} << 20;
-    char* end = nullptr;
-    unsigned long long x = std::strtoull(e, &end, 10);
-    if (!end || *end || x < 4096) {
-      SCAPE_WARN("SCAPE_DEVICE_CHUNK_BYTES=%s is not a byte count >= 4096; using 4 MiB", e);
-      return size_t{4} << 20;
+    int64_t x = 0;
+    Status st = ParamGetInt("SCAPE_DEVICE_CHUNK_BYTES", &x);
+    if (!st.ok()) {
+      x = ParamDefaultInt("SCAPE_DEVICE_CHUNK_BYTES");
+      SCAPE_WARN("%s; using the default, %lld", st.message().c_str(), static_cast<long long>(x));
     }
     return static_cast<size_t>(x);
   }();
@@ -107,7 +106,7 @@ struct StagingChannel::Job {
     size_t chunk;
   };
   std::vector<WaitArg> waitArgs;
-  int timeoutMs = 120000;
+  int timeoutMs = kDefaultTimeoutMs;
   std::mutex m;
   std::condition_variable cv;
   size_t chunksDone = 0;

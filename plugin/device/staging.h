@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/param.h"
 #include "base/status.h"
 #include "plugin/coll/coll.h"
 #include "plugin/device/runtime.h"
@@ -108,7 +109,7 @@ class StagingChannel {
   Runtime* rt_ = nullptr;
   Comm* comm_ = nullptr;                // the communicator the worker drives
   std::unique_ptr<Comm> child_;         // owned when made by Create
-  int timeoutMs_ = 120000;
+  int timeoutMs_ = kDefaultTimeoutMs;
   int rank_ = 0, nranks_ = 1;
   size_t chunkBytes_ = 4 << 20;
 
