@@ -83,8 +83,9 @@ def plot(meta: Dict[str, Any], runs: List[Dict[str, Any]], path: str) -> None:
 
     g = groups(runs)
     panels = [("learning-rate sweep (phase 1)", lambda r: r["phase"] == 1),
-              ("N steps", lambda r: r["phase"] == 2 and r["steps"] == min(
-                  x["steps"] for x in runs)),
+              ("N steps (with the sweep's best AdamW and AdamS)",
+               lambda r: (r["phase"] == 2 and r["steps"] == min(x["steps"] for x in runs))
+               or (r["phase"] == 1 and meta.get("best_lr", {}).get(r["opt"]) == r["lr"])),
               ("4N steps", lambda r: r["phase"] == 2 and r["steps"] > min(
                   x["steps"] for x in runs))]
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
