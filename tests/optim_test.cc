@@ -881,6 +881,48 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
       EXPECT_EQ(std::memcmp(m3.data(), m2.data(), 4 * n), 0);
     }
   }
+  // With m's support given (m +0 outside it): the same bits, and m is zero outside the mask
+  // after the update + ZeroOutsideMask.
+  {
+    std::vector<uint64_t> sidx;
+    std::vector<k::MaskRun> sruns = runs;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      sruns[r].jb = sidx.size();
+      for (uint64_t i = runs[r].begin; i < runs[r].end; ++i)
+        if (SplitMix(seed * 3 + i) % 29 == 0) sidx.push_back(i);
+      sruns[r].je = sidx.size();
+    }
+    // Mask order is run order here, which is a valid view too.
+    k::MaskView sv;
+    sv.idx = sidx.data();
+    sv.k = sidx.size();
+    sv.runs = sruns.data();
+    sv.nruns = sruns.size();
+    ASSERT_TRUE(k::MaskViewIsValid(sv, n));
+    std::vector<float> ms(n, 0.0f);
+    for (uint64_t i : sidx) ms[i] = m[i];
+    ms[sidx[3]] = -0.0f;  // signed zeros and -0 gradients keep their bits too
+    g[5] = -0.0f;
+    std::vector<float> e1 = e, e2 = e, st1(n, 7.0f), st2(n, 7.0f);
+    std::vector<char> p1(idx.size() * 2), p2(idx.size() * 2);
+    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e1.data(), n, 0.9f, v, scapeFloat16, p1.data(), st1.data(), 4), k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16, p2.data(), st2.data(), 4, &sv), k::KernelStatus::kOk);
+    EXPECT_EQ(std::memcmp(e1.data(), e2.data(), 4 * n), 0);
+    EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size()), 0);
+    EXPECT_EQ(std::memcmp(st1.data(), st2.data(), 4 * n), 0);
+    k::AdamSParams ap;
+    std::vector<float> th1 = theta, m1 = ms, th2 = theta, m2 = ms;
+    ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th1.data(), m1.data(), n, ap, 4), k::KernelStatus::kOk);
+    ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th2.data(), m2.data(), n, ap, 4, true), k::KernelStatus::kOk);
+    ASSERT_EQ(k::ZeroOutsideMask(m2.data(), n, sv, v), k::KernelStatus::kOk);
+    EXPECT_EQ(std::memcmp(th1.data(), th2.data(), 4 * n), 0);
+    EXPECT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0);
+    std::vector<k::MaskRun> other = sruns;
+    other[0].end -= 1;
+    other[1].begin -= 1;
+    sv.runs = other.data();
+    EXPECT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16, p2.data(), st2.data(), 4, &sv), k::KernelStatus::kInvalidArgument);
+  }
   // A view whose runs do not tile the buffer, or whose entries leave their run, is refused.
   std::vector<k::MaskRun> bad = runs;
   bad[1].begin += 1;

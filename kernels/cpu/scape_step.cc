@@ -464,18 +464,63 @@ bool ForChunks(size_t n, int max_threads, Body body) {
   });
 }
 
+// Candidate where m is +0: (0 + (omb1*g)) + e, the bits of ((b1*0) + (omb1*g)) + e.
+void CandidateDenseNoM(const float* g, float* e, float* c, size_t b, size_t end, float omb1) {
+  if (c) {
+    for (size_t i = b; i < end; ++i) {
+      const float v = (0.0f + (omb1 * g[i])) + e[i];
+      e[i] = v;
+      c[i] = v;
+    }
+  } else {
+    for (size_t i = b; i < end; ++i) e[i] = (0.0f + (omb1 * g[i])) + e[i];
+  }
+}
+
+bool SameRuns(const MaskView& a, const MaskView& b) {
+  if (a.nruns != b.nruns) return false;
+  for (size_t r = 0; r < a.nruns; ++r)
+    if (a.runs[r].begin != b.runs[r].begin || a.runs[r].end != b.runs[r].end) return false;
+  return true;
+}
+
 template <typename Store>
 bool CandidateViewRun(const float* m, const float* g, float* e, size_t n, float b1, float omb1,
-                      const MaskView& v, Store store, float* stat, int max_threads) {
+                      const MaskView& v, Store store, float* stat, int max_threads,
+                      const MaskView* support) {
   return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    // The support's entries of the run being walked (a cursor that only moves forward).
+    const MaskRun* srun = nullptr;
+    const uint64_t *q = nullptr, *qe = nullptr;
     WalkView(
         v, b, end,
         [&](size_t i0, size_t i1, const MaskRun& r) {
-          if (stat && (r.flags & kRunOwned)) {
-            CandidateDenseOut(m, g, e, stat, i0, i1, b1, omb1);
-          } else {
-            CandidateDense(m, g, e, i0, i1, b1, omb1);
+          float* c = (stat && (r.flags & kRunOwned)) ? stat : nullptr;
+          if (!support) {
+            if (c) {
+              CandidateDenseOut(m, g, e, c, i0, i1, b1, omb1);
+            } else {
+              CandidateDense(m, g, e, i0, i1, b1, omb1);
+            }
+            return;
           }
+          if (srun != &r) {
+            srun = &r;
+            const MaskRun& sr = support->runs[&r - v.runs];
+            q = std::lower_bound(support->idx + sr.jb, support->idx + sr.je, uint64_t{i0});
+            qe = support->idx + sr.je;
+          }
+          while (q < qe && *q < i0) ++q;
+          size_t i = i0;
+          for (; q < qe && *q < i1; ++q) {
+            const size_t p = static_cast<size_t>(*q);
+            CandidateDenseNoM(g, e, c, i, p, omb1);
+            const float val = Candidate(m[p], g[p], e[p], b1, omb1);
+            e[p] = val;
+            if (c) c[p] = val;
+            i = p + 1;
+          }
+          CandidateDenseNoM(g, e, c, i, i1, omb1);
         },
         [&](size_t p, size_t j, const MaskRun& r) {
           const float c = Candidate(m[p], g[p], e[p], b1, omb1);
@@ -521,7 +566,7 @@ bool MaskViewIsValid(const MaskView& v, size_t n) {
 KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e, size_t n,
                                        float beta1, const MaskView& mask,
                                        scapeDataType_t type, void* payload, float* stat,
-                                       int max_threads) {
+                                       int max_threads, const MaskView* support) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
@@ -529,21 +574,26 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
   }
   if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (support && (!MaskViewIsValid(*support, n) || !SameRuns(mask, *support))) {
+    return KernelStatus::kInvalidArgument;
+  }
   if (n == 0) return KernelStatus::kOk;
   const float b1 = beta1, omb1 = 1.0f - beta1;
   bool ok = false;
   switch (type) {
     case scapeFloat32:
       ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreBackF32{static_cast<float*>(payload)},
-                            stat, max_threads);
+                            stat, max_threads, support);
       break;
     case scapeBfloat16:
       ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
-                            StoreBackBf16{static_cast<uint16_t*>(payload)}, stat, max_threads);
+                            StoreBackBf16{static_cast<uint16_t*>(payload)}, stat, max_threads,
+                            support);
       break;
     default:
       ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
-                            StoreBackFp16{static_cast<uint16_t*>(payload)}, stat, max_threads);
+                            StoreBackFp16{static_cast<uint16_t*>(payload)}, stat, max_threads,
+                            support);
       break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
@@ -551,7 +601,8 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
 
 KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type,
                                    const MaskView& mask, float* theta, float* m, size_t n,
-                                   const AdamSParams& params, int max_threads) {
+                                   const AdamSParams& params, int max_threads,
+                                   bool keep_m_outside) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
@@ -566,7 +617,12 @@ KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type,
       WalkView(
           mask, b, end,
           [&](size_t i0, size_t i1, const MaskRun&) {
-            DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+            if (keep_m_outside) {
+              if (do_decay)
+                for (size_t i = i0; i < i1; ++i) theta[i] = theta[i] * s.decay;
+            } else {
+              DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+            }
           },
           [&](size_t p, size_t j, const MaskRun&) { AdamSPoint(load(j), theta + p, m + p, s); });
     });
@@ -615,7 +671,7 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const u
 
 KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta,
                                   float* m, size_t n, const AdamSParams& params,
-                                  int max_threads) {
+                                  int max_threads, bool keep_m_outside) {
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
@@ -628,7 +684,12 @@ KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, floa
     WalkView(
         mask, b, end,
         [&](size_t i0, size_t i1, const MaskRun&) {
-          DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+          if (keep_m_outside) {
+            if (do_decay)
+              for (size_t i = i0; i < i1; ++i) theta[i] = theta[i] * s.decay;
+          } else {
+            DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
+          }
         },
         [&](size_t p, size_t j, const MaskRun&) {
           theta[p] = pairs[2 * j];
@@ -636,6 +697,25 @@ KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, floa
         });
   });
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+KernelStatus ZeroOutsideMask(float* m, size_t n, const MaskView& support, const MaskView& mask) {
+  if (n > 0 && m == nullptr) return KernelStatus::kInvalidArgument;
+  if (!MaskViewIsValid(support, n) || !MaskViewIsValid(mask, n) || !SameRuns(support, mask)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  for (size_t r = 0; r < support.nruns; ++r) {
+    const uint64_t* a = support.idx + support.runs[r].jb;
+    const uint64_t* const ae = support.idx + support.runs[r].je;
+    const uint64_t* c = mask.idx + mask.runs[r].jb;
+    const uint64_t* const ce = mask.idx + mask.runs[r].je;
+    for (; a < ae; ++a) {
+      while (c < ce && *c < *a) ++c;
+      if (c < ce && *c == *a) continue;
+      m[*a] = 0.0f;
+    }
+  }
+  return KernelStatus::kOk;
 }
 
 KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,

@@ -250,6 +250,14 @@ void Optimizer::BuildRuns() {
             [](const kernels::MaskRun& a, const kernels::MaskRun& b) { return a.begin < b.begin; });
 }
 
+void Optimizer::KeepSupport() {
+  const std::vector<uint64_t>& cur = mask_->Current();
+  supportValid_ = cur.size() <= layout_.n / 4;
+  if (!supportValid_) return;
+  supIdx_.assign(cur.begin(), cur.end());
+  supRuns_ = runs_;
+}
+
 kernels::MaskView Optimizer::View() const {
   kernels::MaskView v;
   v.idx = mask_->Current().data();
@@ -288,11 +296,26 @@ Status Optimizer::Step(float* theta, const float* g) {
   const uint64_t recvElems = sharded ? kr : k;
   if (recvElems * esz + 8 > recv_.size()) recv_.resize(recvElems * esz + 8);
   const kernels::MaskView view = View();
+  // Where m can be non-zero: the last step's mask (momentum zeroed outside it), or nothing
+  // before the first step; unknown (dense handling) after a dense-ish mask.
+  if (step_ == 0 && !supportValid_) {
+    supIdx_.clear();
+    supRuns_ = runs_;
+    for (kernels::MaskRun& r : supRuns_) r.jb = r.je = 0;
+    supportValid_ = true;
+  }
+  kernels::MaskView sup;
+  sup.idx = supIdx_.data();
+  sup.k = supIdx_.size();
+  sup.runs = supRuns_.data();
+  sup.nruns = supRuns_.size();
+  const bool useSup = supportValid_;
 
   // Candidate + pack + residual (error feedback) + statistic of the owned part.
   t0 = NowNs();
   kernels::KernelStatus ks = kernels::CandidatePackResidualView(
-      m_.data(), g, e_.data(), n, hyper_.beta1, view, pt, send_.data(), stat_.get(), threads_);
+      m_.data(), g, e_.data(), n, hyper_.beta1, view, pt, send_.data(), stat_.get(), threads_,
+      useSup ? &sup : nullptr);
   if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
   phase_[scapeOptimPhaseCandidate] = Seconds(t0);
 
@@ -366,7 +389,9 @@ Status Optimizer::Step(float* theta, const float* g) {
 
   t0 = NowNs();
   if (!sharded) {
-    ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_);
+    ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_,
+                                        useSup);
+    if (ks == kernels::KernelStatus::kOk && useSup) ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
   } else {
@@ -385,7 +410,9 @@ Status Optimizer::Step(float* theta, const float* g) {
     gg.counts = mask_->RankCounts();
     for (size_t& c : gg.counts) c *= 2;
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
-    ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_);
+    ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_,
+                                       useSup);
+    if (ks == kernels::KernelStatus::kOk && useSup) ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }
@@ -399,6 +426,7 @@ Status Optimizer::Step(float* theta, const float* g) {
                     8 * static_cast<uint64_t>(nranks_ - 1);
     denseBytes_ = RingHalf(kd * esz, nranks_) + RingHalf(kd * 8, nranks_);
   }
+  KeepSupport();
   ++step_;
   return Status::Ok();
 }
@@ -625,6 +653,10 @@ Status Optimizer::Load(const void* buf, size_t size) {
   step_ = st;
   hyper_ = h;
   maskBytes_ = payloadBytes_ = denseBytes_ = 0;
+  // The checkpoint's momentum lives on its current mask (the mask of the step before the save;
+  // the full mask of step 0 when no step ran), which is current again now.
+  BuildRuns();
+  KeepSupport();
   return Status::Ok();
 }
 

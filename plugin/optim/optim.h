@@ -85,6 +85,12 @@ class Optimizer {
   std::vector<float> pairsSend_, pairsAll_;  // sharded: updated (theta, m) pairs
   std::vector<kernels::MaskRun> runs_;        // the current mask as a view (BuildRuns)
   std::vector<uint64_t> denseInMask_;         // per rank: dense positions in its block
+  // The mask the momentum lives on (m is +0 elsewhere): the mask of the last step, kept while it
+  // is sparse (k <= n/4), so the passes read and zero m only there. Empty runs before step 0.
+  bool supportValid_ = false;
+  std::vector<uint64_t> supIdx_;
+  std::vector<kernels::MaskRun> supRuns_;
+  void KeepSupport();  // after a step or a load: the current mask becomes m's support
 
   int64_t step_ = 0;      // steps completed
   bool pending_ = false;  // a sync of the next mask was started by the last step
