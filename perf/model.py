@@ -18,6 +18,7 @@ min(bitmap n/8, Elias-Fano k (2 + floor(log2(n/k))) / 8, 32-bit indices 4k) byte
                   --density 0.01       any other setup
     perf/model.py --local OUT_DIR       this machine: calibrated from a perf/compare_all.sh run
                                         and printed next to what scape-perf measured
+    perf/model.py --step-json FILE      the optimizer passes priced from scape-perf --mode step
 """
 import argparse
 import math
@@ -221,6 +222,42 @@ def local_report(out_dir):
     return 0
 
 
+def step_report(a):
+    """The paper's setup with the optimizer's own passes priced from a scape-perf --mode step
+    JSON file (-J): the measured local time per parameter of the SCAPE step (candidate, select,
+    norm, update, gather phases: everything but the exchange and the sync wait) and of the dense
+    AdamS pass, scaled to --params. Host-memory figures: a GPU runs these passes at HBM speed."""
+    import json
+    with open(a.step_json) as f:
+        rows = json.load(f)
+    bw = a.bw_gbps * 1e9 / 8.0
+    lat = a.lat_us * 1e-6
+    adams = [r for r in rows if r.get("optimizer") == "adams"]
+    if not adams:
+        print("# %s: no adams row" % a.step_json)
+        return 1
+    adams_pp = adams[0]["passes_us"] * 1e-6 / adams[0]["count"]
+    local = ("candidate", "select", "norm", "update", "gather")
+    print("# SCAPE step model with the optimizer passes measured by scape-perf --mode step (%s, %d "
+          "ranks, %d parameters): dense AdamS pass %.3f ns/param" %
+          (a.step_json, adams[0]["nranks"], adams[0]["count"], adams_pp * 1e9))
+    print("# %8s  %12s  %12s  %12s  %10s  (compute %g s, %g parameters, %d ranks, %g Gb/s)" %
+          ("density", "scape ns/p", "dense step", "SCAPE step", "speedup", a.compute_s, a.params,
+           a.ranks, a.bw_gbps))
+    for r in rows:
+        if r.get("optimizer") != "scape":
+            continue
+        d = r["density"]
+        pp = sum(r["phases_us"][k] for k in local) * 1e-6 / r["count"]
+        s = step_times(a.params, a.ranks, bw, lat, a.compute_s, d, a.encoding)
+        dense = s["dense_step_s"] + adams_pp * a.params
+        scape = s["scape_step_s"] + pp * a.params
+        print("  %8g  %12.3f  %10.1fms  %10.1fms  %9.2fx" %
+              (d, pp * 1e9, dense * 1e3, scape * 1e3, dense / scape))
+    print("# paper (Llama-1.8B, 32 GH200): up to %.2fx per step" % PAPER_SPEEDUP)
+    return 0
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=float, default=1.8e9, help="model parameters [1.8e9]")
@@ -236,6 +273,8 @@ def parse(argv):
                     help="mask encoding [best]")
     ap.add_argument("--local", metavar="OUT_DIR",
                     help="this machine, from a perf/compare_all.sh results directory")
+    ap.add_argument("--step-json", metavar="FILE",
+                    help="price the optimizer passes from a scape-perf --mode step -J file")
     a = ap.parse_args(argv)
     for d in a.density:
         if not 0 < d <= 1:
@@ -257,6 +296,9 @@ def main(argv):
         paper_report(a)
         return rc
     paper_report(a)
+    if a.step_json:
+        print()
+        return step_report(a)
     return 0
 
 
