@@ -18,7 +18,7 @@ import torch
 
 from . import _lib
 from .comm import Communicator
-from .errors import SUCCESS, InvalidArgumentError, InvalidUsageError, bad_arg
+from .errors import SUCCESS, InvalidUsageError, bad_arg
 from .types import DataType, MaskEncoding, Ownership, to_enum
 
 __all__ = ["ScapeAdamS", "StepInfo", "dense_by_default"]

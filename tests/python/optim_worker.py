@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from typing import Any, Dict, List
 
 import numpy as np

@@ -57,6 +57,47 @@ class Loading(unittest.TestCase):
         self.assertIn("RANK", p.stdout)
 
 
+class Launcher(unittest.TestCase):
+    """python3 -m scape.launch: torchrun's variables, failure and timeout handling."""
+
+    def launch(self, body: str, *opts: str):
+        import tempfile
+        import time
+
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write("import os, sys, time\n" + body)
+        try:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+            t0 = time.monotonic()
+            p = subprocess.run([PYTHON, "-m", "scape.launch", "-n", "3", *opts, f.name],
+                               env=env, capture_output=True, text=True, timeout=60)
+            return p, time.monotonic() - t0
+        finally:
+            os.unlink(f.name)
+
+    def test_sets_torchrun_variables(self):
+        # one write per rank: the ranks share the pipe
+        p, _ = self.launch("e = os.environ\nos.write(1, ('%s %s %s %s %s\\n' % (e['RANK'], "
+                           "e['WORLD_SIZE'], e['LOCAL_RANK'], e['MASTER_ADDR'], "
+                           "int(e['MASTER_PORT']) > 0)).encode())")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sorted(p.stdout.splitlines()),
+                         [f"{r} 3 {r} 127.0.0.1 True" for r in range(3)])
+
+    def test_a_failing_rank_ends_the_job_with_its_status(self):
+        p, dt = self.launch("if os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(50)",
+                            "--grace", "1")
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("rank 1 exited 3", p.stderr)
+        self.assertLess(dt, 30)
+
+    def test_timeout_kills_every_rank(self):
+        p, dt = self.launch("time.sleep(50)", "--timeout", "2")
+        self.assertEqual(p.returncode, 124, p.stderr)
+        self.assertLess(dt, 30)
+
+
 class Errors(unittest.TestCase):
     def test_hierarchy(self):
         self.assertTrue(issubclass(scape.InvalidArgumentError, ValueError))
