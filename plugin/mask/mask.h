@@ -74,6 +74,15 @@ class Mask {
 
   const scapeMaskSyncInfo_t& Info() const { return info_; }
 
+  // What the sync does with rank r's received part (header, size and body checks, then the
+  // indices as global positions into *out): for tests and the fuzz targets.
+  Status DecodePart(int r, const uint8_t* buf, size_t size, std::vector<uint64_t>* out) const {
+    uint64_t k = 0;
+    SCAPE_RETURN_IF_ERROR(PartCount(r, buf, size, &k));
+    out->assign(static_cast<size_t>(k), 0);
+    return DecodeInto(r, buf, size, k, out->data());
+  }
+
  private:
   Mask() = default;
   void BuildOwnership(const std::vector<uint64_t>& segOffsets, const std::vector<uint8_t>& dense,

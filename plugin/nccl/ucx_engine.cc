@@ -826,6 +826,18 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
   return Status::Ok();
 }
 
+Status ValidateConnectHandle(const void* handle, std::string* peer) {
+  WireHandle h;
+  std::memcpy(&h, handle, sizeof(h));
+  SCAPE_RETURN_IF_ERROR(CheckHandle(&h));
+  bootstrap::SockAddr sa;
+  std::memcpy(&sa.ss, h.addr, h.addrLen);
+  sa.len = h.addrLen;
+  if (sa.port() == 0) return InternalError("corrupted handle: port 0");
+  if (peer) *peer = sa.ToString();
+  return Status::Ok();
+}
+
 Status Accept(ListenComm* lc, RecvComm** out, std::string* note) {
   *out = nullptr;
   std::lock_guard<std::mutex> lk(lc->mu);

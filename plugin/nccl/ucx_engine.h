@@ -99,6 +99,11 @@ void CloseListen(ListenComm* lc);
 Status CloseSend(SendComm* sc);
 Status CloseRecv(RecvComm* rc);
 
+// The checks Connect runs on a 128-byte listen handle that came from the peer (magic, version,
+// checksum, address family and length, port), without connecting: for tests and fuzzing.
+// *peer (optional) receives the listener's address as text.
+Status ValidateConnectHandle(const void* handle, std::string* peer);
+
 // Memory handles (comm is a SendComm or RecvComm).
 Status RegMr(void* comm, void* data, size_t size, MemType type, MemRegion** out);
 Status DeregMr(void* comm, MemRegion* mr);
