@@ -60,6 +60,7 @@ def case_optim_dense_reference(comm, steps=6):
         assert flat.data_ptr() <= p.data_ptr() < flat.data_ptr() + 4 * flat.numel()
     theta = [p.detach().numpy().astype(np.float64).copy() for p in m.parameters()]
     mom = [np.zeros_like(t) for t in theta]
+    theta0 = [t.copy() for t in theta]
     worst = 0.0
     for step in range(steps):
         lr = opt.param_groups[0]["lr"]
@@ -67,6 +68,9 @@ def case_optim_dense_reference(comm, steps=6):
         opt.zero_grad()
         x, y = data(step, RANK)
         torch.nn.functional.mse_loss(m(x), y).backward()
+        gflat = opt._groups[0].grad  # backward accumulated into the flat gradient's views
+        for p in m.parameters():
+            assert gflat.data_ptr() <= p.grad.data_ptr() < gflat.data_ptr() + 4 * gflat.numel()
         opt.step()
         sched.step()
         for i in range(len(theta)):
@@ -81,7 +85,8 @@ def case_optim_dense_reference(comm, steps=6):
             if err > 1e-5:
                 raise AssertionError(f"step {step}: parameters differ from the float64 AdamS "
                                      f"reference by {err}")
-        # theta (the reference) itself changed: otherwise the check proves nothing
+    moved = max(float(np.max(np.abs(t - t0))) for t, t0 in zip(theta, theta0))
+    assert moved > 1e-3, f"the parameters hardly moved ({moved}): the check proves nothing"
     info = opt.info()[0]
     assert info["step"] == steps and info["density"] == 1.0, info
     dense_count = sum(p.numel() for p in m.parameters() if p.dim() <= 1)
