@@ -137,6 +137,37 @@ def case_optim_sharded_matches_replicated(comm, steps=8):
     return {"hash": out["sharded"], "dense_counts": c}
 
 
+def case_optim_config_fields(comm, steps=7):
+    """Every configuration field reaches the library: the density schedule and the mask size
+    per step, the clipping, and the payload type's bytes."""
+    import math
+
+    rho, w = 0.1, 4
+    sent = {}
+    for payload in (torch.float32, torch.bfloat16):
+        m, opt, _ = train(comm, 0, density=rho, warmup_steps=w, max_grad_norm=1e-3,
+                          payload_dtype=payload, width=40)
+        params = list(m.parameters())
+        for step in range(steps):
+            opt.zero_grad()
+            x, y = data(step, RANK)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+            i = opt.info()[0]
+            want_rho = 1.0 if step == 0 else (rho ** (step / w) if step < w else rho)
+            assert abs(i["density"] - want_rho) < 1e-12, (step, i["density"], want_rho)
+            if step > 0:  # segment ownership: whole tensors are the selection pieces
+                k = sum(p.numel() if p.dim() <= 1 else max(1, math.floor(want_rho * p.numel()))
+                        for p in params)
+                assert i["mask_count"] == k, (step, i["mask_count"], k)
+            assert i["grad_norm"] > 1e-3 and abs(i["clip_scale"] - 1e-3 / i["grad_norm"]) < 1e-4, i
+        sent[str(payload)] = i["payload_bytes"] + i["dense_bytes"]
+        opt.destroy()
+    ratio = sent["torch.bfloat16"] / sent["torch.float32"]
+    assert abs(ratio - 0.5) < 0.01, sent
+    return {"hash": flat_hash(m), "ratio": ratio}
+
+
 def case_optim_checkpoint(comm, steps=5):
     """state_dict at step k, continue to 2k; a fresh optimizer loaded from the state_dict
     (and the model's state_dict) continues to the same bits."""

@@ -21,6 +21,10 @@ class ScapeAdamSTest(unittest.TestCase):
                 res = run_ranks("optim_sharded_matches_replicated", n, timeout=120)
                 self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
 
+    def test_configuration_fields_reach_the_library(self):
+        res = run_ranks("optim_config_fields", 2, timeout=120)
+        self.assertEqual(len({r["hash"] for r in res}), 1)
+
     def test_checkpoint_resume_is_bit_identical_and_bad_checkpoint_refused(self):
         res = run_ranks("optim_checkpoint", 2, timeout=120)
         self.assertEqual(len({r["hash"] for r in res}), 1)
