@@ -12,20 +12,30 @@ from typing import Any, Optional
 from .errors import bad_arg
 from .types import DataType
 
-# numpy dtype name -> DataType. numpy has no bfloat16: pass a torch tensor for bf16.
-_NUMPY = {
-    "float32": DataType.FLOAT32,
-    "float16": DataType.FLOAT16,
-    "int32": DataType.INT32,
-    "int64": DataType.INT64,
-}
-_TORCH = {
-    "torch.float32": DataType.FLOAT32,
-    "torch.float16": DataType.FLOAT16,
-    "torch.bfloat16": DataType.BFLOAT16,
-    "torch.int32": DataType.INT32,
-    "torch.int64": DataType.INT64,
-}
+# dtype -> DataType maps, built at first use (keyed by numpy's dtype number and by torch's
+# dtype objects: the cheapest lookups, this runs on every collective call). numpy has no
+# bfloat16: pass a torch tensor for bf16.
+_NUMPY: dict = {}
+_TORCH: dict = {}
+
+
+def _numpy_map(np) -> dict:
+    if not _NUMPY:
+        kinds = {("f", 4): DataType.FLOAT32, ("f", 2): DataType.FLOAT16,
+                 ("i", 4): DataType.INT32, ("i", 8): DataType.INT64}
+        for t in (np.float32, np.float16, np.int32, np.int64, np.intc, np.int_, np.longlong):
+            d = np.dtype(t)
+            if (d.kind, d.itemsize) in kinds:
+                _NUMPY[d.num] = kinds[(d.kind, d.itemsize)]
+    return _NUMPY
+
+
+def _torch_map(torch) -> dict:
+    if not _TORCH:
+        _TORCH.update({torch.float32: DataType.FLOAT32, torch.float16: DataType.FLOAT16,
+                       torch.bfloat16: DataType.BFLOAT16, torch.int32: DataType.INT32,
+                       torch.int64: DataType.INT64})
+    return _TORCH
 
 
 @dataclass
@@ -58,13 +68,14 @@ def as_buf(obj: Any, name: str, *, writable: bool = False,
     writable where it must be, or has not the dtype `dtype` (when given).
     """
     if is_torch(obj):
-        if obj.layout is not sys.modules["torch"].strided:
+        torch = sys.modules["torch"]
+        if obj.layout is not torch.strided:
             raise bad_arg(name, f"layout {obj.layout} is not supported (dense tensors only)",
                           type_error=True)
-        if obj.device.type != "cpu":
-            raise bad_arg(name, f"tensor is on device {obj.device}; this build moves host "
+        if not obj.is_cpu:
+            raise bad_arg(name, f"tensor is on device {obj.device}; the binding moves host "
                                 f"memory only (use a CPU tensor)")
-        dt = _TORCH.get(str(obj.dtype))
+        dt = _torch_map(torch).get(obj.dtype)
         if dt is None:
             raise bad_arg(name, f"dtype {obj.dtype} is not supported (float32, float16, "
                                 f"bfloat16, int32, int64)", type_error=True)
@@ -75,14 +86,15 @@ def as_buf(obj: Any, name: str, *, writable: bool = False,
         ptr = obj.data_ptr() if n else None
         kind = "torch"
     elif is_numpy(obj):
-        dt = _NUMPY.get(obj.dtype.name)
+        dt = _numpy_map(sys.modules["numpy"]).get(obj.dtype.num)
         if dt is None:
             raise bad_arg(name, f"dtype {obj.dtype} is not supported (float32, float16, int32, "
                                 f"int64; bfloat16 needs a torch tensor)", type_error=True)
-        if not obj.flags["C_CONTIGUOUS"]:
+        flags = obj.flags
+        if not flags.c_contiguous:
             raise bad_arg(name, "array is not C-contiguous (use numpy.ascontiguousarray and "
                                 "copy back, or pass a contiguous buffer)")
-        if writable and not obj.flags["WRITEABLE"]:
+        if writable and not flags.writeable:
             raise bad_arg(name, "array is read-only but the call writes into it")
         n = int(obj.size)
         ptr = obj.ctypes.data if n else None
