@@ -75,6 +75,20 @@ def table(meta: Dict[str, Any], runs: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_table(runs: List[Dict[str, Any]]) -> str:
+    """One line per run: its loss next to its own average density and bytes."""
+    lines = ["| run | seed | steps | peak lr | final val loss | avg density | avg fraction sent "
+             "| bytes sent/step/rank | tokens/s | ranks identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(
+            f"| `{r['group']}` | {r['seed']} | {r['steps']} | {r['lr']:g} "
+            f"| {r['final_val_loss']:.4f} | {r['avg_density']:.4f} "
+            f"| {r.get('avg_sent_fraction', r['avg_density']):.4f} | {r['bytes_per_step']:,.0f} "
+            f"| {r['tokens_per_second']:.0f} | {'yes' if r['ranks_identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
 def plot(meta: Dict[str, Any], runs: List[Dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -133,6 +147,10 @@ def report(meta: Dict[str, Any], runs: List[Dict[str, Any]], out: str) -> str:
         f"(phase 1): {meta.get('best_lr')}.",
         "",
         table(meta, runs),
+        "",
+        "Every run (average density and bytes over the whole run, next to its loss):",
+        "",
+        run_table(runs),
         "",
         f"Curves: `{os.path.join(out, 'val_loss.png')}`.",
     ])
