@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -189,6 +190,38 @@ TEST(ParamTable, MarkdownHasOneRowPerKnob) {
   }
   EXPECT_EQ(rows, knobs + 1);  // the separator row, then one per knob
   EXPECT_TRUE(Contains(md, "| `SCAPE_TIMEOUT_MS` | 120000 | "));
+}
+
+// scape.h documents scapeConfig_t's fields with their variables and defaults: those defaults
+// must be the table's.
+TEST(ParamTable, PublicHeaderStatesTheTableDefaults) {
+  std::ifstream in(SCAPE_TEST_SOURCE_DIR "/include/scape/scape.h");
+  ASSERT_TRUE(in.good());
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    // " * | timeoutMs    | SCAPE_TIMEOUT_MS     | 120000 (ms ...)  |"
+    std::vector<std::string> cols;
+    for (size_t b = line.find('|'); b != std::string::npos;) {
+      size_t e = line.find('|', b + 1);
+      if (e == std::string::npos) break;
+      std::string c = line.substr(b + 1, e - b - 1);
+      c.erase(0, c.find_first_not_of(' '));
+      c.erase(c.find_last_not_of(' ') + 1);
+      cols.push_back(c);
+      b = e;
+    }
+    if (cols.size() < 3 || cols[1].rfind("SCAPE_", 0) != 0) continue;
+    const ParamInfo* p = scape::FindParam(cols[1].c_str());
+    ASSERT_NE(p, nullptr) << "scape.h documents an undeclared knob: " << cols[1];
+    ++rows;
+    if (*p->defaultValue) {
+      EXPECT_EQ(cols[2].rfind(p->defaultValue, 0), 0u)
+          << "scape.h says " << cols[1] << " defaults to '" << cols[2] << "', the table says '"
+          << p->defaultValue << "'";
+    }
+  }
+  EXPECT_GE(rows, 3) << "scape.h's scapeConfig_t table was not found";
 }
 
 // ---- scapeConfig_t: size and version ----------------------------------------------------------
