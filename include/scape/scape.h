@@ -561,7 +561,9 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
  * pattern of |x|: -0 equals +0, infinity is above every finite value, NaN above infinity, and
  * NaNs order among themselves by their payload bits (as the CPU and CUDA kernels do).
  *
- * @param statistic  the full flat buffer (n floats); only the owned part is read.
+ * @param statistic  the full flat buffer (n floats); only the owned part is read. Host or
+ *                   device memory: a device statistic is copied to the host first (a host
+ *                   wait on the default stream: finish writing it before the call).
  * @param density    0 < density <= 1.
  */
 SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
@@ -960,7 +962,11 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  * copies of one chunk overlap the wire of the next. The host collective runs on a background
  * thread of the communicator, over a second, private UCX channel that the first device
  * collective creates (collectively, so every rank must make its first device collective at
- * the same call: a one-time host wait). Results are bit-identical to the host collective.
+ * the same call: a one-time host wait). Results are the same bits on every rank. Each chunk
+ * is reduced as a collective of its own: integer results, max/min and 2-rank results equal a
+ * host collective on the whole buffer bit for bit; floating-point sums over 3 or more ranks
+ * may differ from it in the last bits (another order of the additions). A chunk size at
+ * least the buffer's size gives the whole-buffer host collective's exact bits.
  * Rules of this path:
  *  - The stream is blocked (a host function waits) while its chunk is on the wire: other work
  *    on that stream waits, work on other streams does not.
@@ -971,6 +977,7 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    scapeCommGetAsyncError.
  *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
  *    to reach the end of their streams.
+ *  - scapeMaskSelectNextTopk accepts a device statistic (copied to the host: a host wait).
  *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
  *    (the blocking forms are already asynchronous), a non-NULL mask, the scapeMask* packed
  *    collectives, scapeSparseAllReduce and the optimizer step.

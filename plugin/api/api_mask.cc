@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/gather.h"
 #include "plugin/api/api_internal.h"
+#include "plugin/device/device.h"
 #include "plugin/coll/sparse.h"
 #include "plugin/mask/mask.h"
 
@@ -282,6 +283,8 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
     if (!(density > 0.0 && density <= 1.0))
       return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
     if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
+    std::vector<float> hostCopy;  // a device statistic is read through a host copy (host wait)
+    SCAPE_RETURN_IF_ERROR(scape::device::HostReadable(statistic, mask->impl->n(), &hostCopy, &statistic));
     return mask->impl->SelectNextTopk(statistic, density);
   });
 }

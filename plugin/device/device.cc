@@ -173,6 +173,19 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   return Status::Ok();
 }
 
+Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view) {
+  *view = p;
+  if (!p || count == 0) return Status::Ok();
+  Runtime* rt = GetRuntime();
+  if (rt->Kind(p) == PtrKind::kHost) return Status::Ok();
+  copy->resize(count);
+  Status st = rt->CopyAsync(copy->data(), p, count * sizeof(float), nullptr);
+  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  if (!st.ok()) return st.Prepend("copying the device statistic to the host");
+  *view = copy->data();
+  return Status::Ok();
+}
+
 void ReleaseComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Take(comm);
   if (e && e->staging) {

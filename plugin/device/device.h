@@ -11,6 +11,9 @@
 #ifndef SCAPE_PLUGIN_DEVICE_DEVICE_H_
 #define SCAPE_PLUGIN_DEVICE_DEVICE_H_
 
+#include <cstddef>
+#include <vector>
+
 #include "base/status.h"
 #include "plugin/coll/coll.h"
 #include "scape/scape.h"
@@ -35,6 +38,12 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
 // rank / nranks of an NCCL-backend communicator (false if `comm` is not one).
 bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
+
+// For calls that read a whole buffer on the host (scapeMaskSelectNextTopk's statistic): when
+// `p` is device memory, copies its `count` floats to *copy (a host wait: the copy runs on the
+// default stream and is waited for; the caller must have finished writing p) and points *view
+// at the copy; host memory is left as it is (*view = p).
+Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view);
 
 // Lifecycle hooks of scapeCommDestroy / scapeCommAbort (any communicator; no-ops when it
 // never made a device call): release drains the device work in flight (within the timeout),

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "plugin/device/runtime.h"
+#include "plugin/device/staging.h"
 #include "scape/scape.h"
 #include "tests/device/fake_device.h"
 #include "tests/harness.h"
@@ -83,7 +85,53 @@ std::vector<char> RandomValues(std::mt19937& rng, size_t n, scapeDataType_t t) {
   return v;
 }
 
-// One collective on device buffers (staged) against the same on host buffers.
+// The host collective as the staging pipeline runs it: chunk by chunk, each chunk its own
+// collective (MakeStagePlan's chunks), on host buffers through the public API.
+std::vector<char> ChunkedHost(RankCtx& ctx, Coll c, const std::vector<char>& in, size_t n,
+                              scapeDataType_t t, scapeRedOp_t op, int root) {
+  const size_t P = static_cast<size_t>(ctx.nranks), esz = scapeTypeSize(t);
+  scape::coll::CollArgs a;
+  a.type = c == Coll::kAllReduce       ? scape::coll::CollType::kAllReduce
+           : c == Coll::kReduceScatter ? scape::coll::CollType::kReduceScatter
+           : c == Coll::kAllGather     ? scape::coll::CollType::kAllGather
+                                       : scape::coll::CollType::kBroadcast;
+  a.count = n;
+  a.dtype = t;
+  a.op = op;
+  a.root = root;
+  scape::device::StagePlan plan;
+  EXPECT_TRUE(scape::device::MakeStagePlan(a, ctx.rank, ctx.nranks,
+                                           scape::device::StageChunkBytes(), &plan).ok());
+  std::vector<char> ss(plan.sendStageBytes + 1), rs(plan.recvStageBytes + 1);
+  std::vector<char> out((c == Coll::kAllGather ? P * n : n) * esz, 0x5a);
+  for (const auto& ch : plan.chunks) {
+    for (const auto& cp : ch.d2h) std::memcpy(ss.data() + cp.dst, in.data() + cp.src, cp.bytes);
+    EXPECT_SCAPE_OK(Call(c, ch.hasSend ? ss.data() + ch.sendOff : nullptr, rs.data() + ch.recvOff,
+                         ch.count, t, op, root, ctx.comm, nullptr), ctx.comm);
+    for (const auto& cp : ch.h2d) std::memcpy(out.data() + cp.dst, rs.data() + cp.src, cp.bytes);
+  }
+  return out;
+}
+
+// Floating-point element of either type as a double.
+double AsDouble(const char* p, scapeDataType_t t) {
+  if (t == scapeFloat32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// One collective on device buffers (staged) against the same on host buffers: bit for bit
+// against the host collective run chunk by chunk as the pipeline runs it; against one host
+// collective on the whole buffer, bit for bit where the order of the additions cannot matter
+// (integers, max/min, 2 ranks, no reduction) and within a stated tolerance otherwise.
 bool DeviceMatchesHost(RankCtx& ctx, Coll c, size_t n, scapeDataType_t t, scapeRedOp_t op,
                        bool inPlace, unsigned seed) {
   FakeRuntime& rt = Fake();
@@ -101,6 +149,7 @@ bool DeviceMatchesHost(RankCtx& ctx, Coll c, size_t n, scapeDataType_t t, scapeR
   void* hr = hostOut.data();
   if (c == Coll::kBroadcast && ctx.rank != root) hs = nullptr;
   EXPECT_SCAPE_OK(Call(c, hs, hr, n, t, op, root, ctx.comm, nullptr), ctx.comm);
+  const std::vector<char> chunked = ChunkedHost(ctx, c, in, n, t, op, root);
 
   // The same on "device" buffers, in place where the layout allows it.
   char* dsend = static_cast<char*>(rt.DeviceMalloc(std::max(sendN, recvN) * esz));
@@ -125,7 +174,22 @@ bool DeviceMatchesHost(RankCtx& ctx, Coll c, size_t n, scapeDataType_t t, scapeR
   EXPECT_TRUE(rt.StreamOf(stream)->Sync());
   std::vector<char> got(recvN * esz);
   if (!got.empty()) std::memcpy(got.data(), dr, got.size());
-  EXPECT_TRUE(got == hostOut) << "device result differs from the host collective";
+  EXPECT_TRUE(got == chunked) << "device result differs from the chunked host collective";
+  const bool orderFree = t == scapeInt32 || t == scapeInt64 || op == scapeMax || op == scapeMin ||
+                         P <= 2 || c == Coll::kAllGather || c == Coll::kBroadcast;
+  if (orderFree) {
+    EXPECT_TRUE(got == hostOut) << "device result differs from the whole-buffer host collective";
+  } else {
+    // fp32: a few ulps of the sum of P values of |x| <= ~15; bf16 rounds once per hop.
+    const double tol = t == scapeFloat32 ? 1e-5 : 0.07;
+    for (size_t i = 0; i < recvN; ++i) {
+      const double a = AsDouble(&got[i * esz], t), b = AsDouble(&hostOut[i * esz], t);
+      if (!(std::fabs(a - b) <= tol * (1.0 + std::fabs(b)))) {
+        ADD_FAILURE() << "element " << i << ": " << a << " vs host " << b;
+        break;
+      }
+    }
+  }
   if (n > 0) {
     EXPECT_GT(rt.h2dCopies.load(), h2d0) << "nothing was copied back to the device";
     if (c != Coll::kBroadcast || ctx.rank == root) {
@@ -334,6 +398,49 @@ TEST(DeviceStream, DestroyDrainsWorkInFlight) {
     rt.copyDelayUs = 0;
     return !::testing::Test::HasFailure();
   }, opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Top-k selection from a device statistic: the same next mask as from the same values in host
+// memory (the statistic is read through a host copy).
+TEST(DeviceStream, TopkFromADeviceStatisticSelectsTheSameMask) {
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const uint64_t n = 30011;
+    const uint64_t offs[] = {0, 1000, 1003, 20000, n};
+    const uint8_t dense[] = {0, 1, 0, 0};
+    std::mt19937 rng(seed);  // the same statistic on every rank (as a replicated optimizer has)
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> stat(n);
+    for (auto& x : stat) x = nd(rng);
+    auto* dstat = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    std::memcpy(dstat, stat.data(), n * 4);
+    std::vector<uint64_t> got[2];
+    for (int which = 0; which < 2; ++which) {
+      scapeMask_t m = nullptr;
+      EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 4, offs, dense, scapeOwnershipShards,
+                                      scapeMaskEncodingAuto, ctx.comm), ctx.comm);
+      if (!m) return false;
+      const uint64_t d2h = rt.d2hCopies;
+      EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, which ? dstat : stat.data(), 0.01), ctx.comm);
+      if (which) {
+        EXPECT_GT(rt.d2hCopies.load(), d2h) << "the device statistic was not copied";
+      }
+      EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
+      EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
+      EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
+      uint64_t k = 0;
+      EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+      got[which].resize(k);
+      EXPECT_SCAPE_OK(scapeMaskGetIndices(m, got[which].data(), k), ctx.comm);
+      EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+    }
+    EXPECT_GT(got[0].size(), 3u);
+    EXPECT_EQ(got[0], got[1]) << "device and host statistics selected different masks";
+    rt.DeviceFree(dstat);
+    return !::testing::Test::HasFailure();
+  });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
