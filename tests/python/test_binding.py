@@ -57,6 +57,53 @@ class Loading(unittest.TestCase):
         self.assertIn("RANK", p.stdout)
 
 
+class StructLayouts(unittest.TestCase):
+    """The ctypes mirrors of the C structs have the header's sizes and field offsets (compiled
+    against include/scape/scape.h with the system C compiler)."""
+
+    def test_ctypes_structs_match_the_header(self):
+        import ctypes
+        import shutil
+        import tempfile
+
+        from scape import _lib
+        from scape import optim as so  # needs torch
+
+        cc = shutil.which("cc") or shutil.which("gcc")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        lib_dir = os.path.dirname(os.path.realpath(scape.library_path()))
+        gen = os.path.join(os.path.dirname(lib_dir), "include")  # <build>/include
+        if cc is None:
+            self.skipTest("no C compiler")
+        structs = {"scapeConfig_t": _lib.ConfigStruct, "scapeMaskSyncInfo_t":
+                   _lib.MaskSyncInfoStruct, "scapeOptimConfig_t": so._OptimConfig,
+                   "scapeOptimInfo_t": so._OptimInfo, "scapeUniqueId": _lib.UniqueIdStruct}
+        lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <scape/scape.h>",
+                 "int main(void) {"]
+        for cname, py in structs.items():
+            lines.append(f'printf("{cname} sizeof() %zu\\n", sizeof({cname}));')
+            for fname, _ in py._fields_:
+                lines.append(f'printf("{cname} {fname} %zu\\n", offsetof({cname}, {fname}));')
+        lines.append("return 0; }")
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+            with open(src, "w") as f:
+                f.write("\n".join(lines))
+            p = subprocess.run([cc, "-I", os.path.join(root, "include"), "-I", gen, src, "-o",
+                                exe], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            out = subprocess.run([exe], capture_output=True, text=True, timeout=10).stdout
+        got = {}
+        for line in out.splitlines():
+            cname, what, val = line.split()
+            got[(cname, what)] = int(val)
+        for cname, py in structs.items():
+            self.assertEqual(got[(cname, "sizeof()")], ctypes.sizeof(py), cname)
+            for fname, _ in py._fields_:
+                self.assertEqual(got[(cname, fname)], getattr(py, fname).offset,
+                                 f"{cname}.{fname}")
+
+
 class Launcher(unittest.TestCase):
     """python3 -m scape.launch: torchrun's variables, failure and timeout handling."""
 
