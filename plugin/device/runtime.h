@@ -52,6 +52,10 @@ class Runtime {
   // return (cudaLaunchHostFunc). fn must not call the runtime.
   virtual Status LaunchHostFunc(Stream s, HostFn fn, void* arg) = 0;
   virtual Status StreamSynchronize(Stream s) = 0;
+  // The calling thread's current device, and setting it on another thread (the staging
+  // worker queries events of the device the call was made on).
+  virtual int GetDevice() { return 0; }
+  virtual void SetDevice(int) {}
 };
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".

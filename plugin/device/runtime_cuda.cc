@@ -79,6 +79,17 @@ class Cuda final : public Runtime {
     cudaError_t r = cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg);
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaLaunchHostFunc", r);
   }
+  int GetDevice() override {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return d;
+  }
+  void SetDevice(int d) override {
+    if (cudaSetDevice(d) != cudaSuccess) cudaGetLastError();
+  }
   Status StreamSynchronize(Stream s) override {
     cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);

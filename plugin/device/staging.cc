@@ -107,6 +107,7 @@ struct StagingChannel::Job {
   };
   std::vector<WaitArg> waitArgs;
   int timeoutMs = kDefaultTimeoutMs;
+  int device = 0;  // the caller's current device at the call
   std::mutex m;
   std::condition_variable cv;
   size_t chunksDone = 0;
@@ -256,6 +257,7 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
   auto job = std::make_shared<Job>();
   job->args = a;
   job->timeoutMs = timeoutMs_;
+  job->device = rt_->GetDevice();
   SCAPE_RETURN_IF_ERROR(MakeStagePlan(a, rank_, nranks_, chunkBytes_, &job->plan));
   const size_t n = job->plan.chunks.size();
   void* s = nullptr;
@@ -305,7 +307,10 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     if (st.ok()) st = d;
   }
   if (!st.ok()) {
-    // Nothing reaches the worker: release the stream's waits at once.
+    // Nothing reaches the worker: release the stream's waits at once. Without a host
+    // function on the stream, copies into the stages may still be pending: wait for them
+    // before the stages can be reused.
+    if (!job->doneFnQueued && !anyHostFn) (void)rt_->StreamSynchronize(stream);
     std::lock_guard<std::mutex> jl(job->m);
     job->failed = true;
     job->workerDone = true;
@@ -372,6 +377,7 @@ void StagingChannel::WorkerMain() {
 void StagingChannel::RunJob(Job* job) {
   Status prior = error();
   if (!prior.ok()) return FailJob(job, prior);
+  rt_->SetDevice(job->device);
   const size_t n = job->plan.chunks.size();
   size_t next = 0;
   std::deque<std::pair<size_t, std::shared_ptr<PendingOp>>> inflight;
