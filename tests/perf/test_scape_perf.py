@@ -182,6 +182,38 @@ class Format(unittest.TestCase):
     def test_mask_sync_idle_sleep(self):
         self.check_mask_sync(["--idle-wait", "sleep"], "sleep")
 
+    def test_step(self):
+        # --mode step: dense AdamS, dense AdamW, then one SCAPE row per density.
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "out.json")
+            rc, out, err = run(["-np", "2", "-b", "256K", "-e", "256K", "-n", "2", "-w", "2",
+                                "--mode", "step", "-D", "1,0.1", "-d", "bfloat16", "-J", jpath])
+            self.assertEqual(rc, 0, out + err)
+            with open(jpath) as f:
+                js = json.load(f)
+        rows = data_lines(out)
+        self.assertEqual(len(rows), 4, out)
+        self.assertEqual(len(js), 4)
+        self.assertEqual([r[2] for r in rows], ["adams", "adamw", "scape", "scape"])
+        for f, j in zip(rows, js):
+            self.assertEqual(len(f), 11, f)
+            self.assertEqual(j["mode"], "step")
+            self.assertEqual(j["optimizer"], f[2])
+            self.assertEqual(j["count"], 65536)
+            self.assertEqual(j["payload"], "bfloat16")
+            self.assertAlmostEqual(j["out_of_place"]["time_us"], float(f[4]), delta=0.11)
+            self.assertGreater(j["floor"]["time_us"], 0.0)
+            self.assertGreater(j["floor"]["memcpy_gbps"], 0.0)
+            self.assertEqual(int(f[10]), 0)  # parameters identical on both ranks
+        scape = [j for j in js if j["optimizer"] == "scape"]
+        self.assertEqual([j["density"] for j in scape], [1.0, 0.1])
+        for j in scape:
+            self.assertEqual(j["state_bytes_per_param"], 8.0)
+            self.assertEqual(len(j["phases_us"]), 7)
+            self.assertGreater(j["bytes_sent"]["payload"], 0)
+        self.assertLess(scape[1]["k"], scape[0]["k"])
+        self.assertIn("# Out of bounds values : 0 OK", out)
+
     def check_mask_sync(self, extra, idle_wait):
         with tempfile.TemporaryDirectory() as tmp:
             jpath = os.path.join(tmp, "out.json")
