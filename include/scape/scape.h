@@ -752,8 +752,10 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  * Results: parameters and momentum are bit-identical on every rank after every step, and the
  * sharded state gives the same bits as the replicated one (same mask ownership assumed: the
  * mask depends on how selection is partitioned). State per rank: momentum and residual, fp32,
- * 8 bytes per parameter, plus the mask's index buffers (16 bytes per masked position) and a
- * scratch buffer for the statistic of the owned part.
+ * 8 bytes per parameter, plus the mask's index buffers (16 bytes per masked position), a copy
+ * of the last step's mask while its density is at most 1/4 (8 bytes per masked position: the
+ * passes then touch the momentum only at the two masks) and a scratch buffer for the
+ * statistic of the owned part.
  *
  * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
  * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
