@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -153,6 +154,13 @@ struct UcpCtx {
 std::mutex g_ctxMu;
 std::map<int, std::weak_ptr<UcpCtx>> g_ctxs;
 Options g_opts;
+
+// The TLS list UCX runs with: the plugin's own setting, else the user's UCX_TLS.
+std::string EffectiveTls() {
+  if (!g_opts.tls.empty()) return g_opts.tls;
+  const char* env = std::getenv("UCX_TLS");
+  return env ? env : "";
+}
 bool g_optsSet = false;
 
 Status GetUcpCtx(int dev, const DeviceRoute& route, std::shared_ptr<UcpCtx>* out) {
@@ -613,8 +621,11 @@ Status StepConnect(Connecting* c, SendComm** out) {
         // UCX 1.13's shared-memory transports cannot report peer failures, so an endpoint that
         // asks for failure reports never uses them: same-host peers go without (the setup
         // connection tells us when they are gone).
-        ep.err_mode = c->sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-        if (!c->sameHost) {
+        // The same goes only where UCX can use shared memory at all (not under UCX_TLS=tcp):
+        // elsewhere the endpoint asks for failure reports (transport/ucx/ucx_status.h).
+        const bool noReports = c->sameHost && transport::SharedMemoryPossible(EffectiveTls());
+        ep.err_mode = noReports ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+        if (!noReports) {
           ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
           ep.err_handler.cb = &OnEpError;
           ep.err_handler.arg = sc->eps;

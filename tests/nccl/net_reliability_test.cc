@@ -1,6 +1,11 @@
 // The net plugin used carelessly (issue 15): stale handles handed back a second time must be
 // refused without reading freed memory (the sanitizer pass runs this too), and every WARN line
 // must carry the location of the entry point that failed, not of a shared helper.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -13,6 +18,73 @@ namespace {
 using namespace fake_nccl;
 
 constexpr int kWatchdogMs = 60000;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A sender that posts a rendezvous-sized send and is killed before it completes: the
+// receiver's test() must report ncclRemoteError within the grace period, never crash (UCX 1.13
+// asserts inside ucp_worker_progress when a rendezvous request meets a dead peer unless the
+// receiver stops progressing that request in time).
+void KilledRendezvousSender(size_t bytes, int progressMs) {
+  Pipe handle, posted;
+  RUN_PROCS(kWatchdogMs,
+    [&] {  // receiver
+      Env e;
+      REQUIRE(e.Up());
+      char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
+      void* lc = nullptr;
+      REQUIRE_OK(e.net->listen(e.ctx, 0, h, &lc));
+      REQUIRE(handle.Write(h, sizeof(h), 20000));
+      void* rc = nullptr;
+      REQUIRE_OK(PollAccept(e.net, lc, &rc));
+      REQUIRE_OK(e.net->closeListen(lc));
+      std::vector<uint8_t> buf(bytes);
+      void* mh = nullptr;
+      REQUIRE_OK(e.net->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
+      void* d = buf.data();
+      size_t cap = buf.size();
+      int tag = 7;
+      void* req = nullptr;
+      REQUIRE_OK(PostRecv(e.net, rc, 1, &d, &cap, &tag, &mh, &req));
+      REQUIRE(posted.WriteU64(1));
+      const int64_t t0 = NowMs();
+      int r = WaitReq(e.net, req, nullptr, 30000);
+      // The transfer may even have completed before the kill; if not, the error is remote.
+      EXPECT_TRUE(r == ncclRemoteError || r == ncclSuccess) << "test() returned " << r;
+      EXPECT_LT(NowMs() - t0, 20000);
+      REQUIRE_OK(e.net->deregMr(rc, mh));
+      REQUIRE_OK(e.net->closeRecv(rc));
+      return e.Down();
+    },
+    [&] {  // sender: posts the send, then dies with it in flight
+      Env e;
+      REQUIRE(e.Up());
+      char h[NCCL_NET_HANDLE_MAXSIZE];
+      REQUIRE(handle.Read(h, sizeof(h), 20000));
+      void* sc = nullptr;
+      REQUIRE_OK(PollConnect(e.net, e.ctx, 0, h, &sc));
+      uint64_t v;
+      REQUIRE(posted.ReadU64(&v));
+      std::vector<uint8_t> buf(bytes, 0x5a);
+      void* mh = nullptr;
+      REQUIRE_OK(e.net->regMr(sc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
+      void* req = nullptr;
+      REQUIRE_OK(PostSend(e.net, sc, buf.data(), buf.size(), 7, mh, &req));
+      // Progress the send for a while (data flowing) or barely at all, then die.
+      int done = 0;
+      const int64_t until = NowMs() + progressMs;
+      for (int i = 0; !done && (i < 3 || NowMs() < until); ++i) (void)e.net->test(req, &done, nullptr);
+      // _exit: no destructor, no close, no flush runs, exactly as for SIGKILL (the kernel
+      // closes the sockets and drops the mappings either way); the watchdog's report then
+      // stays about the receiver.
+      _exit(0);
+      return true;
+    });
+}
 
 TEST(StaleHandles, SecondDeregCloseAndFinalizeAreErrors) {
   RUN_PROCS(kWatchdogMs, [] {
@@ -68,6 +140,24 @@ TEST(Logging, WarnLinesNameTheFailingEntryPoint) {
     REQUIRE(e.Down());
     return true;
   });
+}
+
+TEST(PeerDeath, KilledRendezvousSender1MiB) { KilledRendezvousSender(size_t{1} << 20, 0); }
+TEST(PeerDeath, KilledRendezvousSender16MiB) { KilledRendezvousSender(size_t{16} << 20, 0); }
+TEST(PeerDeath, KilledRendezvousSender256MiB) { KilledRendezvousSender(size_t{256} << 20, 0); }
+TEST(PeerDeath, KilledRendezvousSenderMidTransfer) {
+  KilledRendezvousSender(size_t{256} << 20, 40);
+}
+// Known UCX 1.13 defect, not fixed (issue 15, item 9; perf/RESULTS_reliability.md): over UCX's
+// TCP transport, a sender killed right after its first post makes the receiver abort inside
+// ucp_worker_progress (ucp_request.c:684, "got REP message": a wire-up reply toward the dead
+// peer fails and UCX asserts instead of failing the endpoint), in about half of the runs, with
+// or without error handling on the endpoint. Disabled because it cannot pass; run it with
+// --gtest_also_run_disabled_tests to see the abort.
+TEST(PeerDeath, DISABLED_KilledRendezvousSenderOverTcp) {
+  setenv("UCX_TLS", "tcp", 1);
+  for (int i = 0; i < 4; ++i) KilledRendezvousSender(size_t{1} << 20, 0);
+  unsetenv("UCX_TLS");
 }
 
 }  // namespace

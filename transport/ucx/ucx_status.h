@@ -57,6 +57,23 @@ inline Status UcxError(const std::string& what, ucs_status_t s) {
   return Status(UcxResult(s), what + ": " + ucs_status_string(s));
 }
 
+// Whether UCX may pick a shared-memory transport under the TLS list `tls` (UCX_TLS syntax:
+// empty or "all" for everything, "a,b" for a list, "^a,b" for all but those). An endpoint to a
+// same-host peer asks for no failure reports (UCP_ERR_HANDLING_MODE_NONE) only to let UCX use
+// shared memory; where shared memory cannot be used anyway, it asks for them (MODE_PEER), so
+// that UCX reports a dead peer through the error callback. (UCX 1.13 can still abort a
+// receiver whose peer dies while their wire-up is in flight, in either mode: see
+// perf/RESULTS_reliability.md.)
+inline bool SharedMemoryPossible(const std::string& tls) {
+  if (tls.empty() || tls == "all") return true;
+  auto has = [&](const char* t) {
+    const std::string s = "," + (tls[0] == '^' ? tls.substr(1) : tls) + ",";
+    return s.find(std::string(",") + t + ",") != std::string::npos;
+  };
+  if (tls[0] == '^') return !has("sm") && !has("shm");
+  return has("sm") || has("shm") || has("posix") || has("sysv") || has("xpmem") || has("all");
+}
+
 }  // namespace transport
 }  // namespace scape
 

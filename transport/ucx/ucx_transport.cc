@@ -5,6 +5,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -109,7 +110,12 @@ class UcxTransport final : public Transport {
     // UCX 1.13's shared-memory transports cannot report a peer failure, so an endpoint that
     // asks for failure reports never uses them. On one host we take shared memory and let
     // the communicator watch the peer's process instead.
-    ep.err_mode = sameHost ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    // Only where shared memory can be used at all (not under UCX_TLS=tcp, say): over TCP an
+    // endpoint without failure reports lets UCX 1.13 abort the survivor of a peer's death.
+    const char* envTls = std::getenv("UCX_TLS");
+    const std::string tls = !opts_.tls.empty() ? opts_.tls : (envTls ? envTls : "");
+    const bool noReports = sameHost && SharedMemoryPossible(tls);
+    ep.err_mode = noReports ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxTransport::OnEpError;
     ep.err_handler.arg = &p;
     ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
