@@ -905,7 +905,7 @@ typedef struct {
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
   uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter) */
-  uint64_t maskStateBytes; /**< the mask's index buffers */
+  uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
 } scapeOptimInfo_t;

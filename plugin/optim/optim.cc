@@ -451,7 +451,7 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.stateBytes = 8 * layout_.n;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
-  x.maskStateBytes = 8 * (mask_->Current().size() + nextSize);
+  x.maskStateBytes = 8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
   x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
                    4 * ownedSize_;
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
