@@ -1,0 +1,146 @@
+// One rank of an off-host test (tests/offhost/run_netns.sh runs each in its own network and
+// UTS namespace, so the library sees other hosts and takes its TCP paths). Rank 0 makes the
+// unique id and writes it to <dir>/id; the others wait for the file.
+//   offhost_rank <case> <rank> <nranks> <dir> <timeoutMs>
+// Cases: allreduce (correctness), die-allreduce (the last rank is killed mid-collective; the
+// others must fail within the timeout), die-masksync (the same during a mask sync), late (the
+// last rank never comes: the others must get scapeTimeout).
+// Exit 0 on the expected outcome, 1 otherwise (with a line on stderr).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scape/scape.h"
+
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int Fail(int rank, const std::string& what) {
+  std::fprintf(stderr, "offhost rank %d: FAIL: %s\n", rank, what.c_str());
+  return 1;
+}
+
+bool ReadId(const std::string& path, scapeUniqueId* id, int timeoutMs) {
+  const int64_t end = NowMs() + timeoutMs;
+  while (NowMs() < end) {
+    std::ifstream f(path, std::ios::binary);
+    if (f.read(id->internal, sizeof(id->internal))) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s <case> <rank> <nranks> <dir> <timeoutMs>\n", argv[0]);
+    return 2;
+  }
+  const std::string kase = argv[1];
+  const int rank = std::atoi(argv[2]), nranks = std::atoi(argv[3]);
+  const std::string dir = argv[4];
+  const int timeoutMs = std::atoi(argv[5]);
+  const bool last = rank == nranks - 1;
+  scapeUniqueId id;
+  if (rank == 0) {
+    if (scapeGetUniqueId(&id) != scapeSuccess) return Fail(rank, scapeGetLastError(nullptr));
+    const std::string tmp = dir + "/id.tmp";
+    std::ofstream(tmp, std::ios::binary).write(id.internal, sizeof(id.internal));
+    if (std::rename(tmp.c_str(), (dir + "/id").c_str()) != 0) return Fail(rank, "rename");
+  } else if (!ReadId(dir + "/id", &id, 20000)) {
+    return Fail(rank, "no unique id from rank 0");
+  }
+  if (kase == "late" && last) return 0;  // never joins
+  scapeConfig_t cfg = SCAPE_CONFIG_INITIALIZER;
+  cfg.timeoutMs = timeoutMs;
+  scapeComm_t comm = nullptr;
+  const int64_t t0 = NowMs();
+  scapeResult_t r = scapeCommInitRankConfig(&comm, nranks, id, rank, &cfg);
+  if (kase == "late") {
+    if (r != scapeTimeout) return Fail(rank, std::string("init: expected a timeout, got ") + scapeGetErrorString(r));
+    if (NowMs() - t0 > timeoutMs + 6000) return Fail(rank, "the timeout came late");
+    std::fprintf(stderr, "offhost rank %d: late peer: %s after %lld ms\n", rank,
+                 scapeGetLastError(nullptr), static_cast<long long>(NowMs() - t0));
+    if (rank == 0) usleep(1000000);
+    return 0;
+  }
+  if (r != scapeSuccess) return Fail(rank, std::string("init: ") + scapeGetLastError(nullptr));
+  if (kase == "allreduce") {
+    for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+      std::vector<float> a(n), b(n);
+      for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>((i * 7 + static_cast<size_t>(rank)) % 13);
+      if (scapeAllReduce(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm, nullptr) !=
+          scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < nranks; ++q) want += static_cast<float>((i * 7 + static_cast<size_t>(q)) % 13);
+        if (b[i] != want) return Fail(rank, "wrong sum at " + std::to_string(i));
+      }
+    }
+    if (scapeCommDestroy(comm) != scapeSuccess) return Fail(rank, "destroy");
+    return 0;
+  }
+  if (kase == "die-allreduce") {
+    const size_t n = size_t{16} << 20;
+    std::vector<float> a(n, 1.0f), b(n);
+    if (last) {
+      scapeRequest_t req;
+      if (scapeAllReduceAsync(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm,
+                              nullptr, &req) != scapeSuccess)
+        return Fail(rank, "async");
+      int done = 0;
+      for (int i = 0; i < 3 && !done; ++i) scapeTest(req, &done);
+      kill(getpid(), SIGKILL);
+    }
+    const int64_t s = NowMs();
+    r = scapeAllReduce(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm, nullptr);
+    const int64_t ms = NowMs() - s;
+    if (r != scapeRemoteError && r != scapeTimeout)
+      return Fail(rank, std::string("expected an error, got ") + scapeGetErrorString(r));
+    if (ms > timeoutMs + 3000) return Fail(rank, "error came after " + std::to_string(ms) + " ms");
+    std::fprintf(stderr, "offhost rank %d: peer death seen after %lld ms: %s\n", rank,
+                 static_cast<long long>(ms), scapeGetLastError(comm));
+    scapeCommAbort(comm);
+    return 0;
+  }
+  if (kase == "die-masksync") {
+    const uint64_t n = 100000, offs[] = {0, 40000, n};
+    scapeMask_t mask = nullptr;
+    if (scapeMaskCreate(&mask, n, 2, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto,
+                        comm) != scapeSuccess)
+      return Fail(rank, scapeGetLastError(comm));
+    std::vector<float> stat(n);
+    for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 2654435761u) % 1000);
+    if (scapeMaskSelectNextTopk(mask, stat.data(), 0.01) != scapeSuccess) return Fail(rank, "topk");
+    if (last) kill(getpid(), SIGKILL);
+    const int64_t s = NowMs();
+    if (scapeMaskSyncStart(mask) != scapeSuccess) return Fail(rank, "sync start");
+    r = scapeMaskSyncWait(mask);
+    const int64_t ms = NowMs() - s;
+    if (r != scapeRemoteError && r != scapeTimeout)
+      return Fail(rank, std::string("expected an error, got ") + scapeGetErrorString(r));
+    if (ms > timeoutMs + 3000) return Fail(rank, "error came after " + std::to_string(ms) + " ms");
+    std::fprintf(stderr, "offhost rank %d: peer death in mask sync seen after %lld ms\n", rank,
+                 static_cast<long long>(ms));
+    scapeMaskDestroy(mask);
+    scapeCommAbort(comm);
+    return 0;
+  }
+  return Fail(rank, "unknown case " + kase);
+}
