@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "plugin/api/api_internal.h"
+#include "plugin/device/device.h"
 #include "plugin/mask/mask.h"
 #include "plugin/optim/optim.h"
 
@@ -82,10 +83,10 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   h.eps = c->eps;
   h.weightDecay = c->weightDecay;
   h.maxGradNorm = c->maxGradNorm;
-  h.bias = static_cast<scapeBiasCorrection_t>(c->biasCorrection);
+  h.bias = c->biasCorrection;
   h.density = c->density;
   h.warmupSteps = c->warmupSteps;
-  h.payload = static_cast<scapeDataType_t>(c->payloadType);
+  h.payload = c->payloadType;
   SCAPE_RETURN_IF_ERROR(scape::ValidateHyper(h).Prepend("config"));
   layout->n = c->n;
   layout->offsets.assign(o, o + c->nsegments + 1);
@@ -156,17 +157,17 @@ SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimCo
     SCAPE_RETURN_IF_ERROR(scape::Mask::Create(comm->impl.get(), layout.n, layout.offsets,
                                               layout.dense, layout.maskOwnership, layout.encoding,
                                               &mimpl));
-    std::unique_ptr<scapeMask> mask(new scapeMask{std::move(mimpl), comm});
-    std::unique_ptr<scape::Optimizer> impl;
+    std::unique_ptr<scape::Optimizer> impl;  // destroyed before mimpl if anything below fails
     SCAPE_RETURN_IF_ERROR(
-        scape::Optimizer::Create(comm->impl.get(), mask->impl.get(), layout, hyper, &impl));
-    auto* o = new scapeOptim();
+        scape::Optimizer::Create(comm->impl.get(), mimpl.get(), layout, hyper, &impl));
+    auto o = std::make_unique<scapeOptim>();
+    // The handle takes the mask (the optimizer keeps pointing at the same scape::Mask).
+    o->mask = new scapeMask{std::move(mimpl), comm};
     o->impl = std::move(impl);
     o->comm = comm;
-    o->mask = mask.release();
     comm->masks.insert(o->mask);
-    comm->optims.insert(o);
-    *optim = o;
+    comm->optims.insert(o.get());
+    *optim = o.release();
     return Status::Ok();
   });
 }
@@ -198,6 +199,7 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
                                        uint64_t count) {
   return Guard(CommOf(optim), "scapeOptimStep", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"params", params}, {"grads", grads}}));
     const int rank = optim->comm->impl->rank();
     const uint64_t n = optim->impl->n();
     if (count != n)

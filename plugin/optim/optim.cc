@@ -103,9 +103,9 @@ Status ValidateHyper(const OptimHyper& h) {
     return bad("weightDecay", h.weightDecay, "a finite value >= 0");
   if (!(std::isfinite(h.maxGradNorm) && h.maxGradNorm >= 0.0f))
     return bad("maxGradNorm", h.maxGradNorm, "a finite value >= 0 (0: no clipping)");
-  if (static_cast<int>(h.bias) < 0 || h.bias >= scapeNumBiasCorrections)
+  if (h.bias < 0 || h.bias >= scapeNumBiasCorrections)
     return InvalidArgument(StrFormat("biasCorrection = %d: expected a scapeBiasCorrection_t (0..%d)",
-                                     static_cast<int>(h.bias), scapeNumBiasCorrections - 1));
+                                     h.bias, scapeNumBiasCorrections - 1));
   if (!(h.density > 0.0 && h.density <= 1.0))
     return bad("density", h.density, "0 < density <= 1");
   if (h.warmupSteps < 0)
@@ -113,7 +113,7 @@ Status ValidateHyper(const OptimHyper& h) {
                                      static_cast<long long>(h.warmupSteps)));
   if (h.payload != scapeFloat32 && h.payload != scapeBfloat16 && h.payload != scapeFloat16)
     return InvalidArgument(StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
-                                     "scapeFloat16", static_cast<int>(h.payload)));
+                                     "scapeFloat16", h.payload));
   const double decay = 1.0 - static_cast<double>(h.lr) * h.weightDecay;
   if (!(decay > 0.0))
     return InvalidArgument(StrFormat("lr * weightDecay = %g: expected below 1 (the decay factor "
@@ -272,7 +272,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
   for (double& p : phase_) p = 0.0;
   const uint64_t n = layout_.n;
-  const scapeDataType_t pt = hyper_.payload;
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
   const size_t esz = scapeTypeSize(pt);
 
   int64_t t0 = NowNs();
@@ -389,7 +389,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   ap.weight_decay = hyper_.weightDecay;
   ap.clip_scale = clipScale_;
   ap.clip_momentum = true;
-  ap.bias_correction = KernelBias(hyper_.bias);
+  ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
   ap.step = step_ + 1;
 
   t0 = NowNs();
@@ -591,8 +591,8 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   h.eps = Get<float>(b, 76);
   h.weightDecay = Get<float>(b, 80);
   h.maxGradNorm = Get<float>(b, 84);
-  h.bias = static_cast<scapeBiasCorrection_t>(Get<int32_t>(b, 88));
-  h.payload = static_cast<scapeDataType_t>(Get<int32_t>(b, 92));
+  h.bias = Get<int32_t>(b, 88);
+  h.payload = Get<int32_t>(b, 92);
   h.density = Get<double>(b, 112);
   h.warmupSteps = Get<int64_t>(b, 120);
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));

@@ -21,10 +21,12 @@ namespace scape {
 struct OptimHyper {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weightDecay = 0.0f;
   float maxGradNorm = 0.0f;
-  scapeBiasCorrection_t bias = scapeBiasCorrectionNone;
+  // Plain ints until ValidateHyper has checked them (callers may pass any int; an out-of-range
+  // enum value is not representable): a scapeBiasCorrection_t and a scapeDataType_t.
+  int bias = scapeBiasCorrectionNone;
   double density = 0.01;
   int64_t warmupSteps = 0;
-  scapeDataType_t payload = scapeFloat32;
+  int payload = scapeFloat32;
 };
 
 // Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
