@@ -4,6 +4,7 @@
 # UndefinedBehaviorSanitizer and runs the suite again.
 #   bash tests/run_all.sh            # both passes
 #   SCAPE_SKIP_SANITIZE=1 bash tests/run_all.sh   # the normal pass only
+#   SCAPE_SKIP_TSAN=1 / SCAPE_SKIP_FUZZ=1           # without the ThreadSanitizer pass / the fuzz smoke
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/install_deps.sh
@@ -34,5 +35,15 @@ if [ "${SCAPE_SKIP_SANITIZE:-0}" != "1" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   (cd build-asan && ctest --output-on-failure --timeout 600)
+fi
+if [ "${SCAPE_SKIP_TSAN:-0}" != "1" ]; then
+  echo "=== ThreadSanitizer (clang-14): the multi-threaded tests ==="
+  # A subset: abort from another thread, the mask's sync thread, peer death during a sync, the
+  # NCCL plugin's progress from several threads (tests/tsan/run.sh says which).
+  (unset ASAN_OPTIONS UBSAN_OPTIONS; bash tests/tsan/run.sh)
+fi
+if [ "${SCAPE_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "=== fuzz smoke (libFuzzer, every target a few seconds) ==="
+  bash tests/fuzz/run.sh --smoke
 fi
 echo "=== all tests passed ==="

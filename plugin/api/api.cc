@@ -202,6 +202,34 @@ bool EnterComm(scapeComm* comm) {
 }  // namespace api
 }  // namespace scape
 
+namespace {
+// The queries do not count as calls (they do not block); they only need a live handle.
+Status QueryComm(const scapeComm* comm, const char* fn) {
+  if (!comm) return scape::InvalidArgument(std::string(fn) + ": comm is NULL");
+  if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm) || !comm->impl)
+    return scape::InvalidArgument(std::string(fn) + ": comm is not a live communicator "
+                                  "(destroyed, aborted, or not made by scapeCommInit*)");
+  return Status::Ok();
+}
+}  // namespace
+
+namespace {
+// A request handle, checked before anything is read through it; on success the call is
+// counted on the request's communicator (see EnterComm).
+Status EnterRequest(scapeRequest* request, const char* fn, scapeComm** comm) {
+  if (!request) return scape::InvalidArgument(std::string(fn) + ": request is NULL");
+  if (!scape::api::HandleLive(request, scape::api::HandleKind::kRequest))
+    return scape::InvalidArgument(std::string(fn) + ": request is not a live request (already "
+                                  "completed by scapeTest/scapeWait, or its communicator was "
+                                  "aborted)");
+  if (!scape::api::EnterComm(request->comm))
+    return scape::InvalidArgument(std::string(fn) + ": the request's communicator is not live "
+                                  "(aborted)");
+  *comm = request->comm;
+  return Status::Ok();
+}
+}  // namespace
+
 extern "C" {
 
 SCAPE_API const char* scapeGetErrorString(scapeResult_t r) {
@@ -386,16 +414,6 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
   return scapeSuccess;
 }
 
-namespace {
-// The queries do not count as calls (they do not block); they only need a live handle.
-Status QueryComm(const scapeComm* comm, const char* fn) {
-  if (!comm) return scape::InvalidArgument(std::string(fn) + ": comm is NULL");
-  if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm) || !comm->impl)
-    return scape::InvalidArgument(std::string(fn) + ": comm is not a live communicator "
-                                  "(destroyed, aborted, or not made by scapeCommInit*)");
-  return Status::Ok();
-}
-}  // namespace
 
 SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
   if (nranks && scape::device::NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
@@ -512,22 +530,6 @@ SCAPE_API scapeResult_t scapeBarrierAsync(scapeComm_t comm, scapeRequest_t* requ
                     nullptr, nullptr, 0, scapeFloat32, scapeSum, 0);
 }
 
-namespace {
-// A request handle, checked before anything is read through it; on success the call is
-// counted on the request's communicator (see EnterComm).
-Status EnterRequest(scapeRequest* request, const char* fn, scapeComm** comm) {
-  if (!request) return scape::InvalidArgument(std::string(fn) + ": request is NULL");
-  if (!scape::api::HandleLive(request, scape::api::HandleKind::kRequest))
-    return scape::InvalidArgument(std::string(fn) + ": request is not a live request (already "
-                                  "completed by scapeTest/scapeWait, or its communicator was "
-                                  "aborted)");
-  if (!scape::api::EnterComm(request->comm))
-    return scape::InvalidArgument(std::string(fn) + ": the request's communicator is not live "
-                                  "(aborted)");
-  *comm = request->comm;
-  return Status::Ok();
-}
-}  // namespace
 
 SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
   scapeComm* comm = nullptr;
