@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# ThreadSanitizer pass over the tests where several threads touch one communicator or engine:
+# a call blocked in a collective or a mask sync and scapeCommAbort from another thread, the
+# mask's background sync thread, peer death during a sync, the NCCL plugin's progress from
+# several threads. Built with clang-14 -fsanitize=thread in build-tsan/ (or $SCAPE_TSAN_DIR).
+#   bash tests/tsan/run.sh
+# Clean means: every selected test passes and no "ThreadSanitizer" report appears (TSan also
+# fails the process that reports, exit code 66).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dir="${SCAPE_TSAN_DIR:-build-tsan}"
+CC=clang-14 CXX=clang++-14 cmake -B "$dir" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF -DSCAPE_SANITIZE=thread \
+  -DCMAKE_EXE_LINKER_FLAGS=-shared-libsan -DCMAKE_SHARED_LINKER_FLAGS=-shared-libsan \
+  > "$dir.cmake.log" 2>&1 || { cat "$dir.cmake.log"; exit 1; }
+rm -f "$dir.cmake.log"
+cmake --build "$dir" -j"${SCAPE_JOBS:-2}" --target errors_test mask_test reliability_test \
+  nccl_net_api_test nccl_net_reliability_test
+export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_WARN_UNUSED_ENV_VARS=n
+export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo
+export TSAN_OPTIONS="suppressions=$PWD/tests/tsan/tsan.supp halt_on_error=1 second_deadlock_stack=1"
+unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+log="$dir/tsan.log"
+: > "$log"
+run() {
+  echo "tsan: $1 --gtest_filter=$2"
+  if ! timeout 600 "$dir/tests/$1" --gtest_filter="$2" >> "$log" 2>&1; then
+    grep -A30 "ThreadSanitizer" "$log" | head -80 || tail -40 "$log"
+    echo "TSAN FAILURE in $1 ($2); full log: $log" >&2
+    exit 1
+  fi
+}
+run errors_test 'Errors.AbortFromAnotherThread*:Errors.RankDeathDuringMaskSync*:Errors.AbortNotifiesPeers'
+run mask_test 'Mask.AsyncFormsP3:Mask.AbortWithALiveMask:Mask.RepeatedStepsWithChangingK'
+run reliability_test 'Abort.*:MaskArgs.SyncWithoutSelecting*:Mismatch.Broadcast*'
+run nccl/nccl_net_api_test 'Threads.*'
+run nccl/nccl_net_reliability_test 'PeerDeath.*'
+if grep -q "WARNING: ThreadSanitizer" "$log"; then
+  grep -A30 "WARNING: ThreadSanitizer" "$log" | head -80
+  echo "TSAN: reports in $log" >&2
+  exit 1
+fi
+echo "tsan: clean ($(grep -c '^\[       OK \]' "$log") tests, no report)"
