@@ -4,7 +4,9 @@
 //   offhost_rank <case> <rank> <nranks> <dir> <timeoutMs>
 // Cases: allreduce (correctness), die-allreduce (the last rank is killed mid-collective; the
 // others must fail within the timeout), die-masksync (the same during a mask sync), late (the
-// last rank never comes: the others must get scapeTimeout).
+// last rank never comes: the others must get scapeTimeout). For perf/stress/stress.sh also:
+// cycles (SCAPE_STRESS_N init/destroy cycles, default 1000) and soak (SCAPE_STRESS_N steps of
+// mask sync + masked all-reduce + dense all-reduce, default 5000, printing RSS).
 // Exit 0 on the expected outcome, 1 otherwise (with a line on stderr).
 #include <signal.h>
 #include <sys/stat.h>
@@ -27,6 +29,18 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+long RssKiB() {
+  std::ifstream f("/proc/self/statm");
+  long pages = 0, rss = 0;
+  f >> pages >> rss;
+  return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+int StressN(int dflt) {
+  const char* v = std::getenv("SCAPE_STRESS_N");
+  return v && *v ? std::atoi(v) : dflt;
 }
 
 int Fail(int rank, const std::string& what) {
@@ -80,6 +94,55 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (r != scapeSuccess) return Fail(rank, std::string("init: ") + scapeGetLastError(nullptr));
+  if (kase == "cycles") {
+    const int n = StressN(1000);
+    const int64_t s = NowMs();
+    for (int i = 0; i < n; ++i) {
+      scapeUniqueId cid;
+      if (rank == 0 && scapeGetUniqueId(&cid) != scapeSuccess) return Fail(rank, "id");
+      if (scapeBroadcast(&cid, &cid, sizeof(cid) / 4, scapeInt32, 0, comm, nullptr) != scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+      scapeComm_t c2 = nullptr;
+      if (scapeCommInitRankConfig(&c2, nranks, cid, rank, &cfg) != scapeSuccess)
+        return Fail(rank, std::string("cycle init: ") + scapeGetLastError(nullptr));
+      if (scapeBarrier(c2) != scapeSuccess) return Fail(rank, scapeGetLastError(c2));
+      if (scapeCommDestroy(c2) != scapeSuccess) return Fail(rank, "cycle destroy");
+      if (rank == 0 && (i == 0 || i + 1 == n || (i + 1) % 250 == 0))
+        std::printf("cycles: %d done, RSS %ld KiB, %.1f ms per cycle\n", i + 1, RssKiB(),
+                    static_cast<double>(NowMs() - s) / (i + 1));
+    }
+    scapeCommDestroy(comm);
+    return 0;
+  }
+  if (kase == "soak") {
+    const int steps = StressN(5000);
+    const uint64_t n = 200000, offs[] = {0, 1000, 150000, n};
+    const uint8_t dense[] = {1, 0, 0};
+    scapeMask_t mask = nullptr;
+    if (scapeMaskCreate(&mask, n, 3, offs, dense, scapeOwnershipShards, scapeMaskEncodingAuto,
+                        comm) != scapeSuccess)
+      return Fail(rank, scapeGetLastError(comm));
+    std::vector<float> stat(n), g(n, 1.0f), d(4096, 1.0f), e(4096);
+    long rss0 = 0;
+    const int64_t s = NowMs();
+    for (int t = 0; t < steps; ++t) {
+      for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 2654435761u + t) % 997);
+      if (scapeMaskSelectNextTopk(mask, stat.data(), 0.01) != scapeSuccess ||
+          scapeMaskSyncStart(mask) != scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+      if (scapeAllReduce(g.data(), g.data(), n, scapeFloat32, scapeAvg, mask, comm, nullptr) != scapeSuccess ||
+          scapeAllReduce(d.data(), e.data(), d.size(), scapeFloat32, scapeSum, nullptr, comm, nullptr) != scapeSuccess ||
+          scapeMaskSyncWait(mask) != scapeSuccess || scapeMaskAdvance(mask) != scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+      if (t == 99) rss0 = RssKiB();
+      if (rank == 0 && ((t + 1) % 1000 == 0 || t + 1 == steps))
+        std::printf("soak: step %d, RSS %ld KiB (at step 100: %ld KiB), %.2f ms per step\n", t + 1,
+                    RssKiB(), rss0, static_cast<double>(NowMs() - s) / (t + 1));
+    }
+    scapeMaskDestroy(mask);
+    scapeCommDestroy(comm);
+    return 0;
+  }
   if (kase == "allreduce") {
     for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
       std::vector<float> a(n), b(n);
