@@ -47,8 +47,8 @@ Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
 Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* op, void* stream) {
   const int rank = comm->impl->rank();
   if (stream)
-    return scape::Unsupported("stream must be NULL: the CUDA/NCCL stream backend is not built "
-                              "into this release");
+    return scape::Unsupported("stream must be NULL: the scapeMask* packed collectives take host "
+                              "buffers only in this release");
   if (!ValidType(dtype))
     return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t", rank,
                                             static_cast<int>(dtype)));
@@ -69,6 +69,7 @@ Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype
                        scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
                        scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
   SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
   const size_t k = mask->impl->Current().size();
   if (k > 0 && (!sendbuf || !recvbuf)) return scape::InvalidArgument("sendbuf or recvbuf is NULL");
@@ -87,6 +88,7 @@ Status PackedReduceScatter(const void* sendbuf, void* recvbuf, scapeDataType_t d
                            scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
                            scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
   SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
   const scape::Mask& m = *mask->impl;
   if (!m.Current().empty() && !sendbuf) return scape::InvalidArgument("sendbuf is NULL");
@@ -105,6 +107,7 @@ Status PackedReduceScatter(const void* sendbuf, void* recvbuf, scapeDataType_t d
 Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
                        scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
   SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
   const scape::Mask& m = *mask->impl;
   if (!m.Current().empty() && !recvbuf) return scape::InvalidArgument("recvbuf is NULL");
@@ -369,6 +372,7 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
                                       scapeDataType_t dtype) {
   return Guard(CommOf(mask), "scapeMaskPack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"dense", dense}, {"packed", packed}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
     if (mask->impl->Current().empty()) return Status::Ok();
     if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
@@ -381,6 +385,7 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
                                         scapeDataType_t dtype) {
   return Guard(CommOf(mask), "scapeMaskUnpack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"packed", packed}, {"dense", dense}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
     if (mask->impl->Current().empty()) return Status::Ok();
     if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
@@ -453,6 +458,10 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                                              uint64_t* bytesSent, scapeComm_t comm) {
   return Guard(comm, "scapeSparseAllReduce", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"indices", indices}, {"values", values},
+                                                   {"denseOut", denseOut},
+                                                   {"outIndices", outIndices},
+                                                   {"outValues", outValues}}));
     const int rank = comm->impl->rank();
     if (dtype != scapeFloat32 && dtype != scapeFloat16 && dtype != scapeBfloat16)
       return scape::InvalidArgument(StrFormat("rank %d: datatype %d: expected fp32, fp16 or bf16",

@@ -173,6 +173,19 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   return Status::Ok();
 }
 
+Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args) {
+  Runtime* rt = GetRuntime();
+  for (const auto& a : args) {
+    if (!a.second) continue;
+    const PtrKind k = rt->Kind(a.second);
+    if (k != PtrKind::kHost)
+      return Unsupported(StrFormat("%s is %s: this call takes host buffers only in this release "
+                                   "(device buffers: scapeAllReduce, scapeReduceScatter, "
+                                   "scapeAllGather, scapeBroadcast)", a.first, PtrKindName(k)));
+  }
+  return Status::Ok();
+}
+
 Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view) {
   *view = p;
   if (!p || count == 0) return Status::Ok();

@@ -12,6 +12,8 @@
 #define SCAPE_PLUGIN_DEVICE_DEVICE_H_
 
 #include <cstddef>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -44,6 +46,10 @@ bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
 // default stream and is waited for; the caller must have finished writing p) and points *view
 // at the copy; host memory is left as it is (*view = p).
 Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view);
+
+// For calls that take host buffers only: scapeUnsupported naming the first argument that is
+// device (or managed) memory, instead of the host dereferencing it.
+Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args);
 
 // Lifecycle hooks of scapeCommDestroy / scapeCommAbort (any communicator; no-ops when it
 // never made a device call): release drains the device work in flight (within the timeout),

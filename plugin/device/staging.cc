@@ -33,8 +33,10 @@ size_t StageChunkBytes() {
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out) {
   using coll::CollType;
+  int dt;  // read as an integer: a caller's bad value must not be loaded as the enum
+  std::memcpy(&dt, &a.dtype, sizeof dt);
+  if (dt < 0 || dt >= scapeNumTypes) return InvalidArgument("staging: bad datatype");
   const size_t esz = scapeTypeSize(a.dtype);
-  if (esz == 0) return InvalidArgument("staging: bad datatype");
   if (nranks < 1 || rank < 0 || rank >= nranks) return InvalidArgument("staging: bad rank");
   if (!a.counts.empty()) return Unsupported("staging: per-rank block sizes are not staged");
   const size_t P = static_cast<size_t>(nranks), n = a.count;

@@ -166,7 +166,7 @@ bool DeviceMatchesHost(RankCtx& ctx, Coll c, size_t n, scapeDataType_t t, scapeR
   } else {
     std::memset(drecv, 0x5a, recvN * esz);
   }
-  std::memcpy(const_cast<void*>(ds), in.data(), in.size());
+  if (!in.empty()) std::memcpy(const_cast<void*>(ds), in.data(), in.size());
   if (c == Coll::kBroadcast && ctx.rank != root) ds = nullptr;
   const uint64_t d2h0 = rt.d2hCopies, h2d0 = rt.h2dCopies;
   scapeResult_t r = Call(c, ds, dr, n, t, op, root, ctx.comm, stream);
@@ -439,6 +439,57 @@ TEST(DeviceStream, TopkFromADeviceStatisticSelectsTheSameMask) {
     EXPECT_GT(got[0].size(), 3u);
     EXPECT_EQ(got[0], got[1]) << "device and host statistics selected different masks";
     rt.DeviceFree(dstat);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Calls that take host buffers only refuse device buffers with a message naming the argument
+// (instead of the host dereferencing device memory).
+TEST(DeviceStream, HostOnlyCallsRefuseDeviceBuffers) {
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const uint64_t n = 4096;
+    const uint64_t offs[] = {0, n};
+    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    std::vector<float> h(n, 1.f);
+    auto expectRefused = [&](scapeResult_t r, const char* arg) {
+      EXPECT_EQ(r, scapeUnsupported);
+      std::string m = scapeGetLastError(ctx.comm);
+      EXPECT_NE(m.find(std::string(arg) + " is device memory"), std::string::npos) << m;
+    };
+    scapeMask_t m = nullptr;
+    EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 1, offs, nullptr, scapeOwnershipShards,
+                                    scapeMaskEncodingAuto, ctx.comm), ctx.comm);
+    if (!m) return false;
+    expectRefused(scapeMaskPack(m, d, h.data(), scapeFloat32), "dense");
+    expectRefused(scapeMaskUnpack(m, h.data(), d, scapeFloat32), "dense");
+    expectRefused(scapeMaskAllReducePacked(d, d, scapeFloat32, scapeSum, m, ctx.comm, nullptr), "sendbuf");
+    expectRefused(scapeMaskReduceScatter(h.data(), d, scapeFloat32, scapeSum, m, ctx.comm, nullptr), "recvbuf");
+    expectRefused(scapeMaskAllGather(d, h.data(), scapeFloat32, m, ctx.comm, nullptr), "sendbuf");
+    EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+    const uint64_t idx[] = {1, 5};
+    uint64_t outIdx[8];
+    float outVal[8];
+    size_t outNnz = 0;
+    expectRefused(scapeSparseAllReduce(idx, d, 2, n, scapeFloat32, scapeSum, scapeSparseAuto,
+                                       nullptr, outIdx, outVal, 8, &outNnz, nullptr, ctx.comm),
+                  "values");
+    scapeOptimConfig_t cfg;
+    EXPECT_SCAPE_OK(scapeOptimConfigInit(&cfg), ctx.comm);
+    cfg.n = n;
+    cfg.nsegments = 1;
+    cfg.segOffsets = offs;
+    scapeOptim_t opt = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, ctx.comm), ctx.comm);
+    if (opt) {
+      expectRefused(scapeOptimStep(opt, d, h.data(), n), "params");
+      expectRefused(scapeOptimStep(opt, h.data(), d, n), "grads");
+      std::vector<float> g(n, 0.5f);
+      EXPECT_SCAPE_OK(scapeOptimStep(opt, h.data(), g.data(), n), ctx.comm);  // host still works
+      EXPECT_SCAPE_OK(scapeOptimDestroy(opt), ctx.comm);
+    }
+    rt.DeviceFree(d);
     return !::testing::Test::HasFailure();
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
