@@ -771,7 +771,10 @@ typedef enum {
   /** Every rank updates every position (all-reduce of the payload). */
   scapeOptimReplicated = 0,
   /** ZeRO-1 style: each rank updates the masked positions it owns (reduce-scatter of the
-   *  payload), then the updated parameters and momentum are all-gathered values-only. */
+   *  payload), then the updated parameters and momentum are all-gathered values-only. This
+   *  divides the update's work, not the state: every rank still holds the whole momentum (the
+   *  candidate of every position needs it), and the all-gather moves 8 bytes per masked value,
+   *  so the sharded step sends more bytes than the replicated one. */
   scapeOptimSharded = 1,
   scapeNumOptimOwnerships = 2
 } scapeOptimOwnership_t;
