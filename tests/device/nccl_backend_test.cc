@@ -81,7 +81,9 @@ class NcclBackend : public ::testing::Test {
     ASSERT_EQ(scapeCommInitNccl(&comm_, &fc_, nullptr), scapeSuccess) << scapeGetLastError(nullptr);
   }
   void TearDown() override {
-    if (comm_) EXPECT_EQ(scapeCommDestroy(comm_), scapeSuccess) << scapeGetLastError(comm_);
+    if (comm_) {
+      EXPECT_EQ(scapeCommDestroy(comm_), scapeSuccess) << scapeGetLastError(comm_);
+    }
   }
   FakeNcclComm fc_;
   scapeComm_t comm_ = nullptr;
