@@ -78,6 +78,8 @@ WEIGHT_DECAY = 0.01
 CLIP = 1.0
 LR_WARMUP_FRAC = 0.05   # linear lr warm-up, then cosine decay to 10% of the peak
 LR_GRID = (1e-3, 3e-3, 1e-2)
+# Whose phase-1 best learning rate a run without its own lr takes.
+BASE_OPTIMIZER = {"adamw": "adamw", "adams": "adams", "scape": "adams", "topk": "adamw"}
 
 
 def plan_runs(plan: str, seeds: int, n_steps: int) -> List[Run]:
@@ -189,7 +191,8 @@ class Job:
 
     def run(self, r: Run) -> Dict[str, Any]:
         s = self.shape
-        peak = r.lr if r.lr is not None else self.best["adams" if r.opt == "scape" else "adamw"]
+        # SCAPE and dense AdamS (the 4N runs) take AdamS's best value; top-k takes AdamW's.
+        peak = r.lr if r.lr is not None else self.best[BASE_OPTIMIZER[r.opt]]
         torch.manual_seed(r.seed)
         m = gpt.GPT(gpt.GPTConfig(vocab=data.VOCAB, context=s.context, d_model=s.d_model,
                                   n_layers=s.n_layers, n_heads=s.n_heads))
