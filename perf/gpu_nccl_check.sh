@@ -82,7 +82,10 @@ PLUGIN=$(readlink -f "$PLUGIN")
 MISSING=$(ldd "$PLUGIN" | grep 'not found' || true)
 [ -z "$MISSING" ] || fail "the plugin's dependencies do not resolve (NCCL would silently skip it):
 $MISSING"
-nm -D --defined-only "$PLUGIN" | grep -q ' ncclNetPlugin_v11$' || fail "$PLUGIN does not export ncclNetPlugin_v11"
+# The symbols into a variable first: under pipefail, "nm | grep -q" fails when grep exits early
+# and nm dies of SIGPIPE (the main job once skipped the Gloo peer that way).
+SYMS=$(nm -D --defined-only "$PLUGIN")
+grep -q ' ncclNetPlugin_v11$' <<<"$SYMS" || fail "$PLUGIN does not export ncclNetPlugin_v11"
 echo "plugin: $PLUGIN"
 
 # ---- runs ------------------------------------------------------------------------------------
