@@ -32,6 +32,9 @@ for peer in mpi gloo; do
 done
 rm -f "$BUILD_DIR.cmake.log"
 cmake --build "$BUILD_DIR" -j2 --target scape-perf mpi-allreduce-perf gloo-allreduce-perf
+# The set-up also makes `import scape` work for /usr/bin/python3 (the package staged in the build).
+cmake --build "$BUILD_DIR" -j2 --target nccl-net-scape
+bash python/develop.sh "$BUILD_DIR"
 lscpu | grep -E "^(Model name|CPU\(s\))" || true
 # Debian's matplotlib is in the system interpreter (a pyenv shim may come first on PATH).
 if [ -x /usr/bin/python3 ]; then export PYTHON=/usr/bin/python3; fi
