@@ -99,6 +99,11 @@ class Transport {
   // True (with a reason) once the connection to `peer` has failed.
   virtual bool PeerFailed(int peer, std::string* why) const = 0;
 
+  // Asks the destructor to close the endpoints but leave the network library's worker and
+  // context in place (leaked): after a peer on this host died mid-transfer, UCX 1.13 can
+  // abort the process while destroying them (arbiter.c: "ucs_arbiter_group_is_empty").
+  virtual void LeakOnDestroy() {}
+
   // Closes every endpoint: flushing (bounded by the timeout) or forcibly (pending sends fail).
   virtual void CloseAll(bool force) = 0;
 };

@@ -289,6 +289,17 @@ Status Comm::CreateChild(std::unique_ptr<Comm>* out) {
 Comm::~Comm() {
   for (auto& p : queue_) p->op.reset();
   ctrlReq_.reset();
+  if (tp_ && !error_.ok()) {
+    // A dead process on this host may have left UCX state that its worker's destruction
+    // asserts on (transport.h, LeakOnDestroy): look once more, and keep the worker if so.
+    lastLivenessCheckNs_ = 0;
+    WatchLocalPeers();
+    for (const LocalPeer& p : localPeers_)
+      if (tp_->PeerFailed(p.rank, nullptr)) {
+        tp_->LeakOnDestroy();
+        break;
+      }
+  }
   if (tp_) tp_->CloseAll(!error_.ok());
 }
 

@@ -48,9 +48,18 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override {
     CloseAll(/*force=*/true);
     if (address_) ucp_worker_release_address(worker_, address_);
+    if (leak_) {
+      // Destroying a worker whose shared-memory (CMA) lanes still hold a dead peer's pending
+      // operations trips an assertion inside UCX 1.13 (ucs_arbiter_group_is_empty): keep it.
+      SCAPE_INFO("rank %d: a peer on this host died mid-transfer; leaving its UCX worker in "
+                 "place instead of destroying it", opts_.rank);
+      return;
+    }
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
   }
+
+  void LeakOnDestroy() override { leak_ = true; }
 
   Status Init(const TransportOptions& opts) {
     opts_ = opts;
@@ -277,6 +286,7 @@ class UcxTransport final : public Transport {
   std::vector<uint8_t> localAddress_;
   std::vector<Peer> peers_;
   int efd_ = -1;
+  bool leak_ = false;
 };
 
 }  // namespace
