@@ -42,6 +42,7 @@ void QuarantineFree(void* p, HandleKind kind);
 struct scapeComm {
   scapeComm() { scape::api::RegisterHandle(this, scape::api::HandleKind::kComm); }
   ~scapeComm() { scape::api::UnregisterHandle(this); }
+  static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
   static void operator delete(void* p) {
     scape::api::QuarantineFree(p, scape::api::HandleKind::kComm);
   }
@@ -61,6 +62,7 @@ struct scapeRequest {
     scape::api::RegisterHandle(this, scape::api::HandleKind::kRequest);
   }
   ~scapeRequest() { scape::api::UnregisterHandle(this); }
+  static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
   static void operator delete(void* p) {
     scape::api::QuarantineFree(p, scape::api::HandleKind::kRequest);
   }
@@ -73,6 +75,7 @@ struct scapeMask {
     scape::api::RegisterHandle(this, scape::api::HandleKind::kMask);
   }
   ~scapeMask() { scape::api::UnregisterHandle(this); }
+  static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
   static void operator delete(void* p) {
     scape::api::QuarantineFree(p, scape::api::HandleKind::kMask);
   }
