@@ -31,12 +31,16 @@ bool Ok(KernelStatus s, const char* what) {
   return true;
 }
 
+void Must(KernelStatus s, const char* what) {
+  if (!Ok(s, what)) std::exit(1);
+}
+
 struct Dev {
   void* p = nullptr;
   explicit Dev(size_t bytes) {
     if (!Ok(kc::DeviceMalloc(&p, bytes), "cudaMalloc")) std::exit(1);
   }
-  ~Dev() { kc::DeviceFree(p); }
+  ~Dev() { (void)kc::DeviceFree(p); }  // nothing to do about a failed free at exit
   template <typename T>
   T* as() const {
     return static_cast<T*>(p);
@@ -49,17 +53,17 @@ double TimeMs(int iters, const std::function<KernelStatus()>& fn) {
     if (!Ok(fn(), "warm-up")) std::exit(1);
   }
   void *a, *b;
-  kc::EventCreate(&a);
-  kc::EventCreate(&b);
-  kc::EventRecord(a, nullptr);
+  Must(kc::EventCreate(&a), "EventCreate");
+  Must(kc::EventCreate(&b), "EventCreate");
+  Must(kc::EventRecord(a, nullptr), "EventRecord");
   for (int i = 0; i < iters; ++i) {
     if (!Ok(fn(), "timed call")) std::exit(1);
   }
-  kc::EventRecord(b, nullptr);
+  Must(kc::EventRecord(b, nullptr), "EventRecord");
   float ms = 0;
   if (!Ok(kc::EventElapsedMs(a, b, &ms), "event timing")) std::exit(1);
-  kc::EventDestroy(a);
-  kc::EventDestroy(b);
+  Must(kc::EventDestroy(a), "EventDestroy");
+  Must(kc::EventDestroy(b), "EventDestroy");
   return ms / iters;
 }
 
@@ -88,12 +92,12 @@ int main(int argc, char** argv) {
   const size_t k = mask.size();
 
   Dev a(n * 4), b(n * 4), c(n * 4), d(n * 4), dmask(k * 4), payload(k * 4), sq(8);
-  kc::CopyToDevice(a.p, h.data(), n * 4);
-  kc::CopyToDevice(b.p, h.data(), n * 4);
-  kc::CopyToDevice(c.p, h.data(), n * 4);
-  kc::CopyToDevice(dmask.p, mask.data(), k * 4);
-  kc::DeviceMemset(payload.p, 0, k * 4, nullptr);
-  kc::StreamSynchronize(nullptr);
+  Must(kc::CopyToDevice(a.p, h.data(), n * 4), "CopyToDevice");
+  Must(kc::CopyToDevice(b.p, h.data(), n * 4), "CopyToDevice");
+  Must(kc::CopyToDevice(c.p, h.data(), n * 4), "CopyToDevice");
+  Must(kc::CopyToDevice(dmask.p, mask.data(), k * 4), "CopyToDevice");
+  Must(kc::DeviceMemset(payload.p, 0, k * 4, nullptr), "DeviceMemset");
+  Must(kc::StreamSynchronize(nullptr), "StreamSynchronize");
 
   const double copy_ms =
       TimeMs(iters, [&] { return kc::CopyDeviceToDevice(d.p, a.p, n * 4, nullptr); });
@@ -134,8 +138,8 @@ int main(int argc, char** argv) {
                   12.0 * n + 12.0 * k});
   {
     size_t tb = 0;
-    kc::RecoveredGradSqNormCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(), k, c.as<float>(), n,
-                                0.9f, sq.as<double>(), nullptr, &tb, nullptr);
+    Must(kc::RecoveredGradSqNormCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(), k, c.as<float>(), n,
+                                0.9f, sq.as<double>(), nullptr, &tb, nullptr), "RecoveredGradSqNormCuda");
     Dev temp(tb);
     rows.push_back({"recovered-gradient sq norm",
                     TimeMs(iters,
@@ -150,15 +154,15 @@ int main(int argc, char** argv) {
   for (size_t nseg : {size_t{1}, size_t{1024}}) {
     std::vector<uint64_t> off(nseg + 1), kk(nseg), oo(nseg + 1);
     for (size_t s = 0; s <= nseg; ++s) off[s] = n / nseg * s;
-    TopkKFromDensity(off.data(), nseg, 0.01, kk.data());
+    Must(TopkKFromDensity(off.data(), nseg, 0.01, kk.data()), "TopkKFromDensity");
     std::vector<uint64_t> cap(kk);
     for (auto& x : cap) x *= 2;
     TopkOutOffsets(cap.data(), nseg, oo.data());
     Dev doff((nseg + 1) * 8), dk(nseg * 8), doo((nseg + 1) * 8), dout(oo.back() * 4 + 4),
         dcounts(nseg * 8);
-    kc::CopyToDevice(doff.p, off.data(), off.size() * 8);
-    kc::CopyToDevice(dk.p, kk.data(), kk.size() * 8);
-    kc::CopyToDevice(doo.p, oo.data(), oo.size() * 8);
+    Must(kc::CopyToDevice(doff.p, off.data(), off.size() * 8), "CopyToDevice");
+    Must(kc::CopyToDevice(dk.p, kk.data(), kk.size() * 8), "CopyToDevice");
+    Must(kc::CopyToDevice(doo.p, oo.data(), oo.size() * 8), "CopyToDevice");
     kc::TopkCudaSegments cs;
     cs.d_offsets = doff.as<uint64_t>();
     cs.d_k = dk.as<uint64_t>();
@@ -169,8 +173,8 @@ int main(int argc, char** argv) {
       TopkOptions opt;
       opt.mode = sampled ? TopkMode::kSampled : TopkMode::kExact;
       size_t tb = 0;
-      kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(), nullptr,
-                      &tb, nullptr);
+      Must(kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(), nullptr,
+                      &tb, nullptr), "TopkAbsCuda");
       Dev temp(tb);
       const double ms = TimeMs(iters, [&] {
         return kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(),
@@ -193,8 +197,8 @@ int main(int argc, char** argv) {
                            }),
                     4.0 * k + 8.0 * nw});
     size_t tb = 0;
-    kc::BitmapToIndicesCuda(words.as<uint64_t>(), n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
-                            st.as<uint32_t>(), nullptr, &tb, nullptr);
+    Must(kc::BitmapToIndicesCuda(words.as<uint64_t>(), n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
+                            st.as<uint32_t>(), nullptr, &tb, nullptr), "BitmapToIndicesCuda");
     Dev temp(tb);
     rows.push_back({"bitmap -> indices",
                     TimeMs(iters,
@@ -216,8 +220,8 @@ int main(int argc, char** argv) {
                            }),
                     4.0 * k + ef});
     size_t tb2 = 0;
-    kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
-                            st.as<uint32_t>(), nullptr, &tb2, nullptr);
+    Must(kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
+                            st.as<uint32_t>(), nullptr, &tb2, nullptr), "EliasFanoDecodeCuda");
     Dev temp2(tb2);
     rows.push_back({"Elias-Fano decode (validating)",
                     TimeMs(iters,
@@ -228,7 +232,7 @@ int main(int argc, char** argv) {
                            }),
                     4.0 * k + ef});
     uint32_t status = 1;
-    kc::CopyToHost(&status, st.p, 4);
+    Must(kc::CopyToHost(&status, st.p, 4), "CopyToHost");
     if (status != 0) std::printf("WARNING: Elias-Fano decode status %u\n", status);
   }
 

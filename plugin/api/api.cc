@@ -13,7 +13,7 @@
 #include <string>
 
 #include "plugin/api/api_internal.h"
-#include "plugin/device/device.h"
+#include "plugin/api/device_dispatch.h"
 #include "plugin/core/comm.h"
 #include "scape/scape.h"
 #include "base/clock.h"

@@ -7,7 +7,7 @@
 
 #include "kernels/cpu/gather.h"
 #include "plugin/api/api_internal.h"
-#include "plugin/device/device.h"
+#include "plugin/api/device_dispatch.h"
 #include "plugin/coll/sparse.h"
 #include "plugin/mask/mask.h"
 

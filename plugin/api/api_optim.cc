@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "plugin/api/api_internal.h"
-#include "plugin/device/device.h"
+#include "plugin/api/device_dispatch.h"
 #include "plugin/mask/mask.h"
 #include "plugin/optim/optim.h"
 

@@ -40,10 +40,10 @@ class DevBuf {
   }
   template <typename T>
   explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
-    if (p_ && !v.empty()) kc::CopyToDevice(p_, v.data(), v.size() * sizeof(T));
+    if (p_ && !v.empty()) EXPECT_EQ(kc::CopyToDevice(p_, v.data(), v.size() * sizeof(T)), KernelStatus::kOk);
   }
   ~DevBuf() {
-    if (p_) kc::DeviceFree(p_);
+    if (p_) (void)kc::DeviceFree(p_);  // a failed free cannot be acted on in a destructor
   }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
@@ -362,16 +362,17 @@ uint32_t GpuEfDecode(const std::vector<uint8_t>& enc, uint64_t n, size_t capacit
                      std::vector<Index>* out) {
   // Round the device copy up to 8 bytes (alignment); only `size` bytes are declared.
   DevBuf dbuf(enc.size() + 8), dout((capacity + 1) * sizeof(Index)), dcount(8), dstatus(4);
-  if (!enc.empty()) kc::CopyToDevice(dbuf.get(), enc.data(), enc.size());
+  if (!enc.empty()) EXPECT_EQ(kc::CopyToDevice(dbuf.get(), enc.data(), enc.size()), KernelStatus::kOk);
   size_t tb = 0;
-  kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
-                          dcount.get<uint64_t>(), dstatus.get<uint32_t>(), nullptr, &tb, nullptr);
+  EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
+                          dcount.get<uint64_t>(), dstatus.get<uint32_t>(), nullptr, &tb, nullptr),
+            KernelStatus::kOk);
   DevBuf dtemp(tb);
   EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
                                     dcount.get<uint64_t>(), dstatus.get<uint32_t>(), dtemp.get(),
                                     &tb, nullptr),
             KernelStatus::kOk);
-  kc::StreamSynchronize(nullptr);
+  EXPECT_EQ(kc::StreamSynchronize(nullptr), KernelStatus::kOk);
   const uint32_t st = dstatus.Read<uint32_t>(1)[0];
   if (st == 0) *out = dout.Read<Index>(dcount.Read<uint64_t>(1)[0]);
   return st;

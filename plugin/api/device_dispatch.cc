@@ -1,5 +1,5 @@
 // Device dispatch: see device.h.
-#include "plugin/device/device.h"
+#include "plugin/api/device_dispatch.h"
 
 #include <map>
 #include <memory>

@@ -1,6 +1,6 @@
 // Public entry points of the GPU data path (the "device" block of scape.h).
 #include "plugin/api/api_internal.h"
-#include "plugin/device/device.h"
+#include "plugin/api/device_dispatch.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
 #include "scape_config.h"

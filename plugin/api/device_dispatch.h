@@ -8,8 +8,8 @@
 // - Device buffers on the UCX backend: staged through page-locked host buffers
 //   (plugin/device/staging.h), enqueued on the stream; the call returns at once.
 // - NCCL backend (scapeCommInitNccl): device buffers only, issued to NCCL on the stream.
-#ifndef SCAPE_PLUGIN_DEVICE_DEVICE_H_
-#define SCAPE_PLUGIN_DEVICE_DEVICE_H_
+#ifndef SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
+#define SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
 
 #include <cstddef>
 #include <initializer_list>
@@ -62,4 +62,4 @@ Status AsyncError(scapeComm* comm);
 }  // namespace device
 }  // namespace scape
 
-#endif  // SCAPE_PLUGIN_DEVICE_DEVICE_H_
+#endif  // SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
