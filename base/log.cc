@@ -3,11 +3,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <strings.h>
 
 #include "base/param.h"
 

@@ -18,10 +18,10 @@ void SetLogSink(LogSink sink);
 
 }  // namespace scape
 
-#define SCAPE_LOG(lvl, ...)                                                            \
-  do {                                                                                 \
-    if (static_cast<int>(::scape::CurrentLogLevel()) >= static_cast<int>(lvl))         \
-      ::scape::LogMessage(lvl, __FILE__, __LINE__, __VA_ARGS__);                       \
+#define SCAPE_LOG(lvl, ...)                                                    \
+  do {                                                                         \
+    if (static_cast<int>(::scape::CurrentLogLevel()) >= static_cast<int>(lvl)) \
+      ::scape::LogMessage(lvl, __FILE__, __LINE__, __VA_ARGS__);               \
   } while (0)
 #define SCAPE_WARN(...) SCAPE_LOG(::scape::LogLevel::kWarn, __VA_ARGS__)
 #define SCAPE_INFO(...) SCAPE_LOG(::scape::LogLevel::kInfo, __VA_ARGS__)

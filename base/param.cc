@@ -49,9 +49,8 @@ const ParamInfo kParams[] = {
      ParamType::kInt, 4096, INT64_C(1) << 30},
     {"SCAPE_BOOTSTRAP_ADDR", "", "`host:port` of the rendezvous root for `scapeCommInitFromEnv`",
      ParamType::kString, 0, 0, nullptr, "-"},
-    {"SCAPE_BOOTSTRAP_SECRET", "",
-     "32 hex digits, the shared secret for `scapeCommInitFromEnv`", ParamType::kString, 0, 0,
-     nullptr, "derived from the job id"},
+    {"SCAPE_BOOTSTRAP_SECRET", "", "32 hex digits, the shared secret for `scapeCommInitFromEnv`",
+     ParamType::kString, 0, 0, nullptr, "derived from the job id"},
     {"SCAPE_NCCL_DEVICES", "", "NICs the NCCL net plugin exposes (see \"NCCL net plugin\")",
      ParamType::kString, 0, 0, nullptr, "auto"},
     {"SCAPE_NCCL_UCX_TLS", "", "UCX transports of the NCCL net plugin", ParamType::kString, 0, 0,
@@ -63,8 +62,8 @@ const ParamInfo kParams[] = {
     {"SCAPE_NCCL_LIBRARY", "libnccl.so.2",
      "the NCCL library (name or path) that collectives on device buffers with a stream load",
      ParamType::kString},
-    {"SCAPE_DEBUG", "WARN", "log level: `NONE`, `WARN`, `INFO`, `TRACE`", ParamType::kChoice, 0,
-     0, "NONE,WARN,INFO,TRACE"},  // order of LogLevel
+    {"SCAPE_DEBUG", "WARN", "log level: `NONE`, `WARN`, `INFO`, `TRACE`", ParamType::kChoice, 0, 0,
+     "NONE,WARN,INFO,TRACE"},  // order of LogLevel
     {nullptr, nullptr, nullptr},
 };
 
@@ -83,9 +82,10 @@ const ParamInfo& Declared(const char* name) {
 
 // A malformed knob: one message shape for every type.
 Status Malformed(const ParamInfo& p, const std::string& value, const std::string& expected) {
-  return InvalidUsage(StrFormat("%s='%s': expected %s (see the configuration table in "
-                                "README.md)",
-                                p.name, value.c_str(), expected.c_str()));
+  return InvalidUsage(
+      StrFormat("%s='%s': expected %s (see the configuration table in "
+                "README.md)",
+                p.name, value.c_str(), expected.c_str()));
 }
 
 bool ParseInt64(const std::string& v, int64_t* out) {

@@ -39,9 +39,9 @@ struct ParamInfo {
   const char* defaultValue;  // the value an unset variable takes; "" = unset / derived at run time
   const char* doc;           // one line of Markdown: the README table's "meaning" column
   ParamType type = ParamType::kString;
-  int64_t minValue = 0;            // kInt only
-  int64_t maxValue = 0;            // kInt only
-  const char* choices = nullptr;   // kChoice only, e.g. "auto,ring,rd"
+  int64_t minValue = 0;              // kInt only
+  int64_t maxValue = 0;              // kInt only
+  const char* choices = nullptr;     // kChoice only, e.g. "auto,ring,rd"
   const char* defaultDoc = nullptr;  // README's "default" column when it is not defaultValue
 };
 

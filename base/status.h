@@ -47,10 +47,10 @@ Status ErrnoError(const std::string& what, int err);
 }  // namespace scape
 
 // Propagate a failed Status to the caller.
-#define SCAPE_RETURN_IF_ERROR(expr)          \
-  do {                                       \
-    ::scape::Status _st = (expr);            \
-    if (!_st.ok()) return _st;               \
+#define SCAPE_RETURN_IF_ERROR(expr) \
+  do {                              \
+    ::scape::Status _st = (expr);   \
+    if (!_st.ok()) return _st;      \
   } while (0)
 
 #endif  // SCAPE_BASE_STATUS_H_

@@ -17,6 +17,7 @@
 // are perf/common's, shared with scape-perf (see scape-perf -h) and mpi-allreduce-perf.
 // Exit status: 0 ok, 1 a call failed, 2 wrong results, 64 bad command line, 124 watchdog.
 
+#include <dirent.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
@@ -26,7 +27,6 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,11 +103,8 @@ void onOption(void* ctx, int key, const char* opt, const char* v) {
 Options parseArgs(int argc, char** argv) {
   static const perf_opt_spec kSpecs[] = {
       {"-np", "--nranks", 'N', 1},  // before "-n" so "-np4" is not "-n p4"
-      PERF_SWEEP_OPT_SPECS,
-      {"-T", "--timeout", 'T', 1},
-      {"-W", "--watchdog", 'W', 1},
-      {"-J", "--json", 'J', 1},
-      {"-h", "--help", 'h', 0},
+      PERF_SWEEP_OPT_SPECS,        {"-T", "--timeout", 'T', 1}, {"-W", "--watchdog", 'W', 1},
+      {"-J", "--json", 'J', 1},    {"-h", "--help", 'h', 0},
   };
   perf_set_prog(kProg);
   Options o;
@@ -119,7 +116,9 @@ Options parseArgs(int argc, char** argv) {
 
 // The pattern of mpi-allreduce-perf and scape-perf (float sum): partial sums stay exact.
 uint32_t g_modulus = 16;
-int64_t valueOf(int r, uint64_t j) { return static_cast<int64_t>(perf_pattern_hash(r, j) % g_modulus); }
+int64_t valueOf(int r, uint64_t j) {
+  return static_cast<int64_t>(perf_pattern_hash(r, j) % g_modulus);
+}
 int64_t reducedOf(int nranks, uint64_t j) {
   int64_t acc = 0;
   for (int r = 0; r < nranks; ++r) acc += valueOf(r, j);

@@ -39,23 +39,23 @@ double g_deadline = 0;
 int g_rank = 0;
 int g_fail = 0;
 
-#define CUDA_OK(x)                                                                          \
-  do {                                                                                      \
-    cudaError_t _e = (x);                                                                   \
-    if (_e != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #x,      \
-                   cudaGetErrorString(_e));                                                 \
-      std::exit(2);                                                                         \
-    }                                                                                       \
+#define CUDA_OK(x)                                                                     \
+  do {                                                                                 \
+    cudaError_t _e = (x);                                                              \
+    if (_e != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #x, \
+                   cudaGetErrorString(_e));                                            \
+      std::exit(2);                                                                    \
+    }                                                                                  \
   } while (0)
-#define SCAPE_OK(x, comm)                                                                   \
-  do {                                                                                      \
-    scapeResult_t _r = (x);                                                                 \
-    if (_r != scapeSuccess) {                                                               \
-      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #x, scapeGetErrorString(_r),    \
-                   scapeGetLastError(comm));                                                \
-      std::exit(3);                                                                         \
-    }                                                                                       \
+#define SCAPE_OK(x, comm)                                                                \
+  do {                                                                                   \
+    scapeResult_t _r = (x);                                                              \
+    if (_r != scapeSuccess) {                                                            \
+      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #x, scapeGetErrorString(_r), \
+                   scapeGetLastError(comm));                                             \
+      std::exit(3);                                                                      \
+    }                                                                                    \
   } while (0)
 
 void Check(bool ok, const char* what) {
@@ -122,10 +122,14 @@ const char* kNames[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast
 
 scapeResult_t Run(Coll c, const void* s, void* r, size_t n, scapeComm_t comm, void* stream) {
   switch (c) {
-    case kAR: return scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, stream);
-    case kRS: return scapeReduceScatter(s, r, n, scapeFloat32, scapeSum, comm, stream);
-    case kAG: return scapeAllGather(s, r, n, scapeFloat32, comm, stream);
-    default: return scapeBroadcast(s, r, n, scapeFloat32, 0, comm, stream);
+    case kAR:
+      return scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, stream);
+    case kRS:
+      return scapeReduceScatter(s, r, n, scapeFloat32, scapeSum, comm, stream);
+    case kAG:
+      return scapeAllGather(s, r, n, scapeFloat32, comm, stream);
+    default:
+      return scapeBroadcast(s, r, n, scapeFloat32, 0, comm, stream);
   }
 }
 
@@ -149,8 +153,10 @@ void CheckColl(Coll c, size_t n, int P, scapeComm_t comm, cudaStream_t stream, b
       auto val = [&](int r, size_t j) {
         return static_cast<double>((j * 7 + static_cast<size_t>(r) * 3) % 1001);
       };
-      if (c == kAR) for (int r = 0; r < P; ++r) v += val(r, i);
-      if (c == kRS) for (int r = 0; r < P; ++r) v += val(r, static_cast<size_t>(g_rank) * n + i);
+      if (c == kAR)
+        for (int r = 0; r < P; ++r) v += val(r, i);
+      if (c == kRS)
+        for (int r = 0; r < P; ++r) v += val(r, static_cast<size_t>(g_rank) * n + i);
       if (c == kAG) v = val(static_cast<int>(i / n), i % n);
       if (c == kBC) v = val(0, i);
       ref[i] = static_cast<float>(v);
@@ -176,14 +182,18 @@ void CheckColl(Coll c, size_t n, int P, scapeComm_t comm, cudaStream_t stream, b
 
 // Mean ms per call of `iters` calls enqueued back to back on the stream (device), or blocking
 // calls (host).
-double TimeColl(const void* s, void* r, size_t n, scapeComm_t comm, cudaStream_t stream,
-                int iters, bool device) {
-  SCAPE_OK(scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, device ? stream : nullptr), comm);
+double TimeColl(const void* s, void* r, size_t n, scapeComm_t comm, cudaStream_t stream, int iters,
+                bool device) {
+  SCAPE_OK(
+      scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, device ? stream : nullptr),
+      comm);
   if (device) StreamWait(stream, comm, "warm-up");
   SCAPE_OK(scapeBarrier(comm), comm);
   const double t0 = Now();
   for (int i = 0; i < iters; ++i)
-    SCAPE_OK(scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, device ? stream : nullptr), comm);
+    SCAPE_OK(
+        scapeAllReduce(s, r, n, scapeFloat32, scapeSum, nullptr, comm, device ? stream : nullptr),
+        comm);
   if (device) StreamWait(stream, comm, "timed all-reduce");
   return (Now() - t0) * 1e3 / iters;
 }
@@ -204,7 +214,8 @@ int main(int argc, char** argv) {
   int built = 0, avail = 0;
   SCAPE_OK(scapeGetDeviceSupport(&built, &avail), nullptr);
   if (!built || !avail) {
-    std::fprintf(stderr, "rank %d: the library reports CUDA built=%d, device=%d\n", g_rank, built, avail);
+    std::fprintf(stderr, "rank %d: the library reports CUDA built=%d, device=%d\n", g_rank, built,
+                 avail);
     return 4;
   }
   CUDA_OK(cudaSetDevice(0));
@@ -218,7 +229,8 @@ int main(int argc, char** argv) {
   scapeComm_t ucx = nullptr;
   SCAPE_OK(scapeCommInitRank(&ucx, P, sid, g_rank), nullptr);
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, size_t{1000003}}) CheckColl(c, n, P, ucx, stream, false, true, "UCX");
+    for (size_t n : {size_t{1}, size_t{1000003}})
+      CheckColl(c, n, P, ucx, stream, false, true, "UCX");
   {
     // The call enqueues: it returns while a long kernel-free wait holds the stream.
     float* d = nullptr;
@@ -227,9 +239,12 @@ int main(int argc, char** argv) {
     volatile int* flag = nullptr;
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(const_cast<int**>(&flag)), 4, 0));
     *flag = 0;
-    CUDA_OK(cudaLaunchHostFunc(stream, [](void* f) {
-      while (!*static_cast<volatile int*>(f)) usleep(100);
-    }, const_cast<int*>(flag)));
+    CUDA_OK(cudaLaunchHostFunc(
+        stream,
+        [](void* f) {
+          while (!*static_cast<volatile int*>(f)) usleep(100);
+        },
+        const_cast<int*>(flag)));
     const double t0 = Now();
     SCAPE_OK(scapeAllReduce(d, d, N, scapeFloat32, scapeSum, nullptr, ucx, stream), ucx);
     const double callMs = (Now() - t0) * 1e3;
@@ -272,7 +287,8 @@ int main(int argc, char** argv) {
   SCAPE_OK(scapeCommUserRank(sc, &r2), sc);
   Check(backend == scapeBackendNccl && n2 == P && r2 == g_rank, "NCCL: backend, size and rank");
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, size_t{1000003}}) CheckColl(c, n, P, sc, stream, true, false, "NCCL");
+    for (size_t n : {size_t{1}, size_t{1000003}})
+      CheckColl(c, n, P, sc, stream, true, false, "NCCL");
   {
     float *d = nullptr, *dr = nullptr;
     CUDA_OK(cudaMalloc(&d, N * 4));

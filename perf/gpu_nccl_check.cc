@@ -27,14 +27,13 @@ double Now() {
 
 double g_deadline = 0;
 
-#define CUDA_OK(x)                                                                     \
-  do {                                                                                 \
-    cudaError_t _e = (x);                                                              \
-    if (_e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,                  \
-                   cudaGetErrorString(_e));                                            \
-      std::exit(2);                                                                    \
-    }                                                                                  \
+#define CUDA_OK(x)                                                                             \
+  do {                                                                                         \
+    cudaError_t _e = (x);                                                                      \
+    if (_e != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(_e)); \
+      std::exit(2);                                                                            \
+    }                                                                                          \
   } while (0)
 
 // Waits for a non-blocking NCCL call (or the comm's pending work) to finish.
@@ -203,9 +202,10 @@ int main(int argc, char** argv) {
     double algbw = static_cast<double>(count * sizeof(float)) / sec / 1e9;
     double busbw = algbw * 2.0 * (nranks - 1) / nranks;
     if (rank == 0)
-      std::printf("RESULT bytes=%zu iters=%d time_us=%.1f algbw_GBps=%.3f busbw_GBps=%.3f "
-                  "wrong_elements=%zu\n",
-                  count * sizeof(float), iters, sec * 1e6, algbw, busbw, bad);
+      std::printf(
+          "RESULT bytes=%zu iters=%d time_us=%.1f algbw_GBps=%.3f busbw_GBps=%.3f "
+          "wrong_elements=%zu\n",
+          count * sizeof(float), iters, sec * 1e6, algbw, busbw, bad);
     std::fflush(stdout);
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);

@@ -92,7 +92,9 @@ static void parse_args(int argc, char** argv, options* o) {
 
 /* The pattern of scape-perf for float sum: base in [0, modulus), partial sums exact. */
 static uint32_t g_modulus = 16;
-static int64_t value_of(int r, uint64_t j) { return (int64_t)(perf_pattern_hash(r, j) % g_modulus); }
+static int64_t value_of(int r, uint64_t j) {
+  return (int64_t)(perf_pattern_hash(r, j) % g_modulus);
+}
 static int64_t reduced_of(int nranks, uint64_t j) {
   int64_t acc = 0;
   for (int r = 0; r < nranks; ++r) acc += value_of(r, j);

@@ -28,8 +28,8 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <cstdarg>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,10 +62,20 @@ size_t ParseSize(const char* s) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
   switch (end && *end ? *end : ' ') {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
   }
   return static_cast<size_t>(v);
 }
@@ -96,7 +106,8 @@ bool ReadAll(int fd, void* p, size_t n, int timeoutMs) {
   return true;
 }
 
-void Logger(ncclDebugLogLevel level, unsigned long, const char* file, int line, const char* fmt, ...) {
+void Logger(ncclDebugLogLevel level, unsigned long, const char* file, int line, const char* fmt,
+            ...) {
   if (level != NCCL_LOG_WARN) return;
   char buf[1024];
   va_list ap;
@@ -106,13 +117,13 @@ void Logger(ncclDebugLogLevel level, unsigned long, const char* file, int line, 
   std::fprintf(stderr, "plugin WARN %s:%d %s\n", file, line, buf);
 }
 
-#define CHECK(x)                                                           \
-  do {                                                                     \
-    ncclResult_t _r = (x);                                                 \
-    if (_r != ncclSuccess) {                                               \
+#define CHECK(x)                                                            \
+  do {                                                                      \
+    ncclResult_t _r = (x);                                                  \
+    if (_r != ncclSuccess) {                                                \
       std::fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, _r); \
-      _exit(2);                                                            \
-    }                                                                      \
+      _exit(2);                                                             \
+    }                                                                       \
   } while (0)
 
 struct Result {
@@ -211,8 +222,10 @@ struct Result {
       }
     }
     double t = Now() - t0;
-    if (receiver) res.receiverSec = t;
-    else res.senderSec = t;
+    if (receiver)
+      res.receiverSec = t;
+    else
+      res.senderSec = t;
   }
   CHECK(net->deregMr(comm, mh));
   CHECK(receiver ? net->closeRecv(comm) : net->closeSend(comm));
@@ -275,9 +288,13 @@ double RunPlugin(const Opts& o, size_t size, int iters, int warm, double* recvMi
 
 // ucx_perftest tag_bw server + client; the client's final "overall" bandwidth (MB/s).
 double RunPerftest(const Opts& o, size_t size, int iters, int warm, int port) {
-  std::vector<std::string> common = {"-t", "tag_bw", "-s", std::to_string(size), "-n",
-                                     std::to_string(iters), "-w", std::to_string(warm), "-O",
-                                     std::to_string(o.window), "-p", std::to_string(port), "-f"};
+  std::vector<std::string> common = {"-t", "tag_bw",
+                                     "-s", std::to_string(size),
+                                     "-n", std::to_string(iters),
+                                     "-w", std::to_string(warm),
+                                     "-O", std::to_string(o.window),
+                                     "-p", std::to_string(port),
+                                     "-f"};
   auto spawn = [&](bool client, int outFd) {
     pid_t pid = fork();
     if (pid == 0) {
@@ -361,20 +378,42 @@ int main(int argc, char** argv) {
   int c;
   while ((c = getopt(argc, argv, "b:e:f:B:W:r:t:P:L:p:h")) != -1) {
     switch (c) {
-      case 'b': o.minBytes = ParseSize(optarg); break;
-      case 'e': o.maxBytes = ParseSize(optarg); break;
-      case 'f': o.factor = std::atof(optarg); break;
-      case 'B': o.bytesPerPoint = ParseSize(optarg); break;
-      case 'W': o.window = std::max(1, std::atoi(optarg)); break;
-      case 'r': o.repeats = std::max(1, std::atoi(optarg)); break;
-      case 't': o.tls = optarg; break;
-      case 'P': o.perftest = optarg; break;
-      case 'L': o.lib = optarg; break;
-      case 'p': o.port = std::atoi(optarg); break;
+      case 'b':
+        o.minBytes = ParseSize(optarg);
+        break;
+      case 'e':
+        o.maxBytes = ParseSize(optarg);
+        break;
+      case 'f':
+        o.factor = std::atof(optarg);
+        break;
+      case 'B':
+        o.bytesPerPoint = ParseSize(optarg);
+        break;
+      case 'W':
+        o.window = std::max(1, std::atoi(optarg));
+        break;
+      case 'r':
+        o.repeats = std::max(1, std::atoi(optarg));
+        break;
+      case 't':
+        o.tls = optarg;
+        break;
+      case 'P':
+        o.perftest = optarg;
+        break;
+      case 'L':
+        o.lib = optarg;
+        break;
+      case 'p':
+        o.port = std::atoi(optarg);
+        break;
       default:
-        std::fprintf(stderr, "usage: %s [-b min] [-e max] [-f factor] [-B bytes/point] [-W window] "
-                             "[-r repeats] [-t UCX_TLS] [-P ucx_perftest|none] [-L plugin.so] "
-                             "[-p port]\n", argv[0]);
+        std::fprintf(stderr,
+                     "usage: %s [-b min] [-e max] [-f factor] [-B bytes/point] [-W window] "
+                     "[-r repeats] [-t UCX_TLS] [-P ucx_perftest|none] [-L plugin.so] "
+                     "[-p port]\n",
+                     argv[0]);
         return c == 'h' ? 0 : 1;
     }
   }
@@ -388,13 +427,15 @@ int main(int argc, char** argv) {
     setenv("SCAPE_NCCL_DEVICES", "=lo", 1);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   bool perf = o.perftest != "none";
-  std::printf("# plugin-bw: %s\n# UCX_TLS=%s UCX_NET_DEVICES=%s window=%d repeats=%d "
-              "bytes/point=%zu\n",
-              o.lib.c_str(), std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "<default>",
-              std::getenv("UCX_NET_DEVICES"), o.window, o.repeats, o.bytesPerPoint);
-  std::printf("# MiB/s: median [min..max] of %d runs; plugin = sender side (receiver side in "
-              "parentheses)\n",
-              o.repeats);
+  std::printf(
+      "# plugin-bw: %s\n# UCX_TLS=%s UCX_NET_DEVICES=%s window=%d repeats=%d "
+      "bytes/point=%zu\n",
+      o.lib.c_str(), std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "<default>",
+      std::getenv("UCX_NET_DEVICES"), o.window, o.repeats, o.bytesPerPoint);
+  std::printf(
+      "# MiB/s: median [min..max] of %d runs; plugin = sender side (receiver side in "
+      "parentheses)\n",
+      o.repeats);
   std::printf("%12s %6s  %-30s %-24s %s\n", "bytes", "iters", "plugin isend/irecv MiB/s",
               perf ? "ucx_perftest tag_bw MiB/s" : "", perf ? "plugin/perftest" : "");
   int port = o.port;

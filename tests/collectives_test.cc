@@ -13,7 +13,8 @@
 namespace scape_test {
 namespace {
 
-const scapeDataType_t kTypes[] = {scapeFloat32, scapeFloat16, scapeBfloat16, scapeInt32, scapeInt64};
+const scapeDataType_t kTypes[] = {scapeFloat32, scapeFloat16, scapeBfloat16, scapeInt32,
+                                  scapeInt64};
 const scapeRedOp_t kOps[] = {scapeSum, scapeAvg, scapeMax, scapeMin};
 const size_t kSmallCounts[] = {0, 1, 7, 1000};
 const size_t kBigCount = (size_t{1} << 20) + 3;
@@ -22,7 +23,8 @@ std::string Name(scapeDataType_t t, scapeRedOp_t op, size_t n, bool inPlace) {
   static const char* tn[] = {"f32", "f16", "bf16", "i32", "i64"};
   static const char* on[] = {"sum", "avg", "max", "min"};
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "%s/%s/n=%zu/%s", tn[t], on[op], n, inPlace ? "inplace" : "outofplace");
+  std::snprintf(buf, sizeof(buf), "%s/%s/n=%zu/%s", tn[t], on[op], n,
+                inPlace ? "inplace" : "outofplace");
   return buf;
 }
 
@@ -113,7 +115,8 @@ TEST_P(Collectives, ReduceScatterSweep) {
             const std::string what = "reducescatter " + Name(t, op, n, inPlace);
             const size_t esz = scapeTypeSize(t), total = n * static_cast<size_t>(c.nranks);
             std::vector<char> send(total * esz), recv(n * esz);
-            for (size_t i = 0; i < total; ++i) Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
+            for (size_t i = 0; i < total; ++i)
+              Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
             char* out = inPlace ? send.data() + static_cast<size_t>(c.rank) * n * esz : recv.data();
             scapeResult_t r = scapeReduceScatter(send.data(), out, n, t, op, c.comm, nullptr);
             EXPECT_EQ(r, scapeSuccess) << what << ": " << scapeGetLastError(c.comm);
@@ -138,7 +141,9 @@ TEST_P(Collectives, AllGatherSweep) {
           for (size_t i = 0; i < n; ++i) Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
           const char* in = send.data();
           if (inPlace) {
-            if (n > 0) std::memcpy(recv.data() + static_cast<size_t>(c.rank) * n * esz, send.data(), n * esz);
+            if (n > 0)
+              std::memcpy(recv.data() + static_cast<size_t>(c.rank) * n * esz, send.data(),
+                          n * esz);
             in = recv.data() + static_cast<size_t>(c.rank) * n * esz;
           }
           scapeResult_t r = scapeAllGather(in, recv.data(), n, t, c.comm, nullptr);
@@ -147,7 +152,9 @@ TEST_P(Collectives, AllGatherSweep) {
           size_t bad = 0;
           for (int src = 0; src < c.nranks; ++src)
             for (size_t i = 0; i < n; ++i)
-              if (Load(t, recv.data(), static_cast<size_t>(src) * n + i) != InputValue(t, seed, src, i)) ++bad;
+              if (Load(t, recv.data(), static_cast<size_t>(src) * n + i) !=
+                  InputValue(t, seed, src, i))
+                ++bad;
           EXPECT_EQ(bad, 0u) << what << " rank " << c.rank;
         }
     return true;
@@ -161,11 +168,14 @@ TEST_P(Collectives, BroadcastAndBarrier) {
   RunResult res = RunRanks(P, [&](RankCtx& c) {
     for (int root : {0, c.nranks - 1, c.nranks / 2})
       for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, kBigCount}) {
-        const std::string what = "broadcast root=" + std::to_string(root) + " n=" + std::to_string(n);
+        const std::string what =
+            "broadcast root=" + std::to_string(root) + " n=" + std::to_string(n);
         std::vector<float> buf(n, -1.0f);
         if (c.rank == root)
-          for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(InputValue(scapeFloat32, seed, root, i));
-        scapeResult_t r = scapeBroadcast(buf.data(), buf.data(), n, scapeFloat32, root, c.comm, nullptr);
+          for (size_t i = 0; i < n; ++i)
+            buf[i] = static_cast<float>(InputValue(scapeFloat32, seed, root, i));
+        scapeResult_t r =
+            scapeBroadcast(buf.data(), buf.data(), n, scapeFloat32, root, c.comm, nullptr);
         EXPECT_EQ(r, scapeSuccess) << what << ": " << scapeGetLastError(c.comm);
         if (r != scapeSuccess) return false;
         size_t bad = 0;
@@ -192,9 +202,11 @@ TEST_P(Collectives, AsyncRequests) {
       in[k].resize(sizes[k]);
       out[k].assign(sizes[k], 0.0f);
       for (size_t i = 0; i < sizes[k]; ++i)
-        in[k][i] = static_cast<float>(InputValue(scapeFloat32, seed + static_cast<unsigned>(k), c.rank, i));
+        in[k][i] = static_cast<float>(
+            InputValue(scapeFloat32, seed + static_cast<unsigned>(k), c.rank, i));
       EXPECT_SCAPE_OK(scapeAllReduceAsync(in[k].data(), out[k].data(), sizes[k], scapeFloat32,
-                                          scapeSum, nullptr, c.comm, nullptr, &req[k]), c.comm);
+                                          scapeSum, nullptr, c.comm, nullptr, &req[k]),
+                      c.comm);
     }
     int done = 0;
     scapeResult_t tr;
@@ -205,7 +217,8 @@ TEST_P(Collectives, AsyncRequests) {
     EXPECT_SCAPE_OK(scapeWait(req[1]), c.comm);
     for (int k = 0; k < 3; ++k)
       EXPECT_EQ(CountBad(c, scapeFloat32, scapeSum, seed + static_cast<unsigned>(k), out[k].data(),
-                         sizes[k], 0, "async"), 0u);
+                         sizes[k], 0, "async"),
+                0u);
     scapeRequest_t b;
     EXPECT_SCAPE_OK(scapeBarrierAsync(c.comm, &b), c.comm);
     EXPECT_EQ(scapeCommDestroy(c.comm), scapeInvalidUsage) << "destroy with a live request";

@@ -19,7 +19,9 @@ namespace {
 using scape::ParamInfo;
 using scape::ParamType;
 
-bool Contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool Contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 // Sets (or, with nullptr, unsets) a variable for one scope.
 class ScopedEnv {
@@ -28,12 +30,16 @@ class ScopedEnv {
     const char* old = getenv(name);
     had_ = old != nullptr;
     if (had_) old_ = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
   }
 
  private:
@@ -72,7 +78,8 @@ TEST(ParamTable, EveryEntryIsWellFormed) {
       EXPECT_LE(p->minValue, p->maxValue);
       ScopedEnv unset(p->name, nullptr);
       int64_t v = -1;
-      ASSERT_TRUE(scape::ParamGetInt(p->name, &v).ok()) << "default does not parse or is out of range";
+      ASSERT_TRUE(scape::ParamGetInt(p->name, &v).ok())
+          << "default does not parse or is out of range";
       EXPECT_EQ(std::to_string(v), p->defaultValue);
     } else if (p->type == ParamType::kChoice) {
       ASSERT_NE(p->choices, nullptr);
@@ -253,8 +260,8 @@ TEST(Config, OlderSmallerStructsReadOnlyTheirFields) {
     scape::CommConfig c;
     scape::Status st = scape::ResolveConfig(old.cfg(), &c);
     ASSERT_TRUE(st.ok()) << st.message();
-    EXPECT_EQ(c.timeoutMs, 777);                   // inside size: the caller's
-    EXPECT_EQ(c.progress, scapeProgressYield);     // past size: the environment's
+    EXPECT_EQ(c.timeoutMs, 777);                // inside size: the caller's
+    EXPECT_EQ(c.progress, scapeProgressYield);  // past size: the environment's
     EXPECT_EQ(c.netIf, "lo");
   }
   {

@@ -48,14 +48,31 @@ std::vector<std::string> ExportedSymbols(const char* path) {
 TEST(SharedLibrary, LoadsWithRtldNowAndExportsOnlyTheApi) {
   void* h = dlopen(SCAPE_SO_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(h, nullptr) << dlerror();
-  for (const char* fn : {"scapeGetErrorString", "scapeGetVersion", "scapeGetUniqueId",
-                         "scapeCommInitRank", "scapeCommInitRankConfig", "scapeCommInitFromEnv",
-                         "scapeCommDestroy", "scapeCommAbort", "scapeCommCount",
-                         "scapeCommUserRank", "scapeGetLastError", "scapeCommGetAsyncError",
-                         "scapeAllReduce", "scapeAllReduceAsync", "scapeReduceScatter",
-                         "scapeReduceScatterAsync", "scapeAllGather", "scapeAllGatherAsync",
-                         "scapeBroadcast", "scapeBroadcastAsync", "scapeBarrier",
-                         "scapeBarrierAsync", "scapeTest", "scapeWait", "scapeTypeSize"})
+  for (const char* fn : {"scapeGetErrorString",
+                         "scapeGetVersion",
+                         "scapeGetUniqueId",
+                         "scapeCommInitRank",
+                         "scapeCommInitRankConfig",
+                         "scapeCommInitFromEnv",
+                         "scapeCommDestroy",
+                         "scapeCommAbort",
+                         "scapeCommCount",
+                         "scapeCommUserRank",
+                         "scapeGetLastError",
+                         "scapeCommGetAsyncError",
+                         "scapeAllReduce",
+                         "scapeAllReduceAsync",
+                         "scapeReduceScatter",
+                         "scapeReduceScatterAsync",
+                         "scapeAllGather",
+                         "scapeAllGatherAsync",
+                         "scapeBroadcast",
+                         "scapeBroadcastAsync",
+                         "scapeBarrier",
+                         "scapeBarrierAsync",
+                         "scapeTest",
+                         "scapeWait",
+                         "scapeTypeSize"})
     EXPECT_NE(dlsym(h, fn), nullptr) << fn << " is not exported";
   auto getVersion = reinterpret_cast<scapeResult_t (*)(int*)>(dlsym(h, "scapeGetVersion"));
   ASSERT_NE(getVersion, nullptr);
@@ -69,7 +86,10 @@ TEST(SharedLibrary, LoadsWithRtldNowAndExportsOnlyTheApi) {
     EXPECT_TRUE(s.rfind("scape", 0) == 0 || s.rfind("ncclNetPlugin_v", 0) == 0)
         << "unexpected exported symbol: " << s;
   // Internal C++ symbols must stay hidden.
-  EXPECT_EQ(dlsym(h, "_ZN5scape4Comm6CreateEiiRKNS_9bootstrap11RootAddressERKNS_10CommConfigEPSt10unique_ptrIS0_St14default_deleteIS0_EE"), nullptr);
+  EXPECT_EQ(dlsym(h,
+                  "_ZN5scape4Comm6CreateEiiRKNS_9bootstrap11RootAddressERKNS_"
+                  "10CommConfigEPSt10unique_ptrIS0_St14default_deleteIS0_EE"),
+            nullptr);
   // No dlclose: unloading UCX's libraries drops pointers to their global configuration, which
   // LeakSanitizer would then report as UCX's leaks (NCCL keeps its net plugin loaded too).
 }
@@ -87,8 +107,8 @@ TEST(SharedLibrary, VersionedNamesChainToTheLibrary) {
   const std::string dir = path.substr(0, path.rfind('/'));
   ASSERT_EQ(path.substr(path.rfind('/') + 1), "libnccl-net-scape.so");
   const std::string soname = "libnccl-net-scape.so." + std::to_string(SCAPE_MAJOR);
-  const std::string real = soname + "." + std::to_string(SCAPE_MINOR) + "." +
-                           std::to_string(SCAPE_PATCH);
+  const std::string real =
+      soname + "." + std::to_string(SCAPE_MINOR) + "." + std::to_string(SCAPE_PATCH);
   EXPECT_EQ(ReadLink(path), soname);
   EXPECT_EQ(ReadLink(dir + "/" + soname), real);
   struct stat st;

@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <new>
 #include <cstdio>
+#include <new>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -40,8 +40,7 @@ unsigned FreshSeed() {
   return seed;
 }
 
-RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body,
-                   const RankOptions& opts) {
+RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body, const RankOptions& opts) {
   RunResult res;
   res.exitCodes.assign(static_cast<size_t>(nranks), -1);
   // Rank 0 makes the unique id (its bootstrap root thread lives in rank 0, as in a real job)
@@ -51,7 +50,8 @@ RunResult RunRanks(int nranks, const std::function<bool(RankCtx&)>& body,
     std::atomic<int> state;  // 0 pending, 1 ready, 2 failed
     scapeUniqueId id;
   };
-  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* mem =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     ADD_FAILURE() << "mmap failed";
     return res;

@@ -13,9 +13,9 @@
 namespace scape_test {
 
 struct RankOptions {
-  int timeoutMs = 10000;         // communicator timeout
-  int watchdogMs = 90000;        // whole run
-  bool initComm = true;          // false: the body creates its own communicator
+  int timeoutMs = 10000;   // communicator timeout
+  int watchdogMs = 90000;  // whole run
+  bool initComm = true;    // false: the body creates its own communicator
   int progressMode = SCAPE_CONFIG_UNDEF_INT;
 };
 
@@ -23,7 +23,7 @@ struct RankOptions {
 struct RankCtx {
   int rank;
   int nranks;
-  scapeComm_t comm;            // NULL when initComm is false
+  scapeComm_t comm;  // NULL when initComm is false
   scapeUniqueId id;
   const RankOptions* opts;
 };
@@ -46,11 +46,11 @@ unsigned FreshSeed();
 
 }  // namespace scape_test
 
-#define EXPECT_SCAPE_OK(expr, comm)                                                       \
-  do {                                                                                    \
-    scapeResult_t _r = (expr);                                                            \
-    EXPECT_EQ(_r, scapeSuccess) << #expr << ": " << scapeGetErrorString(_r) << ": "       \
-                                << scapeGetLastError(comm);                               \
+#define EXPECT_SCAPE_OK(expr, comm)                                                 \
+  do {                                                                              \
+    scapeResult_t _r = (expr);                                                      \
+    EXPECT_EQ(_r, scapeSuccess) << #expr << ": " << scapeGetErrorString(_r) << ": " \
+                                << scapeGetLastError(comm);                         \
   } while (0)
 
 #endif  // SCAPE_TESTS_HARNESS_H_

@@ -45,22 +45,22 @@ float Stat(unsigned seed, int rank, uint64_t i) {
 std::vector<uint64_t> RefTopk(const std::vector<float>& x, uint64_t b, uint64_t e, uint64_t k) {
   std::vector<uint64_t> pos;
   for (uint64_t i = b; i < e; ++i) pos.push_back(i);
-  std::stable_sort(pos.begin(), pos.end(), [&](uint64_t p, uint64_t q) {
-    return std::fabs(x[p]) > std::fabs(x[q]);
-  });
+  std::stable_sort(pos.begin(), pos.end(),
+                   [&](uint64_t p, uint64_t q) { return std::fabs(x[p]) > std::fabs(x[q]); });
   pos.resize(k);
   std::sort(pos.begin(), pos.end());
   return pos;
 }
 
 void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool emptySelection) {
-  const unsigned seed = FreshSeed() + static_cast<unsigned>(P * 31 + own * 7) +
-                        static_cast<unsigned>(density * 1000);
+  const unsigned seed =
+      FreshSeed() + static_cast<unsigned>(P * 31 + own * 7) + static_cast<unsigned>(density * 1000);
   RunResult res = RunRanks(P, [&](RankCtx& c) {
     Layout l = MakeLayout();
     scapeMask_t mask = nullptr;
     EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
-                                    l.dense.data(), own, scapeMaskEncodingAuto, c.comm), c.comm);
+                                    l.dense.data(), own, scapeMaskEncodingAuto, c.comm),
+                    c.comm);
     if (!mask) return false;
     std::vector<float> stat(l.n);
     for (uint64_t i = 0; i < l.n; ++i) stat[i] = Stat(seed, c.rank, i);
@@ -91,24 +91,30 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
     std::vector<uint64_t> want;
     for (size_t q = 0; q < nr; ++q)
       for (size_t s = 0; s + 1 < l.offs.size(); ++s) {
-        uint64_t b = std::max(ranges[2 * q], l.offs[s]), e = std::min(ranges[2 * q + 1], l.offs[s + 1]);
+        uint64_t b = std::max(ranges[2 * q], l.offs[s]),
+                 e = std::min(ranges[2 * q + 1], l.offs[s + 1]);
         if (b >= e) continue;
-        uint64_t kk = l.dense[s] ? e - b
-                      : emptySelection ? 0
-                                       : std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(density * static_cast<double>(e - b))));
+        uint64_t kk =
+            l.dense[s] ? e - b
+            : emptySelection
+                ? 0
+                : std::max<uint64_t>(
+                      1, static_cast<uint64_t>(std::floor(density * static_cast<double>(e - b))));
         auto sel = RefTopk(stat, b, e, kk);
         want.insert(want.end(), sel.begin(), sel.end());
       }
     std::sort(want.begin(), want.end());
-    std::vector<uint64_t> got(idx.begin() + static_cast<ptrdiff_t>(off), idx.begin() + static_cast<ptrdiff_t>(off + kr));
+    std::vector<uint64_t> got(idx.begin() + static_cast<ptrdiff_t>(off),
+                              idx.begin() + static_cast<ptrdiff_t>(off + kr));
     EXPECT_EQ(got, want) << "rank " << c.rank << "'s selection";
 
     // Masked all-reduce (dense in/out) equals the dense all-reduce restricted to the mask.
     // Every payload type the issue names, with a different op each (the sentinel check and
     // the packed comparisons below hold for any op).
-    const std::pair<scapeDataType_t, scapeRedOp_t> cases[] = {
-        {scapeFloat32, scapeAvg}, {scapeBfloat16, scapeAvg}, {scapeFloat16, scapeMin},
-        {scapeFloat32, scapeMax}};
+    const std::pair<scapeDataType_t, scapeRedOp_t> cases[] = {{scapeFloat32, scapeAvg},
+                                                              {scapeBfloat16, scapeAvg},
+                                                              {scapeFloat16, scapeMin},
+                                                              {scapeFloat32, scapeMax}};
     for (const auto& tc : cases) {
       const scapeDataType_t t = tc.first;
       const scapeRedOp_t dop = tc.second;
@@ -116,8 +122,10 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
       std::vector<char> send(l.n * esz), recv(l.n * esz), dense(l.n * esz);
       for (uint64_t i = 0; i < l.n; ++i) Store(t, send.data(), i, InputValue(t, seed, c.rank, i));
       for (uint64_t i = 0; i < l.n; ++i) Store(t, recv.data(), i, -7.0);  // sentinel
-      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, t, dop, mask, c.comm, nullptr), c.comm);
-      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), dense.data(), l.n, t, dop, nullptr, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, t, dop, mask, c.comm, nullptr),
+                      c.comm);
+      EXPECT_SCAPE_OK(
+          scapeAllReduce(send.data(), dense.data(), l.n, t, dop, nullptr, c.comm, nullptr), c.comm);
       std::vector<char> inMask(l.n, 0);
       for (uint64_t i : idx) inMask[i] = 1;
       size_t bad = 0;
@@ -136,21 +144,31 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
       // Packed forms: reduce-scatter then all-gather gives the all-reduce's bits.
       std::vector<char> packed(k * esz + 1), ar(k * esz + 1), mine(kr * esz + 1), ag(k * esz + 1);
       EXPECT_SCAPE_OK(scapeMaskPack(mask, send.data(), packed.data(), t), c.comm);
-      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), ar.data(), t, scapeSum, mask, c.comm, nullptr), c.comm);
-      EXPECT_SCAPE_OK(scapeMaskReduceScatter(packed.data(), mine.data(), t, scapeSum, mask, c.comm, nullptr), c.comm);
-      EXPECT_EQ(std::memcmp(mine.data(), ar.data() + off * esz, kr * esz), 0) << "reduce-scatter part";
+      EXPECT_SCAPE_OK(
+          scapeMaskAllReducePacked(packed.data(), ar.data(), t, scapeSum, mask, c.comm, nullptr),
+          c.comm);
+      EXPECT_SCAPE_OK(
+          scapeMaskReduceScatter(packed.data(), mine.data(), t, scapeSum, mask, c.comm, nullptr),
+          c.comm);
+      EXPECT_EQ(std::memcmp(mine.data(), ar.data() + off * esz, kr * esz), 0)
+          << "reduce-scatter part";
       EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), ag.data(), t, mask, c.comm, nullptr), c.comm);
-      EXPECT_EQ(std::memcmp(ag.data(), ar.data(), k * esz), 0) << "reduce-scatter + all-gather != all-reduce";
+      EXPECT_EQ(std::memcmp(ag.data(), ar.data(), k * esz), 0)
+          << "reduce-scatter + all-gather != all-reduce";
       // The dense-in/out form gives the packed form's bits (also on its full-mask fast path).
       std::vector<char> opPacked(k * esz + 1), recvPacked(k * esz + 1);
-      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), opPacked.data(), t, dop, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(
+          scapeMaskAllReducePacked(packed.data(), opPacked.data(), t, dop, mask, c.comm, nullptr),
+          c.comm);
       EXPECT_SCAPE_OK(scapeMaskPack(mask, recv.data(), recvPacked.data(), t), c.comm);
-      EXPECT_EQ(std::memcmp(recvPacked.data(), opPacked.data(), k * esz), 0) << "dense in/out != packed";
+      EXPECT_EQ(std::memcmp(recvPacked.data(), opPacked.data(), k * esz), 0)
+          << "dense in/out != packed";
     }
     scapeMaskSyncInfo_t info;
     EXPECT_SCAPE_OK(scapeMaskGetSyncInfo(mask, &info), c.comm);
     EXPECT_GE(info.sentBytes, 24u);
-    for (int e = 1; e < scapeNumMaskEncodings; ++e) EXPECT_LE(info.sentBytes, info.bytesByEncoding[e]);
+    for (int e = 1; e < scapeNumMaskEncodings; ++e)
+      EXPECT_LE(info.sentBytes, info.bytesByEncoding[e]);
     EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
     return true;
   });
@@ -158,12 +176,22 @@ void MaskedAllReduceCase(int P, scapeOwnership_t own, double density, bool empty
 }
 
 class MaskSweep : public ::testing::TestWithParam<int> {};
-TEST_P(MaskSweep, ShardsDensity01) { MaskedAllReduceCase(GetParam(), scapeOwnershipShards, 0.1, false); }
-TEST_P(MaskSweep, SegmentsDensity001) { MaskedAllReduceCase(GetParam(), scapeOwnershipSegments, 0.01, false); }
-TEST_P(MaskSweep, ShardsFullDensity) { MaskedAllReduceCase(GetParam(), scapeOwnershipShards, 1.0, false); }
-TEST_P(MaskSweep, EmptySelection) { MaskedAllReduceCase(GetParam(), scapeOwnershipSegments, 0.1, true); }
+TEST_P(MaskSweep, ShardsDensity01) {
+  MaskedAllReduceCase(GetParam(), scapeOwnershipShards, 0.1, false);
+}
+TEST_P(MaskSweep, SegmentsDensity001) {
+  MaskedAllReduceCase(GetParam(), scapeOwnershipSegments, 0.01, false);
+}
+TEST_P(MaskSweep, ShardsFullDensity) {
+  MaskedAllReduceCase(GetParam(), scapeOwnershipShards, 1.0, false);
+}
+TEST_P(MaskSweep, EmptySelection) {
+  MaskedAllReduceCase(GetParam(), scapeOwnershipSegments, 0.1, true);
+}
 INSTANTIATE_TEST_SUITE_P(Ranks, MaskSweep, ::testing::Values(1, 2, 3, 5, 8),
-                         [](const ::testing::TestParamInfo<int>& i) { return "P" + std::to_string(i.param); });
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
 
 // Many steps on one mask whose k changes every step (the mask keeps its buffers between steps
 // and swaps them on advance): after every advance the mask is exactly the union of every
@@ -179,8 +207,9 @@ TEST(Mask, RepeatedStepsWithChangingK) {
         Layout l = MakeLayout();
         const int nseg = static_cast<int>(l.offs.size() - 1);
         scapeMask_t mask = nullptr;
-        EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, nseg, l.offs.data(), l.dense.data(), own, enc,
-                                        c.comm), c.comm);
+        EXPECT_SCAPE_OK(
+            scapeMaskCreate(&mask, l.n, nseg, l.offs.data(), l.dense.data(), own, enc, c.comm),
+            c.comm);
         if (!mask) return false;
         std::vector<float> send(l.n), recv(l.n), dense(l.n);
         for (size_t step = 0; step < sizeof(densities) / sizeof(densities[0]); ++step) {
@@ -213,7 +242,8 @@ TEST(Mask, RepeatedStepsWithChangingK) {
                 const uint64_t kk =
                     l.dense[sg] ? en - b
                     : d < 0     ? 0
-                                : std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(d * static_cast<double>(en - b))));
+                                : std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(
+                                                            d * static_cast<double>(en - b))));
                 auto sel = RefTopk(rs, b, en, kk);
                 want.insert(want.end(), sel.begin(), sel.end());
               }
@@ -230,9 +260,11 @@ TEST(Mask, RepeatedStepsWithChangingK) {
             send[i] = static_cast<float>(InputValue(scapeFloat32, s, c.rank, i));
           std::fill(recv.begin(), recv.end(), -7.0f);
           EXPECT_SCAPE_OK(scapeAllReduce(send.data(), recv.data(), l.n, scapeFloat32, scapeSum,
-                                         mask, c.comm, nullptr), c.comm);
+                                         mask, c.comm, nullptr),
+                          c.comm);
           EXPECT_SCAPE_OK(scapeAllReduce(send.data(), dense.data(), l.n, scapeFloat32, scapeSum,
-                                         nullptr, c.comm, nullptr), c.comm);
+                                         nullptr, c.comm, nullptr),
+                          c.comm);
           std::vector<char> in(l.n, 0);
           for (uint64_t i : want) in[i] = 1;
           size_t bad = 0;
@@ -249,7 +281,8 @@ TEST(Mask, RepeatedStepsWithChangingK) {
         EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
         return true;
       });
-      EXPECT_TRUE(res.AllOk()) << "encoding " << e << " ownership " << own << ": " << res.Describe();
+      EXPECT_TRUE(res.AllOk()) << "encoding " << e << " ownership " << own << ": "
+                               << res.Describe();
     }
   }
 }
@@ -264,7 +297,8 @@ void AsyncCase(int P) {
     const int nseg = static_cast<int>(l.offs.size() - 1);
     scapeMask_t mask = nullptr;
     EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, nseg, l.offs.data(), l.dense.data(),
-                                    scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), c.comm);
+                                    scapeOwnershipShards, scapeMaskEncodingAuto, c.comm),
+                    c.comm);
     if (!mask) return false;
     std::vector<float> stat(l.n), stat2(l.n);
     for (uint64_t i = 0; i < l.n; ++i) stat[i] = Stat(seed, c.rank, i);
@@ -280,27 +314,46 @@ void AsyncCase(int P) {
     EXPECT_SCAPE_OK(scapeMaskGetCount(mask, &k), c.comm);
     EXPECT_SCAPE_OK(scapeMaskGetRankCount(mask, c.rank, &kr, &off), c.comm);
     std::vector<float> send(l.n), sendB(l.n);
-    for (uint64_t i = 0; i < l.n; ++i) send[i] = static_cast<float>(InputValue(scapeFloat32, seed, c.rank, i));
-    for (uint64_t i = 0; i < l.n; ++i) sendB[i] = static_cast<float>(InputValue(scapeFloat32, seed + 5u, c.rank, i));
+    for (uint64_t i = 0; i < l.n; ++i)
+      send[i] = static_cast<float>(InputValue(scapeFloat32, seed, c.rank, i));
+    for (uint64_t i = 0; i < l.n; ++i)
+      sendB[i] = static_cast<float>(InputValue(scapeFloat32, seed + 5u, c.rank, i));
 
     // Blocking references on the first mask.
     std::vector<float> refA(l.n, -7.0f), refB = sendB;  // refB: in place, as gotB below
-    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), refA.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr), c.comm);
-    EXPECT_SCAPE_OK(scapeAllReduce(sendB.data(), refB.data(), l.n, scapeFloat32, scapeMax, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), refA.data(), l.n, scapeFloat32, scapeSum, mask,
+                                   c.comm, nullptr),
+                    c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(sendB.data(), refB.data(), l.n, scapeFloat32, scapeMax, mask,
+                                   c.comm, nullptr),
+                    c.comm);
     std::vector<float> packed(k + 1), ar(k + 1), rs(kr + 1), ag(k + 1);
     EXPECT_SCAPE_OK(scapeMaskPack(mask, send.data(), packed.data(), scapeFloat32), c.comm);
-    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), ar.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
-    EXPECT_SCAPE_OK(scapeMaskReduceScatter(packed.data(), rs.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
-    EXPECT_SCAPE_OK(scapeMaskAllGather(rs.data(), ag.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(packed.data(), ar.data(), scapeFloat32, scapeAvg, mask,
+                                             c.comm, nullptr),
+                    c.comm);
+    EXPECT_SCAPE_OK(scapeMaskReduceScatter(packed.data(), rs.data(), scapeFloat32, scapeAvg, mask,
+                                           c.comm, nullptr),
+                    c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllGather(rs.data(), ag.data(), scapeFloat32, mask, c.comm, nullptr),
+                    c.comm);
 
     // The same, non-blocking: two dense-in/out requests (one in place), then the packed ones.
     std::vector<float> gotA(l.n, -7.0f), gotB = sendB;
     scapeRequest_t qa = nullptr, qb = nullptr, qc = nullptr, qd = nullptr, qe = nullptr;
-    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), gotA.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr, &qa), c.comm);
-    EXPECT_SCAPE_OK(scapeAllReduceAsync(gotB.data(), gotB.data(), l.n, scapeFloat32, scapeMax, mask, c.comm, nullptr, &qb), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), gotA.data(), l.n, scapeFloat32, scapeSum, mask,
+                                        c.comm, nullptr, &qa),
+                    c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(gotB.data(), gotB.data(), l.n, scapeFloat32, scapeMax, mask,
+                                        c.comm, nullptr, &qb),
+                    c.comm);
     std::vector<float> ar2(k + 1), rs2(kr + 1), ag2(k + 1);
-    EXPECT_SCAPE_OK(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr, &qc), c.comm);
-    EXPECT_SCAPE_OK(scapeMaskReduceScatterAsync(packed.data(), rs2.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr, &qd), c.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeAvg,
+                                                  mask, c.comm, nullptr, &qc),
+                    c.comm);
+    EXPECT_SCAPE_OK(scapeMaskReduceScatterAsync(packed.data(), rs2.data(), scapeFloat32, scapeAvg,
+                                                mask, c.comm, nullptr, &qd),
+                    c.comm);
     // The mask moves on twice (different selections and densities) while they are in flight:
     // the second sync would decode into the buffer the requests packed from, if the mask
     // reused it.
@@ -315,8 +368,10 @@ void AsyncCase(int P) {
     EXPECT_SCAPE_OK(scapeTest(qa, &done), c.comm);
     EXPECT_EQ(done, 1) << "a request issued before a completed one must be complete";
     EXPECT_SCAPE_OK(scapeWait(qc), c.comm);
-    EXPECT_EQ(std::memcmp(gotA.data(), refA.data(), l.n * 4), 0) << "rank " << c.rank << ": async dense in/out (sum)";
-    EXPECT_EQ(std::memcmp(gotB.data(), refB.data(), l.n * 4), 0) << "rank " << c.rank << ": async dense in/out, in place (max)";
+    EXPECT_EQ(std::memcmp(gotA.data(), refA.data(), l.n * 4), 0)
+        << "rank " << c.rank << ": async dense in/out (sum)";
+    EXPECT_EQ(std::memcmp(gotB.data(), refB.data(), l.n * 4), 0)
+        << "rank " << c.rank << ": async dense in/out, in place (max)";
     EXPECT_EQ(std::memcmp(ar2.data(), ar.data(), k * 4), 0) << "async packed all-reduce";
     EXPECT_EQ(std::memcmp(rs2.data(), rs.data(), kr * 4), 0) << "async reduce-scatter";
 
@@ -324,22 +379,32 @@ void AsyncCase(int P) {
     uint64_t kr2 = 0, off2 = 0;
     EXPECT_SCAPE_OK(scapeMaskGetRankCount(mask, c.rank, &kr2, &off2), c.comm);
     std::vector<float> mine(kr2 + 1, 1.5f + static_cast<float>(c.rank)), agB(k2 + 1), agA(k2 + 1);
-    EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), agB.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
-    EXPECT_SCAPE_OK(scapeMaskAllGatherAsync(mine.data(), agA.data(), scapeFloat32, mask, c.comm, nullptr, &qe), c.comm);
+    EXPECT_SCAPE_OK(
+        scapeMaskAllGather(mine.data(), agB.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(
+        scapeMaskAllGatherAsync(mine.data(), agA.data(), scapeFloat32, mask, c.comm, nullptr, &qe),
+        c.comm);
     EXPECT_SCAPE_OK(scapeWait(qe), c.comm);
     EXPECT_EQ(std::memcmp(agA.data(), agB.data(), k2 * 4), 0) << "async all-gather";
 
     // A dense-in/out request outlives its mask.
     std::vector<float> ref2(l.n, -7.0f), got2(l.n, -7.0f);
-    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), ref2.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(send.data(), ref2.data(), l.n, scapeFloat32, scapeSum, mask,
+                                   c.comm, nullptr),
+                    c.comm);
     scapeRequest_t qf = nullptr;
-    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), got2.data(), l.n, scapeFloat32, scapeSum, mask, c.comm, nullptr, &qf), c.comm);
+    EXPECT_SCAPE_OK(scapeAllReduceAsync(send.data(), got2.data(), l.n, scapeFloat32, scapeSum, mask,
+                                        c.comm, nullptr, &qf),
+                    c.comm);
     EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
     EXPECT_SCAPE_OK(scapeWait(qf), c.comm);
-    EXPECT_EQ(std::memcmp(got2.data(), ref2.data(), l.n * 4), 0) << "async request after its mask was destroyed";
+    EXPECT_EQ(std::memcmp(got2.data(), ref2.data(), l.n * 4), 0)
+        << "async request after its mask was destroyed";
     // The destroyed handle is refused, not used.
     scapeRequest_t qg = nullptr;
-    EXPECT_EQ(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeSum, mask, c.comm, nullptr, &qg), scapeInvalidArgument);
+    EXPECT_EQ(scapeMaskAllReducePackedAsync(packed.data(), ar2.data(), scapeFloat32, scapeSum, mask,
+                                            c.comm, nullptr, &qg),
+              scapeInvalidArgument);
     EXPECT_EQ(qg, nullptr);
     return true;
   });
@@ -357,7 +422,8 @@ TEST(Mask, IndexEncodingRefusesHugeOwnedParts) {
     const uint64_t offs[] = {0, n};
     scapeMask_t mask = nullptr;
     EXPECT_SCAPE_OK(scapeMaskCreate(&mask, n, 1, offs, nullptr, scapeOwnershipShards,
-                                    scapeMaskEncodingIndices, c.comm), c.comm);
+                                    scapeMaskEncodingIndices, c.comm),
+                    c.comm);
     if (!mask) return false;
     const uint64_t idx[] = {3, n - 1};
     EXPECT_SCAPE_OK(scapeMaskSetNextIndices(mask, idx, 2), c.comm);
@@ -374,7 +440,8 @@ TEST(Mask, AbortWithALiveMask) {
     Layout l = MakeLayout();
     scapeMask_t mask = nullptr;
     EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
-                                    nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), c.comm);
+                                    nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, c.comm),
+                    c.comm);
     EXPECT_SCAPE_OK(scapeMaskSetNextIndices(mask, nullptr, 0), c.comm);
     EXPECT_SCAPE_OK(scapeMaskSyncStart(mask), c.comm);
     EXPECT_SCAPE_OK(scapeBarrier(c.comm), c.comm);
@@ -390,10 +457,12 @@ TEST(Mask, DifferentLayoutsAreReportedOnEveryRank) {
     Layout l = MakeLayout();
     if (c.rank == 1) l.offs[3] += 1;
     scapeMask_t mask = nullptr;
-    scapeResult_t r = scapeMaskCreate(&mask, l.n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
-                                      l.dense.data(), scapeOwnershipShards, scapeMaskEncodingAuto, c.comm);
+    scapeResult_t r =
+        scapeMaskCreate(&mask, l.n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
+                        l.dense.data(), scapeOwnershipShards, scapeMaskEncodingAuto, c.comm);
     EXPECT_EQ(r, scapeInvalidUsage) << scapeGetLastError(c.comm);
-    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("different mask layout"), std::string::npos)
+    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("different mask layout"),
+              std::string::npos)
         << scapeGetLastError(c.comm);
     EXPECT_EQ(mask, nullptr);
     return true;
@@ -406,23 +475,33 @@ TEST(Mask, ArgumentErrors) {
     Layout l = MakeLayout();
     scapeMask_t mask = nullptr;
     const int ns = static_cast<int>(l.offs.size() - 1);
-    EXPECT_EQ(scapeMaskCreate(&mask, l.n, ns, nullptr, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), scapeInvalidArgument);
-    EXPECT_EQ(scapeMaskCreate(&mask, l.n + 1, ns, l.offs.data(), nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, c.comm), scapeInvalidArgument);
-    EXPECT_EQ(scapeMaskCreate(&mask, l.n, ns, l.offs.data(), nullptr, static_cast<scapeOwnership_t>(5), scapeMaskEncodingAuto, c.comm), scapeInvalidArgument);
+    EXPECT_EQ(scapeMaskCreate(&mask, l.n, ns, nullptr, nullptr, scapeOwnershipShards,
+                              scapeMaskEncodingAuto, c.comm),
+              scapeInvalidArgument);
+    EXPECT_EQ(scapeMaskCreate(&mask, l.n + 1, ns, l.offs.data(), nullptr, scapeOwnershipShards,
+                              scapeMaskEncodingAuto, c.comm),
+              scapeInvalidArgument);
+    EXPECT_EQ(scapeMaskCreate(&mask, l.n, ns, l.offs.data(), nullptr,
+                              static_cast<scapeOwnership_t>(5), scapeMaskEncodingAuto, c.comm),
+              scapeInvalidArgument);
     EXPECT_SCAPE_OK(scapeMaskCreate(&mask, l.n, ns, l.offs.data(), nullptr, scapeOwnershipShards,
-                                    scapeMaskEncodingEliasFano, c.comm), c.comm);
+                                    scapeMaskEncodingEliasFano, c.comm),
+                    c.comm);
     if (!mask) return false;
     std::vector<float> stat(l.n, 1.0f);
     EXPECT_EQ(scapeMaskSelectNextTopk(mask, stat.data(), 0.0), scapeInvalidArgument);
     EXPECT_EQ(scapeMaskSelectNextTopk(mask, stat.data(), 1.5), scapeInvalidArgument);
     uint64_t notMine = c.rank == 0 ? l.n - 1 : 0;
     EXPECT_EQ(scapeMaskSetNextIndices(mask, &notMine, 1), scapeInvalidArgument);
-    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("owned part"), std::string::npos) << scapeGetLastError(c.comm);
+    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("owned part"), std::string::npos)
+        << scapeGetLastError(c.comm);
     uint64_t unsorted[2] = {c.rank == 0 ? 5u : l.n - 2, c.rank == 0 ? 4u : l.n - 3};
     EXPECT_EQ(scapeMaskSetNextIndices(mask, unsorted, 2), scapeInvalidArgument);
     EXPECT_EQ(scapeMaskAdvance(mask), scapeInvalidUsage);
     std::vector<float> a(l.n), b(l.n);
-    EXPECT_EQ(scapeAllReduce(a.data(), b.data(), l.n - 1, scapeFloat32, scapeSum, mask, c.comm, nullptr), scapeInvalidArgument);
+    EXPECT_EQ(
+        scapeAllReduce(a.data(), b.data(), l.n - 1, scapeFloat32, scapeSum, mask, c.comm, nullptr),
+        scapeInvalidArgument);
     EXPECT_EQ(scapeCommDestroy(c.comm), scapeInvalidUsage) << "destroy with a live mask";
     EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("mask"), std::string::npos);
     EXPECT_SCAPE_OK(scapeMaskDestroy(mask), c.comm);
@@ -447,14 +526,18 @@ StepResult RunScape(RankCtx& c, scapeOwnership_t own, bool sharded, unsigned see
   const uint64_t n = l.n;
   scapeMask_t mask = nullptr;
   EXPECT_SCAPE_OK(scapeMaskCreate(&mask, n, static_cast<int>(l.offs.size() - 1), l.offs.data(),
-                                  l.dense.data(), own, scapeMaskEncodingAuto, c.comm), c.comm);
+                                  l.dense.data(), own, scapeMaskEncodingAuto, c.comm),
+                  c.comm);
   StepResult out;
   if (!mask) return out;
   std::vector<float> theta(n), m(n, 0.0f), e(n, 0.0f), g(n), cand(n);
-  for (uint64_t i = 0; i < n; ++i) theta[i] = static_cast<float>(InputValue(scapeFloat32, seed, 0, i));
+  for (uint64_t i = 0; i < n; ++i)
+    theta[i] = static_cast<float>(InputValue(scapeFloat32, seed, 0, i));
   auto gradient = [&](int t) {
     for (uint64_t i = 0; i < n; ++i)
-      g[i] = 0.1f * theta[i] + static_cast<float>(InputValue(scapeFloat32, seed + 1000u + static_cast<unsigned>(t), c.rank, i));
+      g[i] =
+          0.1f * theta[i] + static_cast<float>(InputValue(
+                                scapeFloat32, seed + 1000u + static_cast<unsigned>(t), c.rank, i));
   };
   auto candidate = [&]() {
     for (uint64_t i = 0; i < n; ++i) cand[i] = b1 * m[i] + (1.0f - b1) * g[i] + e[i];
@@ -493,21 +576,29 @@ StepResult RunScape(RankCtx& c, scapeOwnership_t own, bool sharded, unsigned see
       return theta[q] - lr * mNew / (std::sqrt(v) + eps);
     };
     if (!sharded) {
-      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(payload.data(), mt.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskAllReducePacked(payload.data(), mt.data(), scapeFloat32, scapeAvg,
+                                               mask, c.comm, nullptr),
+                      c.comm);
       for (uint64_t j = 0; j < k; ++j) {
         theta[idx[j]] = update(idx[j], mt[j]);
         m[idx[j]] = mt[j];
       }
     } else {
       std::vector<float> mine(kr + 1), newTheta(kr + 1), allTheta(k + 1);
-      EXPECT_SCAPE_OK(scapeMaskReduceScatter(payload.data(), mine.data(), scapeFloat32, scapeAvg, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(scapeMaskReduceScatter(payload.data(), mine.data(), scapeFloat32, scapeAvg,
+                                             mask, c.comm, nullptr),
+                      c.comm);
       for (uint64_t j = 0; j < kr; ++j) newTheta[j] = update(idx[off + j], mine[j]);
-      EXPECT_SCAPE_OK(scapeMaskAllGather(newTheta.data(), allTheta.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(
+          scapeMaskAllGather(newTheta.data(), allTheta.data(), scapeFloat32, mask, c.comm, nullptr),
+          c.comm);
       EXPECT_SCAPE_OK(scapeMaskUnpack(mask, allTheta.data(), theta.data(), scapeFloat32), c.comm);
       // The owner's momentum is all a sharded optimizer keeps; the test tracks it everywhere
       // through the same all-gather to compare with the replicated flow.
       std::vector<float> allM(k + 1);
-      EXPECT_SCAPE_OK(scapeMaskAllGather(mine.data(), allM.data(), scapeFloat32, mask, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(
+          scapeMaskAllGather(mine.data(), allM.data(), scapeFloat32, mask, c.comm, nullptr),
+          c.comm);
       for (uint64_t j = 0; j < k; ++j) m[idx[j]] = allM[j];
     }
     EXPECT_SCAPE_OK(scapeMaskSyncWait(mask), c.comm);
@@ -553,7 +644,10 @@ TEST(SparseAllReduce, MatchesDense) {
             std::vector<char> vals;
             std::vector<double> mineDense(n, 0.0);
             for (uint64_t i = 0; i < n; ++i) {
-              double u = (SplitMix(seed * 7919ull + static_cast<uint64_t>(c.rank) * 1000003ull + i) >> 11) * (1.0 / 9007199254740992.0);
+              double u =
+                  (SplitMix(seed * 7919ull + static_cast<uint64_t>(c.rank) * 1000003ull + i) >>
+                   11) *
+                  (1.0 / 9007199254740992.0);
               if (u >= density) continue;
               idx.push_back(i);
               vals.resize(vals.size() + esz);
@@ -564,8 +658,9 @@ TEST(SparseAllReduce, MatchesDense) {
             std::vector<char> outVals(n * esz);
             size_t outNnz = 0;
             uint64_t sent = 0;
-            scapeResult_t r = scapeSparseAllReduce(idx.data(), vals.data(), idx.size(), n, t, scapeSum, algo,
-                                                   dense.data(), outIdx.data(), outVals.data(), n, &outNnz, &sent, c.comm);
+            scapeResult_t r = scapeSparseAllReduce(idx.data(), vals.data(), idx.size(), n, t,
+                                                   scapeSum, algo, dense.data(), outIdx.data(),
+                                                   outVals.data(), n, &outNnz, &sent, c.comm);
             EXPECT_EQ(r, scapeSuccess) << scapeGetLastError(c.comm);
             if (r != scapeSuccess) return false;
             // Reference: sum over ranks of each rank's entries (absent = 0).
@@ -573,7 +668,9 @@ TEST(SparseAllReduce, MatchesDense) {
             for (uint64_t i = 0; i < n; ++i) {
               double ref = 0, abs = 0;
               for (int q = 0; q < c.nranks; ++q) {
-                double u = (SplitMix(seed * 7919ull + static_cast<uint64_t>(q) * 1000003ull + i) >> 11) * (1.0 / 9007199254740992.0);
+                double u =
+                    (SplitMix(seed * 7919ull + static_cast<uint64_t>(q) * 1000003ull + i) >> 11) *
+                    (1.0 / 9007199254740992.0);
                 if (u >= density) continue;
                 double v = InputValue(t, seed, q, i);
                 ref += v;
@@ -582,11 +679,13 @@ TEST(SparseAllReduce, MatchesDense) {
               double tol = (c.nranks + 1) * Eps(t) * abs + 1e-30;
               if (!(std::fabs(Load(t, dense.data(), i) - ref) <= tol)) ++bad;
             }
-            EXPECT_EQ(bad, 0u) << "P=" << P << " density " << density << " algo " << algo << " dtype " << t;
+            EXPECT_EQ(bad, 0u) << "P=" << P << " density " << density << " algo " << algo
+                               << " dtype " << t;
             EXPECT_TRUE(SameOnAllRanks(c, dense.data(), dense.size()));
             EXPECT_LE(outNnz, n);
             for (size_t j = 0; j < outNnz; ++j)
-              EXPECT_EQ(std::memcmp(outVals.data() + j * esz, dense.data() + outIdx[j] * esz, esz), 0);
+              EXPECT_EQ(std::memcmp(outVals.data() + j * esz, dense.data() + outIdx[j] * esz, esz),
+                        0);
           }
       return true;
     });

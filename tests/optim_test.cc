@@ -77,8 +77,9 @@ scapeOptimConfig_t MakeConfig(const Layout& l, const Hyper& h) {
 
 // Every fourth step's gradients are 5x larger: clipping (maxGradNorm 5) acts on those only.
 float Grad(unsigned seed, int rank, int64_t step, uint64_t i) {
-  return (step % 4 == 0 ? 0.25f : 0.05f) * static_cast<float>(
-                     InputValue(scapeFloat32, seed + static_cast<unsigned>(step) * 7919u, rank, i));
+  return (step % 4 == 0 ? 0.25f : 0.05f) *
+         static_cast<float>(
+             InputValue(scapeFloat32, seed + static_cast<unsigned>(step) * 7919u, rank, i));
 }
 
 float Quant(scapeDataType_t t, float x) {
@@ -118,7 +119,12 @@ class Reference {
   };
   Reference(const Layout& l, const Hyper& h, int P, const std::vector<std::vector<Piece>>& owned,
             const std::vector<float>& theta0)
-      : l_(l), h_(h), P_(P), owned_(owned), theta(theta0), m(l.n(), 0.0f),
+      : l_(l),
+        h_(h),
+        P_(P),
+        owned_(owned),
+        theta(theta0),
+        m(l.n(), 0.0f),
         e_(static_cast<size_t>(P), std::vector<float>(l.n(), 0.0f)) {
     // Step 0: the full mask.
     for (int r = 0; r < P_; ++r) {
@@ -153,7 +159,8 @@ class Reference {
         }
       }
       for (const auto& blk : mask_)
-        for (uint64_t i : blk) pay[static_cast<size_t>(r)].push_back(Quant(T, c[static_cast<size_t>(r)][i]));
+        for (uint64_t i : blk)
+          pay[static_cast<size_t>(r)].push_back(Quant(T, c[static_cast<size_t>(r)][i]));
     }
     // The next mask: each rank's top-k of |c| over the pieces it owns.
     const double rho = Density(h_, step + 1);
@@ -162,7 +169,8 @@ class Reference {
       const std::vector<float>& cr = c[static_cast<size_t>(r)];
       for (const Piece& p : owned_[static_cast<size_t>(r)]) {
         const uint64_t len = p.e - p.b;
-        uint64_t k = p.dense ? len : static_cast<uint64_t>(std::floor(rho * static_cast<double>(len)));
+        uint64_t k =
+            p.dense ? len : static_cast<uint64_t>(std::floor(rho * static_cast<double>(len)));
         if (!p.dense) k = std::max<uint64_t>(1, std::min(k, len));
         std::vector<uint64_t> pos;
         for (uint64_t i = p.b; i < p.e; ++i) pos.push_back(i);
@@ -171,7 +179,8 @@ class Reference {
         });
         pos.resize(k);
         std::sort(pos.begin(), pos.end());
-        next[static_cast<size_t>(r)].insert(next[static_cast<size_t>(r)].end(), pos.begin(), pos.end());
+        next[static_cast<size_t>(r)].insert(next[static_cast<size_t>(r)].end(), pos.begin(),
+                                            pos.end());
       }
       std::sort(next[static_cast<size_t>(r)].begin(), next[static_cast<size_t>(r)].end());
     }
@@ -188,7 +197,8 @@ class Reference {
           acc = pay[0][j];
         } else {
           acc = pay[static_cast<size_t>((b + 1) % P_)][j];
-          for (int s = 2; s < P_; ++s) acc = Quant(T, acc + pay[static_cast<size_t>((b + s) % P_)][j]);
+          for (int s = 2; s < P_; ++s)
+            acc = Quant(T, acc + pay[static_cast<size_t>((b + s) % P_)][j]);
           acc = Quant(T, (acc + pay[static_cast<size_t>(b)][j]) / static_cast<float>(P_));
         }
         mt.push_back(acc);
@@ -256,7 +266,7 @@ class Reference {
 };
 
 std::vector<std::vector<Reference::Piece>> OwnedPieces(scapeOptim_t opt, const Layout& l, int P,
-                                                      scapeComm_t comm) {
+                                                       scapeComm_t comm) {
   scapeMask_t mask = nullptr;
   EXPECT_SCAPE_OK(scapeOptimGetMask(opt, &mask), comm);
   std::vector<std::vector<Reference::Piece>> out(static_cast<size_t>(P));
@@ -269,7 +279,8 @@ std::vector<std::vector<Reference::Piece>> OwnedPieces(scapeOptim_t opt, const L
       for (int s = 0; s < l.nseg(); ++s) {
         const uint64_t b = std::max(rg[2 * q], l.offs[static_cast<size_t>(s)]);
         const uint64_t e = std::min(rg[2 * q + 1], l.offs[static_cast<size_t>(s) + 1]);
-        if (b < e) out[static_cast<size_t>(r)].push_back({b, e, l.dense[static_cast<size_t>(s)] != 0});
+        if (b < e)
+          out[static_cast<size_t>(r)].push_back({b, e, l.dense[static_cast<size_t>(s)] != 0});
       }
   }
   return out;
@@ -277,7 +288,8 @@ std::vector<std::vector<Reference::Piece>> OwnedPieces(scapeOptim_t opt, const L
 
 std::vector<float> InitialTheta(unsigned seed, uint64_t n) {
   std::vector<float> t(n);
-  for (uint64_t i = 0; i < n; ++i) t[i] = static_cast<float>(InputValue(scapeFloat32, seed ^ 0x7777u, 0, i));
+  for (uint64_t i = 0; i < n; ++i)
+    t[i] = static_cast<float>(InputValue(scapeFloat32, seed ^ 0x7777u, 0, i));
   return t;
 }
 
@@ -323,7 +335,9 @@ void ReferenceCase(int P, int ownership) {
         ref.Step(seed);
         const bool sameTheta = std::memcmp(theta.data(), ref.theta.data(), 4 * n) == 0;
         size_t firstBad = 0;
-        while (!sameTheta && firstBad < n && std::memcmp(&theta[firstBad], &ref.theta[firstBad], 4) == 0) ++firstBad;
+        while (!sameTheta && firstBad < n &&
+               std::memcmp(&theta[firstBad], &ref.theta[firstBad], 4) == 0)
+          ++firstBad;
         EXPECT_TRUE(sameTheta) << "rank " << c.rank << " payload " << h.payload << " step " << step
                                << ": parameters differ from the reference first at " << firstBad
                                << " (" << (firstBad < n ? theta[firstBad] : 0.f) << " vs "
@@ -354,7 +368,9 @@ class OptimRanks : public ::testing::TestWithParam<int> {};
 TEST_P(OptimRanks, ReplicatedMatchesReference) { ReferenceCase(GetParam(), scapeOptimReplicated); }
 TEST_P(OptimRanks, ShardedMatchesReference) { ReferenceCase(GetParam(), scapeOptimSharded); }
 INSTANTIATE_TEST_SUITE_P(Ranks, OptimRanks, ::testing::Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& i) { return "P" + std::to_string(i.param); });
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
 
 // Sharded and replicated state with the same mask ownership give the same bits, every step.
 TEST(Optim, ShardedEqualsReplicated) {
@@ -451,7 +467,8 @@ TEST(Optim, CheckpointResumeIsBitIdentical) {
           EXPECT_SCAPE_OK(scapeOptimStep(b, tb.data(), g.data(), n), c.comm);
         }
         EXPECT_EQ(std::memcmp(ta.data(), tb.data(), 4 * n), 0)
-            << "resumed run differs from the uninterrupted one at step 50 (ownership " << own << ")";
+            << "resumed run differs from the uninterrupted one at step 50 (ownership " << own
+            << ")";
         // A checkpoint of a fresh optimizer (no next mask yet) loads too.
         scapeOptim_t f = nullptr;
         EXPECT_SCAPE_OK(scapeOptimCreate(&f, &cfg, c.comm), c.comm);
@@ -554,7 +571,8 @@ TEST(Optim, CorruptCheckpointsAreRefused) {
       std::vector<uint8_t> b(good.begin(), good.end() - 1);
       cases.push_back({"truncated", b, "size", false});
     }
-    cases.push_back({"header only", std::vector<uint8_t>(good.begin(), good.begin() + 100), "header", false});
+    cases.push_back(
+        {"header only", std::vector<uint8_t>(good.begin(), good.begin() + 100), "header", false});
     {
       std::vector<uint8_t> b = good;
       b[b.size() / 2] ^= 0x10;
@@ -698,7 +716,8 @@ TEST(Optim, BadInput) {
     if (!opt) return false;
     std::vector<float> theta = InitialTheta(1, n), g = Grads(2, 0, 0, n);
     const std::vector<float> before = theta;
-    auto stepFails = [&](float* p, const float* gr, uint64_t cnt, scapeResult_t want, const char* expect) {
+    auto stepFails = [&](float* p, const float* gr, uint64_t cnt, scapeResult_t want,
+                         const char* expect) {
       EXPECT_EQ(scapeOptimStep(opt, p, gr, cnt), want) << expect;
       EXPECT_NE(std::string(scapeGetLastError(c.comm)).find(expect), std::string::npos)
           << "wanted '" << expect << "' in: " << scapeGetLastError(c.comm);
@@ -710,7 +729,8 @@ TEST(Optim, BadInput) {
     std::vector<float> big(2 * n + 2);
     stepFails(reinterpret_cast<float*>(reinterpret_cast<char*>(big.data()) + 1), g.data(), n,
               scapeInvalidArgument, "params");
-    stepFails(theta.data(), reinterpret_cast<const float*>(reinterpret_cast<const char*>(big.data()) + 2), n,
+    stepFails(theta.data(),
+              reinterpret_cast<const float*>(reinterpret_cast<const char*>(big.data()) + 2), n,
               scapeInvalidArgument, "grads");
     stepFails(big.data(), big.data() + 5, n, scapeInvalidArgument, "overlap");
     EXPECT_EQ(scapeOptimStep(nullptr, theta.data(), g.data(), n), scapeInvalidArgument);
@@ -788,7 +808,8 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
   const size_t n = (size_t{1} << 20) + 4099;
   // Four "owners" take alternating stretches of the buffer (segment ownership interleaves).
   std::vector<uint64_t> cuts{0};
-  for (size_t b = 0; cuts.back() < n; ++b) cuts.push_back(std::min<uint64_t>(n, cuts.back() + 50000 + 977 * (b % 7)));
+  for (size_t b = 0; cuts.back() < n; ++b)
+    cuts.push_back(std::min<uint64_t>(n, cuts.back() + 50000 + 977 * (b % 7)));
   const int P = 4;
   std::vector<std::vector<uint64_t>> blocks(P);
   std::vector<k::MaskRun> runs;
@@ -836,8 +857,12 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
     const size_t esz = scapeTypeSize(t);
     std::vector<float> e1 = e, e2 = e, stat1(n, 7.0f), stat2(n, 7.0f);
     std::vector<char> p1(idx.size() * esz), p2(idx.size() * esz);
-    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e1.data(), n, 0.9f, v, t, p1.data(), stat1.data(), 1), k::KernelStatus::kOk);
-    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e2.data(), n, 0.9f, v, t, p2.data(), stat2.data(), 4), k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e1.data(), n, 0.9f, v, t, p1.data(),
+                                           stat1.data(), 1),
+              k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(m.data(), g.data(), e2.data(), n, 0.9f, v, t, p2.data(),
+                                           stat2.data(), 4),
+              k::KernelStatus::kOk);
     EXPECT_EQ(std::memcmp(e1.data(), e2.data(), 4 * n), 0);
     EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size()), 0);
     EXPECT_EQ(std::memcmp(stat1.data(), stat2.data(), 4 * n), 0);
@@ -857,10 +882,13 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
     EXPECT_EQ(untouched, otherLen);
     if (t == scapeFloat32) {
       std::vector<float> e3 = e, ps(sorted.size());
-      ASSERT_EQ(k::CandidatePackResidual(m.data(), g.data(), e3.data(), n, 0.9f, sorted.data(), sorted.size(), t, ps.data(), nullptr, 1), k::KernelStatus::kOk);
+      ASSERT_EQ(k::CandidatePackResidual(m.data(), g.data(), e3.data(), n, 0.9f, sorted.data(),
+                                         sorted.size(), t, ps.data(), nullptr, 1),
+                k::KernelStatus::kOk);
       EXPECT_EQ(std::memcmp(e3.data(), e1.data(), 4 * n), 0);
       size_t bad = 0;
-      for (size_t q = 0; q < sorted.size(); ++q) bad += std::memcmp(&ps[q], p1.data() + 4 * slot[q], 4) != 0;
+      for (size_t q = 0; q < sorted.size(); ++q)
+        bad += std::memcmp(&ps[q], p1.data() + 4 * slot[q], 4) != 0;
       EXPECT_EQ(bad, 0u);
       // The update at the view equals the sorted update with the payload in sorted order.
       k::AdamSParams ap;
@@ -868,15 +896,22 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
       ap.bias_correction = k::BiasCorrection::kScapeArtifact;
       ap.step = 3;
       std::vector<float> th1 = theta, m1 = m, th2 = theta, m2 = m, th3 = theta, m3 = m;
-      ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), t, v, th1.data(), m1.data(), n, ap, 4), k::KernelStatus::kOk);
-      ASSERT_EQ(k::UnpackAdamSUpdate(ps.data(), t, sorted.data(), sorted.size(), th2.data(), m2.data(), n, ap, 1), k::KernelStatus::kOk);
+      ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), t, v, th1.data(), m1.data(), n, ap, 4),
+                k::KernelStatus::kOk);
+      ASSERT_EQ(k::UnpackAdamSUpdate(ps.data(), t, sorted.data(), sorted.size(), th2.data(),
+                                     m2.data(), n, ap, 1),
+                k::KernelStatus::kOk);
       EXPECT_EQ(std::memcmp(th1.data(), th2.data(), 4 * n), 0);
       EXPECT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0);
       // Pairs per owner block, then the unpack of the gathered pairs: the same bits again.
       std::vector<float> pairs(2 * idx.size());
       for (int b = 0; b < P; ++b)
-        ASSERT_EQ(k::AdamSUpdatePairs(p1.data() + 4 * boff[b], t, idx.data() + boff[b], blocks[b].size(), theta.data(), m.data(), n, ap, pairs.data() + 2 * boff[b], 2), k::KernelStatus::kOk);
-      ASSERT_EQ(k::UnpackPairsDecayView(pairs.data(), v, th3.data(), m3.data(), n, ap, 4), k::KernelStatus::kOk);
+        ASSERT_EQ(
+            k::AdamSUpdatePairs(p1.data() + 4 * boff[b], t, idx.data() + boff[b], blocks[b].size(),
+                                theta.data(), m.data(), n, ap, pairs.data() + 2 * boff[b], 2),
+            k::KernelStatus::kOk);
+      ASSERT_EQ(k::UnpackPairsDecayView(pairs.data(), v, th3.data(), m3.data(), n, ap, 4),
+                k::KernelStatus::kOk);
       EXPECT_EQ(std::memcmp(th3.data(), th2.data(), 4 * n), 0);
       EXPECT_EQ(std::memcmp(m3.data(), m2.data(), 4 * n), 0);
     }
@@ -905,15 +940,22 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
     g[5] = -0.0f;
     std::vector<float> e1 = e, e2 = e, st1(n, 7.0f), st2(n, 7.0f);
     std::vector<char> p1(idx.size() * 2), p2(idx.size() * 2);
-    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e1.data(), n, 0.9f, v, scapeFloat16, p1.data(), st1.data(), 4), k::KernelStatus::kOk);
-    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16, p2.data(), st2.data(), 4, &sv), k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e1.data(), n, 0.9f, v, scapeFloat16,
+                                           p1.data(), st1.data(), 4),
+              k::KernelStatus::kOk);
+    ASSERT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16,
+                                           p2.data(), st2.data(), 4, &sv),
+              k::KernelStatus::kOk);
     EXPECT_EQ(std::memcmp(e1.data(), e2.data(), 4 * n), 0);
     EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size()), 0);
     EXPECT_EQ(std::memcmp(st1.data(), st2.data(), 4 * n), 0);
     k::AdamSParams ap;
     std::vector<float> th1 = theta, m1 = ms, th2 = theta, m2 = ms;
-    ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th1.data(), m1.data(), n, ap, 4), k::KernelStatus::kOk);
-    ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th2.data(), m2.data(), n, ap, 4, true), k::KernelStatus::kOk);
+    ASSERT_EQ(k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th1.data(), m1.data(), n, ap, 4),
+              k::KernelStatus::kOk);
+    ASSERT_EQ(
+        k::UnpackAdamSUpdateView(p1.data(), scapeFloat16, v, th2.data(), m2.data(), n, ap, 4, true),
+        k::KernelStatus::kOk);
     ASSERT_EQ(k::ZeroOutsideMask(m2.data(), n, sv, v), k::KernelStatus::kOk);
     EXPECT_EQ(std::memcmp(th1.data(), th2.data(), 4 * n), 0);
     EXPECT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0);
@@ -921,7 +963,9 @@ TEST(OptimKernels, OwnerMajorViewsOnThreadsMatchSortedKernels) {
     other[0].end -= 1;
     other[1].begin -= 1;
     sv.runs = other.data();
-    EXPECT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16, p2.data(), st2.data(), 4, &sv), k::KernelStatus::kInvalidArgument);
+    EXPECT_EQ(k::CandidatePackResidualView(ms.data(), g.data(), e2.data(), n, 0.9f, v, scapeFloat16,
+                                           p2.data(), st2.data(), 4, &sv),
+              k::KernelStatus::kInvalidArgument);
   }
   // A view whose runs do not tile the buffer, or whose entries leave their run, is refused.
   std::vector<k::MaskRun> bad = runs;

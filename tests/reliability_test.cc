@@ -50,18 +50,21 @@ TEST(Handles, MisuseOfDestroyedHandlesIsAnError) {
             scapeSuccess);
   EXPECT_EQ(scapeWait(req), scapeSuccess);
   EXPECT_EQ(scapeWait(req), scapeInvalidArgument);
-  EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "not a live request")) << scapeGetLastError(nullptr);
+  EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "not a live request"))
+      << scapeGetLastError(nullptr);
   int done = 0;
   EXPECT_EQ(scapeTest(req, &done), scapeInvalidArgument);
   // Masks.
   const uint64_t offs[] = {0, 100};
   scapeMask_t mask = nullptr;
   ASSERT_EQ(scapeMaskCreate(&mask, 100, 1, offs, nullptr, scapeOwnershipShards,
-                            scapeMaskEncodingAuto, comm), scapeSuccess)
+                            scapeMaskEncodingAuto, comm),
+            scapeSuccess)
       << scapeGetLastError(comm);
   EXPECT_EQ(scapeMaskDestroy(mask), scapeSuccess);
   EXPECT_EQ(scapeMaskDestroy(mask), scapeInvalidArgument);
-  EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "not a live mask")) << scapeGetLastError(nullptr);
+  EXPECT_TRUE(Contains(scapeGetLastError(nullptr), "not a live mask"))
+      << scapeGetLastError(nullptr);
   const uint64_t idx[] = {3};
   EXPECT_EQ(scapeMaskSetNextIndices(mask, idx, 1), scapeInvalidArgument);
   EXPECT_EQ(scapeMaskSyncStart(mask), scapeInvalidArgument);
@@ -103,7 +106,8 @@ TEST(MaskArgs, HugeKIsAnArgumentError) {
   const uint64_t offs[] = {0, 1000};
   scapeMask_t mask = nullptr;
   ASSERT_EQ(scapeMaskCreate(&mask, 1000, 1, offs, nullptr, scapeOwnershipShards,
-                            scapeMaskEncodingAuto, comm), scapeSuccess);
+                            scapeMaskEncodingAuto, comm),
+            scapeSuccess);
   const uint64_t idx[] = {1, 2};
   EXPECT_EQ(scapeMaskSetNextIndices(mask, idx, SIZE_MAX), scapeInvalidArgument);
   EXPECT_TRUE(Contains(scapeGetLastError(comm), "k = ")) << scapeGetLastError(comm);
@@ -121,7 +125,8 @@ TEST(MaskArgs, SyncWithoutSelectingKeepsTheDenseSegments) {
     const uint8_t dense[] = {1, 0, 1};
     scapeMask_t mask = nullptr;
     EXPECT_EQ(scapeMaskCreate(&mask, 1010, 3, offs, dense, scapeOwnershipShards,
-                              scapeMaskEncodingAuto, c.comm), scapeSuccess);
+                              scapeMaskEncodingAuto, c.comm),
+              scapeSuccess);
     if (!mask) return false;
     if (c.rank == 1) {  // rank 1 selects nothing explicitly; rank 0 an empty list
       EXPECT_EQ(scapeMaskSetNextIndices(mask, nullptr, 0), scapeSuccess);
@@ -145,30 +150,33 @@ TEST(MaskArgs, SyncWithoutSelectingKeepsTheDenseSegments) {
 TEST(Abort, CallEndedByAbortHasAMessage) {
   RankOptions o;
   o.timeoutMs = 30000;
-  RunResult res = RunRanks(2, [&](RankCtx& c) {
-    if (c.rank == 1) {
-      usleep(1000000);  // joins late: rank 0 has aborted by now
-      float a = 1, b = 0;
-      EXPECT_EQ(scapeAllReduce(&a, &b, 1, scapeFloat32, scapeSum, nullptr, c.comm, nullptr),
-                scapeRemoteError);
-      return true;
-    }
-    scapeResult_t blocked = scapeSuccess;
-    std::string msg;
-    std::thread worker([&] {
-      float a = 1, b = 0;
-      blocked = scapeAllReduce(&a, &b, 1, scapeFloat32, scapeSum, nullptr, c.comm, nullptr);
-      msg = scapeGetLastError(nullptr);
-    });
-    usleep(300000);
-    EXPECT_EQ(scapeCommAbort(c.comm), scapeSuccess);
-    worker.join();
-    c.comm = nullptr;
-    EXPECT_EQ(blocked, scapeInvalidUsage);
-    EXPECT_NE(msg.find("aborted"), std::string::npos) << "message: '" << msg << "'";
-    EXPECT_NE(msg.find("scapeAllReduce"), std::string::npos) << "message: '" << msg << "'";
-    return true;
-  }, o);
+  RunResult res = RunRanks(
+      2,
+      [&](RankCtx& c) {
+        if (c.rank == 1) {
+          usleep(1000000);  // joins late: rank 0 has aborted by now
+          float a = 1, b = 0;
+          EXPECT_EQ(scapeAllReduce(&a, &b, 1, scapeFloat32, scapeSum, nullptr, c.comm, nullptr),
+                    scapeRemoteError);
+          return true;
+        }
+        scapeResult_t blocked = scapeSuccess;
+        std::string msg;
+        std::thread worker([&] {
+          float a = 1, b = 0;
+          blocked = scapeAllReduce(&a, &b, 1, scapeFloat32, scapeSum, nullptr, c.comm, nullptr);
+          msg = scapeGetLastError(nullptr);
+        });
+        usleep(300000);
+        EXPECT_EQ(scapeCommAbort(c.comm), scapeSuccess);
+        worker.join();
+        c.comm = nullptr;
+        EXPECT_EQ(blocked, scapeInvalidUsage);
+        EXPECT_NE(msg.find("aborted"), std::string::npos) << "message: '" << msg << "'";
+        EXPECT_NE(msg.find("scapeAllReduce"), std::string::npos) << "message: '" << msg << "'";
+        return true;
+      },
+      o);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
@@ -177,22 +185,25 @@ TEST(Abort, CallEndedByAbortHasAMessage) {
 void MismatchEverywhere(const std::function<scapeResult_t(RankCtx&)>& call) {
   RankOptions o;
   o.timeoutMs = 20000;
-  RunResult res = RunRanks(3, [&](RankCtx& c) {
-    auto t0 = Clock::now();
-    scapeResult_t r = call(c);
-    const int64_t ms = MsSince(t0);
-    EXPECT_NE(r, scapeSuccess) << "rank " << c.rank;
-    EXPECT_NE(r, scapeTimeout) << "rank " << c.rank << ": " << scapeGetLastError(c.comm);
-    EXPECT_LT(ms, 8000) << "rank " << c.rank;
-    const char* m = scapeGetLastError(c.comm);
-    EXPECT_TRUE(Contains(m, "different collective") || Contains(m, "disagree") ||
-                Contains(m, "aborted the communicator"))
-        << "rank " << c.rank << ": " << m;
-    scapeResult_t async = scapeSuccess;
-    EXPECT_EQ(scapeCommGetAsyncError(c.comm, &async), scapeSuccess);
-    EXPECT_NE(async, scapeSuccess) << "rank " << c.rank;
-    return true;
-  }, o);
+  RunResult res = RunRanks(
+      3,
+      [&](RankCtx& c) {
+        auto t0 = Clock::now();
+        scapeResult_t r = call(c);
+        const int64_t ms = MsSince(t0);
+        EXPECT_NE(r, scapeSuccess) << "rank " << c.rank;
+        EXPECT_NE(r, scapeTimeout) << "rank " << c.rank << ": " << scapeGetLastError(c.comm);
+        EXPECT_LT(ms, 8000) << "rank " << c.rank;
+        const char* m = scapeGetLastError(c.comm);
+        EXPECT_TRUE(Contains(m, "different collective") || Contains(m, "disagree") ||
+                    Contains(m, "aborted the communicator"))
+            << "rank " << c.rank << ": " << m;
+        scapeResult_t async = scapeSuccess;
+        EXPECT_EQ(scapeCommGetAsyncError(c.comm, &async), scapeSuccess);
+        EXPECT_NE(async, scapeSuccess) << "rank " << c.rank;
+        return true;
+      },
+      o);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
@@ -224,11 +235,15 @@ TEST(Mismatch, CountZeroAgainstCountHundredIsReportedOnEveryRank) {
 TEST(Mismatch, CountZeroCollectivesStillSucceed) {
   RunResult res = RunRanks(3, [](RankCtx& c) {
     for (int i = 0; i < 50; ++i) {
-      EXPECT_SCAPE_OK(scapeAllReduce(nullptr, nullptr, 0, scapeFloat32, scapeSum, nullptr, c.comm, nullptr), c.comm);
-      EXPECT_SCAPE_OK(scapeBroadcast(nullptr, nullptr, 0, scapeFloat32, 2, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(
+          scapeAllReduce(nullptr, nullptr, 0, scapeFloat32, scapeSum, nullptr, c.comm, nullptr),
+          c.comm);
+      EXPECT_SCAPE_OK(scapeBroadcast(nullptr, nullptr, 0, scapeFloat32, 2, c.comm, nullptr),
+                      c.comm);
       EXPECT_SCAPE_OK(scapeAllGather(nullptr, nullptr, 0, scapeInt32, c.comm, nullptr), c.comm);
       std::vector<int32_t> v(10, c.rank);
-      EXPECT_SCAPE_OK(scapeBroadcast(v.data(), v.data(), v.size(), scapeInt32, i % 3, c.comm, nullptr), c.comm);
+      EXPECT_SCAPE_OK(
+          scapeBroadcast(v.data(), v.data(), v.size(), scapeInt32, i % 3, c.comm, nullptr), c.comm);
       EXPECT_EQ(v[9], i % 3);
     }
     return true;
@@ -243,22 +258,25 @@ TEST(Sparse, ValidationFailureIsReportedOnEveryRank) {
   RankOptions o;
   o.timeoutMs = 20000;
   for (scapeSparseAlgo_t algo : {scapeSparseAllGather, scapeSparseRecursiveDoubling}) {
-    RunResult res = RunRanks(3, [&](RankCtx& c) {
-      const uint64_t n = c.rank == 0 ? 5000 : 1000;
-      std::vector<uint64_t> idx;
-      for (uint64_t i = 0; i < 10; ++i) idx.push_back(c.rank == 0 ? 4000 + i : 10 * i + c.rank);
-      std::vector<float> vals(idx.size(), 1.0f), dense(n);
-      auto t0 = Clock::now();
-      scapeResult_t r = scapeSparseAllReduce(idx.data(), vals.data(), idx.size(), n, scapeFloat32,
-                                             scapeSum, algo, dense.data(), nullptr, nullptr, 0,
-                                             nullptr, nullptr, c.comm);
-      EXPECT_NE(r, scapeSuccess) << "rank " << c.rank << " algo " << algo;
-      EXPECT_LT(MsSince(t0), 8000);
-      scapeResult_t async = scapeSuccess;
-      EXPECT_EQ(scapeCommGetAsyncError(c.comm, &async), scapeSuccess);
-      EXPECT_NE(async, scapeSuccess) << "rank " << c.rank << ": the communicator stayed usable";
-      return true;
-    }, o);
+    RunResult res = RunRanks(
+        3,
+        [&](RankCtx& c) {
+          const uint64_t n = c.rank == 0 ? 5000 : 1000;
+          std::vector<uint64_t> idx;
+          for (uint64_t i = 0; i < 10; ++i) idx.push_back(c.rank == 0 ? 4000 + i : 10 * i + c.rank);
+          std::vector<float> vals(idx.size(), 1.0f), dense(n);
+          auto t0 = Clock::now();
+          scapeResult_t r = scapeSparseAllReduce(idx.data(), vals.data(), idx.size(), n,
+                                                 scapeFloat32, scapeSum, algo, dense.data(),
+                                                 nullptr, nullptr, 0, nullptr, nullptr, c.comm);
+          EXPECT_NE(r, scapeSuccess) << "rank " << c.rank << " algo " << algo;
+          EXPECT_LT(MsSince(t0), 8000);
+          scapeResult_t async = scapeSuccess;
+          EXPECT_EQ(scapeCommGetAsyncError(c.comm, &async), scapeSuccess);
+          EXPECT_NE(async, scapeSuccess) << "rank " << c.rank << ": the communicator stayed usable";
+          return true;
+        },
+        o);
     EXPECT_TRUE(res.AllOk()) << "algo " << algo << ": " << res.Describe();
   }
 }
@@ -287,7 +305,8 @@ TEST(Sparse, NoOutputOnCapacityError) {
   float bigVals[3];
   EXPECT_EQ(scapeSparseAllReduce(idx, vals, 3, 10, scapeFloat32, scapeSum, scapeSparseAuto,
                                  dense.data(), bigIdx, bigVals, 3, &outNnz, &sent, comm),
-            scapeSuccess) << scapeGetLastError(comm);
+            scapeSuccess)
+      << scapeGetLastError(comm);
   EXPECT_EQ(outNnz, 3u);
   EXPECT_EQ(bigIdx[2], 7u);
   EXPECT_EQ(dense[5], 2.0f);

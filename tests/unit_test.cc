@@ -39,7 +39,8 @@ TEST(Schedule, ChunksPartitionABlock) {
     for (size_t n : {1ul, 3ul, 64ul}) {
       EXPECT_EQ(coll::ChunkBegin(len, n, 0), 0u);
       EXPECT_EQ(coll::ChunkBegin(len, n, n), len);
-      for (size_t c = 0; c < n; ++c) EXPECT_LE(coll::ChunkBegin(len, n, c), coll::ChunkBegin(len, n, c + 1));
+      for (size_t c = 0; c < n; ++c)
+        EXPECT_LE(coll::ChunkBegin(len, n, c), coll::ChunkBegin(len, n, c + 1));
     }
   // The tag's 16-bit step field bounds steps * chunks.
   for (int steps : {2, 14, 30}) {
@@ -68,7 +69,8 @@ TEST(Schedule, RingReducesEveryBlockOnceAndGathersAll) {
       }
       contrib = next;
     }
-    for (int r = 0; r < p; ++r) EXPECT_EQ(contrib[r][r].size(), static_cast<size_t>(p)) << "p=" << p;
+    for (int r = 0; r < p; ++r)
+      EXPECT_EQ(contrib[r][r].size(), static_cast<size_t>(p)) << "p=" << p;
     std::vector<std::set<int>> have(p);
     for (int r = 0; r < p; ++r) have[r] = {r};
     for (int t = p - 1; t < 2 * (p - 1); ++t) {
@@ -119,7 +121,8 @@ TEST(Dtype, Bf16RoundsToNearestEven) {
   EXPECT_EQ(kernels::FloatToBf16(INFINITY), 0x7f80);
   std::mt19937 g(scape_test::FreshSeed());
   for (int i = 0; i < 100000; ++i) {
-    float f = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(g), static_cast<int>(g() % 60) - 30);
+    float f = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(g),
+                         static_cast<int>(g() % 60) - 30);
     float back = kernels::Bf16ToFloat(kernels::FloatToBf16(f));
     // Nearest: no bf16 value is closer than the one chosen.
     float ulp = std::ldexp(1.0f, std::ilogb(back == 0 ? f : back) - 7);
@@ -164,13 +167,18 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         scape_test::Store(t, a.data(), i, scape_test::InputValue(t, g(), 0, i));
         scape_test::Store(t, b.data(), i, scape_test::InputValue(t, g(), 1, i));
       }
-      ASSERT_EQ(kernels::ReduceInto(t, op, ab.data(), a.data(), b.data(), n, op == scapeAvg ? 2 : 1), kernels::KernelStatus::kOk);
-      ASSERT_EQ(kernels::ReduceInto(t, op, ba.data(), b.data(), a.data(), n, op == scapeAvg ? 2 : 1), kernels::KernelStatus::kOk);
+      ASSERT_EQ(
+          kernels::ReduceInto(t, op, ab.data(), a.data(), b.data(), n, op == scapeAvg ? 2 : 1),
+          kernels::KernelStatus::kOk);
+      ASSERT_EQ(
+          kernels::ReduceInto(t, op, ba.data(), b.data(), a.data(), n, op == scapeAvg ? 2 : 1),
+          kernels::KernelStatus::kOk);
       EXPECT_EQ(ab, ba) << "dtype " << t << " op " << op;
       for (size_t i = 0; i < n; ++i) {
         double x = scape_test::Load(t, a.data(), i), y = scape_test::Load(t, b.data(), i);
         double want = op == scapeMax ? std::max(x, y) : op == scapeMin ? std::min(x, y) : x + y;
-        if (op == scapeAvg) want = (t == scapeInt32 || t == scapeInt64) ? std::trunc(want / 2) : want / 2;
+        if (op == scapeAvg)
+          want = (t == scapeInt32 || t == scapeInt64) ? std::trunc(want / 2) : want / 2;
         double got = scape_test::Load(t, ab.data(), i);
         EXPECT_LE(std::fabs(got - want), scape_test::Eps(t) * std::fabs(want) * 1.01) << i;
       }
@@ -184,25 +192,35 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         a[i] = static_cast<uint16_t>(g());
         b[i] = static_cast<uint16_t>(g());
       }
-      ASSERT_EQ(kernels::ReduceInto(t, scapeSum, out.data(), a.data(), b.data(), a.size(), div), kernels::KernelStatus::kOk);
+      ASSERT_EQ(kernels::ReduceInto(t, scapeSum, out.data(), a.data(), b.data(), a.size(), div),
+                kernels::KernelStatus::kOk);
       for (size_t i = 0; i < a.size(); ++i) {
         float x = t == scapeFloat16 ? kernels::Fp16ToFloat(a[i]) : kernels::Bf16ToFloat(a[i]);
         float y = t == scapeFloat16 ? kernels::Fp16ToFloat(b[i]) : kernels::Bf16ToFloat(b[i]);
         float r = x + y;
         if (div > 1) r = r / static_cast<float>(div);
         uint16_t want = t == scapeFloat16 ? kernels::FloatToFp16(r) : kernels::FloatToBf16(r);
-        ASSERT_EQ(out[i], want) << "dtype " << t << " element " << i << " a=" << a[i] << " b=" << b[i];
+        ASSERT_EQ(out[i], want) << "dtype " << t << " element " << i << " a=" << a[i]
+                                << " b=" << b[i];
       }
     }
-  EXPECT_EQ(kernels::ReduceInto(static_cast<scapeDataType_t>(9), scapeSum, nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kInvalidArgument);
-  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kInvalidArgument);
-  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 4, 1), kernels::KernelStatus::kInvalidArgument);
-  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 0, 1), kernels::KernelStatus::kOk);
+  EXPECT_EQ(kernels::ReduceInto(static_cast<scapeDataType_t>(9), scapeSum, nullptr, nullptr,
+                                nullptr, 0, 1),
+            kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, nullptr,
+                                nullptr, 0, 1),
+            kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 4, 1),
+            kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::ReduceInto(scapeFloat32, scapeSum, nullptr, nullptr, nullptr, 0, 1),
+            kernels::KernelStatus::kOk);
   std::vector<int32_t> q = {7, -7, 9};
   EXPECT_EQ(kernels::DivideInPlace(scapeInt32, q.data(), q.size(), 2), kernels::KernelStatus::kOk);
   EXPECT_EQ(q, (std::vector<int32_t>{3, -3, 4}));
-  EXPECT_EQ(kernels::DivideInPlace(static_cast<scapeDataType_t>(9), q.data(), q.size(), 2), kernels::KernelStatus::kInvalidArgument);
-  EXPECT_EQ(kernels::DivideInPlace(scapeFloat32, nullptr, 3, 2), kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::DivideInPlace(static_cast<scapeDataType_t>(9), q.data(), q.size(), 2),
+            kernels::KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kernels::DivideInPlace(scapeFloat32, nullptr, 3, 2),
+            kernels::KernelStatus::kInvalidArgument);
   // A status is turned into a Status once, with the kernel's reason.
   Status st = kernels::ToStatus(kernels::KernelStatus::kCorrupt, "decode");
   EXPECT_EQ(st.code(), scapeRemoteError);
@@ -237,8 +255,12 @@ bootstrap::EnvLookup FakeEnv(const std::map<std::string, std::string>& m) {
 
 TEST(LauncherEnv, TorchrunUsesMasterPortPlusOne) {
   bootstrap::LauncherInfo li;
-  ASSERT_TRUE(bootstrap::ReadLauncherEnv(
-      FakeEnv({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29500"}}), &li).ok());
+  ASSERT_TRUE(bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "3"},
+                                                  {"WORLD_SIZE", "8"},
+                                                  {"MASTER_ADDR", "node7"},
+                                                  {"MASTER_PORT", "29500"}}),
+                                         &li)
+                  .ok());
   EXPECT_EQ(li.launcher, "torchrun");
   EXPECT_EQ(li.rank, 3);
   EXPECT_EQ(li.nranks, 8);
@@ -250,26 +272,35 @@ TEST(LauncherEnv, TorchrunUsesMasterPortPlusOne) {
 TEST(LauncherEnv, ExplicitAddressAndSecret) {
   bootstrap::LauncherInfo li;
   ASSERT_TRUE(bootstrap::ReadLauncherEnv(
-      FakeEnv({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-               {"SCAPE_BOOTSTRAP_ADDR", "[::1]:7000"},
-               {"SCAPE_BOOTSTRAP_SECRET", "00112233445566778899aabbccddeeff"}}), &li).ok());
+                  FakeEnv({{"OMPI_COMM_WORLD_RANK", "0"},
+                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"SCAPE_BOOTSTRAP_ADDR", "[::1]:7000"},
+                           {"SCAPE_BOOTSTRAP_SECRET", "00112233445566778899aabbccddeeff"}}),
+                  &li)
+                  .ok());
   EXPECT_EQ(li.launcher, "openmpi");
   EXPECT_EQ(li.rootHost, "::1");
   EXPECT_EQ(li.rootPort, 7000);
   EXPECT_TRUE(li.secretFromEnv);
   EXPECT_EQ(li.secret[15], 0xff);
-  Status st = bootstrap::ReadLauncherEnv(
-      FakeEnv({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SCAPE_BOOTSTRAP_ADDR", "h:1"},
-               {"SCAPE_BOOTSTRAP_SECRET", "xyz"}}), &li);
+  Status st = bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "0"},
+                                                  {"WORLD_SIZE", "2"},
+                                                  {"SCAPE_BOOTSTRAP_ADDR", "h:1"},
+                                                  {"SCAPE_BOOTSTRAP_SECRET", "xyz"}}),
+                                         &li);
   EXPECT_EQ(st.code(), scapeInvalidArgument);
   EXPECT_NE(st.message().find("SCAPE_BOOTSTRAP_SECRET"), std::string::npos);
 }
 
 TEST(LauncherEnv, SlurmAndErrors) {
   bootstrap::LauncherInfo li;
-  ASSERT_TRUE(bootstrap::ReadLauncherEnv(
-      FakeEnv({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_NNODES", "4"},
-               {"SLURM_JOB_ID", "991"}, {"SLURM_STEP_NODELIST", "gpu[017-020]"}}), &li).ok());
+  ASSERT_TRUE(bootstrap::ReadLauncherEnv(FakeEnv({{"SLURM_PROCID", "5"},
+                                                  {"SLURM_NTASKS", "16"},
+                                                  {"SLURM_NNODES", "4"},
+                                                  {"SLURM_JOB_ID", "991"},
+                                                  {"SLURM_STEP_NODELIST", "gpu[017-020]"}}),
+                                         &li)
+                  .ok());
   EXPECT_EQ(li.launcher, "slurm");
   EXPECT_EQ(li.rootHost, "gpu017");
   EXPECT_GE(li.rootPort, 20000);
@@ -277,11 +308,14 @@ TEST(LauncherEnv, SlurmAndErrors) {
   EXPECT_EQ(bootstrap::FirstSlurmHost("a,b"), "a");
   EXPECT_EQ(bootstrap::FirstSlurmHost("n[3,5-7],m1"), "n3");
   EXPECT_EQ(bootstrap::FirstSlurmHost("solo"), "solo");
-  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), &li).code(), scapeInvalidArgument);
-  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), &li).code(), scapeInvalidArgument);
+  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), &li).code(),
+            scapeInvalidArgument);
+  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), &li).code(),
+            scapeInvalidArgument);
   EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({}), &li).code(), scapeInvalidUsage);
   // Several hosts and no way to find the root.
-  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}}), &li).code(), scapeInvalidUsage);
+  EXPECT_EQ(bootstrap::ReadLauncherEnv(FakeEnv({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}}), &li).code(),
+            scapeInvalidUsage);
 }
 
 }  // namespace

@@ -51,9 +51,9 @@ struct TransportOptions {
   int rank = 0;
   int nranks = 1;
   int timeoutMs = kDefaultTimeoutMs;
-  bool wakeup = false;        // enable WaitForEvent (blocking progress)
-  std::string netDevices;     // UCX NET_DEVICES; empty: UCX default
-  std::string tls;            // UCX TLS; empty: UCX default
+  bool wakeup = false;     // enable WaitForEvent (blocking progress)
+  std::string netDevices;  // UCX NET_DEVICES; empty: UCX default
+  std::string tls;         // UCX TLS; empty: UCX default
 };
 
 class Transport {

@@ -50,8 +50,8 @@
  * different threads. The one exception is scapeCommAbort, which may be called from another
  * thread while a call on the communicator is blocked (a watchdog thread ending a hung
  * collective): the blocked call returns scapeInvalidUsage within about a second and the
- * abort completes after it has returned. scapeGetErrorString, scapeGetVersion and scapeGetUniqueId are
- * thread-safe.
+ * abort completes after it has returned. scapeGetErrorString, scapeGetVersion and scapeGetUniqueId
+ * are thread-safe.
  *
  * Memory
  * ------
@@ -224,10 +224,10 @@ typedef struct {
 } scapeConfig_t;
 
 #define SCAPE_CONFIG_MAGIC 0x5CA9Eu
-#define SCAPE_CONFIG_INITIALIZER                                                     \
-  {                                                                                  \
-    sizeof(scapeConfig_t), SCAPE_CONFIG_MAGIC, SCAPE_VERSION_CODE,                   \
-        SCAPE_CONFIG_UNDEF_INT, SCAPE_CONFIG_UNDEF_INT, NULL                         \
+#define SCAPE_CONFIG_INITIALIZER                                                           \
+  {                                                                                        \
+    sizeof(scapeConfig_t), SCAPE_CONFIG_MAGIC, SCAPE_VERSION_CODE, SCAPE_CONFIG_UNDEF_INT, \
+        SCAPE_CONFIG_UNDEF_INT, NULL                                                       \
   }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -326,9 +326,9 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm);
  * scapeInvalidUsage, its message in scapeGetLastError(NULL) of the thread that made it (the
  * communicator's own slot is gone with it); scapeCommAbort frees the communicator only after
  * the call has returned; calls that start once the abort has begun fail with
- * scapeInvalidUsage (message in scapeGetLastError(NULL)). If the call does not return within the communicator's timeout
- * plus 10 s, the communicator is leaked instead of freed under it. No call on the
- * communicator may start after scapeCommAbort has returned (the handle is gone).
+ * scapeInvalidUsage (message in scapeGetLastError(NULL)). If the call does not return within the
+ * communicator's timeout plus 10 s, the communicator is leaked instead of freed under it. No call
+ * on the communicator may start after scapeCommAbort has returned (the handle is gone).
  */
 SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm);
 
@@ -409,8 +409,8 @@ SCAPE_API scapeResult_t scapeAllReduceAsync(const void* sendbuf, void* recvbuf, 
  * reduction over ranks of block r (elements [r * recvcount, (r + 1) * recvcount)).
  */
 SCAPE_API scapeResult_t scapeReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                           scapeDataType_t dtype, scapeRedOp_t op,
-                                           scapeComm_t comm, void* stream);
+                                           scapeDataType_t dtype, scapeRedOp_t op, scapeComm_t comm,
+                                           void* stream);
 SCAPE_API scapeResult_t scapeReduceScatterAsync(const void* sendbuf, void* recvbuf,
                                                 size_t recvcount, scapeDataType_t dtype,
                                                 scapeRedOp_t op, scapeComm_t comm, void* stream,
@@ -423,8 +423,8 @@ SCAPE_API scapeResult_t scapeReduceScatterAsync(const void* sendbuf, void* recvb
 SCAPE_API scapeResult_t scapeAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                        scapeDataType_t dtype, scapeComm_t comm, void* stream);
 SCAPE_API scapeResult_t scapeAllGatherAsync(const void* sendbuf, void* recvbuf, size_t sendcount,
-                                            scapeDataType_t dtype, scapeComm_t comm,
-                                            void* stream, scapeRequest_t* request);
+                                            scapeDataType_t dtype, scapeComm_t comm, void* stream,
+                                            scapeRequest_t* request);
 
 /**
  * Broadcast: `count` elements of the root's sendbuf reach every rank's recvbuf. sendbuf is
@@ -499,10 +499,10 @@ typedef enum {
 
 /** Wire encodings of a rank's owned part of the next mask. */
 typedef enum {
-  scapeMaskEncodingAuto = 0,   /**< the smallest of the others, chosen per rank and sync */
-  scapeMaskEncodingBitmap = 1, /**< one bit per owned element */
-  scapeMaskEncodingIndices = 2, /**< 32-bit local indices */
-  scapeMaskEncodingEliasFano = 3, /**< Elias-Fano code of the sorted local indices */
+  scapeMaskEncodingAuto = 0,        /**< the smallest of the others, chosen per rank and sync */
+  scapeMaskEncodingBitmap = 1,      /**< one bit per owned element */
+  scapeMaskEncodingIndices = 2,     /**< 32-bit local indices */
+  scapeMaskEncodingEliasFano = 3,   /**< Elias-Fano code of the sorted local indices */
   scapeMaskEncodingDeltaVarint = 4, /**< gaps between sorted indices, LEB128 varints */
   scapeNumMaskEncodings = 5
 } scapeMaskEncoding_t;
@@ -528,8 +528,8 @@ typedef enum {
  */
 SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegments,
                                         const uint64_t* segOffsets, const uint8_t* denseFlags,
-                                        scapeOwnership_t ownership,
-                                        scapeMaskEncoding_t encoding, scapeComm_t comm);
+                                        scapeOwnership_t ownership, scapeMaskEncoding_t encoding,
+                                        scapeComm_t comm);
 
 /** Destroys a mask (waiting, within the timeout, for a sync in flight). NULL is a no-op; a
  *  mask that was already destroyed (or freed by scapeCommAbort) is scapeInvalidArgument. */
@@ -604,8 +604,7 @@ SCAPE_API scapeResult_t scapeMaskGetCount(scapeMask_t mask, uint64_t* k);
 SCAPE_API scapeResult_t scapeMaskGetRankCount(scapeMask_t mask, int rank, uint64_t* k,
                                               uint64_t* offset);
 /** Copies the current mask's global indices in mask order into `indices` (capacity >= k). */
-SCAPE_API scapeResult_t scapeMaskGetIndices(scapeMask_t mask, uint64_t* indices,
-                                            size_t capacity);
+SCAPE_API scapeResult_t scapeMaskGetIndices(scapeMask_t mask, uint64_t* indices, size_t capacity);
 
 /** What the last completed sync cost this rank. */
 typedef struct {
@@ -614,7 +613,7 @@ typedef struct {
   uint64_t totalBytes;          /**< encoded bytes of all parts (what each rank received) */
   uint64_t bytesByEncoding[scapeNumMaskEncodings]; /**< this rank's part in each encoding
                                                         (index 0 unused) */
-  double syncSeconds;           /**< from SyncStart to completion in the background */
+  double syncSeconds; /**< from SyncStart to completion in the background */
 } scapeMaskSyncInfo_t;
 SCAPE_API scapeResult_t scapeMaskGetSyncInfo(scapeMask_t mask, scapeMaskSyncInfo_t* info);
 
@@ -652,8 +651,7 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
  *  optimizers stay identical). */
 SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recvbuf,
                                                  scapeDataType_t dtype, scapeRedOp_t op,
-                                                 scapeMask_t mask, scapeComm_t comm,
-                                                 void* stream);
+                                                 scapeMask_t mask, scapeComm_t comm, void* stream);
 /** Non-blocking scapeMaskAllReducePacked; *request receives the handle (must not be NULL;
  *  complete it with scapeTest / scapeWait). k and the owner blocks are taken from the current
  *  mask when the call is made. */
@@ -665,8 +663,7 @@ SCAPE_API scapeResult_t scapeMaskAllReducePackedAsync(const void* sendbuf, void*
  *  part (k_r values, see scapeMaskGetRankCount) reduced over all ranks. */
 SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbuf,
                                                scapeDataType_t dtype, scapeRedOp_t op,
-                                               scapeMask_t mask, scapeComm_t comm,
-                                               void* stream);
+                                               scapeMask_t mask, scapeComm_t comm, void* stream);
 /** Non-blocking scapeMaskReduceScatter (request as for scapeMaskAllReducePackedAsync). */
 SCAPE_API scapeResult_t scapeMaskReduceScatterAsync(const void* sendbuf, void* recvbuf,
                                                     scapeDataType_t dtype, scapeRedOp_t op,
@@ -689,8 +686,8 @@ SCAPE_API scapeResult_t scapeMaskAllGatherAsync(const void* sendbuf, void* recvb
 
 /** Algorithms for scapeSparseAllReduce. */
 typedef enum {
-  scapeSparseAuto = 0,        /**< recursive doubling with the dense switch */
-  scapeSparseAllGather = 1,   /**< all-gather every list, reduce locally */
+  scapeSparseAuto = 0,              /**< recursive doubling with the dense switch */
+  scapeSparseAllGather = 1,         /**< all-gather every list, reduce locally */
   scapeSparseRecursiveDoubling = 2, /**< pairwise merges; switches to dense once the union is
                                          dense enough (SparCML's rule) */
   scapeNumSparseAlgos = 3
@@ -712,9 +709,9 @@ typedef enum {
 SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void* values,
                                              size_t nnz, uint64_t n, scapeDataType_t dtype,
                                              scapeRedOp_t op, scapeSparseAlgo_t algo,
-                                             void* denseOut, uint64_t* outIndices,
-                                             void* outValues, size_t capacity, size_t* outNnz,
-                                             uint64_t* bytesSent, scapeComm_t comm);
+                                             void* denseOut, uint64_t* outIndices, void* outValues,
+                                             size_t capacity, size_t* outNnz, uint64_t* bytesSent,
+                                             scapeComm_t comm);
 
 /* ====================== BEGIN optimizer (SCAPE-AdamS step) ====================== */
 /* ------------------------------------------------------------------------------------------ */
@@ -799,17 +796,17 @@ typedef enum {
  * | segOffsets     | nsegments + 1 offsets: 0, non-decreasing, last == n      | NULL (set)   |
  * | denseFlags     | NULL or nsegments bytes, non-zero = always dense         | NULL         |
  * | ownership      | a scapeOptimOwnership_t                                  | replicated   |
- * | maskOwnership  | a scapeOwnership_t (how selection is partitioned), or -1 | -1: segments for replicated, shards for sharded |
- * | lr             | learning rate >= 0 (scapeOptimSetLr changes it)          | 1e-3         |
- * | beta1, beta2   | in [0, 1)                                                | 0.9, 0.95    |
- * | eps            | >= 0, added outside the square root                      | 1e-8         |
- * | weightDecay    | decoupled, >= 0: theta *= 1 - lr*wd on every coordinate  | 0            |
- * | maxGradNorm    | clip g^ to this global L2 norm; 0 = no clipping          | 0            |
- * | biasCorrection | a scapeBiasCorrection_t                                  | none         |
- * | density        | target density rho* of sparse segments, 0 < rho* <= 1    | 0.01         |
- * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (W = 0: fixed) | 0     |
- * | payloadType    | scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         |
- * | maskEncoding   | a scapeMaskEncoding_t                                    | auto         |
+ * | maskOwnership  | a scapeOwnership_t (how selection is partitioned), or -1 | -1: segments for
+ * replicated, shards for sharded | | lr             | learning rate >= 0 (scapeOptimSetLr changes
+ * it)          | 1e-3         | | beta1, beta2   | in [0, 1) | 0.9, 0.95    | | eps            | >=
+ * 0, added outside the square root                      | 1e-8         | | weightDecay    |
+ * decoupled, >= 0: theta *= 1 - lr*wd on every coordinate  | 0            | | maxGradNorm    | clip
+ * g^ to this global L2 norm; 0 = no clipping          | 0            | | biasCorrection | a
+ * scapeBiasCorrection_t                                  | none         | | density        | target
+ * density rho* of sparse segments, 0 < rho* <= 1    | 0.01         | | warmupSteps    | W >= 0:
+ * rho(t) = rho*^(t/W) for t < W, then rho* (W = 0: fixed) | 0     | | payloadType    |
+ * scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         | | maskEncoding   | a
+ * scapeMaskEncoding_t                                    | auto         |
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
@@ -829,11 +826,11 @@ typedef struct {
   float eps;
   float weightDecay;
   float maxGradNorm;
-  int biasCorrection;         /**< scapeBiasCorrection_t */
+  int biasCorrection; /**< scapeBiasCorrection_t */
   double density;
   int64_t warmupSteps;
-  int payloadType;            /**< scapeDataType_t */
-  int maskEncoding;           /**< scapeMaskEncoding_t */
+  int payloadType;  /**< scapeDataType_t */
+  int maskEncoding; /**< scapeMaskEncoding_t */
 } scapeOptimConfig_t;
 
 #define SCAPE_OPTIM_CONFIG_MAGIC 0x5CA90u
@@ -893,13 +890,13 @@ typedef enum {
 
 /** What the optimizer is doing; see scapeOptimGetInfo. */
 typedef struct {
-  int64_t step;            /**< steps completed */
-  double density;          /**< scheduled density of the mask the last step used (1 before
-                                the first step) */
-  double nextDensity;      /**< scheduled density of the mask the next step uses */
-  uint64_t maskCount;      /**< k of the mask the last step used, all ranks' parts (n before
-                                the first step) */
-  uint64_t denseCount;     /**< positions of always-dense segments (always in the mask) */
+  int64_t step;        /**< steps completed */
+  double density;      /**< scheduled density of the mask the last step used (1 before
+                            the first step) */
+  double nextDensity;  /**< scheduled density of the mask the next step uses */
+  uint64_t maskCount;  /**< k of the mask the last step used, all ranks' parts (n before
+                            the first step) */
+  uint64_t denseCount; /**< positions of always-dense segments (always in the mask) */
   /* Bytes this rank sent in the last step, by category (ring volumes of the collectives:
    * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves). */
   uint64_t maskBytes;      /**< encoded part of the last completed mask sync */

@@ -32,10 +32,18 @@ void Scatter(const T* p, const uint64_t* idx, size_t k, T* d) {
 
 void GatherByIndex(const void* dense, const uint64_t* idx, size_t k, size_t esz, void* packed) {
   switch (esz) {
-    case 1: Gather(static_cast<const uint8_t*>(dense), idx, k, static_cast<uint8_t*>(packed)); return;
-    case 2: Gather(static_cast<const uint16_t*>(dense), idx, k, static_cast<uint16_t*>(packed)); return;
-    case 4: Gather(static_cast<const uint32_t*>(dense), idx, k, static_cast<uint32_t*>(packed)); return;
-    case 8: Gather(static_cast<const uint64_t*>(dense), idx, k, static_cast<uint64_t*>(packed)); return;
+    case 1:
+      Gather(static_cast<const uint8_t*>(dense), idx, k, static_cast<uint8_t*>(packed));
+      return;
+    case 2:
+      Gather(static_cast<const uint16_t*>(dense), idx, k, static_cast<uint16_t*>(packed));
+      return;
+    case 4:
+      Gather(static_cast<const uint32_t*>(dense), idx, k, static_cast<uint32_t*>(packed));
+      return;
+    case 8:
+      Gather(static_cast<const uint64_t*>(dense), idx, k, static_cast<uint64_t*>(packed));
+      return;
     default: {
       const char* d = static_cast<const char*>(dense);
       char* p = static_cast<char*>(packed);
@@ -46,10 +54,18 @@ void GatherByIndex(const void* dense, const uint64_t* idx, size_t k, size_t esz,
 
 void ScatterByIndex(const void* packed, const uint64_t* idx, size_t k, size_t esz, void* dense) {
   switch (esz) {
-    case 1: Scatter(static_cast<const uint8_t*>(packed), idx, k, static_cast<uint8_t*>(dense)); return;
-    case 2: Scatter(static_cast<const uint16_t*>(packed), idx, k, static_cast<uint16_t*>(dense)); return;
-    case 4: Scatter(static_cast<const uint32_t*>(packed), idx, k, static_cast<uint32_t*>(dense)); return;
-    case 8: Scatter(static_cast<const uint64_t*>(packed), idx, k, static_cast<uint64_t*>(dense)); return;
+    case 1:
+      Scatter(static_cast<const uint8_t*>(packed), idx, k, static_cast<uint8_t*>(dense));
+      return;
+    case 2:
+      Scatter(static_cast<const uint16_t*>(packed), idx, k, static_cast<uint16_t*>(dense));
+      return;
+    case 4:
+      Scatter(static_cast<const uint32_t*>(packed), idx, k, static_cast<uint32_t*>(dense));
+      return;
+    case 8:
+      Scatter(static_cast<const uint64_t*>(packed), idx, k, static_cast<uint64_t*>(dense));
+      return;
     default: {
       const char* p = static_cast<const char*>(packed);
       char* d = static_cast<char*>(dense);

@@ -18,27 +18,35 @@ namespace kernels {
 // error). Every kernel in kernels/ that can fail returns this type; ones that cannot fail
 // (conversions, gathers of validated indices) return nothing, and predicates (MaskIsValid)
 // return bool.
-enum class [[nodiscard]] KernelStatus : int {
-  kOk = 0,
-  kInvalidArgument = 1,  // null pointer with a non-zero count, bad size/parameter, unsorted mask
-  kBufferTooSmall = 2,   // an output or temp-storage capacity is smaller than required
-  kTruncated = 3,        // an encoded input ends before its header says it should
-  kCorrupt = 4,          // an encoded input fails validation (header, range, order, padding)
-  kOutOfMemory = 5,      // a CPU workspace allocation failed
-  kCudaError = 6,        // a CUDA launch or runtime call failed (see cudaGetLastError)
-  kUnsupported = 7,      // a data type / mode this kernel does not implement
+enum class [[nodiscard]] KernelStatus : int{
+    kOk = 0,
+    kInvalidArgument = 1,  // null pointer with a non-zero count, bad size/parameter, unsorted mask
+    kBufferTooSmall = 2,   // an output or temp-storage capacity is smaller than required
+    kTruncated = 3,        // an encoded input ends before its header says it should
+    kCorrupt = 4,          // an encoded input fails validation (header, range, order, padding)
+    kOutOfMemory = 5,      // a CPU workspace allocation failed
+    kCudaError = 6,        // a CUDA launch or runtime call failed (see cudaGetLastError)
+    kUnsupported = 7,      // a data type / mode this kernel does not implement
 };
 
 inline const char* KernelStatusString(KernelStatus s) {
   switch (s) {
-    case KernelStatus::kOk: return "ok";
-    case KernelStatus::kInvalidArgument: return "invalid argument";
-    case KernelStatus::kBufferTooSmall: return "buffer too small";
-    case KernelStatus::kTruncated: return "truncated input";
-    case KernelStatus::kCorrupt: return "corrupt input";
-    case KernelStatus::kOutOfMemory: return "out of memory";
-    case KernelStatus::kCudaError: return "CUDA error";
-    case KernelStatus::kUnsupported: return "unsupported";
+    case KernelStatus::kOk:
+      return "ok";
+    case KernelStatus::kInvalidArgument:
+      return "invalid argument";
+    case KernelStatus::kBufferTooSmall:
+      return "buffer too small";
+    case KernelStatus::kTruncated:
+      return "truncated input";
+    case KernelStatus::kCorrupt:
+      return "corrupt input";
+    case KernelStatus::kOutOfMemory:
+      return "out of memory";
+    case KernelStatus::kCudaError:
+      return "CUDA error";
+    case KernelStatus::kUnsupported:
+      return "unsupported";
   }
   return "unknown kernel status";
 }
@@ -46,14 +54,19 @@ inline const char* KernelStatusString(KernelStatus s) {
 // One mapping to the public result codes.
 inline scapeResult_t ToResult(KernelStatus s) {
   switch (s) {
-    case KernelStatus::kOk: return scapeSuccess;
+    case KernelStatus::kOk:
+      return scapeSuccess;
     case KernelStatus::kInvalidArgument:
-    case KernelStatus::kBufferTooSmall: return scapeInvalidArgument;
+    case KernelStatus::kBufferTooSmall:
+      return scapeInvalidArgument;
     case KernelStatus::kTruncated:
-    case KernelStatus::kCorrupt: return scapeRemoteError;  // encoded data comes from peers
-    case KernelStatus::kUnsupported: return scapeUnsupported;
+    case KernelStatus::kCorrupt:
+      return scapeRemoteError;  // encoded data comes from peers
+    case KernelStatus::kUnsupported:
+      return scapeUnsupported;
     case KernelStatus::kOutOfMemory:
-    case KernelStatus::kCudaError: return scapeSystemError;
+    case KernelStatus::kCudaError:
+      return scapeSystemError;
   }
   return scapeInternalError;
 }

@@ -149,8 +149,8 @@ uint64_t VarintBodyBytes(const Index* idx, size_t k) {
     const uint64_t d = static_cast<uint64_t>(idx[i]) - static_cast<uint64_t>(idx[i - 1]) - 1;
     high |= d;
     const uint32_t d32 = static_cast<uint32_t>(d);
-    extra += static_cast<uint64_t>((d32 >= (1u << 7)) + (d32 >= (1u << 14)) +
-                                   (d32 >= (1u << 21)) + (d32 >= (1u << 28)));
+    extra += static_cast<uint64_t>((d32 >= (1u << 7)) + (d32 >= (1u << 14)) + (d32 >= (1u << 21)) +
+                                   (d32 >= (1u << 28)));
   }
   if ((high >> 32) != 0) return VarintBodyBytesExact(idx, k);
   return static_cast<uint64_t>(VarintBytes(idx[0])) + (k - 1) + extra;
@@ -203,8 +203,12 @@ KernelStatus EncodedBytesImpl(MaskEncoding enc, const Index* idx, size_t k, uint
                               uint64_t* bytes) {
   if (bytes == nullptr || k > n) return KernelStatus::kInvalidArgument;
   switch (enc) {
-    case MaskEncoding::kBitmap: *bytes = BitmapEncodedBytes(n); return KernelStatus::kOk;
-    case MaskEncoding::kEliasFano: *bytes = EliasFanoEncodedBytes(n, k); return KernelStatus::kOk;
+    case MaskEncoding::kBitmap:
+      *bytes = BitmapEncodedBytes(n);
+      return KernelStatus::kOk;
+    case MaskEncoding::kEliasFano:
+      *bytes = EliasFanoEncodedBytes(n, k);
+      return KernelStatus::kOk;
     case MaskEncoding::kDeltaVarint:
       if (k > 0 && idx == nullptr) return KernelStatus::kInvalidArgument;
       *bytes = DeltaVarintEncodedBytes(idx, k);

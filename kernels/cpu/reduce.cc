@@ -17,17 +17,23 @@ namespace {
 
 struct OpSum {
   template <typename T>
-  static T Apply(T a, T b) { return a + b; }
+  static T Apply(T a, T b) {
+    return a + b;
+  }
 };
 struct OpMax {
   static float Apply(float a, float b) { return std::fmax(a, b); }
   template <typename T>
-  static T Apply(T a, T b) { return a > b ? a : b; }
+  static T Apply(T a, T b) {
+    return a > b ? a : b;
+  }
 };
 struct OpMin {
   static float Apply(float a, float b) { return std::fmin(a, b); }
   template <typename T>
-  static T Apply(T a, T b) { return a < b ? a : b; }
+  static T Apply(T a, T b) {
+    return a < b ? a : b;
+  }
 };
 
 // Integers: two's complement wrap-around, done in unsigned arithmetic to avoid UB.
@@ -52,7 +58,7 @@ void ReduceF32(float* dst, const float* a, const float* b, size_t n, int div) {
 // loops below (one IEEE fp32 add, an optional fp32 divide, one round-to-nearest-even), so
 // ranks on machines with and without these instructions still agree bit for bit.
 __attribute__((target("avx2,f16c"))) size_t SumFp16Avx2(uint16_t* dst, const uint16_t* a,
-                                                         const uint16_t* b, size_t n, int div) {
+                                                        const uint16_t* b, size_t n, int div) {
   const __m256 d = _mm256_set1_ps(static_cast<float>(div));
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -107,7 +113,8 @@ template <typename Op, float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int div) {
 #ifdef SCAPE_X86_SIMD
   if (std::is_same<Op, OpSum>::value && HaveAvx2F16c()) {
-    size_t done = ToF == Fp16ToFloat ? SumFp16Avx2(dst, a, b, n, div) : SumBf16Avx2(dst, a, b, n, div);
+    size_t done =
+        ToF == Fp16ToFloat ? SumFp16Avx2(dst, a, b, n, div) : SumBf16Avx2(dst, a, b, n, div);
     dst += done;
     a += done;
     b += done;
@@ -135,10 +142,17 @@ bool ReduceIntAny(scapeRedOp_t op, T* dst, const T* a, const T* b, size_t n, int
   using U = typename std::make_unsigned<T>::type;
   switch (op) {
     case scapeSum:
-    case scapeAvg: ReduceInt<T, IntSum<T, U>>(dst, a, b, n, div); return true;
-    case scapeMax: ReduceInt<T, OpMax>(dst, a, b, n, div); return true;
-    case scapeMin: ReduceInt<T, OpMin>(dst, a, b, n, div); return true;
-    default: return false;
+    case scapeAvg:
+      ReduceInt<T, IntSum<T, U>>(dst, a, b, n, div);
+      return true;
+    case scapeMax:
+      ReduceInt<T, OpMax>(dst, a, b, n, div);
+      return true;
+    case scapeMin:
+      ReduceInt<T, OpMin>(dst, a, b, n, div);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -175,10 +189,14 @@ bool ReduceAny(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a,
                         static_cast<const int64_t*>(b), n, finalDivisor);
   switch (op) {
     case scapeSum:
-    case scapeAvg: return ReduceTyped<OpSum>(dtype, dst, a, b, n, finalDivisor);
-    case scapeMax: return ReduceTyped<OpMax>(dtype, dst, a, b, n, finalDivisor);
-    case scapeMin: return ReduceTyped<OpMin>(dtype, dst, a, b, n, finalDivisor);
-    default: return false;
+    case scapeAvg:
+      return ReduceTyped<OpSum>(dtype, dst, a, b, n, finalDivisor);
+    case scapeMax:
+      return ReduceTyped<OpMax>(dtype, dst, a, b, n, finalDivisor);
+    case scapeMin:
+      return ReduceTyped<OpMin>(dtype, dst, a, b, n, finalDivisor);
+    default:
+      return false;
   }
 }
 

@@ -221,9 +221,15 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
     });
   };
   switch (type) {
-    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
-    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
-    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+    case scapeFloat32:
+      ok = run(LoadF32{static_cast<const float*>(payload)});
+      break;
+    case scapeBfloat16:
+      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
+      break;
+    default:
+      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
+      break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
@@ -290,9 +296,15 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
   };
   bool ok = false;
   switch (type) {
-    case scapeFloat32: ok = level0(LoadF32{static_cast<const float*>(payload)}); break;
-    case scapeBfloat16: ok = level0(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
-    default: ok = level0(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+    case scapeFloat32:
+      ok = level0(LoadF32{static_cast<const float*>(payload)});
+      break;
+    case scapeBfloat16:
+      ok = level0(LoadBf16{static_cast<const uint16_t*>(payload)});
+      break;
+    default:
+      ok = level0(LoadFp16{static_cast<const uint16_t*>(payload)});
+      break;
   }
   if (!ok) return KernelStatus::kOutOfMemory;
   *sq_norm = BlockedReduce(partial.data(), nblocks);
@@ -303,10 +315,13 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
 
 size_t PayloadElementSize(scapeDataType_t type) {
   switch (type) {
-    case scapeFloat32: return 4;
+    case scapeFloat32:
+      return 4;
     case scapeBfloat16:
-    case scapeFloat16: return 2;
-    default: return 0;
+    case scapeFloat16:
+      return 2;
+    default:
+      return 0;
   }
 }
 
@@ -327,7 +342,8 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
   }
   double bc1 = 1.0, bc2 = 1.0;
   switch (p.bias_correction) {
-    case BiasCorrection::kNone: break;
+    case BiasCorrection::kNone:
+      break;
     case BiasCorrection::kAdamSReference:
     case BiasCorrection::kScapeArtifact:
       if (p.step < 1) return KernelStatus::kInvalidArgument;
@@ -335,7 +351,8 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
       bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
       if (!(bc1 > 0.0) || !(bc2 > 0.0)) return KernelStatus::kInvalidArgument;
       break;
-    default: return KernelStatus::kInvalidArgument;
+    default:
+      return KernelStatus::kInvalidArgument;
   }
   AdamSScalars s;
   s.b1 = p.beta1;
@@ -396,7 +413,6 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
                                  float beta1, double* sq_norm, int max_threads) {
   return SqNormImpl(payload, payload_type, mask, k, m, n, beta1, sq_norm, max_threads);
 }
-
 
 // ------------------------------------------------------------------------------------------
 // Mask views (any owner order) and the optimizer's fused passes
@@ -564,9 +580,9 @@ bool MaskViewIsValid(const MaskView& v, size_t n) {
 }
 
 KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e, size_t n,
-                                       float beta1, const MaskView& mask,
-                                       scapeDataType_t type, void* payload, float* stat,
-                                       int max_threads, const MaskView* support) {
+                                       float beta1, const MaskView& mask, scapeDataType_t type,
+                                       void* payload, float* stat, int max_threads,
+                                       const MaskView* support) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
@@ -599,10 +615,9 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
-KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type,
-                                   const MaskView& mask, float* theta, float* m, size_t n,
-                                   const AdamSParams& params, int max_threads,
-                                   bool keep_m_outside) {
+KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type, const MaskView& mask,
+                                   float* theta, float* m, size_t n, const AdamSParams& params,
+                                   int max_threads, bool keep_m_outside) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
@@ -629,9 +644,15 @@ KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type,
   };
   bool ok = false;
   switch (type) {
-    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
-    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
-    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+    case scapeFloat32:
+      ok = run(LoadF32{static_cast<const float*>(payload)});
+      break;
+    case scapeBfloat16:
+      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
+      break;
+    default:
+      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
+      break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
@@ -662,16 +683,22 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const u
   };
   bool ok = false;
   switch (type) {
-    case scapeFloat32: ok = run(LoadF32{static_cast<const float*>(payload)}); break;
-    case scapeBfloat16: ok = run(LoadBf16{static_cast<const uint16_t*>(payload)}); break;
-    default: ok = run(LoadFp16{static_cast<const uint16_t*>(payload)}); break;
+    case scapeFloat32:
+      ok = run(LoadF32{static_cast<const float*>(payload)});
+      break;
+    case scapeBfloat16:
+      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
+      break;
+    default:
+      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
+      break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
-KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta,
-                                  float* m, size_t n, const AdamSParams& params,
-                                  int max_threads, bool keep_m_outside) {
+KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta, float* m,
+                                  size_t n, const AdamSParams& params, int max_threads,
+                                  bool keep_m_outside) {
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;

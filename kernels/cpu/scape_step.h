@@ -150,7 +150,6 @@ constexpr size_t kSqNormBlock = 256;
 bool MaskIsValid(const uint32_t* mask, size_t k, size_t n);
 bool MaskIsValid(const uint64_t* mask, size_t k, size_t n);
 
-
 // ---------------------------------------------------------------------------------------------
 // Masks in any owner order (the optimizer's fused passes, plugin/optim).
 //
@@ -229,9 +228,9 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t payload_type,
 // Unpack of gathered (theta', m') pairs at a view: theta[idx[j]] = pairs[2j],
 // m[idx[j]] = pairs[2j+1]; outside the mask theta *= decay (skipped when decay == 1) and
 // m = +0.0f, with decay = 1 - lr*wd from `params` as in UnpackAdamSUpdate.
-KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta,
-                                  float* m, size_t n, const AdamSParams& params,
-                                  int max_threads = 0, bool keep_m_outside = false);
+KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta, float* m,
+                                  size_t n, const AdamSParams& params, int max_threads = 0,
+                                  bool keep_m_outside = false);
 
 // ---------------------------------------------------------------------------------------------
 // Dense baselines (scape-perf --mode step): one fused pass over n.

@@ -104,8 +104,8 @@ void Watcher::reap() {
         failedAt_ = nowSec();
         exitCode_ = exitCodeOf(st);
         if (WIFSIGNALED(st) || WEXITSTATUS(st) != PERF_EXIT_WRONG)
-          std::fprintf(stderr, "%s: rank %d %s (the first rank to end with an error)\n", o_.prog,
-                       k, describeStatus(st).c_str());
+          std::fprintf(stderr, "%s: rank %d %s (the first rank to end with an error)\n", o_.prog, k,
+                       describeStatus(st).c_str());
       }
     }
   }

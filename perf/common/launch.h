@@ -17,10 +17,10 @@ namespace perf {
 struct LaunchOptions {
   const char* prog = "perf";  // names the messages
   int nranks = 1;
-  int watchdogS = 1800;       // kill every rank after this many seconds in total
-  double stallLimitS = 0;     // > 0: kill every rank when no heartbeat moved for this long
-  double failGraceS = 5.0;    // after the first failure, the others may finish for this long
-  size_t sharedBytes = 0;     // a zeroed MAP_SHARED region for the ranks (0: none)
+  int watchdogS = 1800;     // kill every rank after this many seconds in total
+  double stallLimitS = 0;   // > 0: kill every rank when no heartbeat moved for this long
+  double failGraceS = 5.0;  // after the first failure, the others may finish for this long
+  size_t sharedBytes = 0;   // a zeroed MAP_SHARED region for the ranks (0: none)
 };
 
 // In a rank: runs `rank(index, shared)` and _exits with what it returns (after flushing stdio;

@@ -175,8 +175,8 @@ void perf_sweep_finish(perf_sweep* s, uint64_t min_size) {
     perf_usage_error("-b must be at least %" PRIu64 " bytes", min_size);
   }
   if (s->min_bytes > s->max_bytes)
-    perf_usage_error("-b (%" PRIu64 " bytes) must not exceed -e (%" PRIu64 " bytes)",
-                     s->min_bytes, s->max_bytes);
+    perf_usage_error("-b (%" PRIu64 " bytes) must not exceed -e (%" PRIu64 " bytes)", s->min_bytes,
+                     s->max_bytes);
 }
 
 int perf_sweep_next(const perf_sweep* s, uint64_t* size) {
@@ -227,8 +227,8 @@ void perf_print_columns(FILE* f, int mw) {
 
 void perf_print_row(FILE* f, const perf_row* w, int mw, int check) {
   char ip[32];
-  fprintf(f, "%12" PRIu64 "  %12" PRIu64 "  %8s  %6s  %6d", w->bytes, w->count, w->type,
-          w->redop, w->root);
+  fprintf(f, "%12" PRIu64 "  %12" PRIu64 "  %8s  %6s  %6d", w->bytes, w->count, w->type, w->redop,
+          w->root);
   for (int k = 0; k < 2; ++k) {
     char t[32], wr[32];
     if (!w->place[k].ran) {

@@ -86,11 +86,12 @@ typedef struct perf_sweep {
 #define PERF_OPT_CHECK 'c'
 #define PERF_OPT_INPLACE 'I'
 /* The specs of the sweep options, to put into a program's table. */
-#define PERF_SWEEP_OPT_SPECS                                                                  \
-  {"-b", "--minbytes", PERF_OPT_MINBYTES, 1}, {"-e", "--maxbytes", PERF_OPT_MAXBYTES, 1},     \
-      {"-f", "--stepfactor", PERF_OPT_STEPFACTOR, 1}, {"-n", "--iters", PERF_OPT_ITERS, 1},   \
-      {"-w", "--warmup_iters", PERF_OPT_WARMUP, 1}, {"-c", "--check", PERF_OPT_CHECK, 1}, \
-      {"-I", "--inplace", PERF_OPT_INPLACE, 1}
+#define PERF_SWEEP_OPT_SPECS                                                                \
+  {"-b", "--minbytes", PERF_OPT_MINBYTES, 1}, {"-e", "--maxbytes", PERF_OPT_MAXBYTES, 1},   \
+      {"-f", "--stepfactor", PERF_OPT_STEPFACTOR, 1}, {"-n", "--iters", PERF_OPT_ITERS, 1}, \
+      {"-w", "--warmup_iters", PERF_OPT_WARMUP, 1}, {"-c", "--check", PERF_OPT_CHECK, 1}, { \
+    "-I", "--inplace", PERF_OPT_INPLACE, 1                                                  \
+  }
 
 /* Defaults: 32M..32M by 2, 20 iterations, 5 warm-up, check, in place. */
 void perf_sweep_init(perf_sweep* s);
@@ -109,11 +110,12 @@ uint32_t perf_pattern_hash(int r, uint64_t j);
 /* The modulus of float sums over n ranks: every partial sum stays an exact integer in fp32. */
 uint32_t perf_float_sum_modulus(int nranks);
 
-/* ---- the columns ------------------------------------------------------------------------------ */
+/* ---- the columns ------------------------------------------------------------------------------
+ */
 
 /* One placement (out of place, in place) of a row. */
 typedef struct perf_place {
-  int ran;       /* 0: N/A */
+  int ran;                             /* 0: N/A */
   double time_us, algbw, busbw, deqbw; /* GB/s, GB = 1e9 bytes */
   int64_t wrong;
 } perf_place;

@@ -426,8 +426,8 @@ void BM_MaskEncode(benchmark::State& st) {
   st.counters["k"] = static_cast<double>(idx.size());
   st.counters["bytes"] = static_cast<double>(bytes);
   st.counters["ns_per_index"] = benchmark::Counter(
-      static_cast<double>(idx.size()), benchmark::Counter::kIsIterationInvariantRate |
-                                           benchmark::Counter::kInvert);
+      static_cast<double>(idx.size()),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_MaskDecode(benchmark::State& st) {
@@ -454,8 +454,8 @@ void BM_MaskDecode(benchmark::State& st) {
   if (out != idx) st.SkipWithError("decoded indices differ");
   st.counters["k"] = static_cast<double>(idx.size());
   st.counters["ns_per_index"] = benchmark::Counter(
-      static_cast<double>(idx.size()), benchmark::Counter::kIsIterationInvariantRate |
-                                           benchmark::Counter::kInvert);
+      static_cast<double>(idx.size()),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_MaskVarintSize(benchmark::State& st) {
@@ -463,8 +463,8 @@ void BM_MaskVarintSize(benchmark::State& st) {
   for (auto _ : st) benchmark::DoNotOptimize(DeltaVarintEncodedBytes(idx.data(), idx.size()));
   st.counters["k"] = static_cast<double>(idx.size());
   st.counters["ns_per_index"] = benchmark::Counter(
-      static_cast<double>(idx.size()), benchmark::Counter::kIsIterationInvariantRate |
-                                           benchmark::Counter::kInvert);
+      static_cast<double>(idx.size()),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -138,8 +138,10 @@ int main(int argc, char** argv) {
                   12.0 * n + 12.0 * k});
   {
     size_t tb = 0;
-    Must(kc::RecoveredGradSqNormCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(), k, c.as<float>(), n,
-                                0.9f, sq.as<double>(), nullptr, &tb, nullptr), "RecoveredGradSqNormCuda");
+    Must(
+        kc::RecoveredGradSqNormCuda(payload.p, scapeFloat32, dmask.as<uint32_t>(), k, c.as<float>(),
+                                    n, 0.9f, sq.as<double>(), nullptr, &tb, nullptr),
+        "RecoveredGradSqNormCuda");
     Dev temp(tb);
     rows.push_back({"recovered-gradient sq norm",
                     TimeMs(iters,
@@ -173,8 +175,9 @@ int main(int argc, char** argv) {
       TopkOptions opt;
       opt.mode = sampled ? TopkMode::kSampled : TopkMode::kExact;
       size_t tb = 0;
-      Must(kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(), nullptr,
-                      &tb, nullptr), "TopkAbsCuda");
+      Must(kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(),
+                           nullptr, &tb, nullptr),
+           "TopkAbsCuda");
       Dev temp(tb);
       const double ms = TimeMs(iters, [&] {
         return kc::TopkAbsCuda(a.as<float>(), cs, opt, dout.as<uint32_t>(), dcounts.as<uint64_t>(),
@@ -198,7 +201,8 @@ int main(int argc, char** argv) {
                     4.0 * k + 8.0 * nw});
     size_t tb = 0;
     Must(kc::BitmapToIndicesCuda(words.as<uint64_t>(), n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
-                            st.as<uint32_t>(), nullptr, &tb, nullptr), "BitmapToIndicesCuda");
+                                 st.as<uint32_t>(), nullptr, &tb, nullptr),
+         "BitmapToIndicesCuda");
     Dev temp(tb);
     rows.push_back({"bitmap -> indices",
                     TimeMs(iters,
@@ -220,8 +224,9 @@ int main(int argc, char** argv) {
                            }),
                     4.0 * k + ef});
     size_t tb2 = 0;
-    Must(kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k, cnt.as<uint64_t>(),
-                            st.as<uint32_t>(), nullptr, &tb2, nullptr), "EliasFanoDecodeCuda");
+    Must(kc::EliasFanoDecodeCuda(buf.as<uint8_t>(), ef, n, out.as<uint32_t>(), k,
+                                 cnt.as<uint64_t>(), st.as<uint32_t>(), nullptr, &tb2, nullptr),
+         "EliasFanoDecodeCuda");
     Dev temp2(tb2);
     rows.push_back({"Elias-Fano decode (validating)",
                     TimeMs(iters,

@@ -120,8 +120,8 @@ void Bench::addCustomRow(std::string json, double summaryValue, int64_t wrong) {
 
 int Bench::run() {
   if (o_.coll == Coll::kBroadcast && o_.root >= nranks_) {
-    std::fprintf(stderr, "%s: rank %d: -r %d is not a rank (nranks is %d)\n", kProg, rank_,
-                 o_.root, nranks_);
+    std::fprintf(stderr, "%s: rank %d: -r %d is not a rank (nranks is %d)\n", kProg, rank_, o_.root,
+                 nranks_);
     return PERF_EXIT_USAGE;
   }
   std::vector<int64_t> pids;

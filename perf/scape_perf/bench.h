@@ -27,8 +27,8 @@ struct Row {
   const ModeDesc* mode = nullptr;
   uint64_t bytes = 0, count = 0;
   double density = 1.0;
-  uint64_t k = 0;     // elements each rank contributes (coo: mean nnz)
-  double wire = 0;    // bytes each rank sends
+  uint64_t k = 0;   // elements each rank contributes (coo: mean nnz)
+  double wire = 0;  // bytes each rank sends
   double algBytes = 0;
   bool has[2] = {false, false};
   double timeUs[2] = {0, 0}, algBw[2] = {0, 0}, busBw[2] = {0, 0}, deqBw[2] = {0, 0};
@@ -124,15 +124,15 @@ class Bench {
 };
 
 // Returns false from the enclosing function (through bench.fail) when a call fails.
-#define PERF_CHECK(bench, what, call)                                   \
-  do {                                                                  \
-    const scapeResult_t perf_res_ = (call);                             \
+#define PERF_CHECK(bench, what, call)                                    \
+  do {                                                                   \
+    const scapeResult_t perf_res_ = (call);                              \
     if (perf_res_ != scapeSuccess) return (bench).fail(what, perf_res_); \
   } while (0)
 
 template <class Init, class Launch, class Check>
-bool Bench::timePlacement(bool checkFirst, int warmup, Init&& init, Launch&& launch,
-                          Check&& check, int64_t* ns, int64_t* wrong) {
+bool Bench::timePlacement(bool checkFirst, int warmup, Init&& init, Launch&& launch, Check&& check,
+                          int64_t* ns, int64_t* wrong) {
   using Clock = std::chrono::steady_clock;
   *wrong = 0;
   if (checkFirst && warmup == 0) {

@@ -69,8 +69,8 @@ bool ownedRanges(Bench& b, scapeMask_t mask, int rank, std::vector<uint64_t>* ra
   return true;
 }
 
-bool expectedMaskK(Bench& b, scapeMask_t mask, const std::vector<uint64_t>& offs,
-                   double density, uint64_t* k) {
+bool expectedMaskK(Bench& b, scapeMask_t mask, const std::vector<uint64_t>& offs, double density,
+                   uint64_t* k) {
   *k = 0;
   std::vector<uint64_t> ranges;
   for (int r = 0; r < b.nranks(); ++r) {

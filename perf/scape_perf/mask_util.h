@@ -35,8 +35,8 @@ bool ownedRanges(Bench& b, scapeMask_t mask, int rank, std::vector<uint64_t>* ra
 
 // The mask size the documented selection rule gives: every piece of a segment inside an owned
 // part selects max(1, floor(density * length)) positions.
-bool expectedMaskK(Bench& b, scapeMask_t mask, const std::vector<uint64_t>& offs,
-                   double density, uint64_t* k);
+bool expectedMaskK(Bench& b, scapeMask_t mask, const std::vector<uint64_t>& offs, double density,
+                   uint64_t* k);
 
 // Selects this rank's part of the next mask by top-k of its random statistic, synchronises it
 // and makes it current; the select and sync times in us.

@@ -22,19 +22,19 @@ class Bench;
 struct Options;
 
 enum ModeFlags : unsigned {
-  kModeDensities = 1u << 0,     // -D applies (other modes accept density 1 only)
-  kModeMaskOptions = 1u << 1,   // --encoding and --segments apply
-  kModeAllReduceOnly = 1u << 2, // measures its own operation: -t must stay allreduce
-  kModeBytes = 1u << 3,         // rows count bytes: type "byte", redop "none", busbw = algbw
+  kModeDensities = 1u << 0,      // -D applies (other modes accept density 1 only)
+  kModeMaskOptions = 1u << 1,    // --encoding and --segments apply
+  kModeAllReduceOnly = 1u << 2,  // measures its own operation: -t must stay allreduce
+  kModeBytes = 1u << 3,          // rows count bytes: type "byte", redop "none", busbw = algbw
 };
 
 struct ModeDesc {
-  const char* name;              // --mode NAME, the "mode" column and JSON "mode"
-  const char* const* aliases;    // other spellings --mode accepts, null-terminated; may be null
+  const char* name;            // --mode NAME, the "mode" column and JSON "mode"
+  const char* const* aliases;  // other spellings --mode accepts, null-terminated; may be null
   // Its lines under "-m, --mode" in -h ("\n" between lines, no indentation); may be null.
   const char* help;
-  unsigned flags;                // ModeFlags
-  int (*run)(Bench& bench);      // every row; returns an exit code (0, or 1: a call failed)
+  unsigned flags;            // ModeFlags
+  int (*run)(Bench& bench);  // every row; returns an exit code (0, or 1: a call failed)
   // Appends to the header's "# densities: ..." line (modes with kModeDensities); may be null.
   void (*describe)(const Options& o, std::string* line);
   // Prints the column header of a mode with a table of its own; null: scape-perf's columns.

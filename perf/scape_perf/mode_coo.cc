@@ -80,8 +80,8 @@ int64_t countWrong(Bench& b, uint64_t count, const CooSelect& sel, CooBuffers* c
   int64_t w = 0;
   withCodec(o.dtype, [&](auto codec) {
     using C = decltype(codec);
-    const auto* dv = reinterpret_cast<const typename C::T*>(
-        o.cooDenseOut ? c->denseOut.get() : c->outVals.get());
+    const auto* dv = reinterpret_cast<const typename C::T*>(o.cooDenseOut ? c->denseOut.get()
+                                                                          : c->outVals.get());
     size_t p = 0;
     for (uint64_t j = 0; j < count; ++j) {
       bool any = false;
@@ -136,8 +136,8 @@ bool cooRow(Bench& b, uint64_t count, double density) {
   };
   auto go = [&]() {
     PERF_CHECK(b, "scapeSparseAllReduce",
-               scapeSparseAllReduce(c.idx.data(), c.vals.get(), c.idx.size(), count, o.dtype,
-                                    o.op, o.cooAlgo, o.cooDenseOut ? c.denseOut.get() : nullptr,
+               scapeSparseAllReduce(c.idx.data(), c.vals.get(), c.idx.size(), count, o.dtype, o.op,
+                                    o.cooAlgo, o.cooDenseOut ? c.denseOut.get() : nullptr,
                                     o.cooDenseOut ? nullptr : oi,
                                     o.cooDenseOut ? nullptr : c.outVals.get(), c.capacity,
                                     &c.outNnz, &c.sent, b.comm()));

@@ -25,7 +25,7 @@ struct MaskSetup {
   std::vector<uint64_t> idx;      // the k positions, in packed order
   std::vector<uint64_t> sorted;   // the same, sorted, when idx is not
   const std::vector<uint64_t>* walk = nullptr;  // sorted positions (idx or sorted)
-  int64_t maskWrong = 0;          // wrong k or positions (rank 0 reports the k)
+  int64_t maskWrong = 0;                        // wrong k or positions (rank 0 reports the k)
   double selectUs = 0, syncUs = 0;
   scapeMaskSyncInfo_t info{};
 };
@@ -35,8 +35,9 @@ bool setupMask(Bench& b, uint64_t count, double density, MaskHolder* holder, Mas
   const int nseg = segmentCount(o, count);
   const std::vector<uint64_t> offs = segmentOffsets(count, nseg);
   m->count = count;
-  PERF_CHECK(b, "scapeMaskCreate", scapeMaskCreate(&m->mask, count, nseg, offs.data(), nullptr,
-                                                   scapeOwnershipShards, o.encoding, b.comm()));
+  PERF_CHECK(b, "scapeMaskCreate",
+             scapeMaskCreate(&m->mask, count, nseg, offs.data(), nullptr, scapeOwnershipShards,
+                             o.encoding, b.comm()));
   holder->masks.push_back(m->mask);
   if (!selectMask(b, m->mask, count, density, &m->selectUs, &m->syncUs)) return false;
   PERF_CHECK(b, "scapeMaskGetSyncInfo", scapeMaskGetSyncInfo(m->mask, &m->info));
@@ -230,9 +231,9 @@ bool timeReduceScatter(Bench& b, const MaskSetup& m, Row* row, int64_t ns[2], in
     return true;
   };
   auto go = [&]() {
-    PERF_CHECK(b, "scapeMaskReduceScatter",
-               scapeMaskReduceScatter(psend.get(), precv.get(), o.dtype, o.op, m.mask, b.comm(),
-                                      nullptr));
+    PERF_CHECK(
+        b, "scapeMaskReduceScatter",
+        scapeMaskReduceScatter(psend.get(), precv.get(), o.dtype, o.op, m.mask, b.comm(), nullptr));
     beat();
     return true;
   };

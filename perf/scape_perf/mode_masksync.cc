@@ -83,21 +83,23 @@ struct SyncRow {
   uint64_t totalBytes = 0;
   double syncUs = 0, libSyncUs = 0, bothUs = 0, hidden = 0, maskBpp = 0, totalBpp = 0;
   double syncCpuUs = 0;  // CPU time of the background sync (other threads than the caller's)
-  double idleUs = 0, hiddenIdle = 0;  // the same overlap with an idle compute phase
+  double idleUs = 0, hiddenIdle = 0;        // the same overlap with an idle compute phase
   double busyAloneUs = 0, idleAloneUs = 0;  // the compute phases alone, same rounds
   int64_t wrong = 0;
 };
 
 void printColumns(const Bench&) {
-  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
-              "  %6s  %10s  %10s  %10s  %8s\n",
-              "count", "density", "encoding", "sent-as", "k", "sent", "total", "mask", "sync",
-              "busy", "overlapped", "hidden", "mask+pay", "dense", "#wrong", "sync-cpu", "idle",
-              "idle-ovl", "hid-idle");
-  std::printf("# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
-              "  %6s  %10s  %10s  %10s  %8s\n",
-              "(elements)", "", "", "(rank 0)", "(elements)", "(B/rank)", "(B)", "(B/param)",
-              "(us)", "(us)", "(us)", "", "(B/param)", "(B/param)", "", "(us)", "(us)", "(us)", "");
+  std::printf(
+      "# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
+      "  %6s  %10s  %10s  %10s  %8s\n",
+      "count", "density", "encoding", "sent-as", "k", "sent", "total", "mask", "sync", "busy",
+      "overlapped", "hidden", "mask+pay", "dense", "#wrong", "sync-cpu", "idle", "idle-ovl",
+      "hid-idle");
+  std::printf(
+      "# %12s  %7s  %11s  %11s  %12s  %12s  %12s  %9s  %10s  %10s  %10s  %6s  %9s  %7s"
+      "  %6s  %10s  %10s  %10s  %8s\n",
+      "(elements)", "", "", "(rank 0)", "(elements)", "(B/rank)", "(B)", "(B/param)", "(us)",
+      "(us)", "(us)", "", "(B/param)", "(B/param)", "", "(us)", "(us)", "(us)", "");
 }
 
 void printRow(const Options& o, const SyncRow& w) {
@@ -117,9 +119,9 @@ void printRow(const Options& o, const SyncRow& w) {
   }
   std::printf("  %12" PRIu64 "  %7.4g  %11s  %11s  %12" PRIu64 "  %12.0f  %12" PRIu64
               "  %9.4f  %10.1f  %10.1f  %10.1f  %6.3f  %9.4f  %7.1f  %6s  %10.1f  %s  %s  %s\n",
-              w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
-              w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.busyAloneUs, w.bothUs, w.hidden,
-              w.totalBpp, 8.0, wr, w.syncCpuUs, ia, io, hi);
+              w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k, w.sentBytes,
+              w.totalBytes, w.maskBpp, w.syncUs, w.busyAloneUs, w.bothUs, w.hidden, w.totalBpp, 8.0,
+              wr, w.syncCpuUs, ia, io, hi);
   std::fflush(stdout);
 }
 
@@ -133,20 +135,21 @@ std::string jsonFields(const Options& o, int nranks, const SyncRow& w) {
   }
   if (o.check) std::snprintf(wrong, sizeof(wrong), "%" PRId64, w.wrong);
   char buf[1536];
-  std::snprintf(buf, sizeof(buf),
-                "\"impl\": \"scape\", \"mode\": \"masksync\", \"nranks\": %d, \"count\": %" PRIu64
-                ", \"density\": %.6g, \"encoding\": \"%s\", \"sent_encoding\": \"%s\", \"k\": %" PRIu64
-                ", \"sent_bytes\": %.0f, \"total_bytes\": %" PRIu64
-                ", \"mask_bytes_per_param\": %.6f, \"sync_us\": %.1f, \"lib_sync_us\": %.1f, "
-                "\"busy_alone_us\": %.1f, \"overlapped_us\": %.1f, \"hidden\": %.4f, "
-                "\"sync_cpu_us\": %.1f, \"idle_alone_us\": %s, \"idle_overlapped_us\": %s, "
-                "\"hidden_idle\": %s, \"idle_wait\": \"%s\", "
-                "\"mask_plus_payload_bytes_per_param\": %.6f, \"dense_bytes_per_param\": 8, "
-                "\"wrong\": %s",
-                nranks, w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k,
-                w.sentBytes, w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.busyAloneUs,
-                w.bothUs, w.hidden, w.syncCpuUs, idleAloneUs, idleUs, hiddenIdle,
-                o.idleSleep ? "sleep" : "yield", w.totalBpp, wrong);
+  std::snprintf(
+      buf, sizeof(buf),
+      "\"impl\": \"scape\", \"mode\": \"masksync\", \"nranks\": %d, \"count\": %" PRIu64
+      ", \"density\": %.6g, \"encoding\": \"%s\", \"sent_encoding\": \"%s\", \"k\": %" PRIu64
+      ", \"sent_bytes\": %.0f, \"total_bytes\": %" PRIu64
+      ", \"mask_bytes_per_param\": %.6f, \"sync_us\": %.1f, \"lib_sync_us\": %.1f, "
+      "\"busy_alone_us\": %.1f, \"overlapped_us\": %.1f, \"hidden\": %.4f, "
+      "\"sync_cpu_us\": %.1f, \"idle_alone_us\": %s, \"idle_overlapped_us\": %s, "
+      "\"hidden_idle\": %s, \"idle_wait\": \"%s\", "
+      "\"mask_plus_payload_bytes_per_param\": %.6f, \"dense_bytes_per_param\": 8, "
+      "\"wrong\": %s",
+      nranks, w.count, w.density, encodingName(w.requested), encodingName(w.sent), w.k, w.sentBytes,
+      w.totalBytes, w.maskBpp, w.syncUs, w.libSyncUs, w.busyAloneUs, w.bothUs, w.hidden,
+      w.syncCpuUs, idleAloneUs, idleUs, hiddenIdle, o.idleSleep ? "sleep" : "yield", w.totalBpp,
+      wrong);
   return buf;
 }
 
@@ -164,8 +167,9 @@ bool selectOnce(Bench& b, uint64_t count, double density, scapeMaskEncoding_t en
   s->nseg = segmentCount(b.opts(), count);
   s->offs = segmentOffsets(count, s->nseg);
   scapeMask_t m = nullptr;
-  PERF_CHECK(b, "scapeMaskCreate", scapeMaskCreate(&m, count, s->nseg, s->offs.data(), nullptr,
-                                                   scapeOwnershipShards, enc, b.comm()));
+  PERF_CHECK(b, "scapeMaskCreate",
+             scapeMaskCreate(&m, count, s->nseg, s->offs.data(), nullptr, scapeOwnershipShards, enc,
+                             b.comm()));
   holder->masks.push_back(m);
   double selUs = 0, syncUs = 0;
   if (!selectMask(b, m, count, density, &selUs, &syncUs)) return false;
@@ -336,8 +340,8 @@ bool encodingRow(Bench& b, uint64_t count, double density, const Selection& s,
   w.hidden = hiddenFrac(static_cast<double>(med[2]), static_cast<double>(med[1]));
   w.idleUs = static_cast<double>(med[4]) / 1e3;
   w.idleAloneUs = static_cast<double>(med[3]) / 1e3;
-  w.hiddenIdle = med[4] < 0 ? -1.0 : hiddenFrac(static_cast<double>(med[4]),
-                                               static_cast<double>(med[3]));
+  w.hiddenIdle =
+      med[4] < 0 ? -1.0 : hiddenFrac(static_cast<double>(med[4]), static_cast<double>(med[3]));
   w.maskBpp = count ? static_cast<double>(info.totalBytes) / static_cast<double>(count) : 0.0;
   w.totalBpp = w.maskBpp + 8.0 * density;
   w.wrong = sums[1];

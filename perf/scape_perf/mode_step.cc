@@ -27,24 +27,24 @@ struct StepRow {
   const char* optimizer = "";
   uint64_t count = 0, k = 0;
   double density = 1.0;
-  double timeUs = 0;       // the whole step
-  double exchangeUs = 0;   // the collective alone (in the step, for the dense rows)
-  double passUs = 0;       // the element-wise passes (dense rows: the fused update)
+  double timeUs = 0;      // the whole step
+  double exchangeUs = 0;  // the collective alone (in the step, for the dense rows)
+  double passUs = 0;      // the element-wise passes (dense rows: the fused update)
   double phaseUs[scapeOptimNumPhases] = {};
   double exchangeAloneUs = 0;  // scape: the values-only all-reduce on its own
-  double passBytes = 0;    // bytes the passes must move
-  double floorUs = 0;      // passBytes at the memcpy bandwidth + the exchange alone
-  double stateBpp = 0;     // optimizer state, bytes per parameter
+  double passBytes = 0;        // bytes the passes must move
+  double floorUs = 0;          // passBytes at the memcpy bandwidth + the exchange alone
+  double stateBpp = 0;         // optimizer state, bytes per parameter
   uint64_t maskBytes = 0, payloadBytes = 0, denseBytes = 0;
   int64_t wrong = 0;
 };
 
 void printColumns(const Bench&) {
-  std::printf("# %12s  %7s  %9s  %12s  %11s  %11s  %11s  %11s  %9s  %7s  %6s\n", "count",
-              "density", "optimizer", "k", "step", "exchange", "passes", "floor", "state",
-              "speedup", "#wrong");
-  std::printf("# %12s  %7s  %9s  %12s  %11s  %11s  %11s  %11s  %9s  %7s  %6s\n", "(elements)",
-              "", "", "(elements)", "(us)", "(us)", "(us)", "(us)", "(B/param)", "(vs-adams)", "");
+  std::printf("# %12s  %7s  %9s  %12s  %11s  %11s  %11s  %11s  %9s  %7s  %6s\n", "count", "density",
+              "optimizer", "k", "step", "exchange", "passes", "floor", "state", "speedup",
+              "#wrong");
+  std::printf("# %12s  %7s  %9s  %12s  %11s  %11s  %11s  %11s  %9s  %7s  %6s\n", "(elements)", "",
+              "", "(elements)", "(us)", "(us)", "(us)", "(us)", "(B/param)", "(vs-adams)", "");
 }
 
 void printRow(const Options& o, const StepRow& w, double adamsUs) {
@@ -53,20 +53,22 @@ void printRow(const Options& o, const StepRow& w, double adamsUs) {
     std::snprintf(wr, sizeof(wr), "%" PRId64, w.wrong);
   else
     std::snprintf(wr, sizeof(wr), "N/A");
-  std::printf("  %12" PRIu64 "  %7.4g  %9s  %12" PRIu64 "  %11.1f  %11.1f  %11.1f  %11.1f  %9.2f  %7.3f  %6s\n",
+  std::printf("  %12" PRIu64 "  %7.4g  %9s  %12" PRIu64
+              "  %11.1f  %11.1f  %11.1f  %11.1f  %9.2f  %7.3f  %6s\n",
               w.count, w.density, w.optimizer, w.k, w.timeUs, w.exchangeUs, w.passUs, w.floorUs,
               w.stateBpp, adamsUs > 0 ? adamsUs / w.timeUs : 0.0, wr);
   std::fflush(stdout);
 }
 
 std::string jsonFields(const Bench& b, const StepRow& w, double memcpyGBs) {
-  static const char* const kPhase[scapeOptimNumPhases] = {"sync_wait", "candidate", "select",
-                                                          "exchange", "norm", "update", "gather"};
+  static const char* const kPhase[scapeOptimNumPhases] = {
+      "sync_wait", "candidate", "select", "exchange", "norm", "update", "gather"};
   std::string s;
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "\"mode\": \"step\", \"optimizer\": \"%s\", \"nranks\": %d, \"count\": %" PRIu64
-                ", \"density\": %.6g, \"k\": %" PRIu64 ", \"payload\": \"%s\", "
+                ", \"density\": %.6g, \"k\": %" PRIu64
+                ", \"payload\": \"%s\", "
                 "\"out_of_place\": {\"time_us\": %.3f}, \"exchange_us\": %.3f, \"passes_us\": %.3f",
                 w.optimizer, b.nranks(), w.count, w.density, w.k, typeName(b.opts().dtype),
                 w.timeUs, w.exchangeUs, w.passUs);
@@ -96,7 +98,8 @@ std::string jsonFields(const Bench& b, const StepRow& w, double memcpyGBs) {
 inline float patternValue(uint64_t x) {
   x = (x ^ (x >> 31)) * 0x7fb5d329728ea185ull;
   x = (x ^ (x >> 27)) * 0x81dadef4bc2dd44dull;
-  return static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t{1} << 23)) * (1.0f / (1 << 23));
+  return static_cast<float>(static_cast<int64_t>(x >> 40) - (int64_t{1} << 23)) *
+         (1.0f / (1 << 23));
 }
 void fillGrads(std::vector<float>* g, int rank, int step) {
   const uint64_t salt = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(step) << 40);
@@ -168,7 +171,8 @@ bool denseRow(Bench& b, bool adamw, uint64_t n, double memcpyBps, StepRow* w) {
     PERF_CHECK(b, "scapeBarrier", scapeBarrier(b.comm()));
     const double t0 = nowSec();
     PERF_CHECK(b, "scapeAllReduce(grads, float, avg)",
-               scapeAllReduce(g.data(), gavg.data(), n, scapeFloat32, scapeAvg, nullptr, b.comm(), nullptr));
+               scapeAllReduce(g.data(), gavg.data(), n, scapeFloat32, scapeAvg, nullptr, b.comm(),
+                              nullptr));
     const double t1 = nowSec();
     if (adamw)
       adamwPass(gavg.data(), theta.data(), m.data(), v.data(), n, kLr, kB1, kB2, kEps, decay);
@@ -204,7 +208,8 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   const int nsparse = std::max(1, o.segments);
   const uint64_t dense = std::min<uint64_t>(4096, n / 2);
   std::vector<uint64_t> offs{0};
-  for (int s = 1; s <= nsparse; ++s) offs.push_back((n - dense) * static_cast<uint64_t>(s) / nsparse);
+  for (int s = 1; s <= nsparse; ++s)
+    offs.push_back((n - dense) * static_cast<uint64_t>(s) / nsparse);
   offs.push_back(n);
   std::vector<uint8_t> flags(offs.size() - 1, 0);
   flags.back() = 1;
@@ -256,8 +261,9 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   for (int it = 0; it < 1 + iters; ++it) {
     PERF_CHECK(b, "scapeBarrier", scapeBarrier(b.comm()));
     const double t0 = nowSec();
-    PERF_CHECK(b, "scapeMaskAllReducePacked",
-               scapeMaskAllReducePacked(ps.data(), pr.data(), o.dtype, scapeAvg, mask, b.comm(), nullptr));
+    PERF_CHECK(
+        b, "scapeMaskAllReducePacked",
+        scapeMaskAllReducePacked(ps.data(), pr.data(), o.dtype, scapeAvg, mask, b.comm(), nullptr));
     if (it > 0) exNs += static_cast<int64_t>((nowSec() - t0) * 1e9);
     beat();
   }
@@ -268,7 +274,8 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   w->density = density;
   w->k = k;
   w->timeUs = ns[0] / 1e3;
-  for (int p = 0; p < scapeOptimNumPhases; ++p) w->phaseUs[p] = ns[1 + static_cast<size_t>(p)] / 1e3;
+  for (int p = 0; p < scapeOptimNumPhases; ++p)
+    w->phaseUs[p] = ns[1 + static_cast<size_t>(p)] / 1e3;
   w->exchangeUs = w->phaseUs[scapeOptimPhaseExchange];
   w->passUs = w->phaseUs[scapeOptimPhaseCandidate] + w->phaseUs[scapeOptimPhaseUpdate];
   w->exchangeAloneUs = exNs / 1e3 / iters;
@@ -277,7 +284,8 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   // only at the masks, see plugin/optim); the payload is written and read (2 esz per masked
   // value) and the mask is read twice (16).
   const double P = b.nranks();
-  w->passBytes = static_cast<double>(n) * (24.0 + 8.0 / P) + static_cast<double>(k) * (2.0 * esz + 16.0);
+  w->passBytes =
+      static_cast<double>(n) * (24.0 + 8.0 / P) + static_cast<double>(k) * (2.0 * esz + 16.0);
   w->floorUs = w->passBytes / memcpyBps * 1e6 + w->exchangeAloneUs;
   w->stateBpp = static_cast<double>(info.stateBytes) / static_cast<double>(n);
   w->maskBytes = info.maskBytes;
@@ -306,7 +314,8 @@ int runStep(Bench& b) {
   const Options& o = b.opts();
   if (o.dtype != scapeFloat32 && o.dtype != scapeBfloat16 && o.dtype != scapeFloat16) {
     if (b.rank() == 0)
-      std::fprintf(stderr, "%s: --mode step: -d must be float, bfloat16 or half (the payload)\n", kProg);
+      std::fprintf(stderr, "%s: --mode step: -d must be float, bfloat16 or half (the payload)\n",
+                   kProg);
     return PERF_EXIT_CALL_FAILED;
   }
   for (uint64_t size : b.sizes()) {
@@ -330,9 +339,10 @@ int runStep(Bench& b) {
       if (b.rank() == 0) printRow(o, w, adams.timeUs);
     }
     if (b.rank() == 0)
-      std::printf("#   memcpy %.2f GB/s (read+write) per rank; state: scape %.1f B/param "
-                  "(momentum + residual, fp32), adams 4, adamw 8 (m, v)\n",
-                  bps / 1e9, 8.0);
+      std::printf(
+          "#   memcpy %.2f GB/s (read+write) per rank; state: scape %.1f B/param "
+          "(momentum + residual, fp32), adams 4, adamw 8 (m, v)\n",
+          bps / 1e9, 8.0);
   }
   return PERF_EXIT_OK;
 }

@@ -6,8 +6,7 @@
 namespace scape_perf {
 
 const ModeDesc* const kModes[] = {
-    &kModeDense, &kModeMask, &kModeMaskPacked, &kModeCoo, &kModeMaskSync, &kModeMemcpy,
-    &kModeStep,
+    &kModeDense, &kModeMask, &kModeMaskPacked, &kModeCoo, &kModeMaskSync, &kModeMemcpy, &kModeStep,
 };
 const size_t kModeCount = sizeof(kModes) / sizeof(kModes[0]);
 

@@ -166,7 +166,8 @@ scapeMaskEncoding_t parseEncoding(const char* opt, const char* s) {
   if (v == "bitmap") return scapeMaskEncodingBitmap;
   if (v == "indices" || v == "idx32") return scapeMaskEncodingIndices;
   if (v == "eliasfano" || v == "elias-fano" || v == "ef") return scapeMaskEncodingEliasFano;
-  if (v == "deltavarint" || v == "delta-varint" || v == "varint") return scapeMaskEncodingDeltaVarint;
+  if (v == "deltavarint" || v == "delta-varint" || v == "varint")
+    return scapeMaskEncodingDeltaVarint;
   usageError("%s: unknown encoding '%s' (expected auto, bitmap, indices, eliasfano or deltavarint)",
              opt, s);
 }
@@ -331,9 +332,10 @@ void checkModeFlags(const Options& o) {
   if (!(fl & kModeDensities)) {
     for (double d : o.densities)
       if (d != 1.0)
-        usageError("--density %g: --mode %s moves every element; densities apply to --mode "
-                   "mask, coo and masksync",
-                   d, mn);
+        usageError(
+            "--density %g: --mode %s moves every element; densities apply to --mode "
+            "mask, coo and masksync",
+            d, mn);
   }
   if (o.cooAlgoSet && o.mode != &kModeCoo)
     usageError("--coo-algo applies to --mode coo only (this run is --mode %s)", mn);
@@ -355,8 +357,7 @@ void checkModeFlags(const Options& o) {
   if (o.mode == &kModeMask && o.coll == Coll::kBroadcast)
     usageError("--mode mask supports -t allreduce, reducescatter and allgather, not broadcast");
   if ((fl & kModeAllReduceOnly) && o.coll != Coll::kAllReduce)
-    usageError("--mode %s measures its own operation; -t %s does not apply", mn,
-               collName(o.coll));
+    usageError("--mode %s measures its own operation; -t %s does not apply", mn, collName(o.coll));
   if (o.mode == &kModeCoo) {
     if (o.dtype != scapeFloat32 && o.dtype != scapeFloat16 && o.dtype != scapeBfloat16)
       usageError("--mode coo: scapeSparseAllReduce takes float, half or bfloat16, not %s",
@@ -371,16 +372,12 @@ void checkModeFlags(const Options& o) {
 Options parseArgs(int argc, char** argv) {
   static const perf_opt_spec kSpecs[] = {
       {"-np", "--nranks", 'N', 1},  // before "-n" so "-np4" is not "-n p4"
-      PERF_SWEEP_OPT_SPECS,
-      {"-d", "--datatype", 'd', 1},     {"-o", "--op", 'o', 1},
-      {"-t", "--coll", 't', 1},         {"-r", "--root", 'r', 1},
-      {"-T", "--timeout", 'T', 1},      {"-W", "--watchdog", 'W', 1},
-      {"-J", "--json", 'J', 1},         {"-h", "--help", 'h', 0},
-      {"-m", "--mode", 'm', 1},         {"-D", "--density", 'D', 1},
-      {"", "--mask-sync", 'S', 0},      {"", "--segments", 's', 1},
-      {"", "--encoding", 'E', 1},       {"", "--coo-algo", 'A', 1},
-      {"", "--coo-out", 'O', 1},        {"", "--sync-idle", 'Y', 1},
-      {"", "--idle-wait", 'Z', 1},
+      PERF_SWEEP_OPT_SPECS,         {"-d", "--datatype", 'd', 1}, {"-o", "--op", 'o', 1},
+      {"-t", "--coll", 't', 1},     {"-r", "--root", 'r', 1},     {"-T", "--timeout", 'T', 1},
+      {"-W", "--watchdog", 'W', 1}, {"-J", "--json", 'J', 1},     {"-h", "--help", 'h', 0},
+      {"-m", "--mode", 'm', 1},     {"-D", "--density", 'D', 1},  {"", "--mask-sync", 'S', 0},
+      {"", "--segments", 's', 1},   {"", "--encoding", 'E', 1},   {"", "--coo-algo", 'A', 1},
+      {"", "--coo-out", 'O', 1},    {"", "--sync-idle", 'Y', 1},  {"", "--idle-wait", 'Z', 1},
   };
   perf_set_prog(kProg);
   ParseState st;

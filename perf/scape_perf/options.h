@@ -49,7 +49,7 @@ struct Options {
   bool encodingSet = false;
   int segments = 5;
   bool segmentsSet = false;
-  int syncIdle = 1;        // masksync: also measure the overlap with an idle compute phase
+  int syncIdle = 1;  // masksync: also measure the overlap with an idle compute phase
   bool syncIdleSet = false;
   bool idleSleep = false;  // masksync: the idle phase sleeps (else it polls with sched_yield)
   bool idleWaitSet = false;

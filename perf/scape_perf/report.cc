@@ -41,8 +41,8 @@ void Bench::printHeader(const std::vector<int64_t>& pids, const std::vector<std:
                                   ? std::string("library default")
                                   : std::to_string(o_.timeoutMs) + " ms";
   std::printf("# %s: SCAPE comm %d.%d.%d, collective %s, mode %s, nranks %d, timeout %s\n", kProg,
-              version / 10000, version / 100 % 100, version % 100, collName(o_.coll),
-              o_.mode->name, nranks_, timeout.c_str());
+              version / 10000, version / 100 % 100, version % 100, collName(o_.coll), o_.mode->name,
+              nranks_, timeout.c_str());
   perf_sweep s;
   perf_sweep_init(&s);
   s.min_bytes = o_.minBytes;
@@ -62,7 +62,8 @@ void Bench::printHeader(const std::vector<int64_t>& pids, const std::vector<std:
     if (o_.mode->describe) o_.mode->describe(o_, &line);
     std::printf("%s\n", line.c_str());
   }
-  if (inject_) std::printf("# SCAPE_PERF_INJECT_ERROR: rank 0 corrupts one element of each result\n");
+  if (inject_)
+    std::printf("# SCAPE_PERF_INJECT_ERROR: rank 0 corrupts one element of each result\n");
   std::printf("#\n# Using ranks\n");
   for (int r = 0; r < nranks_; ++r)
     perf_print_rank_line(stdout, r, static_cast<long long>(pids[r]), hosts[r].c_str());
@@ -115,10 +116,10 @@ void Bench::printFooter() {
     const double busy = static_cast<double>((t1.user + t1.nice + t1.sys + t1.irq + t1.softirq) -
                                             (t0.user + t0.nice + t0.sys + t0.irq + t0.softirq));
     const double idle = static_cast<double>((t1.idle + t1.iowait) - (t0.idle + t0.iowait));
-    std::printf("# Host CPU during run  : busy %.1f%%, idle %.1f%%, stolen by the hypervisor "
-                "%.1f%% (/proc/stat)\n",
-                100.0 * busy / d, 100.0 * idle / d,
-                100.0 * static_cast<double>(t1.steal - t0.steal) / d);
+    std::printf(
+        "# Host CPU during run  : busy %.1f%%, idle %.1f%%, stolen by the hypervisor "
+        "%.1f%% (/proc/stat)\n",
+        100.0 * busy / d, 100.0 * idle / d, 100.0 * static_cast<double>(t1.steal - t0.steal) / d);
   }
   std::printf("#\n");
   std::fflush(stdout);

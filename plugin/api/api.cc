@@ -8,17 +8,17 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <unordered_map>
 #include <set>
 #include <string>
+#include <unordered_map>
 
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/param.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/api/device_dispatch.h"
 #include "plugin/core/comm.h"
 #include "scape/scape.h"
-#include "base/clock.h"
-#include "base/log.h"
-#include "base/param.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/launcher_env.h"
 
@@ -38,8 +38,8 @@ bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
 }
 
 // Validates a collective call and queues it. For the blocking forms, waits for it.
-Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask,
-                 void* stream, scapeRequest_t* request, bool blocking) {
+Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask, void* stream,
+                 scapeRequest_t* request, bool blocking) {
   using scape::coll::CollType;
   // NCCL-backend communicators (scapeCommInitNccl) have no UCX communicator.
   if (scape::device::IsNcclComm(comm))
@@ -50,15 +50,16 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
   if (!blocking && !request) return scape::InvalidArgument("request is NULL");
   if (a.type != CollType::kBarrier) {
     if (!ValidType(a.dtype))
-      return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t "
-                                              "(0..%d)", rank, static_cast<int>(a.dtype),
-                                              scapeNumTypes - 1));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: datatype %d is not a scapeDataType_t "
+                    "(0..%d)",
+                    rank, static_cast<int>(a.dtype), scapeNumTypes - 1));
     if ((a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter) && !ValidOp(a.op))
-      return scape::InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)",
-                                              rank, static_cast<int>(a.op), scapeNumOps - 1));
+      return scape::InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)", rank,
+                                              static_cast<int>(a.op), scapeNumOps - 1));
     if (a.type == CollType::kBroadcast && (a.root < 0 || a.root >= p))
-      return scape::InvalidArgument(StrFormat("rank %d: root %d out of range 0..%d", rank,
-                                              a.root, p - 1));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: root %d out of range 0..%d", rank, a.root, p - 1));
     const size_t esz = scapeTypeSize(a.dtype);
     size_t sendElems = a.count, recvElems = a.count;
     if (a.type == CollType::kReduceScatter) sendElems = a.count * static_cast<size_t>(p);
@@ -67,16 +68,17 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
       return scape::InvalidArgument(StrFormat("rank %d: count %zu is too large", rank, a.count));
     const bool needSend = a.type != CollType::kBroadcast || rank == a.root;
     if (a.count > 0 && needSend && !a.send)
-      return scape::InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank,
-                                              a.count));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: sendbuf is NULL with count %zu", rank, a.count));
     if (a.count > 0 && !a.recv)
-      return scape::InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank,
-                                              a.count));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: recvbuf is NULL with count %zu", rank, a.count));
     if (needSend && a.send != a.recv) {
       bool inPlace = false;
       const char* r = static_cast<const char*>(a.recv);
       const char* s = static_cast<const char*>(a.send);
-      if (a.type == CollType::kAllGather) inPlace = s == r + static_cast<size_t>(rank) * a.count * esz;
+      if (a.type == CollType::kAllGather)
+        inPlace = s == r + static_cast<size_t>(rank) * a.count * esz;
       if (a.type == CollType::kReduceScatter)
         inPlace = r == s + static_cast<size_t>(rank) * a.count * esz;
       if (!inPlace && Overlap(a.send, sendElems * esz, a.recv, recvElems * esz))
@@ -90,8 +92,9 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
   if (onDevice || !dev.ok()) return dev;
   if (mask) {
     if (a.type != CollType::kAllReduce)
-      return scape::Unsupported("a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
-                                "only (use scapeMaskReduceScatter and friends for the others)");
+      return scape::Unsupported(
+          "a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
+          "only (use scapeMaskReduceScatter and friends for the others)");
     return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask,
                                        blocking ? nullptr : request);
   }
@@ -124,11 +127,11 @@ Status InitWithRoot(scapeComm_t* comm, int nranks, const scape::bootstrap::RootA
 Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
   if (!comm) return scape::InvalidArgument("comm is NULL");
   if (nranks < 1 || nranks > scape::bootstrap::kMaxRanks)
-    return scape::InvalidArgument(StrFormat("nranks = %d: expected 1..%d", nranks,
-                                            scape::bootstrap::kMaxRanks));
+    return scape::InvalidArgument(
+        StrFormat("nranks = %d: expected 1..%d", nranks, scape::bootstrap::kMaxRanks));
   if (rank < 0 || rank >= nranks)
-    return scape::InvalidArgument(StrFormat("rank = %d: expected 0..%d (nranks = %d)", rank,
-                                            nranks - 1, nranks));
+    return scape::InvalidArgument(
+        StrFormat("rank = %d: expected 0..%d (nranks = %d)", rank, nranks - 1, nranks));
   return Status::Ok();
 }
 
@@ -207,7 +210,8 @@ namespace {
 Status QueryComm(const scapeComm* comm, const char* fn) {
   if (!comm) return scape::InvalidArgument(std::string(fn) + ": comm is NULL");
   if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm) || !comm->impl)
-    return scape::InvalidArgument(std::string(fn) + ": comm is not a live communicator "
+    return scape::InvalidArgument(std::string(fn) +
+                                  ": comm is not a live communicator "
                                   "(destroyed, aborted, or not made by scapeCommInit*)");
   return Status::Ok();
 }
@@ -219,11 +223,13 @@ namespace {
 Status EnterRequest(scapeRequest* request, const char* fn, scapeComm** comm) {
   if (!request) return scape::InvalidArgument(std::string(fn) + ": request is NULL");
   if (!scape::api::HandleLive(request, scape::api::HandleKind::kRequest))
-    return scape::InvalidArgument(std::string(fn) + ": request is not a live request (already "
+    return scape::InvalidArgument(std::string(fn) +
+                                  ": request is not a live request (already "
                                   "completed by scapeTest/scapeWait, or its communicator was "
                                   "aborted)");
   if (!scape::api::EnterComm(request->comm))
-    return scape::InvalidArgument(std::string(fn) + ": the request's communicator is not live "
+    return scape::InvalidArgument(std::string(fn) +
+                                  ": the request's communicator is not live "
                                   "(aborted)");
   *comm = request->comm;
   return Status::Ok();
@@ -234,16 +240,26 @@ extern "C" {
 
 SCAPE_API const char* scapeGetErrorString(scapeResult_t r) {
   switch (r) {
-    case scapeSuccess: return "success";
-    case scapeInvalidArgument: return "invalid argument";
-    case scapeInvalidUsage: return "invalid usage";
-    case scapeSystemError: return "system error";
-    case scapeRemoteError: return "remote error";
-    case scapeTimeout: return "timeout";
-    case scapeUnsupported: return "unsupported";
-    case scapeInternalError: return "internal error";
-    case scapeInProgress: return "in progress";
-    default: return "unknown result";
+    case scapeSuccess:
+      return "success";
+    case scapeInvalidArgument:
+      return "invalid argument";
+    case scapeInvalidUsage:
+      return "invalid usage";
+    case scapeSystemError:
+      return "system error";
+    case scapeRemoteError:
+      return "remote error";
+    case scapeTimeout:
+      return "timeout";
+    case scapeUnsupported:
+      return "unsupported";
+    case scapeInternalError:
+      return "internal error";
+    case scapeInProgress:
+      return "in progress";
+    default:
+      return "unknown result";
   }
 }
 
@@ -255,10 +271,16 @@ SCAPE_API scapeResult_t scapeGetVersion(int* version) {
 
 SCAPE_API size_t scapeTypeSize(scapeDataType_t t) {
   switch (t) {
-    case scapeFloat32: case scapeInt32: return 4;
-    case scapeFloat16: case scapeBfloat16: return 2;
-    case scapeInt64: return 8;
-    default: return 0;
+    case scapeFloat32:
+    case scapeInt32:
+      return 4;
+    case scapeFloat16:
+    case scapeBfloat16:
+      return 2;
+    case scapeInt64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -307,7 +329,7 @@ SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfi
         [](const char* k) -> const char* {
           // SCAPE_BOOTSTRAP_* are knobs (base/param.cc); the rest belong to the launchers.
           return std::strncmp(k, "SCAPE_", 6) == 0 ? scape::ParamCString(k)
-                                                    : scape::ParamExternal(k);
+                                                   : scape::ParamExternal(k);
         },
         &li));
     scape::bootstrap::RootAddress root;
@@ -341,14 +363,16 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
   // The checks run as a counted call; the delete after it, once nothing is counted.
   scapeResult_t r = Guard(comm, "scapeCommDestroy", [&]() -> Status {
     if (!comm->masks.empty())
-      return scape::InvalidUsage(StrFormat("%zu mask(s) of this communicator still exist: destroy "
-                                           "them first (scapeMaskDestroy)",
-                                           comm->masks.size()));
+      return scape::InvalidUsage(
+          StrFormat("%zu mask(s) of this communicator still exist: destroy "
+                    "them first (scapeMaskDestroy)",
+                    comm->masks.size()));
     if (!comm->requests.empty())
-      return scape::InvalidUsage(StrFormat("%zu request(s) of this communicator have not been "
-                                           "completed with scapeTest/scapeWait; complete them or "
-                                           "use scapeCommAbort",
-                                           comm->requests.size()));
+      return scape::InvalidUsage(
+          StrFormat("%zu request(s) of this communicator have not been "
+                    "completed with scapeTest/scapeWait; complete them or "
+                    "use scapeCommAbort",
+                    comm->requests.size()));
     return Status::Ok();
   });
   if (r == scapeSuccess) {
@@ -393,9 +417,10 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
     if (!ok) {
       // A call that does not come back: leak the communicator rather than free it under
       // that call. Its peers are told by the call itself when it fails.
-      SCAPE_WARN("scapeCommAbort: a call on this communicator did not return within %d ms; "
-                 "leaking the communicator instead of freeing it under that call",
-                 timeoutMs + 10000);
+      SCAPE_WARN(
+          "scapeCommAbort: a call on this communicator did not return within %d ms; "
+          "leaking the communicator instead of freeing it under that call",
+          timeoutMs + 10000);
       return scapeSuccess;
     }
     scape::device::ReleaseComm(comm);
@@ -413,7 +438,6 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
   }
   return scapeSuccess;
 }
-
 
 SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
   if (nranks && scape::device::NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
@@ -446,15 +470,16 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
     return scapeSuccess;
   }
   if (Status q = QueryComm(comm, "scapeCommGetAsyncError"); !q.ok()) return Report(nullptr, q);
-  if (!asyncError) return Report(comm, scape::InvalidArgument("scapeCommGetAsyncError: asyncError is NULL"));
+  if (!asyncError)
+    return Report(comm, scape::InvalidArgument("scapeCommGetAsyncError: asyncError is NULL"));
   *asyncError = comm->impl->error().code();
   if (*asyncError == scapeSuccess) *asyncError = scape::device::AsyncError(comm).code();
   return scapeSuccess;
 }
 
-#define SCAPE_COLL(fnName, blocking, request, ...)                                        \
-  Guard(comm, fnName, [&]() -> Status {                                                   \
-    return StartColl(comm, Args(__VA_ARGS__), mask, stream, request, blocking);           \
+#define SCAPE_COLL(fnName, blocking, request, ...)                              \
+  Guard(comm, fnName, [&]() -> Status {                                         \
+    return StartColl(comm, Args(__VA_ARGS__), mask, stream, request, blocking); \
   })
 
 SCAPE_API scapeResult_t scapeAllReduce(const void* sendbuf, void* recvbuf, size_t count,
@@ -472,8 +497,8 @@ SCAPE_API scapeResult_t scapeAllReduceAsync(const void* sendbuf, void* recvbuf, 
 }
 
 SCAPE_API scapeResult_t scapeReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
-                                           scapeDataType_t dtype, scapeRedOp_t op,
-                                           scapeComm_t comm, void* stream) {
+                                           scapeDataType_t dtype, scapeRedOp_t op, scapeComm_t comm,
+                                           void* stream) {
   scapeMask_t mask = nullptr;
   return SCAPE_COLL("scapeReduceScatter", true, nullptr, scape::coll::CollType::kReduceScatter,
                     sendbuf, recvbuf, recvcount, dtype, op, 0);
@@ -484,8 +509,8 @@ SCAPE_API scapeResult_t scapeReduceScatterAsync(const void* sendbuf, void* recvb
                                                 scapeRequest_t* request) {
   scapeMask_t mask = nullptr;
   return SCAPE_COLL("scapeReduceScatterAsync", false, request,
-                    scape::coll::CollType::kReduceScatter, sendbuf, recvbuf, recvcount, dtype,
-                    op, 0);
+                    scape::coll::CollType::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op,
+                    0);
 }
 
 SCAPE_API scapeResult_t scapeAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
@@ -495,8 +520,8 @@ SCAPE_API scapeResult_t scapeAllGather(const void* sendbuf, void* recvbuf, size_
                     recvbuf, sendcount, dtype, scapeSum, 0);
 }
 SCAPE_API scapeResult_t scapeAllGatherAsync(const void* sendbuf, void* recvbuf, size_t sendcount,
-                                            scapeDataType_t dtype, scapeComm_t comm,
-                                            void* stream, scapeRequest_t* request) {
+                                            scapeDataType_t dtype, scapeComm_t comm, void* stream,
+                                            scapeRequest_t* request) {
   scapeMask_t mask = nullptr;
   return SCAPE_COLL("scapeAllGatherAsync", false, request, scape::coll::CollType::kAllGather,
                     sendbuf, recvbuf, sendcount, dtype, scapeSum, 0);
@@ -526,10 +551,9 @@ SCAPE_API scapeResult_t scapeBarrier(scapeComm_t comm) {
 SCAPE_API scapeResult_t scapeBarrierAsync(scapeComm_t comm, scapeRequest_t* request) {
   scapeMask_t mask = nullptr;
   void* stream = nullptr;
-  return SCAPE_COLL("scapeBarrierAsync", false, request, scape::coll::CollType::kBarrier,
-                    nullptr, nullptr, 0, scapeFloat32, scapeSum, 0);
+  return SCAPE_COLL("scapeBarrierAsync", false, request, scape::coll::CollType::kBarrier, nullptr,
+                    nullptr, 0, scapeFloat32, scapeSum, 0);
 }
-
 
 SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
   scapeComm* comm = nullptr;
@@ -537,9 +561,8 @@ SCAPE_API scapeResult_t scapeTest(scapeRequest_t request, int* done) {
   scape::api::ActiveCall active(comm, scape::api::ActiveCall::Entered{});  // covers the erase
   if (!done) return Report(comm, scape::InvalidArgument("scapeTest: done is NULL"));
   bool fin = false;
-  scapeResult_t r = Guard(comm, "scapeTest", [&]() -> Status {
-    return comm->impl->Test(request->op.get(), &fin);
-  });
+  scapeResult_t r = Guard(comm, "scapeTest",
+                          [&]() -> Status { return comm->impl->Test(request->op.get(), &fin); });
   *done = fin ? 1 : 0;
   if (!fin) return r == scapeSuccess ? scapeInProgress : r;
   comm->requests.erase(request);
@@ -551,9 +574,8 @@ SCAPE_API scapeResult_t scapeWait(scapeRequest_t request) {
   scapeComm* comm = nullptr;
   if (Status st = EnterRequest(request, "scapeWait", &comm); !st.ok()) return Report(nullptr, st);
   scape::api::ActiveCall active(comm, scape::api::ActiveCall::Entered{});  // covers the erase
-  scapeResult_t r = Guard(comm, "scapeWait", [&]() -> Status {
-    return comm->impl->Wait(request->op.get());
-  });
+  scapeResult_t r =
+      Guard(comm, "scapeWait", [&]() -> Status { return comm->impl->Wait(request->op.get()); });
   comm->requests.erase(request);
   delete request;
   return r;

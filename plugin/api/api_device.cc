@@ -13,15 +13,13 @@ extern "C" {
 
 SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
                                           const scapeConfig_t* config) {
-  return Guard(nullptr, "scapeCommInitNccl", [&]() -> Status {
-    return scape::device::InitNccl(comm, ncclComm, config);
-  });
+  return Guard(nullptr, "scapeCommInitNccl",
+               [&]() -> Status { return scape::device::InitNccl(comm, ncclComm, config); });
 }
 
 SCAPE_API scapeResult_t scapeCommGetBackend(scapeComm_t comm, int* backend) {
   if (!comm) return Report(nullptr, scape::InvalidArgument("scapeCommGetBackend: comm is NULL"));
-  if (!backend)
-    return Report(comm, scape::InvalidArgument("scapeCommGetBackend: backend is NULL"));
+  if (!backend) return Report(comm, scape::InvalidArgument("scapeCommGetBackend: backend is NULL"));
   *backend = scape::device::IsNcclComm(comm) ? scapeBackendNccl : scapeBackendUcx;
   return scapeSuccess;
 }

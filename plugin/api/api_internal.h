@@ -11,10 +11,10 @@
 #include <set>
 #include <string>
 
+#include "base/status.h"
 #include "plugin/core/comm.h"
 #include "plugin/mask/mask.h"
 #include "scape/scape.h"
-#include "base/status.h"
 
 struct scapeRequest;
 struct scapeOptim;
@@ -90,8 +90,10 @@ inline thread_local std::string t_lastError;
 
 inline scapeResult_t Report(scapeComm* comm, const Status& st) {
   if (st.ok()) return scapeSuccess;
-  if (comm) comm->lastError = st.message();
-  else t_lastError = st.message();
+  if (comm)
+    comm->lastError = st.message();
+  else
+    t_lastError = st.message();
   return st.code();
 }
 
@@ -127,13 +129,13 @@ template <typename F>
 scapeResult_t Guard(scapeComm* comm, const char* fn, F&& body) {
   if (comm && !EnterComm(comm))
     return Report(nullptr, InvalidArgument(std::string(fn) + ": comm is not a live communicator "
-                                           "(destroyed, aborted, or not made by "
-                                           "scapeCommInit*)"));
+                                                             "(destroyed, aborted, or not made by "
+                                                             "scapeCommInit*)"));
   ActiveCall active(comm, ActiveCall::Entered{});
   if (comm && comm->aborting.load(std::memory_order_acquire))
     // Not recorded on the communicator: its owner is tearing it down on another thread.
     return Report(nullptr, InvalidUsage(std::string(fn) + ": the communicator is being aborted "
-                                        "(scapeCommAbort)"));
+                                                          "(scapeCommAbort)"));
   try {
     Status st = body();
     if (!st.ok()) {

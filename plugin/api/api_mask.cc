@@ -24,8 +24,9 @@ Status CheckMask(scapeMask* mask) {
   if (!mask) return scape::InvalidArgument("mask is NULL");
   // Looked up before anything is read through it: a destroyed mask is an error, not a crash.
   if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask) || !mask->impl)
-    return scape::InvalidArgument("mask is not a live mask (destroyed, or its communicator was "
-                                  "aborted)");
+    return scape::InvalidArgument(
+        "mask is not a live mask (destroyed, or its communicator was "
+        "aborted)");
   return Status::Ok();
 }
 
@@ -33,28 +34,33 @@ Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   if (!mask) return scape::InvalidArgument("mask is NULL");
   if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask))
-    return scape::InvalidArgument(StrFormat("rank %d: mask is not a live mask (destroyed, or its "
-                                            "communicator was aborted)", comm->impl->rank()));
+    return scape::InvalidArgument(
+        StrFormat("rank %d: mask is not a live mask (destroyed, or its "
+                  "communicator was aborted)",
+                  comm->impl->rank()));
   // Checked against the communicator's live masks before anything is dereferenced: a
   // destroyed mask or one of another communicator is an argument error, not a crash.
   if (comm->masks.count(mask) == 0)
-    return scape::InvalidArgument(StrFormat("rank %d: mask is not a live mask of this "
-                                            "communicator (destroyed, or created on another "
-                                            "communicator)", comm->impl->rank()));
+    return scape::InvalidArgument(
+        StrFormat("rank %d: mask is not a live mask of this "
+                  "communicator (destroyed, or created on another "
+                  "communicator)",
+                  comm->impl->rank()));
   return CheckMask(mask);
 }
 
 Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* op, void* stream) {
   const int rank = comm->impl->rank();
   if (stream)
-    return scape::Unsupported("stream must be NULL: the scapeMask* packed collectives take host "
-                              "buffers only in this release");
+    return scape::Unsupported(
+        "stream must be NULL: the scapeMask* packed collectives take host "
+        "buffers only in this release");
   if (!ValidType(dtype))
-    return scape::InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t", rank,
-                                            static_cast<int>(dtype)));
+    return scape::InvalidArgument(
+        StrFormat("rank %d: datatype %d is not a scapeDataType_t", rank, static_cast<int>(dtype)));
   if (op && !ValidOp(*op))
-    return scape::InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t", rank,
-                                            static_cast<int>(*op)));
+    return scape::InvalidArgument(
+        StrFormat("rank %d: op %d is not a scapeRedOp_t", rank, static_cast<int>(*op)));
   return Status::Ok();
 }
 
@@ -65,9 +71,8 @@ scapeComm* CommOf(scapeMask* m) {
 // The packed values-only collectives; request NULL = blocking. Counts are copied from the
 // current mask when the call is made, so advancing the mask afterwards does not affect an
 // operation in flight (its buffers are the caller's, sized for the mask it was called with).
-Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
-                       scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
-                       scapeRequest_t* request) {
+Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeRedOp_t op,
+                       scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
   SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
   SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
@@ -104,8 +109,8 @@ Status PackedReduceScatter(const void* sendbuf, void* recvbuf, scapeDataType_t d
   return scape::api::SubmitOrRun(comm, a, request);
 }
 
-Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
-                       scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
+Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeMask* mask,
+                       scapeComm* comm, void* stream, scapeRequest_t* request) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
   SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
   SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
@@ -138,7 +143,8 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
                                      static_cast<unsigned long long>(m.n())));
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))
-    return InvalidArgument(StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
+    return InvalidArgument(
+        StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
   coll::CollArgs a;
   a.type = coll::CollType::kAllReduce;
   a.count = k;
@@ -188,8 +194,8 @@ extern "C" {
 
 SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegments,
                                         const uint64_t* segOffsets, const uint8_t* denseFlags,
-                                        scapeOwnership_t ownership,
-                                        scapeMaskEncoding_t encoding, scapeComm_t comm) {
+                                        scapeOwnership_t ownership, scapeMaskEncoding_t encoding,
+                                        scapeComm_t comm) {
   return Guard(comm, "scapeMaskCreate", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
     const int rank = comm->impl->rank();
@@ -197,27 +203,32 @@ SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegm
     if (n >= (uint64_t{1} << 40))
       return scape::InvalidArgument(StrFormat("rank %d: n = %llu: expected below 2^40", rank,
                                               static_cast<unsigned long long>(n)));
-    if (nsegments < 1) return scape::InvalidArgument(StrFormat("rank %d: nsegments = %d: expected >= 1", rank, nsegments));
+    if (nsegments < 1)
+      return scape::InvalidArgument(
+          StrFormat("rank %d: nsegments = %d: expected >= 1", rank, nsegments));
     if (!segOffsets) return scape::InvalidArgument("segOffsets is NULL");
     if (static_cast<int>(ownership) < 0 || ownership >= scapeNumOwnerships)
-      return scape::InvalidArgument(StrFormat("rank %d: ownership %d is not a scapeOwnership_t", rank,
-                                              static_cast<int>(ownership)));
+      return scape::InvalidArgument(StrFormat("rank %d: ownership %d is not a scapeOwnership_t",
+                                              rank, static_cast<int>(ownership)));
     if (static_cast<int>(encoding) < 0 || encoding >= scapeNumMaskEncodings)
       return scape::InvalidArgument(StrFormat("rank %d: encoding %d is not a scapeMaskEncoding_t",
                                               rank, static_cast<int>(encoding)));
     std::vector<uint64_t> offs(segOffsets, segOffsets + nsegments + 1);
     if (offs.front() != 0 || offs.back() != n)
-      return scape::InvalidArgument(StrFormat("rank %d: segOffsets must start at 0 and end at n = %llu",
-                                              rank, static_cast<unsigned long long>(n)));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: segOffsets must start at 0 and end at n = %llu", rank,
+                    static_cast<unsigned long long>(n)));
     for (int s = 0; s < nsegments; ++s)
       if (offs[static_cast<size_t>(s) + 1] < offs[static_cast<size_t>(s)])
-        return scape::InvalidArgument(StrFormat("rank %d: segOffsets[%d] < segOffsets[%d]: offsets "
-                                                "must not decrease", rank, s + 1, s));
+        return scape::InvalidArgument(
+            StrFormat("rank %d: segOffsets[%d] < segOffsets[%d]: offsets "
+                      "must not decrease",
+                      rank, s + 1, s));
     std::vector<uint8_t> dense;
     if (denseFlags) dense.assign(denseFlags, denseFlags + nsegments);
     std::unique_ptr<scape::Mask> impl;
-    SCAPE_RETURN_IF_ERROR(scape::Mask::Create(comm->impl.get(), n, offs, dense, ownership,
-                                              encoding, &impl));
+    SCAPE_RETURN_IF_ERROR(
+        scape::Mask::Create(comm->impl.get(), n, offs, dense, ownership, encoding, &impl));
     *mask = new scapeMask{std::move(impl), comm};
     comm->masks.insert(*mask);
     return Status::Ok();
@@ -227,9 +238,9 @@ SCAPE_API scapeResult_t scapeMaskCreate(scapeMask_t* mask, uint64_t n, int nsegm
 SCAPE_API scapeResult_t scapeMaskDestroy(scapeMask_t mask) {
   if (!mask) return scapeSuccess;
   if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask))
-    return scape::api::Report(nullptr, scape::InvalidArgument(
-                                           "scapeMaskDestroy: mask is not a live mask (destroyed "
-                                           "twice, or its communicator was aborted)"));
+    return scape::api::Report(
+        nullptr, scape::InvalidArgument("scapeMaskDestroy: mask is not a live mask (destroyed "
+                                        "twice, or its communicator was aborted)"));
   scapeComm* comm = mask->comm;
   return Guard(comm, "scapeMaskDestroy", [&]() -> Status {
     if (comm) comm->masks.erase(mask);
@@ -271,7 +282,8 @@ SCAPE_API scapeResult_t scapeMaskGetOwnedRanges(scapeMask_t mask, int rank, uint
   });
 }
 
-SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t* indices, size_t k) {
+SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t* indices,
+                                                size_t k) {
   return Guard(CommOf(mask), "scapeMaskSetNextIndices", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
     if (k > 0 && !indices) return scape::InvalidArgument("indices is NULL with k > 0");
@@ -287,7 +299,8 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
       return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
     if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
     std::vector<float> hostCopy;  // a device statistic is read through a host copy (host wait)
-    SCAPE_RETURN_IF_ERROR(scape::device::HostReadable(statistic, mask->impl->n(), &hostCopy, &statistic));
+    SCAPE_RETURN_IF_ERROR(
+        scape::device::HostReadable(statistic, mask->impl->n(), &hostCopy, &statistic));
     return mask->impl->SelectNextTopk(statistic, density);
   });
 }
@@ -351,8 +364,8 @@ SCAPE_API scapeResult_t scapeMaskGetIndices(scapeMask_t mask, uint64_t* indices,
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
     const auto& cur = mask->impl->Current();
     if (capacity < cur.size())
-      return scape::InvalidArgument(StrFormat("capacity %zu is below the mask's k = %zu", capacity,
-                                              cur.size()));
+      return scape::InvalidArgument(
+          StrFormat("capacity %zu is below the mask's k = %zu", capacity, cur.size()));
     if (!cur.empty() && !indices) return scape::InvalidArgument("indices is NULL");
     if (!cur.empty()) std::memcpy(indices, cur.data(), cur.size() * sizeof(uint64_t));
     return Status::Ok();
@@ -375,7 +388,8 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
     SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"dense", dense}, {"packed", packed}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
     if (mask->impl->Current().empty()) return Status::Ok();
-    if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+    if (!dense || !packed)
+      return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
     mask->impl->Pack(dense, packed, scapeTypeSize(dtype));
     return Status::Ok();
   });
@@ -388,7 +402,8 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
     SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"packed", packed}, {"dense", dense}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
     if (mask->impl->Current().empty()) return Status::Ok();
-    if (!dense || !packed) return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+    if (!dense || !packed)
+      return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
     mask->impl->Unpack(packed, dense, scapeTypeSize(dtype));
     return Status::Ok();
   });
@@ -396,8 +411,7 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
 
 SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recvbuf,
                                                  scapeDataType_t dtype, scapeRedOp_t op,
-                                                 scapeMask_t mask, scapeComm_t comm,
-                                                 void* stream) {
+                                                 scapeMask_t mask, scapeComm_t comm, void* stream) {
   return Guard(comm, "scapeMaskAllReducePacked", [&]() -> Status {
     return PackedAllReduce(sendbuf, recvbuf, dtype, op, mask, comm, stream, nullptr);
   });
@@ -415,8 +429,7 @@ SCAPE_API scapeResult_t scapeMaskAllReducePackedAsync(const void* sendbuf, void*
 
 SCAPE_API scapeResult_t scapeMaskReduceScatter(const void* sendbuf, void* recvbuf,
                                                scapeDataType_t dtype, scapeRedOp_t op,
-                                               scapeMask_t mask, scapeComm_t comm,
-                                               void* stream) {
+                                               scapeMask_t mask, scapeComm_t comm, void* stream) {
   return Guard(comm, "scapeMaskReduceScatter", [&]() -> Status {
     return PackedReduceScatter(sendbuf, recvbuf, dtype, op, mask, comm, stream, nullptr);
   });
@@ -453,12 +466,13 @@ SCAPE_API scapeResult_t scapeMaskAllGatherAsync(const void* sendbuf, void* recvb
 SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void* values,
                                              size_t nnz, uint64_t n, scapeDataType_t dtype,
                                              scapeRedOp_t op, scapeSparseAlgo_t algo,
-                                             void* denseOut, uint64_t* outIndices,
-                                             void* outValues, size_t capacity, size_t* outNnz,
-                                             uint64_t* bytesSent, scapeComm_t comm) {
+                                             void* denseOut, uint64_t* outIndices, void* outValues,
+                                             size_t capacity, size_t* outNnz, uint64_t* bytesSent,
+                                             scapeComm_t comm) {
   return Guard(comm, "scapeSparseAllReduce", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
-    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"indices", indices}, {"values", values},
+    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"indices", indices},
+                                                   {"values", values},
                                                    {"denseOut", denseOut},
                                                    {"outIndices", outIndices},
                                                    {"outValues", outValues}}));
@@ -467,23 +481,25 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
       return scape::InvalidArgument(StrFormat("rank %d: datatype %d: expected fp32, fp16 or bf16",
                                               rank, static_cast<int>(dtype)));
     if (op != scapeSum && op != scapeAvg)
-      return scape::InvalidArgument(StrFormat("rank %d: op %d: expected scapeSum or scapeAvg", rank,
-                                              static_cast<int>(op)));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: op %d: expected scapeSum or scapeAvg", rank, static_cast<int>(op)));
     if (static_cast<int>(algo) < 0 || algo >= scapeNumSparseAlgos)
-      return scape::InvalidArgument(StrFormat("rank %d: algo %d is not a scapeSparseAlgo_t", rank,
-                                              static_cast<int>(algo)));
+      return scape::InvalidArgument(
+          StrFormat("rank %d: algo %d is not a scapeSparseAlgo_t", rank, static_cast<int>(algo)));
     if (nnz > 0 && (!indices || !values))
       return scape::InvalidArgument("indices or values is NULL with nnz > 0");
-    if (!denseOut && !outIndices) return scape::InvalidArgument("no output: denseOut and outIndices are NULL");
+    if (!denseOut && !outIndices)
+      return scape::InvalidArgument("no output: denseOut and outIndices are NULL");
     if (outIndices && (!outValues || !outNnz))
       return scape::InvalidArgument("outIndices needs outValues and outNnz");
     if (nnz > n) return scape::InvalidArgument("nnz > n");
     for (size_t i = 0; i < nnz; ++i)
       if (indices[i] >= n || (i > 0 && indices[i] <= indices[i - 1]))
-        return scape::InvalidArgument(StrFormat("rank %d: indices[%zu] = %llu: indices must be "
-                                                "strictly increasing and below n = %llu",
-                                                rank, i, static_cast<unsigned long long>(indices[i]),
-                                                static_cast<unsigned long long>(n)));
+        return scape::InvalidArgument(
+            StrFormat("rank %d: indices[%zu] = %llu: indices must be "
+                      "strictly increasing and below n = %llu",
+                      rank, i, static_cast<unsigned long long>(indices[i]),
+                      static_cast<unsigned long long>(n)));
     scape::coll::SparseResult res;
     scape::Comm& c = *comm->impl;
     Status st = scape::coll::SparseAllReduce(&c, indices, values, nnz, n, dtype, op, algo, &res);
@@ -508,9 +524,10 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
     const size_t esz = scapeTypeSize(dtype);
     // Outputs only on success: check the capacity before writing anything.
     if (outIndices && res.Nnz() > capacity)
-      return scape::InvalidArgument(StrFormat("the union has %zu entries, more than capacity %zu "
-                                              "(nothing was written)",
-                                              res.Nnz(), capacity));
+      return scape::InvalidArgument(
+          StrFormat("the union has %zu entries, more than capacity %zu "
+                    "(nothing was written)",
+                    res.Nnz(), capacity));
     if (bytesSent) *bytesSent = res.bytesSent;
     if (denseOut) res.ToDense(denseOut, esz);
     if (outIndices) {

@@ -37,10 +37,10 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
                      scape::OptimHyper* hyper) {
   if (!c) return scape::InvalidArgument("config is NULL");
   if (c->size != sizeof(scapeOptimConfig_t) || c->magic != SCAPE_OPTIM_CONFIG_MAGIC)
-    return scape::InvalidArgument(StrFormat("config (size %zu, magic %#x) was not initialised with "
-                                            "scapeOptimConfigInit (size %zu, magic %#x)",
-                                            c->size, c->magic, sizeof(scapeOptimConfig_t),
-                                            SCAPE_OPTIM_CONFIG_MAGIC));
+    return scape::InvalidArgument(
+        StrFormat("config (size %zu, magic %#x) was not initialised with "
+                  "scapeOptimConfigInit (size %zu, magic %#x)",
+                  c->size, c->magic, sizeof(scapeOptimConfig_t), SCAPE_OPTIM_CONFIG_MAGIC));
   if (c->n == 0 || c->n >= (uint64_t{1} << 40))
     return scape::InvalidArgument(StrFormat("config->n = %llu: expected 0 < n < 2^40",
                                             static_cast<unsigned long long>(c->n)));
@@ -49,33 +49,37 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   if (!c->segOffsets) return scape::InvalidArgument("config->segOffsets is NULL");
   const uint64_t* o = c->segOffsets;
   if (o[0] != 0)
-    return scape::InvalidArgument(StrFormat("config->segOffsets[0] = %llu: segments must start at 0",
-                                            static_cast<unsigned long long>(o[0])));
+    return scape::InvalidArgument(
+        StrFormat("config->segOffsets[0] = %llu: segments must start at 0",
+                  static_cast<unsigned long long>(o[0])));
   for (int s = 0; s < c->nsegments; ++s)
     if (o[s + 1] < o[s])
       return scape::InvalidArgument(StrFormat(
           "config->segOffsets[%d] = %llu is below segOffsets[%d] = %llu: segments overlap "
-          "(offsets must be non-decreasing)", s + 1, static_cast<unsigned long long>(o[s + 1]), s,
+          "(offsets must be non-decreasing)",
+          s + 1, static_cast<unsigned long long>(o[s + 1]), s,
           static_cast<unsigned long long>(o[s])));
   if (o[c->nsegments] != c->n)
-    return scape::InvalidArgument(StrFormat("config->segOffsets[%d] = %llu: the segments cover "
-                                            "[0, %llu), not the n = %llu parameters",
-                                            c->nsegments,
-                                            static_cast<unsigned long long>(o[c->nsegments]),
-                                            static_cast<unsigned long long>(o[c->nsegments]),
-                                            static_cast<unsigned long long>(c->n)));
+    return scape::InvalidArgument(StrFormat(
+        "config->segOffsets[%d] = %llu: the segments cover "
+        "[0, %llu), not the n = %llu parameters",
+        c->nsegments, static_cast<unsigned long long>(o[c->nsegments]),
+        static_cast<unsigned long long>(o[c->nsegments]), static_cast<unsigned long long>(c->n)));
   if (c->ownership < 0 || c->ownership >= scapeNumOptimOwnerships)
-    return scape::InvalidArgument(StrFormat("config->ownership = %d: expected a "
-                                            "scapeOptimOwnership_t (0..%d)", c->ownership,
-                                            scapeNumOptimOwnerships - 1));
+    return scape::InvalidArgument(
+        StrFormat("config->ownership = %d: expected a "
+                  "scapeOptimOwnership_t (0..%d)",
+                  c->ownership, scapeNumOptimOwnerships - 1));
   if (c->maskOwnership < -1 || c->maskOwnership >= scapeNumOwnerships)
-    return scape::InvalidArgument(StrFormat("config->maskOwnership = %d: expected -1 or a "
-                                            "scapeOwnership_t (0..%d)", c->maskOwnership,
-                                            scapeNumOwnerships - 1));
+    return scape::InvalidArgument(
+        StrFormat("config->maskOwnership = %d: expected -1 or a "
+                  "scapeOwnership_t (0..%d)",
+                  c->maskOwnership, scapeNumOwnerships - 1));
   if (c->maskEncoding < 0 || c->maskEncoding >= scapeNumMaskEncodings)
-    return scape::InvalidArgument(StrFormat("config->maskEncoding = %d: expected a "
-                                            "scapeMaskEncoding_t (0..%d)", c->maskEncoding,
-                                            scapeNumMaskEncodings - 1));
+    return scape::InvalidArgument(
+        StrFormat("config->maskEncoding = %d: expected a "
+                  "scapeMaskEncoding_t (0..%d)",
+                  c->maskEncoding, scapeNumMaskEncodings - 1));
   scape::OptimHyper h;
   h.lr = c->lr;
   h.beta1 = c->beta1;
@@ -92,12 +96,12 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   layout->offsets.assign(o, o + c->nsegments + 1);
   layout->dense.assign(static_cast<size_t>(c->nsegments), 0);
   if (c->denseFlags)
-    for (int s = 0; s < c->nsegments; ++s) layout->dense[static_cast<size_t>(s)] = c->denseFlags[s] != 0;
+    for (int s = 0; s < c->nsegments; ++s)
+      layout->dense[static_cast<size_t>(s)] = c->denseFlags[s] != 0;
   layout->ownership = static_cast<scapeOptimOwnership_t>(c->ownership);
-  layout->maskOwnership =
-      c->maskOwnership >= 0 ? static_cast<scapeOwnership_t>(c->maskOwnership)
-      : layout->ownership == scapeOptimSharded ? scapeOwnershipShards
-                                               : scapeOwnershipSegments;
+  layout->maskOwnership = c->maskOwnership >= 0 ? static_cast<scapeOwnership_t>(c->maskOwnership)
+                          : layout->ownership == scapeOptimSharded ? scapeOwnershipShards
+                                                                   : scapeOwnershipSegments;
   layout->encoding = static_cast<scapeMaskEncoding_t>(c->maskEncoding);
   *hyper = h;
   return Status::Ok();
@@ -203,10 +207,10 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
     const int rank = optim->comm->impl->rank();
     const uint64_t n = optim->impl->n();
     if (count != n)
-      return scape::InvalidArgument(StrFormat("rank %d: count = %llu differs from the layout's "
-                                              "n = %llu", rank,
-                                              static_cast<unsigned long long>(count),
-                                              static_cast<unsigned long long>(n)));
+      return scape::InvalidArgument(StrFormat(
+          "rank %d: count = %llu differs from the layout's "
+          "n = %llu",
+          rank, static_cast<unsigned long long>(count), static_cast<unsigned long long>(n)));
     if (!params) return scape::InvalidArgument(StrFormat("rank %d: params is NULL", rank));
     if (!grads) return scape::InvalidArgument(StrFormat("rank %d: grads is NULL", rank));
     if (Misaligned(params))

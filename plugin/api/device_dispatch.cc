@@ -51,15 +51,17 @@ Status CheckKinds(Runtime* rt, const coll::CollArgs& a, int rank, bool* device) 
   if (hasSend && hasRecv && IsDev(ks) != IsDev(kr))
     return InvalidArgument(StrFormat(
         "rank %d: sendbuf is %s but recvbuf is %s: a collective's buffers must both be host "
-        "memory or both device memory", rank, PtrKindName(ks), PtrKindName(kr)));
+        "memory or both device memory",
+        rank, PtrKindName(ks), PtrKindName(kr)));
   *device = (hasSend && IsDev(ks)) || (hasRecv && IsDev(kr));
   return Status::Ok();
 }
 
 Status AsyncWithDevice(const char* what) {
-  return Unsupported(StrFormat(
-      "device buffers are stream-ordered: the %s forms take host buffers only; call the "
-      "blocking form, which enqueues on the stream and returns at once", what));
+  return Unsupported(
+      StrFormat("device buffers are stream-ordered: the %s forms take host buffers only; call the "
+                "blocking form, which enqueues on the stream and returns at once",
+                what));
 }
 
 }  // namespace
@@ -82,8 +84,9 @@ Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, 
   *handled = true;
   if (async) return AsyncWithDevice("*Async");
   if (mask)
-    return Unsupported("the masked (dense-in/out) all-reduce takes host buffers in this release; "
-                       "with device buffers, pack on the device and all-reduce the packed values");
+    return Unsupported(
+        "the masked (dense-in/out) all-reduce takes host buffers in this release; "
+        "with device buffers, pack on the device and all-reduce the packed values");
   if (!c.error().ok()) return c.error();
   std::shared_ptr<Entry> e = Find(comm);
   if (!e || !e->staging) {
@@ -125,15 +128,17 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
   NcclBackend& b = *e->nccl;
   const int rank = b.rank(), p = b.nranks();
   if (a.type == CollType::kBarrier)
-    return Unsupported("the NCCL backend has no barrier (NCCL has none): all-reduce one "
-                       "element on the stream and synchronise it instead");
+    return Unsupported(
+        "the NCCL backend has no barrier (NCCL has none): all-reduce one "
+        "element on the stream and synchronise it instead");
   if (async) return AsyncWithDevice("*Async");
   if (mask)
-    return Unsupported("masks run on the UCX backend in this release (the NCCL backend "
-                       "exchanges dense and packed device buffers)");
+    return Unsupported(
+        "masks run on the UCX backend in this release (the NCCL backend "
+        "exchanges dense and packed device buffers)");
   if (a.dtype < 0 || a.dtype >= scapeNumTypes)
-    return InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t (0..%d)",
-                                     rank, static_cast<int>(a.dtype), scapeNumTypes - 1));
+    return InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t (0..%d)", rank,
+                                     static_cast<int>(a.dtype), scapeNumTypes - 1));
   if ((a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter) &&
       (a.op < 0 || a.op >= scapeNumOps))
     return InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)", rank,
@@ -152,7 +157,8 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
     if (!dev)
       return InvalidArgument(StrFormat(
           "rank %d: %s is host memory: the NCCL backend moves device memory only (use a UCX "
-          "communicator for host buffers)", rank, needSend ? "sendbuf" : "recvbuf"));
+          "communicator for host buffers)",
+          rank, needSend ? "sendbuf" : "recvbuf"));
   }
   return b.Run(a, stream);
 }
@@ -179,9 +185,11 @@ Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args)
     if (!a.second) continue;
     const PtrKind k = rt->Kind(a.second);
     if (k != PtrKind::kHost)
-      return Unsupported(StrFormat("%s is %s: this call takes host buffers only in this release "
-                                   "(device buffers: scapeAllReduce, scapeReduceScatter, "
-                                   "scapeAllGather, scapeBroadcast)", a.first, PtrKindName(k)));
+      return Unsupported(
+          StrFormat("%s is %s: this call takes host buffers only in this release "
+                    "(device buffers: scapeAllReduce, scapeReduceScatter, "
+                    "scapeAllGather, scapeBroadcast)",
+                    a.first, PtrKindName(k)));
   }
   return Status::Ok();
 }
@@ -203,8 +211,8 @@ void ReleaseComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Take(comm);
   if (e && e->staging) {
     const int ms = e->staging->aborted() ? 1000
-                   : comm->impl           ? comm->impl->config().timeoutMs
-                                          : 10000;
+                   : comm->impl          ? comm->impl->config().timeoutMs
+                                         : 10000;
     Status st = e->staging->Drain(ms);
     if (!st.ok()) SCAPE_WARN("scapeCommDestroy: %s", st.message().c_str());
   }

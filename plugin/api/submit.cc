@@ -23,4 +23,3 @@ Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* req
 
 }  // namespace api
 }  // namespace scape
-

@@ -15,12 +15,18 @@ using transport::Request;
 
 const char* CollName(CollType t) {
   switch (t) {
-    case CollType::kAllReduce: return "scapeAllReduce";
-    case CollType::kReduceScatter: return "scapeReduceScatter";
-    case CollType::kAllGather: return "scapeAllGather";
-    case CollType::kBroadcast: return "scapeBroadcast";
-    case CollType::kBarrier: return "scapeBarrier";
-    case CollType::kExchange: return "exchange";
+    case CollType::kAllReduce:
+      return "scapeAllReduce";
+    case CollType::kReduceScatter:
+      return "scapeReduceScatter";
+    case CollType::kAllGather:
+      return "scapeAllGather";
+    case CollType::kBroadcast:
+      return "scapeBroadcast";
+    case CollType::kBarrier:
+      return "scapeBarrier";
+    case CollType::kExchange:
+      return "exchange";
   }
   return "collective";
 }
@@ -37,7 +43,8 @@ uint32_t Signature(const CollArgs& a) {
   mix(a.count);
   mix(static_cast<uint64_t>(a.dtype));
   mix(a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter
-          ? static_cast<uint64_t>(a.op) : 0);
+          ? static_cast<uint64_t>(a.op)
+          : 0);
   mix(a.type == CollType::kBroadcast ? static_cast<uint64_t>(a.root) : 0);
   for (size_t c : a.counts) mix(c);
   return static_cast<uint32_t>((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xffffu);
@@ -64,9 +71,10 @@ Status Ctx::Check(std::unique_ptr<Request>* req, size_t expectLen, bool* done, b
   if (!st.ok()) {
     req->reset();
     if (st.code() == scapeInvalidUsage)  // truncated: the peer sent more than we expected
-      return InvalidUsage(StrFormat("rank %d sent more data than this rank expects: the ranks "
-                                    "disagree on the count or datatype",
-                                    peer));
+      return InvalidUsage(
+          StrFormat("rank %d sent more data than this rank expects: the ranks "
+                    "disagree on the count or datatype",
+                    peer));
     return st;
   }
   if (!*done) {
@@ -81,14 +89,16 @@ Status Ctx::Check(std::unique_ptr<Request>* req, size_t expectLen, bool* done, b
   *advanced = true;
   if (isRecv) {
     if (TagSig(info.senderTag) != sig_)
-      return InvalidUsage(StrFormat("rank %d is in a different collective call than this rank "
-                                    "(operation, count, datatype, op or root differ; "
-                                    "signature %04x, expected %04x)",
-                                    peer, TagSig(info.senderTag), sig_));
+      return InvalidUsage(
+          StrFormat("rank %d is in a different collective call than this rank "
+                    "(operation, count, datatype, op or root differ; "
+                    "signature %04x, expected %04x)",
+                    peer, TagSig(info.senderTag), sig_));
     if (info.length != expectLen)
-      return InvalidUsage(StrFormat("rank %d sent %zu bytes where this rank expects %zu: the "
-                                    "ranks disagree on the count or datatype",
-                                    peer, info.length, expectLen));
+      return InvalidUsage(
+          StrFormat("rank %d sent %zu bytes where this rank expects %zu: the "
+                    "ranks disagree on the count or datatype",
+                    peer, info.length, expectLen));
   }
   return Status::Ok();
 }
@@ -108,7 +118,8 @@ class LocalOp final : public Op {
     size_t bytes = (a_.counts.empty() ? a_.count : a_.counts[0]) * esz;
     const void* src = a_.send;
     void* dst = a_.recv;
-    if (a_.type == CollType::kAllGather) dst = Ptr(a_.recv, static_cast<size_t>(ctx.rank()) * bytes);
+    if (a_.type == CollType::kAllGather)
+      dst = Ptr(a_.recv, static_cast<size_t>(ctx.rank()) * bytes);
     if (a_.type == CollType::kBarrier || bytes == 0 || nranks_ != 1) return Status::Ok();
     if (src && dst && src != dst) std::memmove(dst, src, bytes);
     return Status::Ok();
@@ -139,8 +150,8 @@ class RingOp final : public Op {
     offs_.resize(static_cast<size_t>(p) + 1, 0);
     for (int b = 0; b < p; ++b) {
       size_t len = !a.counts.empty() ? a.counts[static_cast<size_t>(b)]
-                   : mode == kAR       ? BlockLength(a.count, p, b)
-                                       : a.count;
+                   : mode == kAR     ? BlockLength(a.count, p, b)
+                                     : a.count;
       offs_[static_cast<size_t>(b) + 1] = offs_[static_cast<size_t>(b)] + len;
     }
     size_t maxBlock = 0;
@@ -225,7 +236,8 @@ class RingOp final : public Op {
     } else {
       src = Ptr(BlockPtr(a_.recv, sb), ChunkOff(sb, c) * esz_);
     }
-    void* dst = t < p_ - 1 ? Slot(staging_, 0, c) : Ptr(BlockPtr(a_.recv, rb), ChunkOff(rb, c) * esz_);
+    void* dst =
+        t < p_ - 1 ? Slot(staging_, 0, c) : Ptr(BlockPtr(a_.recv, rb), ChunkOff(rb, c) * esz_);
     SCAPE_RETURN_IF_ERROR(ctx.Recv(Mod(r_ - 1, p_), step, dst, ChunkLen(rb, c) * esz_, &col.recv));
     return ctx.Send(Mod(r_ + 1, p_), step, src, ChunkLen(sb, c) * esz_, &col.send);
   }
@@ -247,8 +259,8 @@ class RingOp final : public Op {
   int steps_ = 0, first_ = 0;
   size_t nch_ = 1, maxChunk_ = 1, active_ = 0;
   std::vector<Column> cols_;
-  char* staging_ = nullptr;  // scratch: received partial sums, one slot per chunk column
-  char* work_ = nullptr;     // scratch: reduce-scatter partial results, two slots per column
+  char* staging_ = nullptr;   // scratch: received partial sums, one slot per chunk column
+  char* work_ = nullptr;      // scratch: reduce-scatter partial results, two slots per column
   std::vector<size_t> offs_;  // block b is [offs_[b], offs_[b+1]) elements
 };
 
@@ -291,8 +303,10 @@ class StagedOp : public Op {
   Status PostCurrent(Ctx& ctx) {
     if (cur_ >= stages_.size()) return Status::Ok();
     const Stage& s = stages_[cur_];
-    if (s.recvPeer >= 0) SCAPE_RETURN_IF_ERROR(ctx.Recv(s.recvPeer, s.step, s.rbuf, s.rlen, &recv_));
-    if (s.sendPeer >= 0) SCAPE_RETURN_IF_ERROR(ctx.Send(s.sendPeer, s.step, s.sbuf, s.slen, &send_));
+    if (s.recvPeer >= 0)
+      SCAPE_RETURN_IF_ERROR(ctx.Recv(s.recvPeer, s.step, s.rbuf, s.rlen, &recv_));
+    if (s.sendPeer >= 0)
+      SCAPE_RETURN_IF_ERROR(ctx.Send(s.sendPeer, s.step, s.sbuf, s.slen, &send_));
     return Status::Ok();
   }
   size_t cur_ = 0;
@@ -350,8 +364,8 @@ class RdAllReduceOp final : public StagedOp {
 class ExchangeOp final : public StagedOp {
  public:
   explicit ExchangeOp(const CollArgs& a) {
-    stages_.push_back(Stage{a.sendPeer, a.send, a.sendBytes, a.recvPeer, a.recv, a.recvBytes, 0,
-                            nullptr});
+    stages_.push_back(
+        Stage{a.sendPeer, a.send, a.sendBytes, a.recvPeer, a.recv, a.recvBytes, 0, nullptr});
   }
 };
 
@@ -361,8 +375,8 @@ class BarrierOp final : public StagedOp {
   BarrierOp(int rank, int p) {
     uint32_t round = 0;
     for (int d = 1; d < p; d <<= 1, ++round)
-      stages_.push_back(Stage{Mod(rank + d, p), nullptr, 0, Mod(rank - d, p), nullptr, 0, round,
-                              nullptr});
+      stages_.push_back(
+          Stage{Mod(rank + d, p), nullptr, 0, Mod(rank - d, p), nullptr, 0, round, nullptr});
   }
 };
 

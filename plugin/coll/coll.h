@@ -32,7 +32,11 @@ constexpr uint64_t kSigMask = uint64_t{0xffff} << 26;
 constexpr uint64_t kKindMask = uint64_t{3} << 62;
 
 enum class CollType : uint32_t {
-  kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier,
+  kAllReduce = 1,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
   // Point-to-point building block of irregular algorithms (sparse all-reduce): send sendBytes
   // to sendPeer and/or receive recvBytes from recvPeer (-1: none). Every rank runs the same
   // sequence of exchanges, with no-ops where it has nothing to do, so operations stay matched.
@@ -72,7 +76,12 @@ class Ctx {
  public:
   Ctx(transport::Transport* tp, int rank, int nranks, uint32_t seq, uint32_t sig,
       const Tuning& tuning, std::vector<char>* scratch)
-      : tp_(tp), rank_(rank), nranks_(nranks), seq_(seq), sig_(sig), tuning_(tuning),
+      : tp_(tp),
+        rank_(rank),
+        nranks_(nranks),
+        seq_(seq),
+        sig_(sig),
+        tuning_(tuning),
         scratch_(scratch) {}
   // Working memory for the running operation, kept by the communicator between operations
   // (only one operation runs at a time), so large collectives do not fault in fresh pages on

@@ -22,17 +22,32 @@ struct Header {
 float LoadF(scapeDataType_t t, const char* p) {
   uint16_t h;
   switch (t) {
-    case scapeFloat16: std::memcpy(&h, p, 2); return kernels::Fp16ToFloat(h);
-    case scapeBfloat16: std::memcpy(&h, p, 2); return kernels::Bf16ToFloat(h);
-    default: { float f; std::memcpy(&f, p, 4); return f; }
+    case scapeFloat16:
+      std::memcpy(&h, p, 2);
+      return kernels::Fp16ToFloat(h);
+    case scapeBfloat16:
+      std::memcpy(&h, p, 2);
+      return kernels::Bf16ToFloat(h);
+    default: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
   }
 }
 void StoreF(scapeDataType_t t, char* p, float f) {
   uint16_t h;
   switch (t) {
-    case scapeFloat16: h = kernels::FloatToFp16(f); std::memcpy(p, &h, 2); break;
-    case scapeBfloat16: h = kernels::FloatToBf16(f); std::memcpy(p, &h, 2); break;
-    default: std::memcpy(p, &f, 4);
+    case scapeFloat16:
+      h = kernels::FloatToFp16(f);
+      std::memcpy(p, &h, 2);
+      break;
+    case scapeBfloat16:
+      h = kernels::FloatToBf16(f);
+      std::memcpy(p, &h, 2);
+      break;
+    default:
+      std::memcpy(p, &f, 4);
   }
 }
 
@@ -113,11 +128,11 @@ Status Merge(Part* mine, Part&& theirs, uint64_t n, scapeDataType_t t, size_t es
   Part out;
   out.idx.resize(a + b);
   out.vals.resize((a + b) * esz);
-  const size_t w =
-      esz == 4 ? MergeLists<4>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
-                               theirs.vals.data(), b, out.idx.data(), out.vals.data())
-               : MergeLists<2>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
-                               theirs.vals.data(), b, out.idx.data(), out.vals.data());
+  const size_t w = esz == 4
+                       ? MergeLists<4>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
+                                       theirs.vals.data(), b, out.idx.data(), out.vals.data())
+                       : MergeLists<2>(t, mine->idx.data(), mine->vals.data(), a, theirs.idx.data(),
+                                       theirs.vals.data(), b, out.idx.data(), out.vals.data());
   out.idx.resize(w);
   out.vals.resize(w * esz);
   *mine = std::move(out);
@@ -198,8 +213,8 @@ Status RecursiveDoubling(Runner* comm, Part* part, uint64_t n, scapeDataType_t t
     if (from >= 0) SCAPE_RETURN_IF_ERROR(CheckHeader(theirs, n, from));
     std::vector<char> out = to >= 0 ? Serialise(*part, esz) : std::vector<char>();
     std::vector<char> in(from >= 0 ? bytesOf(theirs) : 0);
-    SCAPE_RETURN_IF_ERROR(Exchange(comm, to, out.data(), out.size(), from, in.data(), in.size(),
-                                   bytesSent));
+    SCAPE_RETURN_IF_ERROR(
+        Exchange(comm, to, out.data(), out.size(), from, in.data(), in.size(), bytesSent));
     if (from >= 0) {
       Part p;
       SCAPE_RETURN_IF_ERROR(Deserialise(theirs, std::move(in), n, esz, from, &p));
@@ -232,8 +247,8 @@ Status RecursiveDoubling(Runner* comm, Part* part, uint64_t n, scapeDataType_t t
       out = Serialise(*part, esz);
       in.resize(bytesOf(theirs));
     }
-    SCAPE_RETURN_IF_ERROR(Exchange(comm, partner, out.data(), out.size(), partner, in.data(),
-                                   in.size(), bytesSent));
+    SCAPE_RETURN_IF_ERROR(
+        Exchange(comm, partner, out.data(), out.size(), partner, in.data(), in.size(), bytesSent));
     if (partner >= 0) {
       Part p;
       SCAPE_RETURN_IF_ERROR(Deserialise(theirs, std::move(in), n, esz, partner, &p));
@@ -262,7 +277,8 @@ Status ViaAllGather(Runner* comm, Part* part, uint64_t n, scapeDataType_t t, siz
   for (size_t i = 0; i < P; ++i) {
     if (counts[i] < 0 || static_cast<uint64_t>(counts[i]) > n)
       return RemoteError(StrFormat("rank %zu announced %lld entries for n = %llu", i,
-                                   static_cast<long long>(counts[i]), static_cast<unsigned long long>(n)));
+                                   static_cast<long long>(counts[i]),
+                                   static_cast<unsigned long long>(n)));
     c[i] = static_cast<size_t>(counts[i]);
     total += c[i];
   }

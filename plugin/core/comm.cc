@@ -7,11 +7,11 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 
 #include "base/clock.h"
@@ -116,16 +116,17 @@ Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
     // Only the header (size, magic, version) is read before the size is known to cover it.
     constexpr size_t kHeader = offsetof(scapeConfig_t, version) + sizeof(unsigned);
     if (cfg->size < kHeader || cfg->magic != SCAPE_CONFIG_MAGIC)
-      return InvalidArgument(StrFormat("config: not initialised with SCAPE_CONFIG_INITIALIZER "
-                                       "(size %zu, magic 0x%x)",
-                                       cfg->size, cfg->magic));
+      return InvalidArgument(
+          StrFormat("config: not initialised with SCAPE_CONFIG_INITIALIZER "
+                    "(size %zu, magic 0x%x)",
+                    cfg->size, cfg->magic));
     constexpr unsigned kOurs = SCAPE_VERSION_CODE;
     if (cfg->version / 10000 != kOurs / 10000 ||
         (cfg->size > sizeof(scapeConfig_t) && cfg->version > kOurs))
-      return Unsupported(StrFormat("config: built against SCAPE version code %u (struct of %zu "
-                                   "bytes); this library is %d (%zu bytes)",
-                                   cfg->version, cfg->size, SCAPE_VERSION_CODE,
-                                   sizeof(scapeConfig_t)));
+      return Unsupported(
+          StrFormat("config: built against SCAPE version code %u (struct of %zu "
+                    "bytes); this library is %d (%zu bytes)",
+                    cfg->version, cfg->size, SCAPE_VERSION_CODE, sizeof(scapeConfig_t)));
     if (SCAPE_CONFIG_HAS(cfg, timeoutMs) && cfg->timeoutMs != SCAPE_CONFIG_UNDEF_INT) {
       if (cfg->timeoutMs <= 0)
         return InvalidArgument(StrFormat("config->timeoutMs = %d: expected > 0", cfg->timeoutMs));
@@ -133,9 +134,10 @@ Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
     }
     if (SCAPE_CONFIG_HAS(cfg, progressMode) && cfg->progressMode != SCAPE_CONFIG_UNDEF_INT) {
       if (cfg->progressMode < 0 || cfg->progressMode >= scapeNumProgressModes)
-        return InvalidArgument(StrFormat("config->progressMode = %d: expected a "
-                                         "scapeProgressMode_t (0..%d)",
-                                         cfg->progressMode, scapeNumProgressModes - 1));
+        return InvalidArgument(
+            StrFormat("config->progressMode = %d: expected a "
+                      "scapeProgressMode_t (0..%d)",
+                      cfg->progressMode, scapeNumProgressModes - 1));
       c.progress = static_cast<scapeProgressMode_t>(cfg->progressMode);
     }
     if (SCAPE_CONFIG_HAS(cfg, netIf) && cfg->netIf) c.netIf = cfg->netIf;
@@ -144,8 +146,8 @@ Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
   return Status::Ok();
 }
 
-Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root,
-                    const CommConfig& cfg, std::unique_ptr<Comm>* out) {
+Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root, const CommConfig& cfg,
+                    std::unique_ptr<Comm>* out) {
   std::unique_ptr<Comm> c(new Comm());
   c->rank_ = rank;
   c->nranks_ = nranks;
@@ -158,8 +160,8 @@ Status Comm::Create(int nranks, int rank, const bootstrap::RootAddress& root,
 Status Comm::Init(const bootstrap::RootAddress& root) {
   SCAPE_RETURN_IF_ERROR(InitTransport());
   std::vector<bootstrap::PeerEntry> table;
-  SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, hostHash_,
-                                              tp_->LocalAddress(), cfg_.timeoutMs, &table));
+  SCAPE_RETURN_IF_ERROR(bootstrap::Rendezvous(root, rank_, nranks_, hostHash_, tp_->LocalAddress(),
+                                              cfg_.timeoutMs, &table));
   return Connect(table);
 }
 
@@ -212,8 +214,8 @@ Status Comm::Connect(const std::vector<bootstrap::PeerEntry>& table) {
   mode_ = cfg_.progress;
   if (mode_ == scapeProgressAuto)
     mode_ = localRanks_ > OnlineCpus() ? scapeProgressYield : scapeProgressSpin;
-  SCAPE_INFO("rank %d/%d: %d ranks on this host, progress mode %d, interface %s", rank_,
-             nranks_, localRanks_, static_cast<int>(mode_), ifname_.c_str());
+  SCAPE_INFO("rank %d/%d: %d ranks on this host, progress mode %d, interface %s", rank_, nranks_,
+             localRanks_, static_cast<int>(mode_), ifname_.c_str());
 
   ctrlBuf_.resize(sizeof(Notice));
   SCAPE_RETURN_IF_ERROR(PostControlRecv());
@@ -262,8 +264,8 @@ Status Comm::CreateChild(std::unique_ptr<Comm>* out) {
   size_t maxLen = 0;
   for (size_t r = 0; r < P; ++r) {
     if (lens[r] <= 0 || lens[r] > static_cast<int64_t>(bootstrap::kMaxBlobBytes))
-      return RemoteError(StrFormat("rank %zu published a %lld-byte address", r,
-                                   static_cast<long long>(lens[r])));
+      return RemoteError(
+          StrFormat("rank %zu published a %lld-byte address", r, static_cast<long long>(lens[r])));
     maxLen = std::max(maxLen, static_cast<size_t>(lens[r]));
   }
   maxLen = (maxLen + 3) / 4 * 4;
@@ -278,8 +280,9 @@ Status Comm::CreateChild(std::unique_ptr<Comm>* out) {
   for (size_t r = 0; r < P; ++r) {
     table[r].hostHash = peers_[r].hostHash;
     table[r].pid = peers_[r].pid;
-    table[r].blob.assign(all.begin() + static_cast<ptrdiff_t>(r * maxLen),
-                         all.begin() + static_cast<ptrdiff_t>(r * maxLen + static_cast<size_t>(lens[r])));
+    table[r].blob.assign(
+        all.begin() + static_cast<ptrdiff_t>(r * maxLen),
+        all.begin() + static_cast<ptrdiff_t>(r * maxLen + static_cast<size_t>(lens[r])));
   }
   SCAPE_RETURN_IF_ERROR(c->Connect(table));
   *out = std::move(c);
@@ -319,13 +322,12 @@ Status Comm::CheckControl() {
   const int src = static_cast<int>((info.senderTag >> 42) & ((1u << coll::kSrcBits) - 1));
   Notice n;
   std::memcpy(&n, ctrlBuf_.data(), sizeof(n));
-  if (info.length != sizeof(Notice) || n.magic != kNoticeMagic || n.rank != src ||
-      src >= nranks_ || n.len > kNoticeMsgBytes || n.code <= 0 || n.code >= scapeNumResults)
-    return RemoteError(StrFormat("rank %d sent a malformed control message (%zu bytes)", src,
-                                 info.length));
+  if (info.length != sizeof(Notice) || n.magic != kNoticeMagic || n.rank != src || src >= nranks_ ||
+      n.len > kNoticeMsgBytes || n.code <= 0 || n.code >= scapeNumResults)
+    return RemoteError(
+        StrFormat("rank %d sent a malformed control message (%zu bytes)", src, info.length));
   std::string msg(n.msg, n.len);
-  Status remote = RemoteError(StrFormat("rank %d aborted the communicator: %s", src,
-                                        msg.c_str()));
+  Status remote = RemoteError(StrFormat("rank %d aborted the communicator: %s", src, msg.c_str()));
   error_ = remote;  // set first, so that Fail does not echo the notice back to everyone
   return remote;
 }
@@ -340,14 +342,14 @@ Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
   p->op = coll::MakeOp(args, rank_, nranks_, tuning_);
   if (!p->op) return InternalError("no algorithm for this collective");
   if (nranks_ > 1 && args.counts.empty()) {
-    const bool data = args.type == coll::CollType::kAllReduce ||
-                      args.type == coll::CollType::kReduceScatter ||
-                      args.type == coll::CollType::kAllGather ||
-                      args.type == coll::CollType::kBroadcast;
+    const bool data =
+        args.type == coll::CollType::kAllReduce || args.type == coll::CollType::kReduceScatter ||
+        args.type == coll::CollType::kAllGather || args.type == coll::CollType::kBroadcast;
     // A count-0 collective still meets the other ranks (it is matched like any other, and a
     // rank that passed count 0 where the others passed 100 must hear of it); a broadcast ends
     // with the confirmation, so that its root does not return while the others disagree.
-    if (data && args.count == 0) p->op = std::make_unique<ConfirmOp>(nullptr, rank_, nranks_);
+    if (data && args.count == 0)
+      p->op = std::make_unique<ConfirmOp>(nullptr, rank_, nranks_);
     else if (args.type == coll::CollType::kBroadcast)
       p->op = std::make_unique<ConfirmOp>(std::move(p->op), rank_, nranks_);
   }
@@ -390,8 +392,10 @@ void Comm::WatchLocalPeers() {
 
 Status Comm::Poll(bool* advanced) {
   if (AbortRequested())
-    return InvalidUsage(StrFormat("rank %d: the communicator was aborted (scapeCommAbort was "
-                                  "called while this operation was in progress)", rank_));
+    return InvalidUsage(
+        StrFormat("rank %d: the communicator was aborted (scapeCommAbort was "
+                  "called while this operation was in progress)",
+                  rank_));
   tp_->Progress();
   WatchLocalPeers();
   SCAPE_RETURN_IF_ERROR(CheckControl());
@@ -417,11 +421,13 @@ Status Comm::Poll(bool* advanced) {
       head->started = true;
       *advanced = true;
       Status st = head->op->Start(ctx);
-      if (!st.ok()) return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
+      if (!st.ok())
+        return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
     }
     bool done = false;
     Status st = head->op->Progress(ctx, &done, advanced);
-    if (!st.ok()) return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
+    if (!st.ok())
+      return st.Prepend(StrFormat("%s #%u", coll::CollName(head->args.type), head->seq));
     if (!done) break;
     if (head->onDone) {
       head->onDone();
@@ -449,11 +455,11 @@ Status Comm::ProbeMismatch(const PendingOp& head) {
     const uint64_t want = coll::MakeTag(coll::kKindData, q, 0, head.seq, 0);
     if (!tp_->Probe(want, coll::kKindMask | srcMask | seqMask, &tag)) continue;
     if (coll::TagSig(tag) != (sig & 0xffffu))
-      return InvalidUsage(StrFormat("rank %d is in a different collective call than this rank "
-                                    "(operation, count, datatype, op or root differ; its %s #%u "
-                                    "carries signature %04x, this rank's %04x)",
-                                    q, coll::CollName(head.args.type), head.seq,
-                                    coll::TagSig(tag), sig & 0xffffu));
+      return InvalidUsage(
+          StrFormat("rank %d is in a different collective call than this rank "
+                    "(operation, count, datatype, op or root differ; its %s #%u "
+                    "carries signature %04x, this rank's %04x)",
+                    q, coll::CollName(head.args.type), head.seq, coll::TagSig(tag), sig & 0xffffu));
   }
   return Status::Ok();
 }
@@ -485,10 +491,10 @@ Status Comm::Wait(PendingOp* op) {
     }
     if (NowNs() - last > limit) {
       const PendingOp* head = queue_.front().get();
-      return Fail(TimeoutError(StrFormat("%s #%u made no progress for %d ms (a peer is dead, "
-                                         "stuck, or not calling the same collective)",
-                                         coll::CollName(head->args.type), head->seq,
-                                         cfg_.timeoutMs)));
+      return Fail(
+          TimeoutError(StrFormat("%s #%u made no progress for %d ms (a peer is dead, "
+                                 "stuck, or not calling the same collective)",
+                                 coll::CollName(head->args.type), head->seq, cfg_.timeoutMs)));
     }
     Backoff(++idle);
   }
@@ -565,8 +571,10 @@ void Comm::Abort(const std::string& why) {
       if (!s) continue;
       bool done = false;
       Status st = tp_->Test(s.get(), &done);
-      if (done) s.reset();
-      else ++left;
+      if (done)
+        s.reset();
+      else
+        ++left;
     }
   }
   tp_->CloseAll(true);

@@ -11,10 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "plugin/coll/coll.h"
-#include "scape/scape.h"
 #include "base/param.h"
 #include "base/status.h"
+#include "plugin/coll/coll.h"
+#include "scape/scape.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/transport.h"
 

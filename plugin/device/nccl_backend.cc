@@ -14,22 +14,33 @@ namespace device {
 
 int NcclDataType(scapeDataType_t t) {
   switch (t) {
-    case scapeFloat32: return kNcclFloat32;
-    case scapeFloat16: return kNcclFloat16;
-    case scapeBfloat16: return kNcclBfloat16;
-    case scapeInt32: return kNcclInt32;
-    case scapeInt64: return kNcclInt64;
-    default: return -1;
+    case scapeFloat32:
+      return kNcclFloat32;
+    case scapeFloat16:
+      return kNcclFloat16;
+    case scapeBfloat16:
+      return kNcclBfloat16;
+    case scapeInt32:
+      return kNcclInt32;
+    case scapeInt64:
+      return kNcclInt64;
+    default:
+      return -1;
   }
 }
 
 int NcclRedOp(scapeRedOp_t o) {
   switch (o) {
-    case scapeSum: return kNcclSum;
-    case scapeAvg: return kNcclAvg;
-    case scapeMax: return kNcclMax;
-    case scapeMin: return kNcclMin;
-    default: return -1;
+    case scapeSum:
+      return kNcclSum;
+    case scapeAvg:
+      return kNcclAvg;
+    case scapeMax:
+      return kNcclMax;
+    case scapeMin:
+      return kNcclMin;
+    default:
+      return -1;
   }
 }
 
@@ -38,11 +49,16 @@ Status FromNccl(int r, const char* what, const char* msg) {
   std::string m = StrFormat("%s returned %d", what, r);
   if (msg && *msg) m += std::string(": ") + msg;
   switch (r) {
-    case kNcclInvalidArgument: return InvalidArgument(m);
-    case kNcclInvalidUsage: return InvalidUsage(m);
-    case kNcclRemoteError: return RemoteError(m);
-    case kNcclInternalError: return InternalError(m);
-    default: return SystemError(m);  // unhandled CUDA error, system error, unknown
+    case kNcclInvalidArgument:
+      return InvalidArgument(m);
+    case kNcclInvalidUsage:
+      return InvalidUsage(m);
+    case kNcclRemoteError:
+      return RemoteError(m);
+    case kNcclInternalError:
+      return InternalError(m);
+    default:
+      return SystemError(m);  // unhandled CUDA error, system error, unknown
   }
 }
 
@@ -55,8 +71,8 @@ template <typename F>
 Status Resolve(void* lib, const std::string& path, const char* name, F* fn, bool required) {
   *fn = reinterpret_cast<F>(dlsym(lib, name));
   if (!*fn && required)
-    return SystemError(StrFormat("the NCCL library %s has no %s: not an NCCL 2.x library?",
-                                 path.c_str(), name));
+    return SystemError(
+        StrFormat("the NCCL library %s has no %s: not an NCCL 2.x library?", path.c_str(), name));
   return Status::Ok();
 }
 
@@ -74,9 +90,10 @@ Status LoadNccl(const NcclApi** out) {
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char* e = dlerror();
-    return Unsupported(StrFormat("the NCCL backend needs NCCL, and %s cannot be loaded (%s); "
-                                 "install NCCL 2.x or set SCAPE_NCCL_LIBRARY to its path",
-                                 path.c_str(), e ? e : "unknown dlopen error"));
+    return Unsupported(
+        StrFormat("the NCCL backend needs NCCL, and %s cannot be loaded (%s); "
+                  "install NCCL 2.x or set SCAPE_NCCL_LIBRARY to its path",
+                  path.c_str(), e ? e : "unknown dlopen error"));
   }
   auto api = std::make_unique<NcclApi>();
   api->path = path;
@@ -93,10 +110,13 @@ Status LoadNccl(const NcclApi** out) {
   if (st.ok()) {
     int v = 0;
     int r = api->getVersion(&v);
-    if (r != kNcclSuccess) st = FromNccl(r, "ncclGetVersion", nullptr);
+    if (r != kNcclSuccess)
+      st = FromNccl(r, "ncclGetVersion", nullptr);
     else if (v < 21000)
-      st = SystemError(StrFormat("the NCCL library %s is version %d; the NCCL backend needs "
-                                 "2.10 or later (ncclAvg)", path.c_str(), v));
+      st =
+          SystemError(StrFormat("the NCCL library %s is version %d; the NCCL backend needs "
+                                "2.10 or later (ncclAvg)",
+                                path.c_str(), v));
     api->version = v;
   }
   if (!st.ok()) {
@@ -149,9 +169,10 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
       r = api_->broadcast(a.send, a.recv, a.count, dt, a.root, comm_, stream);
       break;
     default:
-      return Unsupported(StrFormat("%s has no NCCL form (NCCL has no barrier: synchronise the "
-                                   "stream after a 1-element all-reduce instead)",
-                                   coll::CollName(a.type)));
+      return Unsupported(
+          StrFormat("%s has no NCCL form (NCCL has no barrier: synchronise the "
+                    "stream after a 1-element all-reduce instead)",
+                    coll::CollName(a.type)));
   }
   if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
   const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;

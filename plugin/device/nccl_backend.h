@@ -17,12 +17,24 @@ namespace scape {
 namespace device {
 
 // NCCL ABI values (nccl.h).
-enum : int { kNcclInt32 = 2, kNcclInt64 = 4, kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclBfloat16 = 9 };
+enum : int {
+  kNcclInt32 = 2,
+  kNcclInt64 = 4,
+  kNcclFloat16 = 6,
+  kNcclFloat32 = 7,
+  kNcclBfloat16 = 9
+};
 enum : int { kNcclSum = 0, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
 // NCCL result codes (ncclResult_t).
 enum : int {
-  kNcclSuccess = 0, kNcclUnhandledCudaError = 1, kNcclSystemError = 2, kNcclInternalError = 3,
-  kNcclInvalidArgument = 4, kNcclInvalidUsage = 5, kNcclRemoteError = 6, kNcclInProgress = 7
+  kNcclSuccess = 0,
+  kNcclUnhandledCudaError = 1,
+  kNcclSystemError = 2,
+  kNcclInternalError = 3,
+  kNcclInvalidArgument = 4,
+  kNcclInvalidUsage = 5,
+  kNcclRemoteError = 6,
+  kNcclInProgress = 7
 };
 int NcclDataType(scapeDataType_t t);  // -1: none
 int NcclRedOp(scapeRedOp_t o);        // -1: none

@@ -12,8 +12,8 @@ namespace device {
 namespace {
 
 Status CudaFail(const char* what, cudaError_t e) {
-  return SystemError(StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(e),
-                               cudaGetErrorString(e)));
+  return SystemError(
+      StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)));
 }
 
 class Cuda final : public Runtime {
@@ -37,9 +37,12 @@ class Cuda final : public Runtime {
       return PtrKind::kHost;
     }
     switch (a.type) {
-      case cudaMemoryTypeDevice: return PtrKind::kDevice;
-      case cudaMemoryTypeManaged: return PtrKind::kManaged;
-      default: return PtrKind::kHost;
+      case cudaMemoryTypeDevice:
+        return PtrKind::kDevice;
+      case cudaMemoryTypeManaged:
+        return PtrKind::kManaged;
+      default:
+        return PtrKind::kHost;
     }
   }
   Status HostAlloc(size_t bytes, void** p) override {
@@ -49,8 +52,8 @@ class Cuda final : public Runtime {
   void HostFree(void* p) override { cudaFreeHost(p); }
   Status CopyAsync(void* dst, const void* src, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                    static_cast<cudaStream_t>(s));
+    cudaError_t e =
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s));
     return e == cudaSuccess ? Status::Ok() : CudaFail("cudaMemcpyAsync", e);
   }
   Status EventCreate(Event* ev) override {

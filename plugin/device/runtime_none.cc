@@ -11,9 +11,12 @@ namespace device {
 
 const char* PtrKindName(PtrKind k) {
   switch (k) {
-    case PtrKind::kHost: return "host memory";
-    case PtrKind::kDevice: return "device memory";
-    case PtrKind::kManaged: return "managed memory";
+    case PtrKind::kHost:
+      return "host memory";
+    case PtrKind::kDevice:
+      return "device memory";
+    case PtrKind::kManaged:
+      return "managed memory";
   }
   return "unknown memory";
 }
@@ -21,8 +24,9 @@ const char* PtrKindName(PtrKind k) {
 namespace {
 
 Status NoStream() {
-  return Unsupported("this build has no CUDA device support (or no CUDA driver was found), so "
-                     "a non-NULL stream cannot be used: pass stream = NULL with host buffers");
+  return Unsupported(
+      "this build has no CUDA device support (or no CUDA driver was found), so "
+      "a non-NULL stream cannot be used: pass stream = NULL with host buffers");
 }
 
 class None final : public Runtime {

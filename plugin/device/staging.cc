@@ -75,7 +75,8 @@ Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunk
         c.sendOff = P * lo * esz;
         c.recvOff = lo * esz;
         if (b)
-          for (size_t r = 0; r < P; ++r) c.d2h.push_back({(P * lo + r * len) * esz, (r * n + lo) * esz, b});
+          for (size_t r = 0; r < P; ++r)
+            c.d2h.push_back({(P * lo + r * len) * esz, (r * n + lo) * esz, b});
         if (b) c.h2d.push_back({lo * esz, lo * esz, b});
         break;
       default:  // all-gather
@@ -83,7 +84,8 @@ Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunk
         c.recvOff = P * lo * esz;
         if (b) c.d2h.push_back({lo * esz, lo * esz, b});
         if (b)
-          for (size_t r = 0; r < P; ++r) c.h2d.push_back({(r * n + lo) * esz, (P * lo + r * len) * esz, b});
+          for (size_t r = 0; r < P; ++r)
+            c.h2d.push_back({(r * n + lo) * esz, (P * lo + r * len) * esz, b});
         break;
     }
     plan.chunks.push_back(std::move(c));
@@ -323,7 +325,8 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     std::lock_guard<std::mutex> lk(mu_);
     if (job->doneFnQueued || job->streamDone) live_.push_back(job);
     // else: host functions may still run against the job: leak it rather than free it.
-    else new std::shared_ptr<Job>(job);
+    else
+      new std::shared_ptr<Job>(job);
     if (st.ok()) queue_.push_back(job);
   }
   cv_.notify_all();
@@ -340,9 +343,10 @@ Status StagingChannel::Drain(int timeoutMs) {
       if (live_.empty() && queue_.empty()) return error_;
     }
     if (dl.Expired())
-      return TimeoutError(StrFormat("device collectives still in flight after %d ms: a stream "
-                                    "did not reach them (is it waiting on later work?)",
-                                    timeoutMs));
+      return TimeoutError(
+          StrFormat("device collectives still in flight after %d ms: a stream "
+                    "did not reach them (is it waiting on later work?)",
+                    timeoutMs));
     struct timespec ts = {0, 200000};
     nanosleep(&ts, nullptr);
   }
@@ -429,8 +433,9 @@ void StagingChannel::RunJob(Job* job) {
         if (gaveUp) {
           std::lock_guard<std::mutex> lk(mu_);
           if (error_.ok())
-            error_ = TimeoutError("device collective: the stream's wait for the host exchange "
-                                  "timed out");
+            error_ = TimeoutError(
+                "device collective: the stream's wait for the host exchange "
+                "timed out");
           return;
         }
         if (all) return;

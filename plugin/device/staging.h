@@ -107,16 +107,16 @@ class StagingChannel {
   Status AcquireStage(size_t bytes, void** p);
 
   Runtime* rt_ = nullptr;
-  Comm* comm_ = nullptr;                // the communicator the worker drives
-  std::unique_ptr<Comm> child_;         // owned when made by Create
+  Comm* comm_ = nullptr;         // the communicator the worker drives
+  std::unique_ptr<Comm> child_;  // owned when made by Create
   int timeoutMs_ = kDefaultTimeoutMs;
   int rank_ = 0, nranks_ = 1;
   size_t chunkBytes_ = 4 << 20;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> queue_;   // waiting for the worker
-  std::vector<std::shared_ptr<Job>> live_;   // enqueued and not yet done on their streams
+  std::deque<std::shared_ptr<Job>> queue_;  // waiting for the worker
+  std::vector<std::shared_ptr<Job>> live_;  // enqueued and not yet done on their streams
   struct Block {
     void* p;
     size_t bytes;

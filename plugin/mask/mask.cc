@@ -4,12 +4,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "kernels/cpu/gather.h"
 #include "kernels/cpu/mask_codec.h"
 #include "kernels/cpu/topk.h"
 #include "plugin/coll/schedule.h"
-#include "base/clock.h"
-#include "base/log.h"
 
 namespace scape {
 namespace {
@@ -19,8 +19,8 @@ namespace {
 constexpr uint8_t kIndices32 = 4;
 constexpr size_t kHeader = kernels::kMaskHeaderBytes;
 
-uint64_t Fingerprint(uint64_t n, const std::vector<uint64_t>& offs, const std::vector<uint8_t>& dense,
-                     scapeOwnership_t own, int nranks) {
+uint64_t Fingerprint(uint64_t n, const std::vector<uint64_t>& offs,
+                     const std::vector<uint8_t>& dense, scapeOwnership_t own, int nranks) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) {
     for (int i = 0; i < 8; ++i) {
@@ -39,9 +39,12 @@ uint64_t Fingerprint(uint64_t n, const std::vector<uint64_t>& offs, const std::v
 
 kernels::MaskEncoding KernelEncoding(scapeMaskEncoding_t e) {
   switch (e) {
-    case scapeMaskEncodingBitmap: return kernels::MaskEncoding::kBitmap;
-    case scapeMaskEncodingEliasFano: return kernels::MaskEncoding::kEliasFano;
-    default: return kernels::MaskEncoding::kDeltaVarint;
+    case scapeMaskEncodingBitmap:
+      return kernels::MaskEncoding::kBitmap;
+    case scapeMaskEncodingEliasFano:
+      return kernels::MaskEncoding::kEliasFano;
+    default:
+      return kernels::MaskEncoding::kDeltaVarint;
   }
 }
 
@@ -55,7 +58,8 @@ void Mask::BuildOwnership(const std::vector<uint64_t>& offs, const std::vector<u
   auto isDense = [&](size_t s) { return !dense.empty() && dense[s] != 0; };
   if (ownership == scapeOwnershipShards) {
     for (int r = 0; r < nranks_; ++r) {
-      const uint64_t b = coll::BlockOffset(n_, nranks_, r), e = coll::BlockOffset(n_, nranks_, r + 1);
+      const uint64_t b = coll::BlockOffset(n_, nranks_, r),
+                     e = coll::BlockOffset(n_, nranks_, r + 1);
       // Segments overlapping [b, e): binary search the first one.
       size_t s = static_cast<size_t>(std::upper_bound(offs.begin(), offs.end(), b) - offs.begin());
       s = s == 0 ? 0 : s - 1;
@@ -81,7 +85,8 @@ void Mask::BuildOwnership(const std::vector<uint64_t>& offs, const std::vector<u
       owned_[best].push_back(Piece{offs[s], offs[s + 1], isDense(s)});
     }
     for (auto& v : owned_)
-      std::sort(v.begin(), v.end(), [](const Piece& x, const Piece& y) { return x.begin < y.begin; });
+      std::sort(v.begin(), v.end(),
+                [](const Piece& x, const Piece& y) { return x.begin < y.begin; });
   }
   base_.assign(static_cast<size_t>(nranks_), 0);
   for (int r = 0; r < nranks_; ++r) {
@@ -119,11 +124,12 @@ Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffs
   SCAPE_RETURN_IF_ERROR(comm->Run(ag));
   for (size_t r = 0; r < P; ++r)
     if (fps[r] != fp)
-      return InvalidUsage(StrFormat("rank %zu built a different mask layout than rank %d (layout "
-                                    "fingerprints %016llx and %016llx): every rank must pass the "
-                                    "same n, segments, dense flags and ownership",
-                                    r, m->rank_, static_cast<unsigned long long>(fps[r]),
-                                    static_cast<unsigned long long>(fp)));
+      return InvalidUsage(
+          StrFormat("rank %zu built a different mask layout than rank %d (layout "
+                    "fingerprints %016llx and %016llx): every rank must pass the "
+                    "same n, segments, dense flags and ownership",
+                    r, m->rank_, static_cast<unsigned long long>(fps[r]),
+                    static_cast<unsigned long long>(fp)));
 
   m->BuildOwnership(segOffsets, dense, ownership);
   m->curCount_.assign(P, 0);
@@ -156,9 +162,10 @@ Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
   // before anything is allocated for them.
   const uint64_t nown = ownedSize_[static_cast<size_t>(rank_)];
   if (k > nown)
-    return InvalidArgument(StrFormat("k = %zu indices, but rank %d owns only %llu elements "
-                                     "(indices must be distinct positions of its owned part)",
-                                     k, rank_, static_cast<unsigned long long>(nown)));
+    return InvalidArgument(
+        StrFormat("k = %zu indices, but rank %d owns only %llu elements "
+                  "(indices must be distinct positions of its owned part)",
+                  k, rank_, static_cast<unsigned long long>(nown)));
   std::vector<uint64_t> local;
   local.reserve(k);
   size_t i = 0;
@@ -174,9 +181,10 @@ Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
     } else {
       while (i < k && idx[i] >= p.begin && idx[i] < p.end) {
         if (i > 0 && idx[i] <= idx[i - 1])
-          return InvalidArgument(StrFormat("indices[%zu] = %llu is not above indices[%zu]: "
-                                           "indices must be strictly increasing",
-                                           i, static_cast<unsigned long long>(idx[i]), i - 1));
+          return InvalidArgument(
+              StrFormat("indices[%zu] = %llu is not above indices[%zu]: "
+                        "indices must be strictly increasing",
+                        i, static_cast<unsigned long long>(idx[i]), i - 1));
         local.push_back(base + (idx[i] - p.begin));
         ++i;
       }
@@ -184,9 +192,10 @@ Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
     base += p.end - p.begin;
   }
   if (i < k)
-    return InvalidArgument(StrFormat("indices[%zu] = %llu is not in rank %d's owned part (or the "
-                                     "indices are not strictly increasing)",
-                                     i, static_cast<unsigned long long>(idx[i]), rank_));
+    return InvalidArgument(
+        StrFormat("indices[%zu] = %llu is not in rank %d's owned part (or the "
+                  "indices are not strictly increasing)",
+                  i, static_cast<unsigned long long>(idx[i]), rank_));
   nextLocal_ = std::move(local);
   nextSet_ = true;
   return Status::Ok();
@@ -204,7 +213,8 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
     }
     if (offs.empty()) offs.push_back(p.begin);
     const uint64_t len = p.end - p.begin;
-    uint64_t kk = p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
+    uint64_t kk =
+        p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
     if (!p.dense && len > 0) kk = std::max<uint64_t>(1, std::min(kk, len));
     k.push_back(kk);
     offs.push_back(p.end);
@@ -222,8 +232,8 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
     kernels::TopkOptions opt;
     kernels::KernelStatus ks = kernels::TopkAbs(stat, segs, opt, sel.data(), nullptr, &topkWs_);
     if (ks != kernels::KernelStatus::kOk)
-      return Status(kernels::ToResult(ks), StrFormat("top-k selection failed: %s",
-                                                     kernels::KernelStatusString(ks)));
+      return Status(kernels::ToResult(ks),
+                    StrFormat("top-k selection failed: %s", kernels::KernelStatusString(ks)));
     local.reserve(total);
     size_t pi = 0;
     uint64_t base = 0;
@@ -293,11 +303,11 @@ Status Mask::PartCount(int r, const uint8_t* buf, size_t size, uint64_t* k) cons
     for (size_t i = 1; i < 8; ++i)
       if (buf[i] != 0) return RemoteError(StrFormat("rank %d's mask part has a bad header", r));
     if (hn != nown || hk > nown || (size - kHeader) / 4 != hk || (size - kHeader) % 4 != 0)
-      return RemoteError(StrFormat("rank %d's mask part does not match its owned part "
-                                   "(n %llu, k %llu, %zu bytes; it owns %llu elements)", r,
-                                   static_cast<unsigned long long>(hn),
-                                   static_cast<unsigned long long>(hk), size,
-                                   static_cast<unsigned long long>(nown)));
+      return RemoteError(
+          StrFormat("rank %d's mask part does not match its owned part "
+                    "(n %llu, k %llu, %zu bytes; it owns %llu elements)",
+                    r, static_cast<unsigned long long>(hn), static_cast<unsigned long long>(hk),
+                    size, static_cast<unsigned long long>(nown)));
     *k = hk;
     return Status::Ok();
   }
@@ -305,8 +315,8 @@ Status Mask::PartCount(int r, const uint8_t* buf, size_t size, uint64_t* k) cons
   kernels::KernelStatus ks = kernels::MaskReadHeader(buf, size, &h);
   if (ks == kernels::KernelStatus::kOk && h.n != nown) ks = kernels::KernelStatus::kCorrupt;
   if (ks != kernels::KernelStatus::kOk)
-    return RemoteError(StrFormat("rank %d's mask part failed validation: %s", r,
-                                 kernels::KernelStatusString(ks)));
+    return RemoteError(
+        StrFormat("rank %d's mask part failed validation: %s", r, kernels::KernelStatusString(ks)));
   *k = h.k;  // MaskReadHeader checked k <= n
   return Status::Ok();
 }
@@ -323,8 +333,10 @@ Status Mask::DecodeInto(int r, const uint8_t* buf, size_t size, uint64_t k, uint
       uint32_t v;
       std::memcpy(&v, buf + kHeader + 4 * i, 4);
       if (v >= nown || (i > 0 && v <= prev))
-        return RemoteError(StrFormat("rank %d's mask part has an index out of range or out of "
-                                     "order at position %llu", r, static_cast<unsigned long long>(i)));
+        return RemoteError(
+            StrFormat("rank %d's mask part has an index out of range or out of "
+                      "order at position %llu",
+                      r, static_cast<unsigned long long>(i)));
       out[i] = v + add;
       prev = v;
     }
@@ -372,7 +384,8 @@ Status Mask::SyncStart() {
   // Nothing selected since the last advance: the part holds the always-dense segments only
   // (as scapeMaskSetNextIndices with k = 0 would).
   if (!nextSet_) SCAPE_RETURN_IF_ERROR(SetNextIndices(nullptr, 0));
-  if (encoding_ == scapeMaskEncodingIndices && ownedSize_[static_cast<size_t>(rank_)] > (uint64_t{1} << 32))
+  if (encoding_ == scapeMaskEncodingIndices &&
+      ownedSize_[static_cast<size_t>(rank_)] > (uint64_t{1} << 32))
     return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
   // The sync thread decodes into next_: if an operation still holds that buffer (it was
   // current before the last advance), decode into a fresh one instead.
@@ -413,7 +426,8 @@ Status Mask::SyncWait() {
   {
     std::unique_lock<std::mutex> lk(mu_);
     // The thread's own collectives carry the communicator's timeout; this is a backstop.
-    const auto limit = std::chrono::milliseconds(static_cast<int64_t>(comm_->config().timeoutMs) * 3 + 5000);
+    const auto limit =
+        std::chrono::milliseconds(static_cast<int64_t>(comm_->config().timeoutMs) * 3 + 5000);
     if (!cv_.wait_for(lk, limit, [this] { return finished_; }))
       return TimeoutError("the mask sync thread did not finish in time");
   }
@@ -472,10 +486,10 @@ Status Mask::RunSync() {
     // varint code of every element): refuse anything bigger before allocating.
     const uint64_t cap = kHeader + 10 * ownedSize_[r] + 64;
     if (sizes[r] < static_cast<int64_t>(kHeader) || static_cast<uint64_t>(sizes[r]) > cap)
-      return RemoteError(StrFormat("mask sync: rank %zu announced a %lld-byte part (expected "
-                                   "%zu..%llu for its owned part)", r,
-                                   static_cast<long long>(sizes[r]), kHeader,
-                                   static_cast<unsigned long long>(cap)));
+      return RemoteError(StrFormat(
+          "mask sync: rank %zu announced a %lld-byte part (expected "
+          "%zu..%llu for its owned part)",
+          r, static_cast<long long>(sizes[r]), kHeader, static_cast<unsigned long long>(cap)));
     counts[r] = (static_cast<size_t>(sizes[r]) + 3) / 4;
     totalWords += counts[r];
   }

@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
 #include "kernels/cpu/topk.h"
 #include "plugin/core/comm.h"
 #include "scape/scape.h"
-#include "base/status.h"
 
 namespace scape {
 
@@ -130,10 +130,10 @@ class Mask {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false, requested_ = false, finished_ = false;  // guarded by mu_
-  bool inFlight_ = false;       // caller thread only
-  bool synced_ = false;         // a sync completed since the last Advance
-  uint64_t generation_ = 0;     // successful SyncStart + Advance calls (caller thread only)
-  Status syncStatus_;           // written by the thread before finished_
+  bool inFlight_ = false;                                     // caller thread only
+  bool synced_ = false;      // a sync completed since the last Advance
+  uint64_t generation_ = 0;  // successful SyncStart + Advance calls (caller thread only)
+  Status syncStatus_;        // written by the thread before finished_
   // The sync thread's buffers (it alone touches them while a sync is in flight; nextLocal_ is
   // only read then: the caller may not change it during a sync).
   std::vector<uint8_t> sendEnc_;  // this rank's encoded part (padded to 4)

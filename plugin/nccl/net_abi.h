@@ -17,11 +17,11 @@ extern "C" {
 typedef enum {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,        // system, library, network or hardware failure
-  ncclInternalError = 3,      // NCCL misused the plugin (bad argument, too many requests)
+  ncclSystemError = 2,    // system, library, network or hardware failure
+  ncclInternalError = 3,  // NCCL misused the plugin (bad argument, too many requests)
   ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,       // user or configuration error
-  ncclRemoteError = 6,        // the remote peer failed
+  ncclInvalidUsage = 5,  // user or configuration error
+  ncclRemoteError = 6,   // the remote peer failed
 } ncclResult_t;
 
 // ---- 3.3 logging -------------------------------------------------------------------------------
@@ -198,8 +198,8 @@ typedef struct {
   ncclResult_t (*devices)(int* ndev);
   ncclResult_t (*getProperties)(int dev, ncclNetProperties_v10_t* props);
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, ncclNetCommConfig_v10_t* config, void* handle,
-                          void** sendComm, ncclNetDeviceHandle_v10_t** sendDevComm);
+  ncclResult_t (*connect)(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_v10_t** sendDevComm);
   ncclResult_t (*accept)(void* listenComm, void** recvComm,
                          ncclNetDeviceHandle_v10_t** recvDevComm);
   ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
@@ -229,8 +229,7 @@ typedef struct {
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
   ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
                           ncclNetDeviceHandle_v9_t** sendDevComm);
-  ncclResult_t (*accept)(void* listenComm, void** recvComm,
-                         ncclNetDeviceHandle_v9_t** recvDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_v9_t** recvDevComm);
   ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
   ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
                               int fd, void** mhandle);
@@ -258,16 +257,15 @@ typedef struct {
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
   ncclResult_t (*connect)(int dev, void* handle, void** sendComm,
                           ncclNetDeviceHandle_v8_t** sendDevComm);
-  ncclResult_t (*accept)(void* listenComm, void** recvComm,
-                         ncclNetDeviceHandle_v8_t** recvDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t** recvDevComm);
   ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
   ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
                               int fd, void** mhandle);
   ncclResult_t (*deregMr)(void* comm, void* mhandle);
   ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle,
                         void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags,
-                        void** mhandles, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,
+                        void** request);
   ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
                          void** request);
   ncclResult_t (*test)(void* request, int* done, int* sizes);
@@ -285,7 +283,8 @@ static_assert(sizeof(ncclResult_t) == 4 && sizeof(ncclNetDeviceType) == 4 &&
                   sizeof(ncclDebugLogLevel) == 4,
               "enums are 4 bytes");
 
-static_assert(sizeof(ncclNetVDeviceProps_v11_t) == 20 && alignof(ncclNetVDeviceProps_v11_t) == 4, "");
+static_assert(sizeof(ncclNetVDeviceProps_v11_t) == 20 && alignof(ncclNetVDeviceProps_v11_t) == 4,
+              "");
 static_assert(offsetof(ncclNetVDeviceProps_v11_t, devs) == 4, "");
 static_assert(sizeof(ncclNetCommConfig_v11_t) == 4, "");
 static_assert(sizeof(ncclNetCommAttr_v11_t) == 16, "");
@@ -296,7 +295,8 @@ static_assert(offsetof(ncclNetAttr_v11_t, recvCommAttr) == 16 &&
                   offsetof(ncclNetAttr_v11_t, algo) == 36 &&
                   offsetof(ncclNetAttr_v11_t, proto) == 40,
               "");
-static_assert(sizeof(ncclNetDeviceHandle_v11_t) == 32 && alignof(ncclNetDeviceHandle_v11_t) == 8, "");
+static_assert(sizeof(ncclNetDeviceHandle_v11_t) == 32 && alignof(ncclNetDeviceHandle_v11_t) == 8,
+              "");
 static_assert(offsetof(ncclNetDeviceHandle_v11_t, netDeviceVersion) == 4 &&
                   offsetof(ncclNetDeviceHandle_v11_t, handle) == 8 &&
                   offsetof(ncclNetDeviceHandle_v11_t, size) == 16 &&
@@ -350,16 +350,16 @@ static_assert(sizeof(ncclNet_v8_t) == 152, "ncclNet_v8_t is 19 members");
 static_assert(sizeof(ncclNet_v9_t) == 160, "ncclNet_v9_t is 20 members");
 static_assert(sizeof(ncclNet_v10_t) == 160, "ncclNet_v10_t is 20 members");
 static_assert(sizeof(ncclNet_v11_t) == 176, "ncclNet_v11_t is 22 members");
-#define SCAPE_NET_CHECK_OFFSETS(T)                                                              \
-  static_assert(offsetof(T, init) == 8 && offsetof(T, devices) == 16 &&                         \
-                    offsetof(T, getProperties) == 24 && offsetof(T, listen) == 32 &&            \
-                    offsetof(T, connect) == 40 && offsetof(T, accept) == 48 &&                  \
-                    offsetof(T, regMr) == 56 && offsetof(T, regMrDmaBuf) == 64 &&               \
-                    offsetof(T, deregMr) == 72 && offsetof(T, isend) == 80 &&                   \
-                    offsetof(T, irecv) == 88 && offsetof(T, iflush) == 96 &&                    \
-                    offsetof(T, test) == 104 && offsetof(T, closeSend) == 112 &&                \
-                    offsetof(T, closeRecv) == 120 && offsetof(T, closeListen) == 128 &&         \
-                    offsetof(T, getDeviceMr) == 136 && offsetof(T, irecvConsumed) == 144,       \
+#define SCAPE_NET_CHECK_OFFSETS(T)                                                        \
+  static_assert(offsetof(T, init) == 8 && offsetof(T, devices) == 16 &&                   \
+                    offsetof(T, getProperties) == 24 && offsetof(T, listen) == 32 &&      \
+                    offsetof(T, connect) == 40 && offsetof(T, accept) == 48 &&            \
+                    offsetof(T, regMr) == 56 && offsetof(T, regMrDmaBuf) == 64 &&         \
+                    offsetof(T, deregMr) == 72 && offsetof(T, isend) == 80 &&             \
+                    offsetof(T, irecv) == 88 && offsetof(T, iflush) == 96 &&              \
+                    offsetof(T, test) == 104 && offsetof(T, closeSend) == 112 &&          \
+                    offsetof(T, closeRecv) == 120 && offsetof(T, closeListen) == 128 &&   \
+                    offsetof(T, getDeviceMr) == 136 && offsetof(T, irecvConsumed) == 144, \
                 #T " member offsets")
 SCAPE_NET_CHECK_OFFSETS(ncclNet_v8_t);
 SCAPE_NET_CHECK_OFFSETS(ncclNet_v9_t);

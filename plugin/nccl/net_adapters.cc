@@ -103,8 +103,8 @@ ncclResult_t GetPropertiesV10(int dev, ncclNetProperties_v10_t* props) {
   return ncclSuccess;
 }
 
-ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t* /*config*/, void* handle,
-                        void** sendComm, ncclNetDeviceHandle_v10_t** sendDevComm) {
+ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t* /*config*/, void* handle, void** sendComm,
+                        ncclNetDeviceHandle_v10_t** sendDevComm) {
   return ConnectV9(dev, handle, sendComm, sendDevComm);
 }
 
@@ -117,8 +117,8 @@ ncclResult_t IsendV9(void* sendComm, void* data, size_t size, int tag, void* mha
   return V11().isend(sendComm, data, size, tag, mhandle, nullptr, request);
 }
 
-ncclResult_t IrecvV9(void* recvComm, int n, void** data, size_t* sizes, int* tags,
-                     void** mhandles, void** request) {
+ncclResult_t IrecvV9(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                     void** request) {
   return V11().irecv(recvComm, n, data, sizes, tags, mhandles, nullptr, request);
 }
 
@@ -144,8 +144,7 @@ bool V8SizeOk(const char* fn, long long size) {
   return false;
 }
 
-ncclResult_t IsendV8(void* sendComm, void* data, int size, int tag, void* mhandle,
-                     void** request) {
+ncclResult_t IsendV8(void* sendComm, void* data, int size, int tag, void* mhandle, void** request) {
   if (request) *request = nullptr;
   if (!V8SizeOk("isend", size)) return ncclInternalError;
   return V11().isend(sendComm, data, static_cast<size_t>(size), tag, mhandle, nullptr, request);

@@ -75,25 +75,40 @@ NetDevice InterfaceDevice(const std::string& ifname, uint64_t index) {
 #if SCAPE_HAVE_IBVERBS
 int IbWidth(uint8_t w) {
   switch (w) {
-    case 1: return 1;
-    case 2: return 4;
-    case 4: return 8;
-    case 8: return 12;
-    case 16: return 2;
-    default: return 1;
+    case 1:
+      return 1;
+    case 2:
+      return 4;
+    case 4:
+      return 8;
+    case 8:
+      return 12;
+    case 16:
+      return 2;
+    default:
+      return 1;
   }
 }
 int IbSpeedPerLane(uint8_t s) {  // Mbps per lane
   switch (s) {
-    case 1: return 2500;
-    case 2: return 5000;
-    case 4: return 10000;
-    case 8: return 10000;
-    case 16: return 14000;
-    case 32: return 25000;
-    case 64: return 50000;
-    case 128: return 100000;
-    default: return 10000;
+    case 1:
+      return 2500;
+    case 2:
+      return 5000;
+    case 4:
+      return 10000;
+    case 8:
+      return 10000;
+    case 16:
+      return 14000;
+    case 32:
+      return 25000;
+    case 64:
+      return 50000;
+    case 128:
+      return 100000;
+    default:
+      return 10000;
   }
 }
 
@@ -168,16 +183,18 @@ DeviceFilter DeviceFilter::Parse(const std::string& spec) {
   std::string s = spec;
   size_t pos = 0;
   while (pos < s.size() && (s[pos] == '^' || s[pos] == '=')) {
-    if (s[pos] == '^') f.exclude_ = true;
-    else f.exact_ = true;
+    if (s[pos] == '^')
+      f.exclude_ = true;
+    else
+      f.exact_ = true;
     ++pos;
   }
   s = s.substr(pos);
   size_t start = 0;
   while (start <= s.size()) {
     size_t comma = s.find(',', start);
-    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos
-                                                                  : comma - start);
+    std::string item =
+        s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!item.empty()) {
       int port = -1;
       size_t colon = item.rfind(':');
@@ -217,8 +234,8 @@ Status FindDevices(const PluginParams& params, std::vector<NetDevice>* out, std:
   auto ups = UpInterfaces();
   DeviceFilter filter = DeviceFilter::Parse(params.devices);
   if (!params.devices.empty() && filter.empty())
-    return InvalidUsage(StrFormat("SCAPE_NCCL_DEVICES='%s' names no device",
-                                  params.devices.c_str()));
+    return InvalidUsage(
+        StrFormat("SCAPE_NCCL_DEVICES='%s' names no device", params.devices.c_str()));
 #if SCAPE_HAVE_IBVERBS
   RdmaDevices(filter, params.socketIfname, ups, out);
 #endif
@@ -237,9 +254,10 @@ Status FindDevices(const PluginParams& params, std::vector<NetDevice>* out, std:
     }
     *how = "SCAPE_NCCL_DEVICES=" + params.devices;
     if (out->empty())
-      return SystemError(StrFormat("SCAPE_NCCL_DEVICES='%s' matches no active RDMA port and no "
-                                   "interface that is up with an address",
-                                   params.devices.c_str()));
+      return SystemError(
+          StrFormat("SCAPE_NCCL_DEVICES='%s' matches no active RDMA port and no "
+                    "interface that is up with an address",
+                    params.devices.c_str()));
     return Status::Ok();
   }
   if (!out->empty()) return Status::Ok();
@@ -258,15 +276,15 @@ Status FindDevices(const PluginParams& params, std::vector<NetDevice>* out, std:
   }
   *how = "network interfaces that are up";
   if (out->empty())
-    return SystemError("no RDMA port is active and no network interface other than loopback is "
-                       "up (set SCAPE_NCCL_DEVICES=lo to use loopback)");
+    return SystemError(
+        "no RDMA port is active and no network interface other than loopback is "
+        "up (set SCAPE_NCCL_DEVICES=lo to use loopback)");
   return Status::Ok();
 }
 
 }  // namespace
 
-Status DiscoverDevices(const PluginParams& params, std::vector<NetDevice>* out,
-                       std::string* how) {
+Status DiscoverDevices(const PluginParams& params, std::vector<NetDevice>* out, std::string* how) {
   Status st = FindDevices(params, out, how);
   if (!st.ok()) {
     out->clear();
@@ -279,8 +297,8 @@ Status DiscoverDevices(const PluginParams& params, std::vector<NetDevice>* out,
 Status MergeDevices(const std::vector<NetDevice>& devs, int nPhysical,
                     const std::vector<int>& children, NetDevice* out) {
   if (children.size() < 2 || children.size() > 4)
-    return InternalError(StrFormat("a virtual device merges 2..4 devices, not %zu",
-                                   children.size()));
+    return InternalError(
+        StrFormat("a virtual device merges 2..4 devices, not %zu", children.size()));
   std::set<int> seen;
   NetDevice v;
   v.speedMbps = 0;
@@ -289,10 +307,9 @@ Status MergeDevices(const std::vector<NetDevice>& devs, int nPhysical,
   for (size_t i = 0; i < children.size(); ++i) {
     int c = children[i];
     if (c < 0 || c >= nPhysical)
-      return InternalError(StrFormat("device %d is not a physical device (0..%d)", c,
-                                     nPhysical - 1));
-    if (!seen.insert(c).second)
-      return InternalError(StrFormat("device %d is listed twice", c));
+      return InternalError(
+          StrFormat("device %d is not a physical device (0..%d)", c, nPhysical - 1));
+    if (!seen.insert(c).second) return InternalError(StrFormat("device %d is listed twice", c));
     const NetDevice& d = devs[static_cast<size_t>(c)];
     v.name += (i ? "+" : "") + d.name;
     v.route.ucxNetDevices += (i ? "," : "") + d.route.ucxNetDevices;

@@ -9,20 +9,20 @@
 #include <utility>
 #include <vector>
 
-#include "plugin/nccl/net_params.h"
 #include "base/status.h"
+#include "plugin/nccl/net_params.h"
 #include "plugin/nccl/ucx_engine.h"
 
 namespace scape {
 namespace nccl {
 
 struct NetDevice {
-  std::string name;        // unique among the plugin's devices
-  std::string pciPath;     // /sys path of the PCI device; empty if none
+  std::string name;     // unique among the plugin's devices
+  std::string pciPath;  // /sys path of the PCI device; empty if none
   uint64_t guid = 0;
-  int port = 0;            // RDMA port number; 0 for a network interface
+  int port = 0;  // RDMA port number; 0 for a network interface
   int speedMbps = 10000;
-  float latencyUs = 0;     // 0: NCCL's own model
+  float latencyUs = 0;  // 0: NCCL's own model
   int maxComms = 65536;
   bool rdma = false;
   std::vector<int> children;  // physical devices merged into this one (itself if physical)

@@ -17,10 +17,17 @@ void Sink(LogLevel level, const char* file, int line, const char* msg) {
   ncclDebugLogger_t log = g_logger.load();
   if (!log) return;
   switch (level) {
-    case LogLevel::kWarn: log(NCCL_LOG_WARN, NCCL_ALL, file, line, "NET/SCAPE : %s", msg); break;
-    case LogLevel::kInfo: log(NCCL_LOG_INFO, NCCL_NET, file, line, "NET/SCAPE : %s", msg); break;
-    case LogLevel::kTrace: log(NCCL_LOG_TRACE, NCCL_NET, file, line, "NET/SCAPE : %s", msg); break;
-    default: break;
+    case LogLevel::kWarn:
+      log(NCCL_LOG_WARN, NCCL_ALL, file, line, "NET/SCAPE : %s", msg);
+      break;
+    case LogLevel::kInfo:
+      log(NCCL_LOG_INFO, NCCL_NET, file, line, "NET/SCAPE : %s", msg);
+      break;
+    case LogLevel::kTrace:
+      log(NCCL_LOG_TRACE, NCCL_NET, file, line, "NET/SCAPE : %s", msg);
+      break;
+    default:
+      break;
   }
 }
 
@@ -35,7 +42,7 @@ void SetNcclLogger(ncclDebugLogger_t logger) {
 void NetLog(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
             const char* fmt, ...) {
   ncclDebugLogger_t log = g_logger.load();
-  LogLevel mine = level == NCCL_LOG_WARN ? LogLevel::kWarn
+  LogLevel mine = level == NCCL_LOG_WARN   ? LogLevel::kWarn
                   : level == NCCL_LOG_INFO ? LogLevel::kInfo
                                            : LogLevel::kTrace;
   // Standalone: filter before formatting. With NCCL, NCCL filters (it knows NCCL_DEBUG).

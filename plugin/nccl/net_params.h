@@ -25,10 +25,10 @@ namespace scape {
 namespace nccl {
 
 struct PluginParams {
-  std::string devices;        // SCAPE_NCCL_DEVICES
-  std::string tls;            // SCAPE_NCCL_UCX_TLS, else SCAPE_UCX_TLS
-  std::string socketIfname;   // SCAPE_SOCKET_IFNAME
-  bool userNetDevices = false;  // UCX_NET_DEVICES is set
+  std::string devices;                // SCAPE_NCCL_DEVICES
+  std::string tls;                    // SCAPE_NCCL_UCX_TLS, else SCAPE_UCX_TLS
+  std::string socketIfname;           // SCAPE_SOCKET_IFNAME
+  bool userNetDevices = false;        // UCX_NET_DEVICES is set
   int timeoutMs = kDefaultTimeoutMs;  // SCAPE_TIMEOUT_MS
 };
 

@@ -71,23 +71,34 @@ Global& G() {
 
 ncclResult_t ToNccl(scapeResult_t c) {
   switch (c) {
-    case scapeSuccess: return ncclSuccess;
-    case scapeSystemError: return ncclSystemError;
+    case scapeSuccess:
+      return ncclSuccess;
+    case scapeSystemError:
+      return ncclSystemError;
     case scapeRemoteError:
-    case scapeTimeout: return ncclRemoteError;
-    case scapeInvalidUsage: return ncclInvalidUsage;
-    default: return ncclInternalError;  // invalid argument, unsupported, internal
+    case scapeTimeout:
+      return ncclRemoteError;
+    case scapeInvalidUsage:
+      return ncclInvalidUsage;
+    default:
+      return ncclInternalError;  // invalid argument, unsupported, internal
   }
 }
 
 const char* ResultName(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    default: return "ncclResult?";
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    default:
+      return "ncclResult?";
   }
 }
 
@@ -137,8 +148,8 @@ Status CheckDev(int dev, NetDevice* out) {
   if (!g.discovered || !g.discoverStatus.ok())
     return scape::InternalError("called before a successful init");
   if (dev < 0 || dev >= static_cast<int>(g.devs.size()))
-    return scape::InternalError(StrFormat("device %d does not exist (the plugin has %zu)", dev,
-                                          g.devs.size()));
+    return scape::InternalError(
+        StrFormat("device %d does not exist (the plugin has %zu)", dev, g.devs.size()));
   if (out) *out = g.devs[static_cast<size_t>(dev)];
   return Status::Ok();
 }
@@ -151,7 +162,8 @@ Status Discover() {
   g.discoverStatus = scape::nccl::ReadPluginParams(&g.params);
   std::vector<NetDevice> found;
   std::string how;
-  if (g.discoverStatus.ok()) g.discoverStatus = scape::nccl::DiscoverDevices(g.params, &found, &how);
+  if (g.discoverStatus.ok())
+    g.discoverStatus = scape::nccl::DiscoverDevices(g.params, &found, &how);
   if (!g.discoverStatus.ok()) return g.discoverStatus;
   for (NetDevice& d : found) g.devs.push_back(std::move(d));
   g.nPhysical = static_cast<int>(g.devs.size());
@@ -190,7 +202,8 @@ ncclResult_t Init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config,
     pc->trafficClass = config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF;
     pc->prof = profFunction;  // may be NULL: profiling off (no events are emitted)
     Status st = ucxnet::NewNetContext(EngineOptions(), 0, dev0.route, &pc->net);
-    if (!st.ok()) return st.Prepend(StrFormat("cannot start UCX on device 0 (%s)", dev0.name.c_str()));
+    if (!st.ok())
+      return st.Prepend(StrFormat("cannot start UCX on device 0 (%s)", dev0.name.c_str()));
     bool first;
     {
       Global& g = G();
@@ -295,7 +308,8 @@ ncclResult_t Accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v11_t
     *recvComm = nullptr;
     if (recvDevComm) *recvDevComm = nullptr;
     ucxnet::ListenComm* lc = ucxnet::AsListenComm(listenComm);
-    if (!lc) return BadArg(listenComm ? "listenComm is not a live listen comm" : "listenComm is NULL");
+    if (!lc)
+      return BadArg(listenComm ? "listenComm is not a live listen comm" : "listenComm is NULL");
     ucxnet::RecvComm* rc = nullptr;
     std::string note;
     SCAPE_RETURN_IF_ERROR(ucxnet::Accept(lc, &rc, &note));
@@ -324,8 +338,9 @@ Status RegCommon(void* comm, void* data, size_t size, int type, void** mhandle) 
     mt = ucxnet::MemType::kHost;
   } else if (type == NCCL_PTR_CUDA) {
     if (!G().cuda)
-      return BadArg("type NCCL_PTR_CUDA, but this plugin does not advertise CUDA memory (its UCX "
-                    "cannot move it)");
+      return BadArg(
+          "type NCCL_PTR_CUDA, but this plugin does not advertise CUDA memory (its UCX "
+          "cannot move it)");
     mt = ucxnet::MemType::kCuda;
   } else {
     return BadArg(StrFormat("type %d is not NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type));
@@ -363,7 +378,8 @@ Status CheckBuffer(const char* what, const void* data, size_t size, void* mhandl
   if (!data && size > 0) return BadArg(StrFormat("%s: data is NULL", what));
   ucxnet::MemRegion* mr = ucxnet::AsMemRegion(mhandle);
   if (!mr)
-    return BadArg(StrFormat("%s: mhandle is %s", what, mhandle ? "not a live memory handle" : "NULL"));
+    return BadArg(
+        StrFormat("%s: mhandle is %s", what, mhandle ? "not a live memory handle" : "NULL"));
   uintptr_t base;
   size_t len;
   ucxnet::MemType type;
@@ -401,7 +417,8 @@ ncclResult_t Irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags,
     if (!rc) return BadArg(recvComm ? "recvComm is not a live receive comm" : "recvComm is NULL");
     if (n < 1 || n > ucxnet::kMaxRecvs)
       return BadArg(StrFormat("n = %d: expected 1..%d (maxRecvs)", n, ucxnet::kMaxRecvs));
-    if (!data || !sizes || !tags || !mhandles) return BadArg("data, sizes, tags or mhandles is NULL");
+    if (!data || !sizes || !tags || !mhandles)
+      return BadArg("data, sizes, tags or mhandles is NULL");
     ucxnet::MemRegion* mrs[ucxnet::kMaxRecvs];
     for (int i = 0; i < n; ++i) {
       std::string what = StrFormat("receive buffer %d", i);
@@ -434,8 +451,9 @@ ncclResult_t Test(void* request, int* done, int* sizes) {
     if (!done) return BadArg("done (output) is NULL");
     *done = 0;
     ucxnet::Request* r = ucxnet::AsRequest(request);
-    if (!r) return BadArg(request ? "request is not in flight (unknown, or already reported done)"
-                                  : "request is NULL");
+    if (!r)
+      return BadArg(request ? "request is not in flight (unknown, or already reported done)"
+                            : "request is NULL");
     bool fin = false;
     size_t got[ucxnet::kMaxRecvs];
     int n = 0;
@@ -472,7 +490,8 @@ ncclResult_t CloseRecv(void* recvComm) {
 ncclResult_t CloseListen(void* listenComm) {
   return Guard("closeListen", [&]() -> Status {
     ucxnet::ListenComm* lc = ucxnet::AsListenComm(listenComm);
-    if (!lc) return BadArg(listenComm ? "listenComm is not a live listen comm" : "listenComm is NULL");
+    if (!lc)
+      return BadArg(listenComm ? "listenComm is not a live listen comm" : "listenComm is NULL");
     ucxnet::CloseListen(lc);
     return Status::Ok();
   });
@@ -530,28 +549,12 @@ ncclResult_t SetNetAttr(void* ctx, ncclNetAttr_v11_t* netAttr) {
 extern "C" {
 
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
-    "SCAPE",
-    Init,
-    Devices,
-    GetProperties,
-    Listen,
-    Connect,
-    Accept,
-    RegMr,
-    RegMrDmaBuf,
-    DeregMr,
-    Isend,
-    Irecv,
-    Iflush,
-    Test,
-    CloseSend,
-    CloseRecv,
-    CloseListen,
+    "SCAPE",     Init,     Devices,     GetProperties, Listen,      Connect,
+    Accept,      RegMr,    RegMrDmaBuf, DeregMr,       Isend,       Irecv,
+    Iflush,      Test,     CloseSend,   CloseRecv,     CloseListen,
     nullptr,  // getDeviceMr: host plugin
     nullptr,  // irecvConsumed: host plugin
-    MakeVDevice,
-    Finalize,
-    SetNetAttr,
+    MakeVDevice, Finalize, SetNetAttr,
 };
 
 }  // extern "C"

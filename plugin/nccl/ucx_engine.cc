@@ -26,8 +26,8 @@
 
 #include "base/clock.h"
 #include "transport/bootstrap/socket.h"
-#include "transport/ucx/ucx_status.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_status.h"
 
 namespace scape {
 namespace ucxnet {
@@ -35,13 +35,13 @@ namespace ucxnet {
 namespace {
 
 // Object magics (first member of every object handed out).
-constexpr uint64_t kCtxMagic = 0x5343415045435458ull;     // "SCAPECTX"
-constexpr uint64_t kListenMagic = 0x53434150454c5354ull;  // "SCAPELST"
-constexpr uint64_t kSendMagic = 0x534341504553454eull;    // "SCAPESEN"
-constexpr uint64_t kRecvMagic = 0x5343415045524356ull;    // "SCAPERCV"
-constexpr uint64_t kMrMagic = 0x53434150454d5247ull;      // "SCAPEMRG"
-constexpr uint64_t kReqMagic = 0x5343415045524551ull;     // "SCAPEREQ"
-constexpr uint64_t kFreeReqMagic = 0x5343415045465245ull; // "SCAPEFRE"
+constexpr uint64_t kCtxMagic = 0x5343415045435458ull;      // "SCAPECTX"
+constexpr uint64_t kListenMagic = 0x53434150454c5354ull;   // "SCAPELST"
+constexpr uint64_t kSendMagic = 0x534341504553454eull;     // "SCAPESEN"
+constexpr uint64_t kRecvMagic = 0x5343415045524356ull;     // "SCAPERCV"
+constexpr uint64_t kMrMagic = 0x53434150454d5247ull;       // "SCAPEMRG"
+constexpr uint64_t kReqMagic = 0x5343415045524551ull;      // "SCAPEREQ"
+constexpr uint64_t kFreeReqMagic = 0x5343415045465245ull;  // "SCAPEFRE"
 constexpr uint64_t kDeadMagic = 0xdeadbeefdeadbeefull;
 
 // Wire constants.
@@ -61,11 +61,11 @@ constexpr int64_t kCancelWaitNs = 1000ll * 1000 * 1000;
 struct WireHandle {
   uint32_t magic;
   uint16_t version;
-  uint16_t addrLen;    // sockaddr length: sizeof(sockaddr_in) or sizeof(sockaddr_in6)
-  uint8_t addr[28];    // the listener's TCP address
-  uint32_t dev;        // listener's device (informational)
-  uint64_t listenId;   // random, names the listen comm
-  uint64_t hostId;     // boot id + host name hash: same-host detection
+  uint16_t addrLen;   // sockaddr length: sizeof(sockaddr_in) or sizeof(sockaddr_in6)
+  uint8_t addr[28];   // the listener's TCP address
+  uint32_t dev;       // listener's device (informational)
+  uint64_t listenId;  // random, names the listen comm
+  uint64_t hostId;    // boot id + host name hash: same-host detection
   uint32_t checksum;
   uint32_t reserved0;
   uint64_t connectToken;  // sender's scratch: its connect state machine (0 = not started)
@@ -115,13 +115,14 @@ uint64_t RandomU64() {
   static std::mutex mu;
   static std::mt19937_64 rng = [] {
     std::random_device rd;
-    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(getpid()),
-                      static_cast<unsigned>(NowNs())};
+    std::seed_seq seq{
+        rd(), rd(), rd(), rd(), static_cast<unsigned>(getpid()), static_cast<unsigned>(NowNs())};
     return std::mt19937_64(seq);
   }();
   std::lock_guard<std::mutex> lk(mu);
   uint64_t v;
-  do v = rng(); while (v == 0);
+  do v = rng();
+  while (v == 0);
   return v;
 }
 
@@ -272,8 +273,8 @@ bool WaitRequest(Worker* w, void* req, int64_t deadlineNs) {
 
 Status SendSome(int fd, const void* buf, size_t len, size_t* off) {
   while (*off < len) {
-    ssize_t n = ::send(fd, static_cast<const char*>(buf) + *off, len - *off,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n =
+        ::send(fd, static_cast<const char*>(buf) + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       *off += static_cast<size_t>(n);
       continue;
@@ -343,7 +344,7 @@ struct Comm {
   std::string peer;        // for messages
   int graceMs = 1000;
   int64_t nextCheckNs = 0;
-  int64_t goneNs = 0;      // when the peer was found gone (0: alive)
+  int64_t goneNs = 0;  // when the peer was found gone (0: alive)
   std::string goneWhy;
   std::vector<Request> reqs;
   std::vector<int> freeList;
@@ -397,7 +398,7 @@ struct Comm {
     ssize_t n = ::recv(sock.fd(), &b, 1, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     goneNs = now;
-    goneWhy = n == 0 ? "it closed the connection (comm closed or process exited)"
+    goneWhy = n == 0  ? "it closed the connection (comm closed or process exited)"
               : n > 0 ? "it sent unexpected bytes on the control connection"
                       : StrFormat("control connection error: %s", std::strerror(errno));
   }
@@ -480,8 +481,7 @@ struct Connecting {
 std::mutex g_connMu;
 std::unordered_map<uint64_t, std::unique_ptr<Connecting>> g_conns;
 
-Status GetWorker(NetContext* ctx, int dev, const DeviceRoute& route,
-                 std::shared_ptr<Worker>* out) {
+Status GetWorker(NetContext* ctx, int dev, const DeviceRoute& route, std::shared_ptr<Worker>* out) {
   std::lock_guard<std::mutex> lk(ctx->mu);
   auto it = ctx->workers.find(dev);
   if (it != ctx->workers.end()) {
@@ -503,8 +503,8 @@ void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
 
 Status CheckHandle(const WireHandle* h) {
   if (h->magic != kHandleMagic)
-    return InternalError(StrFormat("corrupted handle: bad magic 0x%08x (expected 0x%08x)",
-                                   h->magic, kHandleMagic));
+    return InternalError(
+        StrFormat("corrupted handle: bad magic 0x%08x (expected 0x%08x)", h->magic, kHandleMagic));
   if (h->version != kProtoVersion)
     return InternalError(StrFormat("handle of protocol version %u (this plugin speaks %u)",
                                    h->version, kProtoVersion));
@@ -525,16 +525,17 @@ Status StepAccept(ListenComm* lc, PendingAccept* p, bool* ready) {
     SCAPE_RETURN_IF_ERROR(RecvSome(p->sock.fd(), &p->hello, sizeof(p->hello), &p->got));
     if (p->got < sizeof(p->hello)) return Status::Ok();
     if (p->hello.magic != kHelloMagic || p->hello.version != kProtoVersion)
-      return RemoteError(StrFormat("bad hello (magic 0x%08x, version %u)", p->hello.magic,
-                                   p->hello.version));
+      return RemoteError(
+          StrFormat("bad hello (magic 0x%08x, version %u)", p->hello.magic, p->hello.version));
     Reply rep{kReplyMagic, kProtoVersion, kReplyOk, 0, 0};
     if (p->hello.listenId != lc->listenId) {
       // Tell the sender (best effort) and drop the connection.
       rep.status = kReplyUnknownListener;
       size_t off = 0;
       (void)SendSome(p->sock.fd(), &rep, sizeof(rep), &off);
-      return RemoteError("a sender presented a handle for another listener (stale or corrupted "
-                         "handle)");
+      return RemoteError(
+          "a sender presented a handle for another listener (stale or corrupted "
+          "handle)");
     }
     auto rc = std::make_unique<RecvComm>();
     rc->dev = lc->dev;
@@ -565,7 +566,8 @@ Status StepConnect(Connecting* c, SendComm** out) {
       case 0: {
         struct pollfd pfd = {c->sock.fd(), POLLOUT, 0};
         int pr = ::poll(&pfd, 1, 0);
-        if (pr < 0 && errno != EINTR) return SystemError(StrFormat("poll: %s", std::strerror(errno)));
+        if (pr < 0 && errno != EINTR)
+          return SystemError(StrFormat("poll: %s", std::strerror(errno)));
         if (pr <= 0) return Status::Ok();
         int err = 0;
         socklen_t el = sizeof(err);
@@ -586,20 +588,23 @@ Status StepConnect(Connecting* c, SendComm** out) {
         SCAPE_RETURN_IF_ERROR(RecvSome(c->sock.fd(), &c->reply, sizeof(c->reply), &c->got));
         if (c->got < sizeof(c->reply)) return Status::Ok();
         if (c->reply.magic != kReplyMagic || c->reply.version != kProtoVersion)
-          return RemoteError(StrFormat("listener at %s sent a bad reply (magic 0x%08x, "
-                                       "version %u)",
-                                       c->peer.c_str(), c->reply.magic, c->reply.version));
+          return RemoteError(
+              StrFormat("listener at %s sent a bad reply (magic 0x%08x, "
+                        "version %u)",
+                        c->peer.c_str(), c->reply.magic, c->reply.version));
         if (c->reply.status == kReplyUnknownListener)
-          return RemoteError(StrFormat("listener at %s does not know this handle's listen id "
-                                       "(stale or corrupted handle)",
-                                       c->peer.c_str()));
+          return RemoteError(
+              StrFormat("listener at %s does not know this handle's listen id "
+                        "(stale or corrupted handle)",
+                        c->peer.c_str()));
         if (c->reply.status != kReplyOk)
           return RemoteError(StrFormat("listener at %s refused the connection (status %u)",
                                        c->peer.c_str(), c->reply.status));
         if (c->reply.addrLen == 0 || c->reply.addrLen > kMaxAddressBytes)
-          return RemoteError(StrFormat("listener at %s announced a %u-byte worker address "
-                                       "(expected 1..%zu)",
-                                       c->peer.c_str(), c->reply.addrLen, kMaxAddressBytes));
+          return RemoteError(
+              StrFormat("listener at %s announced a %u-byte worker address "
+                        "(expected 1..%zu)",
+                        c->peer.c_str(), c->reply.addrLen, kMaxAddressBytes));
         c->addr.resize(c->reply.addrLen);
         c->phase = 3;
         break;
@@ -731,8 +736,7 @@ bool CudaSupported(const NetContext* ctx, int dev) {
   return it != c->workers.end() && it->second->ctx->cuda;
 }
 
-Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
-              ListenComm** out) {
+Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle, ListenComm** out) {
   *out = nullptr;
   auto lc = std::make_unique<ListenComm>();
   lc->dev = dev;
@@ -763,8 +767,7 @@ Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
   return Status::Ok();
 }
 
-Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
-               SendComm** out) {
+Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle, SendComm** out) {
   *out = nullptr;
   WireHandle h;
   std::memcpy(&h, handle, sizeof(h));
@@ -791,17 +794,18 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     c->sock = bootstrap::Socket(fd);
     int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa.ss), sa.len);
     if (rc != 0 && errno != EINPROGRESS && errno != EINTR)
-      return RemoteError(StrFormat("cannot reach the listener at %s: %s", c->peer.c_str(),
-                                   std::strerror(errno)));
-    c->hello = Hello{kHelloMagic, kProtoVersion, 0, static_cast<uint32_t>(getpid()), 0,
-                     h.listenId, HostId()};
+      return RemoteError(
+          StrFormat("cannot reach the listener at %s: %s", c->peer.c_str(), std::strerror(errno)));
+    c->hello = Hello{kHelloMagic, kProtoVersion, 0,       static_cast<uint32_t>(getpid()),
+                     0,           h.listenId,    HostId()};
     token = RandomU64();
   } else {
     std::lock_guard<std::mutex> lk(g_connMu);
     auto it = g_conns.find(token);
     if (it == g_conns.end() || !it->second)
-      return InternalError("the handle names no connect in progress (corrupted handle, or "
-                           "connect called again after it failed or completed)");
+      return InternalError(
+          "the handle names no connect in progress (corrupted handle, or "
+          "connect called again after it failed or completed)");
     if (it->second->ctx != ctx || it->second->listenId != h.listenId)
       return InternalError("the handle's connect state belongs to another context or handle");
     c = std::move(it->second);
@@ -827,8 +831,8 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
   }
   if (NowNs() > c->deadlineNs) {
     clearToken();
-    return TimeoutError(StrFormat("connect to %s: no answer within %d ms", c->peer.c_str(),
-                                  c->timeoutMs));
+    return TimeoutError(
+        StrFormat("connect to %s: no answer within %d ms", c->peer.c_str(), c->timeoutMs));
   }
   std::memcpy(static_cast<char*>(handle) + offsetof(WireHandle, connectToken), &token,
               sizeof(token));
@@ -921,8 +925,10 @@ Status CloseSend(SendComm* sc) {
       // A forced close ends locally; a flushing one may wait for the peer, which need not be
       // progressing now (it may be closing too): do not block on it, finish it later.
       int64_t bound = force ? 2000 : 5;
-      if (WaitRequest(w.get(), r, NowNs() + bound * 1000000)) ucp_request_free(r);
-      else w->closing.push_back(Closing{r, std::move(eps)});
+      if (WaitRequest(w.get(), r, NowNs() + bound * 1000000))
+        ucp_request_free(r);
+      else
+        w->closing.push_back(Closing{r, std::move(eps)});
     }
     DrainRequests(sc, /*cancelRecvs=*/false);
   }
@@ -945,8 +951,9 @@ Status RegMr(void* comm, void* data, size_t size, MemType type, MemRegion** out)
   *out = nullptr;
   Comm* c = static_cast<Comm*>(comm);
   if (type == MemType::kCuda && !c->worker->ctx->cuda)
-    return Unsupported("CUDA memory: this UCX cannot move CUDA memory (the plugin does not "
-                       "advertise NCCL_PTR_CUDA)");
+    return Unsupported(
+        "CUDA memory: this UCX cannot move CUDA memory (the plugin does not "
+        "advertise NCCL_PTR_CUDA)");
   auto mr = std::make_unique<MemRegion>();
   mr->owner = comm;
   mr->base = reinterpret_cast<uintptr_t>(data);
@@ -1019,8 +1026,7 @@ Status Irecv(RecvComm* rc, int n, void* const* data, const size_t* sizes, const 
       }
       rc->Release(r);
       if (p == nullptr) return InternalError("UCX completed a receive without a request");
-      return UcsError(StrFormat("receive %d of %d (%zu bytes)", i, n, sizes[i]),
-                      UCS_PTR_STATUS(p));
+      return UcsError(StrFormat("receive %d of %d (%zu bytes)", i, n, sizes[i]), UCS_PTR_STATUS(p));
     }
     r->ucx[i] = p;
     r->subDone[i] = false;
@@ -1063,12 +1069,13 @@ Status Test(Request* r, bool* done, size_t* sizes, int* nOut) {
     for (int i = 0; i < r->n && st.ok(); ++i) {
       if (r->st[i] == UCS_OK) continue;
       if (r->st[i] == UCS_ERR_MESSAGE_TRUNCATED)
-        st = InternalError(StrFormat("receive %d of %d: the sender sent %zu bytes into a "
-                                     "%zu-byte buffer",
-                                     i, r->n, r->len[i], r->cap[i]));
+        st =
+            InternalError(StrFormat("receive %d of %d: the sender sent %zu bytes into a "
+                                    "%zu-byte buffer",
+                                    i, r->n, r->len[i], r->cap[i]));
       else
-        st = UcsError(StrFormat("%s %d of %d (%zu bytes) %s %s", c->isSend ? "send" : "receive",
-                                i, r->n, r->cap[i], c->isSend ? "to" : "from", c->peer.c_str()),
+        st = UcsError(StrFormat("%s %d of %d (%zu bytes) %s %s", c->isSend ? "send" : "receive", i,
+                                r->n, r->cap[i], c->isSend ? "to" : "from", c->peer.c_str()),
                       r->st[i]);
     }
     if (!st.ok() && st.code() != scapeInternalError) {
@@ -1076,8 +1083,8 @@ Status Test(Request* r, bool* done, size_t* sizes, int* nOut) {
       c->nextCheckNs = 0;
       c->CheckPeer(NowNs());
       if (c->goneNs != 0)
-        st = RemoteError(StrFormat("%s; the peer went away: %s", st.message().c_str(),
-                                   c->goneWhy.c_str()));
+        st = RemoteError(
+            StrFormat("%s; the peer went away: %s", st.message().c_str(), c->goneWhy.c_str()));
     }
     if (sizes)
       for (int i = 0; i < r->n; ++i) sizes[i] = r->len[i];

@@ -43,8 +43,8 @@
 namespace scape {
 namespace ucxnet {
 
-constexpr int kMaxRecvs = 8;                            // buffers in one grouped receive
-constexpr int kRecvRequests = 32;                       // requests in flight per receive comm
+constexpr int kMaxRecvs = 8;                              // buffers in one grouped receive
+constexpr int kRecvRequests = 32;                         // requests in flight per receive comm
 constexpr int kSendRequests = kRecvRequests * kMaxRecvs;  // ... per send comm
 constexpr size_t kHandleBytes = 128;
 
@@ -59,10 +59,10 @@ struct DeviceRoute {
 };
 
 struct Options {
-  std::string tls;            // UCX TLS ("" = UCX's default)
-  bool setNetDevices = true;  // false when the user set UCX_NET_DEVICES: leave it alone
+  std::string tls;                    // UCX TLS ("" = UCX's default)
+  bool setNetDevices = true;          // false when the user set UCX_NET_DEVICES: leave it alone
   int timeoutMs = kDefaultTimeoutMs;  // connection setup deadline; bound on the flush at close
-  int peerGraceMs = 1000;     // a pending request fails this long after the peer is gone
+  int peerGraceMs = 1000;             // a pending request fails this long after the peer is gone
 };
 
 struct NetContext;
@@ -75,8 +75,7 @@ struct Request;
 // Creates a context and device `dev0`'s worker (fails if UCX cannot start on that device).
 // `options.tls` and `options.setNetDevices` are fixed by the first call in the process (UCP
 // contexts are shared); the timeouts are the context's own.
-Status NewNetContext(const Options& options, int dev0, const DeviceRoute& route0,
-                     NetContext** out);
+Status NewNetContext(const Options& options, int dev0, const DeviceRoute& route0, NetContext** out);
 // Frees the context and abandons its unfinished Connects. Comms stay valid.
 void DeleteNetContext(NetContext* ctx);
 // True if the UCP context of device `dev` (created by NewNetContext or a Listen/Connect on it)
@@ -85,12 +84,10 @@ bool CudaSupported(const NetContext* ctx, int dev);
 // UCX's version string, for logs.
 const char* UcxVersion();
 
-Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
-              ListenComm** out);
+Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle, ListenComm** out);
 // Non-blocking: *out stays null until the connection is ready (call again with the same
 // handle). On error the handle's retry state is cleared.
-Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
-               SendComm** out);
+Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle, SendComm** out);
 // Non-blocking: *out stays null until a sender has connected. `note` (optional) receives the
 // reason when a bad incoming connection was dropped (the listener keeps listening).
 Status Accept(ListenComm* lc, RecvComm** out, std::string* note);

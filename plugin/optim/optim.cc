@@ -71,16 +71,19 @@ uint64_t Fnv(uint64_t h, uint64_t v) {
 
 kernels::BiasCorrection KernelBias(scapeBiasCorrection_t b) {
   switch (b) {
-    case scapeBiasCorrectionAdamS: return kernels::BiasCorrection::kAdamSReference;
-    case scapeBiasCorrectionArtifact: return kernels::BiasCorrection::kScapeArtifact;
-    default: return kernels::BiasCorrection::kNone;
+    case scapeBiasCorrectionAdamS:
+      return kernels::BiasCorrection::kAdamSReference;
+    case scapeBiasCorrectionArtifact:
+      return kernels::BiasCorrection::kScapeArtifact;
+    default:
+      return kernels::BiasCorrection::kNone;
   }
 }
 
 Status KernelError(const char* what, kernels::KernelStatus ks) {
-  return Status(ks == kernels::KernelStatus::kInvalidArgument ? scapeInternalError
-                                                              : kernels::ToResult(ks),
-                StrFormat("%s kernel failed: %s", what, kernels::KernelStatusString(ks)));
+  return Status(
+      ks == kernels::KernelStatus::kInvalidArgument ? scapeInternalError : kernels::ToResult(ks),
+      StrFormat("%s kernel failed: %s", what, kernels::KernelStatusString(ks)));
 }
 
 // Ring volume one rank sends for an all-reduce / reduce-scatter or all-gather of `bytes`.
@@ -104,26 +107,29 @@ Status ValidateHyper(const OptimHyper& h) {
   if (!(std::isfinite(h.maxGradNorm) && h.maxGradNorm >= 0.0f))
     return bad("maxGradNorm", h.maxGradNorm, "a finite value >= 0 (0: no clipping)");
   if (h.bias < 0 || h.bias >= scapeNumBiasCorrections)
-    return InvalidArgument(StrFormat("biasCorrection = %d: expected a scapeBiasCorrection_t (0..%d)",
-                                     h.bias, scapeNumBiasCorrections - 1));
-  if (!(h.density > 0.0 && h.density <= 1.0))
-    return bad("density", h.density, "0 < density <= 1");
+    return InvalidArgument(
+        StrFormat("biasCorrection = %d: expected a scapeBiasCorrection_t (0..%d)", h.bias,
+                  scapeNumBiasCorrections - 1));
+  if (!(h.density > 0.0 && h.density <= 1.0)) return bad("density", h.density, "0 < density <= 1");
   if (h.warmupSteps < 0)
-    return InvalidArgument(StrFormat("warmupSteps = %lld: expected >= 0",
-                                     static_cast<long long>(h.warmupSteps)));
+    return InvalidArgument(
+        StrFormat("warmupSteps = %lld: expected >= 0", static_cast<long long>(h.warmupSteps)));
   if (h.payload != scapeFloat32 && h.payload != scapeBfloat16 && h.payload != scapeFloat16)
-    return InvalidArgument(StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
-                                     "scapeFloat16", h.payload));
+    return InvalidArgument(
+        StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
+                  "scapeFloat16",
+                  h.payload));
   const double decay = 1.0 - static_cast<double>(h.lr) * h.weightDecay;
   if (!(decay > 0.0))
-    return InvalidArgument(StrFormat("lr * weightDecay = %g: expected below 1 (the decay factor "
-                                     "1 - lr*wd must stay positive)",
-                                     static_cast<double>(h.lr) * h.weightDecay));
+    return InvalidArgument(
+        StrFormat("lr * weightDecay = %g: expected below 1 (the decay factor "
+                  "1 - lr*wd must stay positive)",
+                  static_cast<double>(h.lr) * h.weightDecay));
   return Status::Ok();
 }
 
-Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout,
-                         const OptimHyper& hyper, std::unique_ptr<Optimizer>* out) {
+Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, const OptimHyper& hyper,
+                         std::unique_ptr<Optimizer>* out) {
   SCAPE_RETURN_IF_ERROR(ValidateHyper(hyper));
   std::unique_ptr<Optimizer> o(new Optimizer());
   o->comm_ = comm;
@@ -141,7 +147,8 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout,
   // the mask's layout (scapeMaskCreate compared that one already).
   uint64_t h = 1469598103934665603ull;
   h = Fnv(h, static_cast<uint64_t>(layout.ownership));
-  float fs[] = {hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weightDecay, hyper.maxGradNorm};
+  float fs[] = {hyper.lr,  hyper.beta1,       hyper.beta2,
+                hyper.eps, hyper.weightDecay, hyper.maxGradNorm};
   for (float f : fs) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -163,10 +170,11 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout,
   SCAPE_RETURN_IF_ERROR(comm->Run(ag));
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != mine)
-      return InvalidUsage(StrFormat("rank %zu passed a different optimizer configuration than "
-                                    "rank %d (ownership, hyperparameters, density schedule or "
-                                    "payload type): every rank must pass the same",
-                                    r, o->rank_));
+      return InvalidUsage(
+          StrFormat("rank %zu passed a different optimizer configuration than "
+                    "rank %d (ownership, hyperparameters, density schedule or "
+                    "payload type): every rank must pass the same",
+                    r, o->rank_));
 
   const uint64_t n = layout.n;
   o->m_.assign(n, 0.0f);
@@ -216,18 +224,21 @@ Status Optimizer::SetLr(float lr) {
 double Optimizer::Density(int64_t t) const {
   if (t <= 0) return 1.0;
   if (hyper_.warmupSteps > 0 && t < hyper_.warmupSteps)
-    return std::pow(hyper_.density, static_cast<double>(t) / static_cast<double>(hyper_.warmupSteps));
+    return std::pow(hyper_.density,
+                    static_cast<double>(t) / static_cast<double>(hyper_.warmupSteps));
   return hyper_.density;
 }
 
 Status Optimizer::CheckMaskUse() const {
   if (mask_->Generation() == gen_) return Status::Ok();
   if (mask_->SyncInFlight())  // ours would carry our generation: this one is not ours
-    return InvalidUsage("a sync of the optimizer's mask started by another user of the mask is "
-                        "in flight: the optimizer owns its mask's syncs (nothing was changed)");
-  return InvalidUsage("the optimizer's mask was synchronised or advanced by another user of the "
-                      "mask since the last step, so the mask this step must use is gone "
-                      "(nothing was changed; load a checkpoint or recreate the optimizer)");
+    return InvalidUsage(
+        "a sync of the optimizer's mask started by another user of the mask is "
+        "in flight: the optimizer owns its mask's syncs (nothing was changed)");
+  return InvalidUsage(
+      "the optimizer's mask was synchronised or advanced by another user of the "
+      "mask since the last step, so the mask this step must use is gone "
+      "(nothing was changed; load a checkpoint or recreate the optimizer)");
 }
 
 void Optimizer::BuildRuns() {
@@ -365,9 +376,8 @@ Status Optimizer::Step(float* theta, const float* g) {
   } else {
     for (int r = 0; r < nranks_; ++r) {
       const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(),
-                                        n, hyper_.beta1, &partial[static_cast<size_t>(r)],
-                                        threads_);
+      ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(), n,
+                                        hyper_.beta1, &partial[static_cast<size_t>(r)], threads_);
       if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
     }
   }
@@ -396,14 +406,15 @@ Status Optimizer::Step(float* theta, const float* g) {
   if (!sharded) {
     ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_,
                                         useSup);
-    if (ks == kernels::KernelStatus::kOk && useSup) ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    if (ks == kernels::KernelStatus::kOk && useSup)
+      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
   } else {
     if (pairsSend_.size() < 2 * kr + 2) pairsSend_.resize(2 * kr + 2);
     if (pairsAll_.size() < 2 * k + 2) pairsAll_.resize(2 * k + 2);
-    ks = kernels::AdamSUpdatePairs(recv_.data(), pt, cur.data() + offr, kr, theta, m_.data(), n,
-                                   ap, pairsSend_.data(), threads_);
+    ks = kernels::AdamSUpdatePairs(recv_.data(), pt, cur.data() + offr, kr, theta, m_.data(), n, ap,
+                                   pairsSend_.data(), threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
     t0 = NowNs();
@@ -417,7 +428,8 @@ Status Optimizer::Step(float* theta, const float* g) {
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
     ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_,
                                        useSup);
-    if (ks == kernels::KernelStatus::kOk && useSup) ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    if (ks == kernels::KernelStatus::kOk && useSup)
+      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }
@@ -451,9 +463,10 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.stateBytes = 8 * layout_.n;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
-  x.maskStateBytes = 8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
-  x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
-                   4 * ownedSize_;
+  x.maskStateBytes =
+      8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
+  x.scratchBytes =
+      send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) + 4 * ownedSize_;
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;
 }
@@ -484,8 +497,10 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   size_t total = 0;
   SCAPE_RETURN_IF_ERROR(CheckpointSize(&total));
   if (capacity < total)
-    return InvalidArgument(StrFormat("capacity = %zu: the checkpoint needs %zu bytes "
-                                     "(scapeOptimCheckpointSize)", capacity, total));
+    return InvalidArgument(
+        StrFormat("capacity = %zu: the checkpoint needs %zu bytes "
+                  "(scapeOptimCheckpointSize)",
+                  capacity, total));
   uint8_t* b = static_cast<uint8_t*>(buf);
   const uint64_t n = layout_.n;
   const uint64_t kc = mask_->RankCount(rank_);
@@ -539,10 +554,10 @@ Status Optimizer::ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* w
                                        what, static_cast<unsigned long long>(j)));
     while (pi < mine.size() && x >= mine[pi].end) ++pi;
     if (pi == mine.size() || x < mine[pi].begin)
-      return InvalidArgument(StrFormat("checkpoint: %s mask entry %llu (position %llu) is not in "
-                                       "rank %d's owned part", what,
-                                       static_cast<unsigned long long>(j),
-                                       static_cast<unsigned long long>(x), rank_));
+      return InvalidArgument(StrFormat(
+          "checkpoint: %s mask entry %llu (position %llu) is not in "
+          "rank %d's owned part",
+          what, static_cast<unsigned long long>(j), static_cast<unsigned long long>(x), rank_));
     prev = x;
   }
   return Status::Ok();
@@ -552,38 +567,46 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
                                      int64_t* step, bool* hasNext, uint64_t* kc,
                                      uint64_t* kn) const {
   if (size < kHeader)
-    return InvalidArgument(StrFormat("checkpoint: size = %zu is below the %zu-byte header "
-                                     "(truncated?)", size, kHeader));
+    return InvalidArgument(
+        StrFormat("checkpoint: size = %zu is below the %zu-byte header "
+                  "(truncated?)",
+                  size, kHeader));
   if (std::memcmp(b, kMagic, 8) != 0)
     return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
   const uint32_t ver = Get<uint32_t>(b, 8);
   if (ver != kVersion || Get<uint32_t>(b, 12) != kHeader)
-    return InvalidArgument(StrFormat("checkpoint: version %u, this library reads version %u",
-                                     ver, kVersion));
+    return InvalidArgument(
+        StrFormat("checkpoint: version %u, this library reads version %u", ver, kVersion));
   const uint64_t total = Get<uint64_t>(b, 16);
   if (total != size)
-    return InvalidArgument(StrFormat("checkpoint: size = %zu but the header says %llu bytes "
-                                     "(truncated or padded)", size,
-                                     static_cast<unsigned long long>(total)));
+    return InvalidArgument(
+        StrFormat("checkpoint: size = %zu but the header says %llu bytes "
+                  "(truncated or padded)",
+                  size, static_cast<unsigned long long>(total)));
   if (Checksum(b + 32, size - 32) != Get<uint64_t>(b, 24))
     return InvalidArgument("checkpoint: checksum mismatch (the data is corrupted)");
   const int32_t np = Get<int32_t>(b, 40), rk = Get<int32_t>(b, 44);
   if (np != nranks_)
-    return InvalidArgument(StrFormat("checkpoint: saved on %d ranks, this communicator has %d: "
-                                     "loading on another rank count (re-sharding) is not "
-                                     "supported", np, nranks_));
+    return InvalidArgument(
+        StrFormat("checkpoint: saved on %d ranks, this communicator has %d: "
+                  "loading on another rank count (re-sharding) is not "
+                  "supported",
+                  np, nranks_));
   if (rk != rank_)
-    return InvalidArgument(StrFormat("checkpoint: saved by rank %d, loaded on rank %d: each rank "
-                                     "loads its own checkpoint", rk, rank_));
+    return InvalidArgument(
+        StrFormat("checkpoint: saved by rank %d, loaded on rank %d: each rank "
+                  "loads its own checkpoint",
+                  rk, rank_));
   if (Get<uint64_t>(b, 48) != layout_.n || Get<uint64_t>(b, 32) != LayoutFingerprint())
-    return InvalidArgument(StrFormat("checkpoint: layout fingerprint %016llx (n = %llu) differs "
-                                     "from this optimizer's %016llx (n = %llu): the checkpoint "
-                                     "comes from another layout (segments, dense flags or "
-                                     "ownership)",
-                                     static_cast<unsigned long long>(Get<uint64_t>(b, 32)),
-                                     static_cast<unsigned long long>(Get<uint64_t>(b, 48)),
-                                     static_cast<unsigned long long>(LayoutFingerprint()),
-                                     static_cast<unsigned long long>(layout_.n)));
+    return InvalidArgument(
+        StrFormat("checkpoint: layout fingerprint %016llx (n = %llu) differs "
+                  "from this optimizer's %016llx (n = %llu): the checkpoint "
+                  "comes from another layout (segments, dense flags or "
+                  "ownership)",
+                  static_cast<unsigned long long>(Get<uint64_t>(b, 32)),
+                  static_cast<unsigned long long>(Get<uint64_t>(b, 48)),
+                  static_cast<unsigned long long>(LayoutFingerprint()),
+                  static_cast<unsigned long long>(layout_.n)));
   OptimHyper h;
   h.lr = Get<float>(b, 64);
   h.beta1 = Get<float>(b, 68);
@@ -637,8 +660,10 @@ Status Optimizer::Load(const void* buf, size_t size) {
   if (!v.ok()) return v;
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != 0)
-      return InvalidUsage(StrFormat("rank %zu refused its checkpoint, so no rank loaded one "
-                                    "(this optimizer is unchanged)", r));
+      return InvalidUsage(
+          StrFormat("rank %zu refused its checkpoint, so no rank loaded one "
+                    "(this optimizer is unchanged)",
+                    r));
   const uint64_t n = layout_.n;
   const uint8_t* idx = b + kHeader + 8 * n;
   std::vector<uint64_t> cur(kc), next(kn);

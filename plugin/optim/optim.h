@@ -80,13 +80,13 @@ class Optimizer {
   OptimLayout layout_;
   OptimHyper hyper_;
 
-  std::vector<float> m_, e_;      // momentum (identical on every rank), residual (this rank)
+  std::vector<float> m_, e_;       // momentum (identical on every rank), residual (this rank)
   std::unique_ptr<float[]> stat_;  // n floats; only this rank's owned part is ever touched
   uint64_t ownedSize_ = 0, denseCount_ = 0;
-  std::vector<char> send_, recv_;  // payload before / after the exchange
+  std::vector<char> send_, recv_;            // payload before / after the exchange
   std::vector<float> pairsSend_, pairsAll_;  // sharded: updated (theta, m) pairs
-  std::vector<kernels::MaskRun> runs_;        // the current mask as a view (BuildRuns)
-  std::vector<uint64_t> denseInMask_;         // per rank: dense positions in its block
+  std::vector<kernels::MaskRun> runs_;       // the current mask as a view (BuildRuns)
+  std::vector<uint64_t> denseInMask_;        // per rank: dense positions in its block
   // The mask the momentum lives on (m is +0 elsewhere): the mask of the last step, kept while it
   // is sparse (k <= n/4), so the passes read and zero m only there. Empty runs before step 0.
   bool supportValid_ = false;

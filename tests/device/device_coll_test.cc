@@ -38,20 +38,28 @@ FakeRuntime& Fake() {
 enum class Coll { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 const char* Name(Coll c) {
   switch (c) {
-    case Coll::kAllReduce: return "allreduce";
-    case Coll::kReduceScatter: return "reducescatter";
-    case Coll::kAllGather: return "allgather";
-    default: return "broadcast";
+    case Coll::kAllReduce:
+      return "allreduce";
+    case Coll::kReduceScatter:
+      return "reducescatter";
+    case Coll::kAllGather:
+      return "allgather";
+    default:
+      return "broadcast";
   }
 }
 
 scapeResult_t Call(Coll c, const void* s, void* r, size_t n, scapeDataType_t t, scapeRedOp_t op,
                    int root, scapeComm_t comm, void* stream) {
   switch (c) {
-    case Coll::kAllReduce: return scapeAllReduce(s, r, n, t, op, nullptr, comm, stream);
-    case Coll::kReduceScatter: return scapeReduceScatter(s, r, n, t, op, comm, stream);
-    case Coll::kAllGather: return scapeAllGather(s, r, n, t, comm, stream);
-    default: return scapeBroadcast(s, r, n, t, root, comm, stream);
+    case Coll::kAllReduce:
+      return scapeAllReduce(s, r, n, t, op, nullptr, comm, stream);
+    case Coll::kReduceScatter:
+      return scapeReduceScatter(s, r, n, t, op, comm, stream);
+    case Coll::kAllGather:
+      return scapeAllGather(s, r, n, t, comm, stream);
+    default:
+      return scapeBroadcast(s, r, n, t, root, comm, stream);
   }
 }
 
@@ -63,7 +71,9 @@ std::vector<char> RandomValues(std::mt19937& rng, size_t n, scapeDataType_t t) {
   for (size_t i = 0; i < n; ++i) {
     float f = nd(rng);
     switch (t) {
-      case scapeFloat32: std::memcpy(&v[i * esz], &f, 4); break;
+      case scapeFloat32:
+        std::memcpy(&v[i * esz], &f, 4);
+        break;
       case scapeBfloat16: {
         uint32_t u;
         std::memcpy(&u, &f, 4);
@@ -100,14 +110,16 @@ std::vector<char> ChunkedHost(RankCtx& ctx, Coll c, const std::vector<char>& in,
   a.op = op;
   a.root = root;
   scape::device::StagePlan plan;
-  EXPECT_TRUE(scape::device::MakeStagePlan(a, ctx.rank, ctx.nranks,
-                                           scape::device::StageChunkBytes(), &plan).ok());
+  EXPECT_TRUE(
+      scape::device::MakeStagePlan(a, ctx.rank, ctx.nranks, scape::device::StageChunkBytes(), &plan)
+          .ok());
   std::vector<char> ss(plan.sendStageBytes + 1), rs(plan.recvStageBytes + 1);
   std::vector<char> out((c == Coll::kAllGather ? P * n : n) * esz, 0x5a);
   for (const auto& ch : plan.chunks) {
     for (const auto& cp : ch.d2h) std::memcpy(ss.data() + cp.dst, in.data() + cp.src, cp.bytes);
     EXPECT_SCAPE_OK(Call(c, ch.hasSend ? ss.data() + ch.sendOff : nullptr, rs.data() + ch.recvOff,
-                         ch.count, t, op, root, ctx.comm, nullptr), ctx.comm);
+                         ch.count, t, op, root, ctx.comm, nullptr),
+                    ctx.comm);
     for (const auto& cp : ch.h2d) std::memcpy(out.data() + cp.dst, rs.data() + cp.src, cp.bytes);
   }
   return out;
@@ -212,14 +224,16 @@ TEST_P(DeviceColl, StagedResultsAreBitIdenticalToHost) {
     for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast})
       for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{2049}, size_t{100003}})
         for (bool inPlace : {false, true}) {
-          scapeDataType_t t = (s % 3 == 0) ? scapeFloat32 : (s % 3 == 1) ? scapeBfloat16 : scapeInt32;
+          scapeDataType_t t = (s % 3 == 0)   ? scapeFloat32
+                              : (s % 3 == 1) ? scapeBfloat16
+                                             : scapeInt32;
           scapeRedOp_t op = static_cast<scapeRedOp_t>(s % scapeNumOps);
           if (!DeviceMatchesHost(ctx, c, n, t, op, inPlace, s++)) return false;
         }
     // int64 and every op once more at an odd size.
     for (int op = 0; op < scapeNumOps; ++op)
-      if (!DeviceMatchesHost(ctx, Coll::kAllReduce, 5003, scapeInt64,
-                             static_cast<scapeRedOp_t>(op), false, s++))
+      if (!DeviceMatchesHost(ctx, Coll::kAllReduce, 5003, scapeInt64, static_cast<scapeRedOp_t>(op),
+                             false, s++))
         return false;
     return true;
   });
@@ -245,7 +259,8 @@ TEST(DeviceStream, CallsEnqueueAndReturnAndFollowStreamOrder) {
     rt.HoldStream(s, &gate);
     // Three in-place sums queued behind the gate: each must see the previous one's result.
     for (int k = 0; k < 3; ++k)
-      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
+      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s),
+                      ctx.comm);
     // Nothing has run yet: the calls returned with the stream held.
     for (size_t i = 0; i < n; ++i)
       if (d[i] != static_cast<int32_t>(i % 13) + ctx.rank) {
@@ -282,8 +297,9 @@ TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
     void* s = rt.NewStream();
     EXPECT_TRUE(rt.CopyAsync(h.data(), d, n * 4, s).ok());
     const uint64_t syncs = rt.syncs;
-    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), out.data(), n, scapeFloat32, scapeSum, nullptr,
-                                   ctx.comm, s), ctx.comm);
+    EXPECT_SCAPE_OK(
+        scapeAllReduce(h.data(), out.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
+        ctx.comm);
     EXPECT_EQ(rt.syncs.load(), syncs + 1);
     for (size_t i = 0; i < n; ++i)
       if (out[i] != 2.f * static_cast<float>(i) + 0.5f) {
@@ -308,10 +324,12 @@ TEST(DeviceStream, MixesAndUnsupportedFormsAreClearErrors) {
     EXPECT_EQ(scapeAllReduce(d, h.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
               scapeInvalidArgument);
     std::string m = scapeGetLastError(ctx.comm);
-    EXPECT_NE(m.find("sendbuf is device memory but recvbuf is host memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("sendbuf is device memory but recvbuf is host memory"), std::string::npos)
+        << m;
     EXPECT_EQ(scapeAllGather(h.data(), d, n, scapeFloat32, ctx.comm, s), scapeInvalidArgument);
     m = scapeGetLastError(ctx.comm);
-    EXPECT_NE(m.find("sendbuf is host memory but recvbuf is device memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("sendbuf is host memory but recvbuf is device memory"), std::string::npos)
+        << m;
     scapeRequest_t req = nullptr;
     EXPECT_EQ(scapeAllReduceAsync(d, d, n, scapeFloat32, scapeSum, nullptr, ctx.comm, s, &req),
               scapeUnsupported);
@@ -319,12 +337,15 @@ TEST(DeviceStream, MixesAndUnsupportedFormsAreClearErrors) {
     EXPECT_NE(m.find("blocking form"), std::string::npos) << m;
     EXPECT_EQ(req, nullptr);
     // Argument errors of the host path still come first (bad datatype).
-    EXPECT_EQ(scapeAllReduce(d, d, n, static_cast<scapeDataType_t>(42), scapeSum, nullptr,
-                             ctx.comm, s), scapeInvalidArgument);
+    EXPECT_EQ(
+        scapeAllReduce(d, d, n, static_cast<scapeDataType_t>(42), scapeSum, nullptr, ctx.comm, s),
+        scapeInvalidArgument);
     // After the errors (local, nothing sent) the communicator still works, on both paths.
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
-    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, nullptr,
-                                   ctx.comm, nullptr), ctx.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
+                    ctx.comm);
+    EXPECT_SCAPE_OK(
+        scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, nullptr),
+        ctx.comm);
     EXPECT_TRUE(rt.StreamOf(s)->Sync());
     scapeResult_t ae = scapeInternalError;
     EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
@@ -340,34 +361,41 @@ TEST(DeviceStream, MixesAndUnsupportedFormsAreClearErrors) {
 TEST(DeviceStream, APeerThatNeverComesTimesOutReleasesTheStreamAndSticks) {
   scape_test::RankOptions opts;
   opts.timeoutMs = 1500;
-  auto res = RunRanks(2, [&](RankCtx& ctx) {
-    FakeRuntime& rt = Fake();
-    const size_t n = 4096;
-    auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
-    for (size_t i = 0; i < n; ++i) d[i] = 7;
-    if (ctx.rank == 1) {
-      // Make the device channel with rank 0 (first device call), then stay away.
-      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr), ctx.comm);
-      EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
-      struct timespec ts = {4, 0};
-      nanosleep(&ts, nullptr);
-      return !::testing::Test::HasFailure();
-    }
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr), ctx.comm);
-    EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
-    EXPECT_EQ(d[0], 14);
-    void* s = rt.NewStream();
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
-    EXPECT_TRUE(rt.StreamOf(s)->Sync(10000)) << "the stream was not released";
-    EXPECT_EQ(d[0], 14) << "a failed collective must leave the receive buffer unchanged";
-    scapeResult_t ae = scapeSuccess;
-    EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
-    EXPECT_EQ(ae, scapeTimeout);
-    EXPECT_EQ(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), scapeTimeout);
-    std::string m = scapeGetLastError(ctx.comm);
-    EXPECT_NE(m.find("no progress"), std::string::npos) << m;
-    return !::testing::Test::HasFailure();
-  }, opts);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        const size_t n = 4096;
+        auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+        for (size_t i = 0; i < n; ++i) d[i] = 7;
+        if (ctx.rank == 1) {
+          // Make the device channel with rank 0 (first device call), then stay away.
+          EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr),
+                          ctx.comm);
+          EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
+          struct timespec ts = {4, 0};
+          nanosleep(&ts, nullptr);
+          return !::testing::Test::HasFailure();
+        }
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, nullptr),
+                        ctx.comm);
+        EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
+        EXPECT_EQ(d[0], 14);
+        void* s = rt.NewStream();
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s),
+                        ctx.comm);
+        EXPECT_TRUE(rt.StreamOf(s)->Sync(10000)) << "the stream was not released";
+        EXPECT_EQ(d[0], 14) << "a failed collective must leave the receive buffer unchanged";
+        scapeResult_t ae = scapeSuccess;
+        EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
+        EXPECT_EQ(ae, scapeTimeout);
+        EXPECT_EQ(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s),
+                  scapeTimeout);
+        std::string m = scapeGetLastError(ctx.comm);
+        EXPECT_NE(m.find("no progress"), std::string::npos) << m;
+        return !::testing::Test::HasFailure();
+      },
+      opts);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
@@ -377,27 +405,30 @@ TEST(DeviceStream, DestroyDrainsWorkInFlight) {
   scape_test::RankOptions opts;
   opts.initComm = false;
   setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
-  auto res = RunRanks(2, [&](RankCtx& ctx) {
-    FakeRuntime& rt = Fake();
-    rt.copyDelayUs = 2000;
-    scapeComm_t comm = nullptr;
-    EXPECT_SCAPE_OK(scapeCommInitRank(&comm, ctx.nranks, ctx.id, ctx.rank), nullptr);
-    if (!comm) return false;
-    const size_t n = 50000;
-    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
-    for (size_t i = 0; i < n; ++i) d[i] = 1.f;
-    void* s = rt.NewStream();
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, comm, s), comm);
-    EXPECT_SCAPE_OK(scapeCommDestroy(comm), nullptr);
-    for (size_t i = 0; i < n; ++i)
-      if (d[i] != 2.f) {
-        ADD_FAILURE() << "element " << i << " = " << d[i] << " after destroy";
-        break;
-      }
-    EXPECT_EQ(rt.pinnedLive.load(), 0u) << "staging buffers not freed";
-    rt.copyDelayUs = 0;
-    return !::testing::Test::HasFailure();
-  }, opts);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        rt.copyDelayUs = 2000;
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitRank(&comm, ctx.nranks, ctx.id, ctx.rank), nullptr);
+        if (!comm) return false;
+        const size_t n = 50000;
+        auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+        for (size_t i = 0; i < n; ++i) d[i] = 1.f;
+        void* s = rt.NewStream();
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, nullptr, comm, s), comm);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), nullptr);
+        for (size_t i = 0; i < n; ++i)
+          if (d[i] != 2.f) {
+            ADD_FAILURE() << "element " << i << " = " << d[i] << " after destroy";
+            break;
+          }
+        EXPECT_EQ(rt.pinnedLive.load(), 0u) << "staging buffers not freed";
+        rt.copyDelayUs = 0;
+        return !::testing::Test::HasFailure();
+      },
+      opts);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
@@ -420,7 +451,8 @@ TEST(DeviceStream, TopkFromADeviceStatisticSelectsTheSameMask) {
     for (int which = 0; which < 2; ++which) {
       scapeMask_t m = nullptr;
       EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 4, offs, dense, scapeOwnershipShards,
-                                      scapeMaskEncodingAuto, ctx.comm), ctx.comm);
+                                      scapeMaskEncodingAuto, ctx.comm),
+                      ctx.comm);
       if (!m) return false;
       const uint64_t d2h = rt.d2hCopies;
       EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, which ? dstat : stat.data(), 0.01), ctx.comm);
@@ -460,12 +492,15 @@ TEST(DeviceStream, HostOnlyCallsRefuseDeviceBuffers) {
     };
     scapeMask_t m = nullptr;
     EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 1, offs, nullptr, scapeOwnershipShards,
-                                    scapeMaskEncodingAuto, ctx.comm), ctx.comm);
+                                    scapeMaskEncodingAuto, ctx.comm),
+                    ctx.comm);
     if (!m) return false;
     expectRefused(scapeMaskPack(m, d, h.data(), scapeFloat32), "dense");
     expectRefused(scapeMaskUnpack(m, h.data(), d, scapeFloat32), "dense");
-    expectRefused(scapeMaskAllReducePacked(d, d, scapeFloat32, scapeSum, m, ctx.comm, nullptr), "sendbuf");
-    expectRefused(scapeMaskReduceScatter(h.data(), d, scapeFloat32, scapeSum, m, ctx.comm, nullptr), "recvbuf");
+    expectRefused(scapeMaskAllReducePacked(d, d, scapeFloat32, scapeSum, m, ctx.comm, nullptr),
+                  "sendbuf");
+    expectRefused(scapeMaskReduceScatter(h.data(), d, scapeFloat32, scapeSum, m, ctx.comm, nullptr),
+                  "recvbuf");
     expectRefused(scapeMaskAllGather(d, h.data(), scapeFloat32, m, ctx.comm, nullptr), "sendbuf");
     EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
     const uint64_t idx[] = {1, 5};
@@ -505,11 +540,13 @@ TEST(DeviceNone, AStreamWithoutCudaIsUnsupported) {
     std::vector<float> h(16, 1.f);
     int fakeStream = 0;
     EXPECT_EQ(scapeAllReduce(h.data(), h.data(), 16, scapeFloat32, scapeSum, nullptr, ctx.comm,
-                             &fakeStream), scapeUnsupported);
+                             &fakeStream),
+              scapeUnsupported);
     std::string m = scapeGetLastError(ctx.comm);
     EXPECT_NE(m.find("stream = NULL"), std::string::npos) << m;
-    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), h.data(), 16, scapeFloat32, scapeSum, nullptr,
-                                   ctx.comm, nullptr), ctx.comm);
+    EXPECT_SCAPE_OK(
+        scapeAllReduce(h.data(), h.data(), 16, scapeFloat32, scapeSum, nullptr, ctx.comm, nullptr),
+        ctx.comm);
     int backend = -1;
     EXPECT_SCAPE_OK(scapeCommGetBackend(ctx.comm, &backend), ctx.comm);
     EXPECT_EQ(backend, scapeBackendUcx);

@@ -30,7 +30,8 @@ TEST(ShippedLibrary, LoadsAndRunsAHostCollectiveWithoutADriver) {
                                          scapeMask_t, scapeComm_t, void*)>(h, "scapeAllReduce");
   auto destroy = Sym<scapeResult_t (*)(scapeComm_t)>(h, "scapeCommDestroy");
   auto lastError = Sym<const char* (*)(scapeComm_t)>(h, "scapeGetLastError");
-  auto initNccl = Sym<scapeResult_t (*)(scapeComm_t*, void*, const scapeConfig_t*)>(h, "scapeCommInitNccl");
+  auto initNccl =
+      Sym<scapeResult_t (*)(scapeComm_t*, void*, const scapeConfig_t*)>(h, "scapeCommInitNccl");
   ASSERT_FALSE(::testing::Test::HasFailure());
 
   int built = -1, avail = -1;
@@ -46,13 +47,15 @@ TEST(ShippedLibrary, LoadsAndRunsAHostCollectiveWithoutADriver) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 0.25f;
   std::vector<float> y(x.size(), -1.f);
   ASSERT_EQ(allReduce(x.data(), y.data(), x.size(), scapeFloat32, scapeSum, nullptr, comm, nullptr),
-            scapeSuccess) << lastError(comm);
+            scapeSuccess)
+      << lastError(comm);
   EXPECT_EQ(x, y);
   if (!avail) {
     // No driver: a stream cannot be honoured, and the message says what to do.
     int notAStream = 0;
-    EXPECT_EQ(allReduce(x.data(), y.data(), x.size(), scapeFloat32, scapeSum, nullptr, comm,
-                        &notAStream), scapeUnsupported);
+    EXPECT_EQ(
+        allReduce(x.data(), y.data(), x.size(), scapeFloat32, scapeSum, nullptr, comm, &notAStream),
+        scapeUnsupported);
     EXPECT_NE(std::string(lastError(comm)).find("stream = NULL"), std::string::npos)
         << lastError(comm);
   }

@@ -134,9 +134,12 @@ void FakeRuntime::HoldStream(Stream s, Gate* gate) {
 
 Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s) {
   const bool dd = Kind(dst) != PtrKind::kHost, sd = Kind(src) != PtrKind::kHost;
-  if (!dd && sd) ++d2hCopies;
-  else if (dd && !sd) ++h2dCopies;
-  else ++otherCopies;
+  if (!dd && sd)
+    ++d2hCopies;
+  else if (dd && !sd)
+    ++h2dCopies;
+  else
+    ++otherCopies;
   copiedBytes += bytes;
   StreamOf(s)->Push([this, dst, src, bytes] {
     if (int us = copyDelayUs.load()) {

@@ -39,11 +39,22 @@ __attribute__((visibility("default"))) const FakeNcclCall* fakeNcclLastCall() { 
 
 static size_t Size(int dt) {
   switch (dt) {
-    case 0: case 1: return 1;
-    case 2: case 3: case 7: return 4;
-    case 4: case 5: case 8: return 8;
-    case 6: case 9: return 2;
-    default: return 0;
+    case 0:
+    case 1:
+      return 1;
+    case 2:
+    case 3:
+    case 7:
+      return 4;
+    case 4:
+    case 5:
+    case 8:
+      return 8;
+    case 6:
+    case 9:
+      return 2;
+    default:
+      return 0;
   }
 }
 

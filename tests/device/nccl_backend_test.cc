@@ -18,7 +18,8 @@
 #if defined(SCAPE_TEST_HAVE_NCCL_H) && __has_include(<nccl.h>)
 #include <nccl.h>
 // The backend mirrors NCCL's ABI values without its header: check them against it.
-#define SCAPE_SAME(ours, nccls) static_assert(int{scape::device::ours} == static_cast<int>(nccls), #nccls)
+#define SCAPE_SAME(ours, nccls) \
+  static_assert(int{scape::device::ours} == static_cast<int>(nccls), #nccls)
 SCAPE_SAME(kNcclFloat32, ncclFloat32);
 SCAPE_SAME(kNcclFloat16, ncclFloat16);
 SCAPE_SAME(kNcclBfloat16, ncclBfloat16);
@@ -158,8 +159,10 @@ TEST_F(NcclBackend, EveryCollectiveGoesToItsNcclCallOnTheCallersStream) {
     int nt;
     scapeRedOp_t op;
     int nop;
-  } cases[] = {{scapeFloat32, 7, scapeSum, 0}, {scapeBfloat16, 9, scapeAvg, 4},
-               {scapeFloat16, 6, scapeMax, 2}, {scapeInt32, 2, scapeMin, 3},
+  } cases[] = {{scapeFloat32, 7, scapeSum, 0},
+               {scapeBfloat16, 9, scapeAvg, 4},
+               {scapeFloat16, 6, scapeMax, 2},
+               {scapeInt32, 2, scapeMin, 3},
                {scapeInt64, 4, scapeSum, 0}};
   for (const Case& c : cases) {
     ASSERT_EQ(scapeAllReduce(s, r, n, c.t, c.op, nullptr, comm_, stream), scapeSuccess)
@@ -205,15 +208,18 @@ TEST_F(NcclBackend, HostBuffersMixesAndMissingFormsAreClearErrors) {
   EXPECT_EQ(scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, nullptr, comm_, nullptr),
             scapeInvalidArgument);
   std::string m = scapeGetLastError(comm_);
-  EXPECT_NE(m.find("host memory: the NCCL backend moves device memory only"), std::string::npos) << m;
+  EXPECT_NE(m.find("host memory: the NCCL backend moves device memory only"), std::string::npos)
+      << m;
   EXPECT_EQ(scapeAllReduce(d, h.data(), n, scapeFloat32, scapeSum, nullptr, comm_, nullptr),
             scapeInvalidArgument);
   m = scapeGetLastError(comm_);
   EXPECT_NE(m.find("sendbuf is device memory but recvbuf is host memory"), std::string::npos) << m;
-  EXPECT_EQ(scapeAllReduce(d, d, n, static_cast<scapeDataType_t>(17), scapeSum, nullptr, comm_,
-                           nullptr), scapeInvalidArgument);
-  EXPECT_EQ(scapeAllReduce(d, d, n, scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, comm_,
-                           nullptr), scapeInvalidArgument);
+  EXPECT_EQ(
+      scapeAllReduce(d, d, n, static_cast<scapeDataType_t>(17), scapeSum, nullptr, comm_, nullptr),
+      scapeInvalidArgument);
+  EXPECT_EQ(
+      scapeAllReduce(d, d, n, scapeFloat32, static_cast<scapeRedOp_t>(9), nullptr, comm_, nullptr),
+      scapeInvalidArgument);
   EXPECT_EQ(scapeBroadcast(d, d, n, scapeFloat32, 4, comm_, nullptr), scapeInvalidArgument);
   EXPECT_EQ(scapeAllReduce(nullptr, d, n, scapeFloat32, scapeSum, nullptr, comm_, nullptr),
             scapeInvalidArgument);
@@ -237,7 +243,8 @@ TEST_F(NcclBackend, NcclErrorsAreMappedWithNcclsMessage) {
   fc_.failWith = 1;  // ncclUnhandledCudaError
   EXPECT_EQ(scapeAllGather(d, d, 16, scapeFloat32, comm_, nullptr), scapeSystemError);
   fc_.failWith = 7;  // ncclInProgress (non-blocking communicator): enqueued, not an error
-  EXPECT_EQ(scapeAllReduce(d, d, 64, scapeFloat32, scapeSum, nullptr, comm_, nullptr), scapeSuccess);
+  EXPECT_EQ(scapeAllReduce(d, d, 64, scapeFloat32, scapeSum, nullptr, comm_, nullptr),
+            scapeSuccess);
   fc_.failWith = 0;
   scapeResult_t ae = scapeInternalError;
   EXPECT_EQ(scapeCommGetAsyncError(comm_, &ae), scapeSuccess);

@@ -31,7 +31,8 @@ std::vector<std::vector<int32_t>> Reference(CollType t, const std::vector<std::v
           for (size_t i = 0; i < n; ++i) out[r][i] += in[q][i];
         break;
       case CollType::kBroadcast:
-        out[r].assign(in[static_cast<size_t>(root)].begin(), in[static_cast<size_t>(root)].begin() + static_cast<std::ptrdiff_t>(n));
+        out[r].assign(in[static_cast<size_t>(root)].begin(),
+                      in[static_cast<size_t>(root)].begin() + static_cast<std::ptrdiff_t>(n));
         break;
       case CollType::kReduceScatter:
         out[r].assign(n, 0);
@@ -79,12 +80,15 @@ void CheckCase(CollType t, int P, size_t n, size_t chunkBytes, std::mt19937& rng
   a.op = scapeSum;
   a.root = root;
   for (int r = 0; r < P; ++r)
-    ASSERT_TRUE(scape::device::MakeStagePlan(a, r, P, chunkBytes, &plans[static_cast<size_t>(r)]).ok());
+    ASSERT_TRUE(
+        scape::device::MakeStagePlan(a, r, P, chunkBytes, &plans[static_cast<size_t>(r)]).ok());
   const size_t nchunks = plans[0].chunks.size();
   ASSERT_GE(nchunks, 1u);
   if (n > 0) {
     // About chunkBytes per chunk, at least one element per block.
-    const size_t per = std::max<size_t>(1, chunkBytes / esz / ((t == CollType::kReduceScatter || t == CollType::kAllGather) ? Pz : 1));
+    const size_t per = std::max<size_t>(
+        1,
+        chunkBytes / esz / ((t == CollType::kReduceScatter || t == CollType::kAllGather) ? Pz : 1));
     EXPECT_EQ(nchunks, (n + per - 1) / per);
   }
   std::vector<std::vector<char>> sstage(Pz), rstage(Pz);
@@ -103,11 +107,12 @@ void CheckCase(CollType t, int P, size_t n, size_t chunkBytes, std::mt19937& rng
     for (size_t r = 0; r < Pz; ++r) {
       const auto& ch = plans[r].chunks[c];
       ASSERT_EQ(ch.count, cn);
-      Apply(ch.d2h, sstage[r].data(), sstage[r].size(), reinterpret_cast<const char*>(send[r].data()),
-            sendN * esz, &scover[r]);
+      Apply(ch.d2h, sstage[r].data(), sstage[r].size(),
+            reinterpret_cast<const char*>(send[r].data()), sendN * esz, &scover[r]);
       const size_t inN = t == CollType::kReduceScatter ? Pz * cn : cn;
       chunkIn[r].resize(inN);
-      if (ch.hasSend && inN) std::memcpy(chunkIn[r].data(), sstage[r].data() + ch.sendOff, inN * esz);
+      if (ch.hasSend && inN)
+        std::memcpy(chunkIn[r].data(), sstage[r].data() + ch.sendOff, inN * esz);
     }
     auto chunkOut = Reference(t, chunkIn, cn, root);
     for (size_t r = 0; r < Pz; ++r) {
@@ -132,8 +137,8 @@ void CheckCase(CollType t, int P, size_t n, size_t chunkBytes, std::mt19937& rng
 
 TEST(StagePlan, EveryCollectiveMatchesTheReferenceChunkByChunk) {
   std::mt19937 rng(scape_test::FreshSeed());
-  for (CollType t : {CollType::kAllReduce, CollType::kReduceScatter, CollType::kAllGather,
-                     CollType::kBroadcast})
+  for (CollType t :
+       {CollType::kAllReduce, CollType::kReduceScatter, CollType::kAllGather, CollType::kBroadcast})
     for (int P : {1, 2, 3, 5})
       for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{4099}})
         for (size_t chunk : {size_t{4}, size_t{12}, size_t{4096}, size_t{1} << 22})

@@ -20,8 +20,9 @@ static int train_step(scapeComm_t comm, float* grads, const float* stat, size_t 
   /* SCAPE: one agreed mask over the flat buffer (two segments, shards owned per rank). */
   uint64_t offsets[3] = {0, n / 2, n};
   scapeMask_t mask;
-  if (check(scapeMaskCreate(&mask, n, 2, offsets, NULL, scapeOwnershipShards,
-                            scapeMaskEncodingAuto, comm), comm, "mask create"))
+  if (check(scapeMaskCreate(&mask, n, 2, offsets, NULL, scapeOwnershipShards, scapeMaskEncodingAuto,
+                            comm),
+            comm, "mask create"))
     return 1;
   /* Each rank picks the top 1% of its own part; the all-gather runs in the background. */
   scapeMaskSelectNextTopk(mask, stat, 0.01);
@@ -58,8 +59,10 @@ int main(void) {
     stat[i] = (float)((i * 2654435761u) % 1000);
   }
   int rc = train_step(comm, grads, stat, n);
-  if (rc) scapeCommAbort(comm); /* tells the peers at once */
-  else scapeCommDestroy(comm);
+  if (rc)
+    scapeCommAbort(comm); /* tells the peers at once */
+  else
+    scapeCommDestroy(comm);
   free(grads);
   free(stat);
   return rc;

@@ -29,8 +29,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (scapeCommInitRank(&g_comm, 1, id, 0) != scapeSuccess) std::abort();
   static const uint64_t offs[] = {0, 10, 500, 1000};
   static const uint8_t dense[] = {1, 0, 0};
-  if (scapeMaskCreate(&g_mask, 1000, 3, offs, dense, scapeOwnershipSegments,
-                      scapeMaskEncodingAuto, g_comm) != scapeSuccess)
+  if (scapeMaskCreate(&g_mask, 1000, 3, offs, dense, scapeOwnershipSegments, scapeMaskEncodingAuto,
+                      g_comm) != scapeSuccess)
     std::abort();
   return 0;
 }
@@ -88,7 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (scape::kernels::BitmapCount(words.data(), nwords, n, &k) == KernelStatus::kOk && k <= cap) {
       got = 0;
       if (scape::kernels::BitmapToIndices(words.data(), nwords, n, o32.data(), cap, &got) !=
-              KernelStatus::kOk || got != k)
+              KernelStatus::kOk ||
+          got != k)
         std::abort();
     }
   }

@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
       std::vector<uint8_t> v{step};
       Add(&v, bootstrap::MakeHello(secret, 1, 4, blobLen, 42, 5000, 1234));
       for (uint32_t i = 0; i < blobLen; ++i) v.push_back(static_cast<uint8_t>(i));
-      Put("fuzz_bootstrap_hello", "hello_" + std::to_string(blobLen) + "_" + std::to_string(step), v);
+      Put("fuzz_bootstrap_hello", "hello_" + std::to_string(blobLen) + "_" + std::to_string(step),
+          v);
     }
   }
   // Bootstrap reply: success with a table, and errors.
@@ -92,8 +93,9 @@ int main(int argc, char** argv) {
   for (uint64_t n : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, uint64_t{5000}}) {
     std::vector<uint64_t> idx;
     for (uint64_t i = 0; i < n; i += 1 + (i % 7)) idx.push_back(i);
-    for (kernels::MaskEncoding e : {kernels::MaskEncoding::kBitmap, kernels::MaskEncoding::kEliasFano,
-                                    kernels::MaskEncoding::kDeltaVarint}) {
+    for (kernels::MaskEncoding e :
+         {kernels::MaskEncoding::kBitmap, kernels::MaskEncoding::kEliasFano,
+          kernels::MaskEncoding::kDeltaVarint}) {
       std::vector<uint8_t> buf(1 << 16);
       size_t w = 0;
       if (kernels::MaskEncode(e, idx.data(), idx.size(), n, buf.data(), buf.size(), &w) !=
@@ -145,7 +147,8 @@ int main(int argc, char** argv) {
     scapeOptimConfig_t cfg;
     static const uint64_t offs[] = {0, 64, 100, 1000};
     static const uint8_t dense[] = {1, 0, 0};
-    if (scapeGetUniqueId(&id) == scapeSuccess && scapeCommInitRank(&comm, 1, id, 0) == scapeSuccess &&
+    if (scapeGetUniqueId(&id) == scapeSuccess &&
+        scapeCommInitRank(&comm, 1, id, 0) == scapeSuccess &&
         scapeOptimConfigInit(&cfg) == scapeSuccess) {
       cfg.n = 1000;
       cfg.nsegments = 3;

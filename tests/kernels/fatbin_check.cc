@@ -256,8 +256,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (g_containers < min_containers) {
-    std::printf("%d fatbin container(s), expected at least %d: kernels are missing\n",
-                g_containers, min_containers);
+    std::printf("%d fatbin container(s), expected at least %d: kernels are missing\n", g_containers,
+                min_containers);
     g_ok = false;
   }
   std::printf("%d object(s) with device code, %d fatbin container(s): %s\n",

@@ -22,10 +22,10 @@ namespace kc = ::scape::kernels::cuda;
 using testing_util::RandomMask;
 using testing_util::RandomNormal;
 
-#define SKIP_WITHOUT_GPU()                                                                   \
-  do {                                                                                       \
-    if (kc::DeviceCount() == 0)                                                              \
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount found none (no GPU, no driver, or "  \
+#define SKIP_WITHOUT_GPU()                                                                    \
+  do {                                                                                        \
+    if (kc::DeviceCount() == 0)                                                               \
+      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount found none (no GPU, no driver, or " \
                       "CUDA_VISIBLE_DEVICES hides them); this test compares the CUDA kernel " \
                       "with the CPU one and needs a GPU (perf/gpu_check.sh runs it there)";   \
   } while (0)
@@ -40,7 +40,9 @@ class DevBuf {
   }
   template <typename T>
   explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
-    if (p_ && !v.empty()) EXPECT_EQ(kc::CopyToDevice(p_, v.data(), v.size() * sizeof(T)), KernelStatus::kOk);
+    if (p_ && !v.empty()) {
+      EXPECT_EQ(kc::CopyToDevice(p_, v.data(), v.size() * sizeof(T)), KernelStatus::kOk);
+    }
   }
   ~DevBuf() {
     if (p_) (void)kc::DeviceFree(p_);  // a failed free cannot be acted on in a destructor
@@ -362,10 +364,13 @@ uint32_t GpuEfDecode(const std::vector<uint8_t>& enc, uint64_t n, size_t capacit
                      std::vector<Index>* out) {
   // Round the device copy up to 8 bytes (alignment); only `size` bytes are declared.
   DevBuf dbuf(enc.size() + 8), dout((capacity + 1) * sizeof(Index)), dcount(8), dstatus(4);
-  if (!enc.empty()) EXPECT_EQ(kc::CopyToDevice(dbuf.get(), enc.data(), enc.size()), KernelStatus::kOk);
+  if (!enc.empty()) {
+    EXPECT_EQ(kc::CopyToDevice(dbuf.get(), enc.data(), enc.size()), KernelStatus::kOk);
+  }
   size_t tb = 0;
   EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,
-                          dcount.get<uint64_t>(), dstatus.get<uint32_t>(), nullptr, &tb, nullptr),
+                                    dcount.get<uint64_t>(), dstatus.get<uint32_t>(), nullptr, &tb,
+                                    nullptr),
             KernelStatus::kOk);
   DevBuf dtemp(tb);
   EXPECT_EQ(kc::EliasFanoDecodeCuda(dbuf.get<uint8_t>(), enc.size(), n, dout.get<Index>(), capacity,

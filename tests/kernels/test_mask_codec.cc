@@ -193,15 +193,16 @@ TEST(MaskCodec, BytesMatchTheFormatBitByBit) {
     for (double d : {0.0, 0.003, 0.01, 0.1, 0.5, 1.0}) {
       const std::vector<uint64_t> idx = RandomMask<uint64_t>(rng, n, d);
       for (MaskEncoding enc : kEncodings) {
-        SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << idx.size() << " encoding "
-                                          << static_cast<int>(enc));
+        SCOPED_TRACE(::testing::Message()
+                     << "n=" << n << " k=" << idx.size() << " encoding " << static_cast<int>(enc));
         EXPECT_EQ(Encode(enc, idx, n), SpecEncoding(enc, idx, n));
       }
     }
   }
   // Long gaps: zero words between set bits in every bit section.
   const std::vector<uint64_t> sparse = {3, 700, 701, 5000, 99999};
-  for (MaskEncoding enc : kEncodings) EXPECT_EQ(Encode(enc, sparse, 100000), SpecEncoding(enc, sparse, 100000));
+  for (MaskEncoding enc : kEncodings)
+    EXPECT_EQ(Encode(enc, sparse, 100000), SpecEncoding(enc, sparse, 100000));
 }
 
 TEST(MaskCodec, VarintSizeAtEveryLengthBoundary) {
@@ -255,9 +256,9 @@ TEST(MaskCodec, DecodeWithOffsetAddsItAfterValidation) {
     size_t k2 = 0;
     EXPECT_EQ(MaskDecode(bad.data(), bad.size(), n, offset, out.data(), out.size(), &k2), plain);
     // offset + n beyond 2^64 is refused.
-    EXPECT_EQ(MaskDecode(buf.data(), buf.size(), n, ~uint64_t{0} - n + 1, out.data(), out.size(),
-                         &k),
-              KernelStatus::kInvalidArgument);
+    EXPECT_EQ(
+        MaskDecode(buf.data(), buf.size(), n, ~uint64_t{0} - n + 1, out.data(), out.size(), &k),
+        KernelStatus::kInvalidArgument);
   }
 }
 

@@ -23,9 +23,12 @@ const double kDensities[] = {0.0, 0.01, 0.3, 1.0};
 
 float Decode(const void* payload, scapeDataType_t t, size_t j) {
   switch (t) {
-    case scapeFloat32: return static_cast<const float*>(payload)[j];
-    case scapeBfloat16: return Bf16ToFloat(static_cast<const uint16_t*>(payload)[j]);
-    default: return Fp16ToFloat(static_cast<const uint16_t*>(payload)[j]);
+    case scapeFloat32:
+      return static_cast<const float*>(payload)[j];
+    case scapeBfloat16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(payload)[j]);
+    default:
+      return Fp16ToFloat(static_cast<const uint16_t*>(payload)[j]);
   }
 }
 

@@ -45,7 +45,8 @@ enum class Dist { kNormal, kFewValues, kAllEqual, kSpecials, kSkewed };
 std::vector<float> MakeData(std::mt19937_64& rng, size_t n, Dist d) {
   std::vector<float> x;
   switch (d) {
-    case Dist::kNormal: return RandomNormal(rng, n);
+    case Dist::kNormal:
+      return RandomNormal(rng, n);
     case Dist::kFewValues: {
       // Heavy ties, both signs (|x| ties across signs), +-0.
       const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f};
@@ -53,7 +54,8 @@ std::vector<float> MakeData(std::mt19937_64& rng, size_t n, Dist d) {
       for (auto& v : x) v = vals[rng() % 7];
       return x;
     }
-    case Dist::kAllEqual: return std::vector<float>(n, -3.25f);
+    case Dist::kAllEqual:
+      return std::vector<float>(n, -3.25f);
     case Dist::kSpecials: {
       x = RandomNormal(rng, n);
       const float sp[] = {std::numeric_limits<float>::infinity(),

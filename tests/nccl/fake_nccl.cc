@@ -70,7 +70,9 @@ void Logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int 
   va_end(ap);
   if (level == NCCL_LOG_WARN || std::getenv("FAKE_NCCL_VERBOSE"))
     std::fprintf(stderr, "[fake-nccl %d] %s %s:%d %s\n", static_cast<int>(getpid()),
-                 level == NCCL_LOG_WARN ? "WARN" : level == NCCL_LOG_INFO ? "INFO" : "TRACE",
+                 level == NCCL_LOG_WARN   ? "WARN"
+                 : level == NCCL_LOG_INFO ? "INFO"
+                                          : "TRACE",
                  file, line, buf);
   std::lock_guard<std::mutex> lk(g_logMu);
   g_logs->push_back(LogLine{level, flags, buf, file ? file : "", line});
@@ -254,8 +256,8 @@ int PollAccept(const ncclNet_v11_t* net, void* listenComm, void** recvComm, int 
   return ncclSuccess;
 }
 
-int PollConnectAccept(const ncclNet_v11_t* net, void* ctx, int dev, void* handle,
-                      void* listenComm, void** sendComm, void** recvComm, int timeoutMs) {
+int PollConnectAccept(const ncclNet_v11_t* net, void* ctx, int dev, void* handle, void* listenComm,
+                      void** sendComm, void** recvComm, int timeoutMs) {
   *sendComm = *recvComm = nullptr;
   int64_t deadline = NowMs() + timeoutMs;
   while (!*sendComm || !*recvComm) {

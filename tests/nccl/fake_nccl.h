@@ -110,11 +110,10 @@ struct Env {
 int PollConnect(const ncclNet_v11_t* net, void* ctx, int dev, void* handle, void** sendComm,
                 int timeoutMs = 20000);
 // accept until *recvComm != NULL, an error, or the deadline.
-int PollAccept(const ncclNet_v11_t* net, void* listenComm, void** recvComm,
-               int timeoutMs = 20000);
+int PollAccept(const ncclNet_v11_t* net, void* listenComm, void** recvComm, int timeoutMs = 20000);
 // In one process: connect and accept interleaved on one thread (like one proxy thread).
-int PollConnectAccept(const ncclNet_v11_t* net, void* ctx, int dev, void* handle,
-                      void* listenComm, void** sendComm, void** recvComm, int timeoutMs = 20000);
+int PollConnectAccept(const ncclNet_v11_t* net, void* ctx, int dev, void* handle, void* listenComm,
+                      void** sendComm, void** recvComm, int timeoutMs = 20000);
 // isend/irecv retried while the request comes back NULL.
 int PostSend(const ncclNet_v11_t* net, void* comm, void* data, size_t size, int tag, void* mh,
              void** req, int timeoutMs = 20000);
@@ -135,29 +134,29 @@ size_t HeapInUse();
 }  // namespace fake_nccl
 
 // Checks for bodies that return bool (ASSERT_* cannot return a value).
-#define REQUIRE(cond)                                       \
-  do {                                                      \
-    if (!(cond)) {                                          \
-      ADD_FAILURE() << "REQUIRE failed: " #cond;            \
-      return false;                                         \
-    }                                                       \
+#define REQUIRE(cond)                            \
+  do {                                           \
+    if (!(cond)) {                               \
+      ADD_FAILURE() << "REQUIRE failed: " #cond; \
+      return false;                              \
+    }                                            \
   } while (0)
-#define REQUIRE_EQ(a, b)                                                          \
-  do {                                                                            \
-    auto _a = (a);                                                                \
-    auto _b = (b);                                                                \
-    if (!(_a == _b)) {                                                            \
-      ADD_FAILURE() << #a " = " << _a << ", expected " #b " = " << _b;            \
-      return false;                                                               \
-    }                                                                             \
+#define REQUIRE_EQ(a, b)                                               \
+  do {                                                                 \
+    auto _a = (a);                                                     \
+    auto _b = (b);                                                     \
+    if (!(_a == _b)) {                                                 \
+      ADD_FAILURE() << #a " = " << _a << ", expected " #b " = " << _b; \
+      return false;                                                    \
+    }                                                                  \
   } while (0)
 #define REQUIRE_OK(expr) REQUIRE_EQ(static_cast<int>(expr), static_cast<int>(ncclSuccess))
 // Runs bodies in child processes under a watchdog and fails the test if any child failed.
-#define RUN_PROCS(watchdogMs, ...)                                              \
-  do {                                                                          \
-    std::string _rep;                                                           \
-    bool _ok = ::fake_nccl::RunProcs({__VA_ARGS__}, (watchdogMs), &_rep);       \
-    EXPECT_TRUE(_ok) << _rep;                                                   \
+#define RUN_PROCS(watchdogMs, ...)                                        \
+  do {                                                                    \
+    std::string _rep;                                                     \
+    bool _ok = ::fake_nccl::RunProcs({__VA_ARGS__}, (watchdogMs), &_rep); \
+    EXPECT_TRUE(_ok) << _rep;                                             \
   } while (0)
 
 #endif  // SCAPE_TESTS_NCCL_FAKE_NCCL_H_

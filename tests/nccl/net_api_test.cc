@@ -85,13 +85,13 @@ TEST(Abi, ExportsEveryVersionTheWayNcclLooksThemUp) {
     EXPECT_STREQ(p.v9->name, "SCAPE");
     EXPECT_STREQ(p.v8->name, "SCAPE");
     // Members NCCL 2.28 calls without a NULL check (fact sheet 5.14).
-    for (const void* f : {(const void*)n->init, (const void*)n->devices,
-                          (const void*)n->getProperties, (const void*)n->listen,
-                          (const void*)n->connect, (const void*)n->accept, (const void*)n->regMr,
-                          (const void*)n->deregMr, (const void*)n->isend, (const void*)n->irecv,
-                          (const void*)n->iflush, (const void*)n->test, (const void*)n->closeSend,
-                          (const void*)n->closeRecv, (const void*)n->closeListen,
-                          (const void*)n->finalize})
+    for (const void* f :
+         {(const void*)n->init, (const void*)n->devices, (const void*)n->getProperties,
+          (const void*)n->listen, (const void*)n->connect, (const void*)n->accept,
+          (const void*)n->regMr, (const void*)n->deregMr, (const void*)n->isend,
+          (const void*)n->irecv, (const void*)n->iflush, (const void*)n->test,
+          (const void*)n->closeSend, (const void*)n->closeRecv, (const void*)n->closeListen,
+          (const void*)n->finalize})
       EXPECT_NE(f, nullptr);
     EXPECT_EQ(n->getDeviceMr, nullptr);    // host plugin
     EXPECT_EQ(n->irecvConsumed, nullptr);  // host plugin
@@ -100,9 +100,9 @@ TEST(Abi, ExportsEveryVersionTheWayNcclLooksThemUp) {
     EXPECT_NE(p.v8->isend, nullptr);
     EXPECT_NE(p.v9->makeVDevice, nullptr);
     // Versions 2.28 would also accept but we do not export, and names it must not find.
-    for (const char* s : {"ncclNetPlugin_v7", "ncclNetPlugin_v6", "ncclCollNetPlugin_v11",
-                          "ncclGinPlugin_v11", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4",
-                          "ncclProfiler_v5", "ncclProfiler_v4"})
+    for (const char* s :
+         {"ncclNetPlugin_v7", "ncclNetPlugin_v6", "ncclCollNetPlugin_v11", "ncclGinPlugin_v11",
+          "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclProfiler_v5", "ncclProfiler_v4"})
       EXPECT_EQ(dlsym(p.lib, s), nullptr) << s;
     return true;
   });

@@ -31,62 +31,64 @@ int64_t NowMs() {
 // receiver stops progressing that request in time).
 void KilledRendezvousSender(size_t bytes, int progressMs) {
   Pipe handle, posted;
-  RUN_PROCS(kWatchdogMs,
-    [&] {  // receiver
-      // UCX 1.13 keeps ~100 bytes of its own (libuct frames only) after a peer dies in a
-      // transfer and never frees them: the sanitizer pass's leak check would blame this body.
-      SkipLeakCheck();
-      Env e;
-      REQUIRE(e.Up());
-      char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
-      void* lc = nullptr;
-      REQUIRE_OK(e.net->listen(e.ctx, 0, h, &lc));
-      REQUIRE(handle.Write(h, sizeof(h), 20000));
-      void* rc = nullptr;
-      REQUIRE_OK(PollAccept(e.net, lc, &rc));
-      REQUIRE_OK(e.net->closeListen(lc));
-      std::vector<uint8_t> buf(bytes);
-      void* mh = nullptr;
-      REQUIRE_OK(e.net->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
-      void* d = buf.data();
-      size_t cap = buf.size();
-      int tag = 7;
-      void* req = nullptr;
-      REQUIRE_OK(PostRecv(e.net, rc, 1, &d, &cap, &tag, &mh, &req));
-      REQUIRE(posted.WriteU64(1));
-      const int64_t t0 = NowMs();
-      int r = WaitReq(e.net, req, nullptr, 30000);
-      // The transfer may even have completed before the kill; if not, the error is remote.
-      EXPECT_TRUE(r == ncclRemoteError || r == ncclSuccess) << "test() returned " << r;
-      EXPECT_LT(NowMs() - t0, 20000);
-      REQUIRE_OK(e.net->deregMr(rc, mh));
-      REQUIRE_OK(e.net->closeRecv(rc));
-      return e.Down();
-    },
-    [&] {  // sender: posts the send, then dies with it in flight
-      Env e;
-      REQUIRE(e.Up());
-      char h[NCCL_NET_HANDLE_MAXSIZE];
-      REQUIRE(handle.Read(h, sizeof(h), 20000));
-      void* sc = nullptr;
-      REQUIRE_OK(PollConnect(e.net, e.ctx, 0, h, &sc));
-      uint64_t v;
-      REQUIRE(posted.ReadU64(&v));
-      std::vector<uint8_t> buf(bytes, 0x5a);
-      void* mh = nullptr;
-      REQUIRE_OK(e.net->regMr(sc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
-      void* req = nullptr;
-      REQUIRE_OK(PostSend(e.net, sc, buf.data(), buf.size(), 7, mh, &req));
-      // Progress the send for a while (data flowing) or barely at all, then die.
-      int done = 0;
-      const int64_t until = NowMs() + progressMs;
-      for (int i = 0; !done && (i < 3 || NowMs() < until); ++i) (void)e.net->test(req, &done, nullptr);
-      // _exit: no destructor, no close, no flush runs, exactly as for SIGKILL (the kernel
-      // closes the sockets and drops the mappings either way); the watchdog's report then
-      // stays about the receiver.
-      _exit(0);
-      return true;
-    });
+  RUN_PROCS(
+      kWatchdogMs,
+      [&] {  // receiver
+        // UCX 1.13 keeps ~100 bytes of its own (libuct frames only) after a peer dies in a
+        // transfer and never frees them: the sanitizer pass's leak check would blame this body.
+        SkipLeakCheck();
+        Env e;
+        REQUIRE(e.Up());
+        char h[NCCL_NET_HANDLE_MAXSIZE] = {0};
+        void* lc = nullptr;
+        REQUIRE_OK(e.net->listen(e.ctx, 0, h, &lc));
+        REQUIRE(handle.Write(h, sizeof(h), 20000));
+        void* rc = nullptr;
+        REQUIRE_OK(PollAccept(e.net, lc, &rc));
+        REQUIRE_OK(e.net->closeListen(lc));
+        std::vector<uint8_t> buf(bytes);
+        void* mh = nullptr;
+        REQUIRE_OK(e.net->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
+        void* d = buf.data();
+        size_t cap = buf.size();
+        int tag = 7;
+        void* req = nullptr;
+        REQUIRE_OK(PostRecv(e.net, rc, 1, &d, &cap, &tag, &mh, &req));
+        REQUIRE(posted.WriteU64(1));
+        const int64_t t0 = NowMs();
+        int r = WaitReq(e.net, req, nullptr, 30000);
+        // The transfer may even have completed before the kill; if not, the error is remote.
+        EXPECT_TRUE(r == ncclRemoteError || r == ncclSuccess) << "test() returned " << r;
+        EXPECT_LT(NowMs() - t0, 20000);
+        REQUIRE_OK(e.net->deregMr(rc, mh));
+        REQUIRE_OK(e.net->closeRecv(rc));
+        return e.Down();
+      },
+      [&] {  // sender: posts the send, then dies with it in flight
+        Env e;
+        REQUIRE(e.Up());
+        char h[NCCL_NET_HANDLE_MAXSIZE];
+        REQUIRE(handle.Read(h, sizeof(h), 20000));
+        void* sc = nullptr;
+        REQUIRE_OK(PollConnect(e.net, e.ctx, 0, h, &sc));
+        uint64_t v;
+        REQUIRE(posted.ReadU64(&v));
+        std::vector<uint8_t> buf(bytes, 0x5a);
+        void* mh = nullptr;
+        REQUIRE_OK(e.net->regMr(sc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
+        void* req = nullptr;
+        REQUIRE_OK(PostSend(e.net, sc, buf.data(), buf.size(), 7, mh, &req));
+        // Progress the send for a while (data flowing) or barely at all, then die.
+        int done = 0;
+        const int64_t until = NowMs() + progressMs;
+        for (int i = 0; !done && (i < 3 || NowMs() < until); ++i)
+          (void)e.net->test(req, &done, nullptr);
+        // _exit: no destructor, no close, no flush runs, exactly as for SIGKILL (the kernel
+        // closes the sockets and drops the mappings either way); the watchdog's report then
+        // stays about the receiver.
+        _exit(0);
+        return true;
+      });
 }
 
 TEST(StaleHandles, SecondDeregCloseAndFinalizeAreErrors) {

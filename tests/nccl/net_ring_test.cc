@@ -21,8 +21,8 @@ namespace {
 using namespace fake_nccl;
 
 constexpr int kRanks = 4;
-constexpr int kWindow = 8;              // transfers in flight per direction
-constexpr size_t kChunkElems = 16384;   // 64 KiB chunks of float
+constexpr int kWindow = 8;             // transfers in flight per direction
+constexpr size_t kChunkElems = 16384;  // 64 KiB chunks of float
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -32,10 +32,10 @@ int64_t NowMs() {
 
 // Input element i of rank r: a small integer, so float sums are exact in any order.
 float Input(int r, size_t i, int iter) {
-  return static_cast<float>(static_cast<int>((i * 131 + static_cast<size_t>(r) * 7919 +
-                                              static_cast<size_t>(iter) * 17) %
-                                             201) -
-                            100);
+  return static_cast<float>(
+      static_cast<int>((i * 131 + static_cast<size_t>(r) * 7919 + static_cast<size_t>(iter) * 17) %
+                       201) -
+      100);
 }
 
 size_t SegBegin(size_t n, int seg) { return n * static_cast<size_t>(seg) / kRanks; }
@@ -49,8 +49,8 @@ struct Ring {
 
 struct Xfer {
   void* req;
-  size_t off;   // element offset of the chunk
-  size_t len;   // elements
+  size_t off;  // element offset of the chunk
+  size_t len;  // elements
 };
 
 // One ring step: send [sendSeg] to the next rank, receive [recvSeg] from the previous one into
@@ -61,7 +61,9 @@ bool Step(Ring& ring, float* data, float* tmp, void* smh, void* rmhData, void* r
   const ncclNet_v11_t* net = ring.net;
   size_t sb = SegBegin(n, sendSeg), se = SegBegin(n, sendSeg + 1);
   size_t rb = SegBegin(n, recvSeg), re = SegBegin(n, recvSeg + 1);
-  auto chunks = [](size_t len) { return std::max<size_t>(1, (len + kChunkElems - 1) / kChunkElems); };
+  auto chunks = [](size_t len) {
+    return std::max<size_t>(1, (len + kChunkElems - 1) / kChunkElems);
+  };
   size_t nSend = chunks(se - sb), nRecv = chunks(re - rb);
   size_t postedS = 0, postedR = 0, doneS = 0, doneR = 0;
   std::deque<Xfer> sends, recvs;

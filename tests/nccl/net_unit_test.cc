@@ -48,7 +48,8 @@ NetDevice Dev(const std::string& name, int speed, const std::string& ucx) {
 }
 
 TEST(MergeDevices, SumsSpeedJoinsNamesAndRoutes) {
-  std::vector<NetDevice> devs = {Dev("mlx5_0", 200000, "mlx5_0:1"), Dev("mlx5_1", 100000, "mlx5_1:1"),
+  std::vector<NetDevice> devs = {Dev("mlx5_0", 200000, "mlx5_0:1"),
+                                 Dev("mlx5_1", 100000, "mlx5_1:1"),
                                  Dev("mlx5_2", 200000, "mlx5_2:1")};
   devs[1].maxComms = 1000;
   NetDevice v;

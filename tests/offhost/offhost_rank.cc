@@ -86,7 +86,8 @@ int Main(int argc, char** argv) {
   const int64_t t0 = NowMs();
   scapeResult_t r = scapeCommInitRankConfig(&comm, nranks, id, rank, &cfg);
   if (kase == "late") {
-    if (r != scapeTimeout) return Fail(rank, std::string("init: expected a timeout, got ") + scapeGetErrorString(r));
+    if (r != scapeTimeout)
+      return Fail(rank, std::string("init: expected a timeout, got ") + scapeGetErrorString(r));
     if (NowMs() - t0 > timeoutMs + 6000) return Fail(rank, "the timeout came late");
     std::fprintf(stderr, "offhost rank %d: late peer: %s after %lld ms\n", rank,
                  scapeGetLastError(nullptr), static_cast<long long>(NowMs() - t0));
@@ -130,8 +131,10 @@ int Main(int argc, char** argv) {
       if (scapeMaskSelectNextTopk(mask, stat.data(), 0.01) != scapeSuccess ||
           scapeMaskSyncStart(mask) != scapeSuccess)
         return Fail(rank, scapeGetLastError(comm));
-      if (scapeAllReduce(g.data(), g.data(), n, scapeFloat32, scapeAvg, mask, comm, nullptr) != scapeSuccess ||
-          scapeAllReduce(d.data(), e.data(), d.size(), scapeFloat32, scapeSum, nullptr, comm, nullptr) != scapeSuccess ||
+      if (scapeAllReduce(g.data(), g.data(), n, scapeFloat32, scapeAvg, mask, comm, nullptr) !=
+              scapeSuccess ||
+          scapeAllReduce(d.data(), e.data(), d.size(), scapeFloat32, scapeSum, nullptr, comm,
+                         nullptr) != scapeSuccess ||
           scapeMaskSyncWait(mask) != scapeSuccess || scapeMaskAdvance(mask) != scapeSuccess)
         return Fail(rank, scapeGetLastError(comm));
       if (t == 99) rss0 = RssKiB();
@@ -146,13 +149,15 @@ int Main(int argc, char** argv) {
   if (kase == "allreduce") {
     for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
       std::vector<float> a(n), b(n);
-      for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>((i * 7 + static_cast<size_t>(rank)) % 13);
+      for (size_t i = 0; i < n; ++i)
+        a[i] = static_cast<float>((i * 7 + static_cast<size_t>(rank)) % 13);
       if (scapeAllReduce(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm, nullptr) !=
           scapeSuccess)
         return Fail(rank, scapeGetLastError(comm));
       for (size_t i = 0; i < n; ++i) {
         float want = 0;
-        for (int q = 0; q < nranks; ++q) want += static_cast<float>((i * 7 + static_cast<size_t>(q)) % 13);
+        for (int q = 0; q < nranks; ++q)
+          want += static_cast<float>((i * 7 + static_cast<size_t>(q)) % 13);
         if (b[i] != want) return Fail(rank, "wrong sum at " + std::to_string(i));
       }
     }
@@ -164,8 +169,8 @@ int Main(int argc, char** argv) {
     std::vector<float> a(n, 1.0f), b(n);
     if (last) {
       scapeRequest_t req;
-      if (scapeAllReduceAsync(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm,
-                              nullptr, &req) != scapeSuccess)
+      if (scapeAllReduceAsync(a.data(), b.data(), n, scapeFloat32, scapeSum, nullptr, comm, nullptr,
+                              &req) != scapeSuccess)
         return Fail(rank, "async");
       int done = 0;
       for (int i = 0; i < 3 && !done; ++i) scapeTest(req, &done);

@@ -72,13 +72,13 @@ struct Conn {
   Socket sock;
   int64_t acceptedNs = 0;
   HelloReader reader;
-  bool reading = true;         // still reading the hello / blob
-  bool rank = false;           // an authenticated rank, stored in the table
-  std::vector<uint8_t> out;    // answer to send, then close
+  bool reading = true;       // still reading the hello / blob
+  bool rank = false;         // an authenticated rank, stored in the table
+  std::vector<uint8_t> out;  // answer to send, then close
   size_t outOff = 0;
-  bool draining = false;       // answered: wait (briefly) for the peer to close first
+  bool draining = false;  // answered: wait (briefly) for the peer to close first
   int64_t drainUntilNs = 0;
-  bool dead = false;           // to be removed
+  bool dead = false;  // to be removed
 };
 
 class Root {
@@ -105,9 +105,9 @@ class Root {
   std::vector<Conn*> byRank_;
   std::vector<std::unique_ptr<Conn>> conns_;
   bool finished_ = false;
-  Status fail_;                 // why formation failed (finished_ && !ok)
-  int64_t endNs_ = 0;           // finished: stop once the answers are out, at the latest then
-  bool lingering_ = false;      // finished with a failure: keep answering late ranks
+  Status fail_;             // why formation failed (finished_ && !ok)
+  int64_t endNs_ = 0;       // finished: stop once the answers are out, at the latest then
+  bool lingering_ = false;  // finished with a failure: keep answering late ranks
 };
 
 int HandshakeMs(int timeoutMs) { return timeoutMs < kHandshakeMs ? timeoutMs : kHandshakeMs; }
@@ -142,8 +142,10 @@ void Root::AcceptAll(int64_t now) {
     if (unauth >= kMaxUnauthenticated && oldest) {
       // Make room: the oldest silent connection goes. A rank sends its hello at once, so it is
       // never the oldest for long.
-      SCAPE_INFO("bootstrap root: %zu connections have not presented the secret; dropping the "
-                 "oldest", unauth);
+      SCAPE_INFO(
+          "bootstrap root: %zu connections have not presented the secret; dropping the "
+          "oldest",
+          unauth);
       oldest->dead = true;
     }
     auto c = std::make_unique<Conn>();
@@ -174,8 +176,10 @@ void Root::ReadFrom(Conn* c) {
       if (!st.ok()) {
         SCAPE_WARN("bootstrap root: dropped a connection: %s", st.message().c_str());
         c->reading = false;
-        if (refuse) c->out = EncodeReply(st, c->reader.hello().nranks, nullptr);
-        else c->dead = true;
+        if (refuse)
+          c->out = EncodeReply(st, c->reader.hello().nranks, nullptr);
+        else
+          c->dead = true;
         return;
       }
       if (c->reader.complete()) {
@@ -195,16 +199,17 @@ void Root::Arrive(Conn* c) {
     c->out = EncodeReply(
         fail_.ok() ? InvalidUsage(StrFormat("rank %d came after the communicator of this unique id "
                                             "had formed (a unique id forms one communicator; two "
-                                            "processes may claim this rank)", h.rank))
+                                            "processes may claim this rank)",
+                                            h.rank))
                    : fail_,
         h.nranks, nullptr);
     return;
   }
   if (nranks_ < 0) {
     if (h.nranks < 1 || h.nranks > kMaxRanks) {
-      c->out = EncodeReply(InvalidArgument(StrFormat("nranks %d out of range 1..%d", h.nranks,
-                                                     kMaxRanks)),
-                           h.nranks, nullptr);
+      c->out = EncodeReply(
+          InvalidArgument(StrFormat("nranks %d out of range 1..%d", h.nranks, kMaxRanks)), h.nranks,
+          nullptr);
       return;
     }
     nranks_ = h.nranks;
@@ -216,14 +221,16 @@ void Root::Arrive(Conn* c) {
   }
   c->rank = true;
   if (h.nranks != nranks_) {
-    Finish(InvalidUsage(StrFormat("ranks disagree on nranks: rank %d passed %d, earlier ranks "
-                                  "passed %d", h.rank, h.nranks, nranks_)));
+    Finish(
+        InvalidUsage(StrFormat("ranks disagree on nranks: rank %d passed %d, earlier ranks "
+                               "passed %d",
+                               h.rank, h.nranks, nranks_)));
     c->out = EncodeReply(fail_, h.nranks, nullptr);
     return;
   }
   if (h.rank < 0 || h.rank >= nranks_) {
-    Finish(InvalidArgument(StrFormat("a process passed rank %d, expected 0..%d", h.rank,
-                                     nranks_ - 1)));
+    Finish(InvalidArgument(
+        StrFormat("a process passed rank %d, expected 0..%d", h.rank, nranks_ - 1)));
     c->out = EncodeReply(fail_, h.nranks, nullptr);
     return;
   }
@@ -265,8 +272,8 @@ void Root::Finish(const Status& st) {
 
 void Root::WriteTo(Conn* c) {
   while (c->outOff < c->out.size()) {
-    ssize_t n = ::send(c->sock.fd(), c->out.data() + c->outOff, c->out.size() - c->outOff,
-                       MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(c->sock.fd(), c->out.data() + c->outOff, c->out.size() - c->outOff, MSG_NOSIGNAL);
     if (n > 0) {
       c->outOff += static_cast<size_t>(n);
       continue;
@@ -316,9 +323,10 @@ void Root::Run() {
       if (nranks_ < 0 && now >= firstDeadlineNs) {
         Finish(TimeoutError("no rank arrived at the bootstrap root"));
       } else if (nranks_ >= 0 && now >= formDeadlineNs_) {
-        Finish(TimeoutError(StrFormat("only %d of %d ranks arrived at the bootstrap root within "
-                                      "%d ms; missing ranks: %s",
-                                      arrived_, nranks_, timeoutMs_, Missing().c_str())));
+        Finish(
+            TimeoutError(StrFormat("only %d of %d ranks arrived at the bootstrap root within "
+                                   "%d ms; missing ranks: %s",
+                                   arrived_, nranks_, timeoutMs_, Missing().c_str())));
       }
     }
     // Handshakes past their deadline go; so do answered connections.
@@ -345,8 +353,10 @@ void Root::Run() {
     pfds.push_back(pollfd{listener_.fd(), POLLIN, 0});
     for (auto& c : conns_) {
       short ev = 0;
-      if (c->reading || c->draining) ev = POLLIN;
-      else if (c->outOff < c->out.size()) ev = POLLOUT;
+      if (c->reading || c->draining)
+        ev = POLLIN;
+      else if (c->outOff < c->out.size())
+        ev = POLLOUT;
       pfds.push_back(pollfd{c->sock.fd(), ev, 0});
     }
     (void)::poll(pfds.data(), static_cast<nfds_t>(pfds.size()), 50);
@@ -405,12 +415,15 @@ Status HelloReader::Feed(const uint8_t* data, size_t len, const Secret& secret, 
     *used += take;
     if (got_ < sizeof(Hello)) return Status::Ok();
     if (hello_.magic != kHelloMagic || hello_.version != kProtocolVersion)
-      return RemoteError("a connection that does not speak the SCAPE bootstrap protocol (bad "
-                         "magic or version)");
+      return RemoteError(
+          "a connection that does not speak the SCAPE bootstrap protocol (bad "
+          "magic or version)");
     if (!SecretEqual(hello_.secret, secret.data())) {
       *refuse = true;
-      return RemoteError(StrFormat("the bootstrap root refused a peer claiming rank %d: wrong "
-                                   "secret (the unique id does not match)", hello_.rank));
+      return RemoteError(
+          StrFormat("the bootstrap root refused a peer claiming rank %d: wrong "
+                    "secret (the unique id does not match)",
+                    hello_.rank));
     }
     authenticated_ = true;
     if (hello_.blobLen == 0 || hello_.blobLen > kMaxBlobBytes) {
@@ -480,8 +493,8 @@ Status ReplyReader::Feed(const uint8_t* data, size_t len, size_t* used) {
                                 : scapeRemoteError,
                             "");
         } else if (h.nranks != nranks_) {
-          return RemoteError(StrFormat("bootstrap root answered for %d ranks, expected %d",
-                                       h.nranks, nranks_));
+          return RemoteError(
+              StrFormat("bootstrap root answered for %d ranks, expected %d", h.nranks, nranks_));
         }
         msg_.assign(h.msgLen, '\0');
         got_ = 0;
@@ -509,8 +522,8 @@ Status ReplyReader::Feed(const uint8_t* data, size_t len, size_t* used) {
         EntryHeader eh;
         std::memcpy(&eh, ehdr_, sizeof(eh));
         if (eh.blobLen == 0 || eh.blobLen > kMaxBlobBytes)
-          return RemoteError(StrFormat("bootstrap table entry for rank %d has %u bytes", entry_,
-                                       eh.blobLen));
+          return RemoteError(
+              StrFormat("bootstrap table entry for rank %d has %u bytes", entry_, eh.blobLen));
         PeerEntry& e = table_[static_cast<size_t>(entry_)];
         e.hostHash = eh.hostHash;
         e.pid = eh.pid;
@@ -588,8 +601,7 @@ Status RandomSecret(Secret* secret) {
   return Status::Ok();
 }
 
-Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs,
-                 RootAddress* root) {
+Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs, RootAddress* root) {
   SockAddr addr = bindAddr;
   Socket listener;
   SCAPE_RETURN_IF_ERROR(Socket::Listen(&addr, &listener));
@@ -605,8 +617,7 @@ Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs,
 }
 
 Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHash,
-                  const std::vector<uint8_t>& blob, int timeoutMs,
-                  std::vector<PeerEntry>* table) {
+                  const std::vector<uint8_t>& blob, int timeoutMs, std::vector<PeerEntry>* table) {
   if (blob.empty() || blob.size() > kMaxBlobBytes)
     return InternalError(StrFormat("transport address of %zu bytes", blob.size()));
   Deadline dl = Deadline::AfterMs(static_cast<int64_t>(timeoutMs) + 5000);
@@ -614,11 +625,11 @@ Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHa
   Status cst = Socket::Connect(root.addr, Deadline::AfterMs(timeoutMs), &s);
   if (!cst.ok()) {
     if (cst.code() == scapeTimeout)
-      return TimeoutError(StrFormat("no bootstrap root answered at %s within %d ms (%s): it is "
-                                    "not running there (not started yet, already finished with "
-                                    "this unique id, or a stale unique id)",
-                                    root.addr.ToString().c_str(), timeoutMs,
-                                    cst.message().c_str()));
+      return TimeoutError(
+          StrFormat("no bootstrap root answered at %s within %d ms (%s): it is "
+                    "not running there (not started yet, already finished with "
+                    "this unique id, or a stale unique id)",
+                    root.addr.ToString().c_str(), timeoutMs, cst.message().c_str()));
     return cst;
   }
   Hello h = MakeHello(root.secret, rank, nranks, static_cast<uint32_t>(blob.size()), hostHash,

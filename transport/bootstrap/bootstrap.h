@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "scape/scape.h"
 #include "base/status.h"
+#include "scape/scape.h"
 #include "transport/bootstrap/socket.h"
 
 namespace scape {
@@ -55,8 +55,7 @@ Status RandomSecret(Secret* secret);
 // not. When formation fails (timeout, ranks disagreeing on nranks, two processes claiming one
 // rank), the root keeps listening for that timeout once more and answers every rank that
 // still arrives with the same error, so that late ranks learn the real cause.
-Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs,
-                 RootAddress* root);
+Status StartRoot(const SockAddr& bindAddr, const Secret& secret, int timeoutMs, RootAddress* root);
 
 struct PeerEntry {
   uint64_t hostHash = 0;

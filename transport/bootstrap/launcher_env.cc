@@ -28,17 +28,24 @@ uint64_t Fnv(const std::string& s, uint64_t h) {
 
 Status ParseSecret(const std::string& hex, Secret* out) {
   if (hex.size() != 32)
-    return InvalidArgument(StrFormat("SCAPE_BOOTSTRAP_SECRET has %zu characters, expected 32 hex "
-                                     "digits", hex.size()));
+    return InvalidArgument(
+        StrFormat("SCAPE_BOOTSTRAP_SECRET has %zu characters, expected 32 hex "
+                  "digits",
+                  hex.size()));
   for (size_t i = 0; i < 16; ++i) {
     unsigned v = 0;
     for (int k = 0; k < 2; ++k) {
       char c = hex[2 * i + static_cast<size_t>(k)];
       unsigned d;
-      if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-      else return InvalidArgument("SCAPE_BOOTSTRAP_SECRET: not a hex digit: '" + std::string(1, c) + "'");
+      if (c >= '0' && c <= '9')
+        d = static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        d = static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        d = static_cast<unsigned>(c - 'A' + 10);
+      else
+        return InvalidArgument("SCAPE_BOOTSTRAP_SECRET: not a hex digit: '" + std::string(1, c) +
+                               "'");
       v = v * 16 + d;
     }
     (*out)[i] = static_cast<uint8_t>(v);
@@ -76,12 +83,13 @@ Status ReadLauncherEnv(const EnvLookup& env, LauncherInfo* out) {
   SCAPE_RETURN_IF_ERROR(pick("pmi", "PMI_RANK", "PMI_SIZE"));
   SCAPE_RETURN_IF_ERROR(pick("slurm", "SLURM_PROCID", "SLURM_NTASKS"));
   if (li.launcher.empty())
-    return InvalidUsage("no launcher environment found: looked for RANK/WORLD_SIZE (torchrun), "
-                        "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (mpirun), PMI_RANK/PMI_SIZE, "
-                        "SLURM_PROCID/SLURM_NTASKS (srun)");
+    return InvalidUsage(
+        "no launcher environment found: looked for RANK/WORLD_SIZE (torchrun), "
+        "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (mpirun), PMI_RANK/PMI_SIZE, "
+        "SLURM_PROCID/SLURM_NTASKS (srun)");
   if (rank >= size)
-    return InvalidArgument(StrFormat("%s: rank %ld is not below the size %ld", li.launcher.c_str(),
-                                     rank, size));
+    return InvalidArgument(
+        StrFormat("%s: rank %ld is not below the size %ld", li.launcher.c_str(), rank, size));
   li.rank = static_cast<int>(rank);
   li.nranks = static_cast<int>(size);
 
@@ -116,13 +124,16 @@ Status ReadLauncherEnv(const EnvLookup& env, LauncherInfo* out) {
       li.rootHost = FirstSlurmHost(env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST")
                                                               : env("SLURM_JOB_NODELIST"));
     } else {
-      return InvalidUsage(StrFormat("%s: ranks span several hosts and no root address is known: "
-                                    "set SCAPE_BOOTSTRAP_ADDR=host:port (or MASTER_ADDR and "
-                                    "MASTER_PORT)", li.launcher.c_str()));
+      return InvalidUsage(
+          StrFormat("%s: ranks span several hosts and no root address is known: "
+                    "set SCAPE_BOOTSTRAP_ADDR=host:port (or MASTER_ADDR and "
+                    "MASTER_PORT)",
+                    li.launcher.c_str()));
     }
     if (job.empty())
-      return InvalidUsage("no job id in the environment to derive a bootstrap port from: set "
-                          "SCAPE_BOOTSTRAP_ADDR=host:port");
+      return InvalidUsage(
+          "no job id in the environment to derive a bootstrap port from: set "
+          "SCAPE_BOOTSTRAP_ADDR=host:port");
     port = 20000 + static_cast<long>(Fnv(job, 1469598103934665603ull) % 30000);
   }
   li.rootPort = static_cast<uint16_t>(port);

@@ -32,8 +32,7 @@ std::string SockAddr::ToString() const {
 
 uint16_t SockAddr::port() const {
   if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-  if (ss.ss_family == AF_INET6)
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
   return 0;
 }
 
@@ -105,7 +104,10 @@ Status ResolveHost(const std::string& host, uint16_t port, SockAddr* out) {
     return SystemError(StrFormat("cannot resolve host '%s': %s", host.c_str(), gai_strerror(rc)));
   const addrinfo* pick = res;
   for (const addrinfo* a = res; a; a = a->ai_next)
-    if (a->ai_family == AF_INET) { pick = a; break; }
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
   std::memset(&out->ss, 0, sizeof(out->ss));
   std::memcpy(&out->ss, pick->ai_addr, pick->ai_addrlen);
   out->len = static_cast<socklen_t>(pick->ai_addrlen);
@@ -182,9 +184,10 @@ Status Socket::Connect(const SockAddr& addr, const Deadline& dl, Socket* out) {
     usleep(static_cast<useconds_t>(backoffMs) * 1000);
     if (backoffMs < 200) backoffMs *= 2;
   }
-  return TimeoutError(StrFormat("could not connect to the bootstrap root at %s before the "
-                                "timeout (last error: %s)",
-                                addr.ToString().c_str(), std::strerror(lastErr)));
+  return TimeoutError(
+      StrFormat("could not connect to the bootstrap root at %s before the "
+                "timeout (last error: %s)",
+                addr.ToString().c_str(), std::strerror(lastErr)));
 }
 
 Status Socket::Accept(const Deadline& dl, Socket* out) const {
@@ -232,8 +235,7 @@ Status Socket::RecvAll(void* buf, size_t len, const Deadline& dl) const {
       continue;
     }
     if (n == 0) return RemoteError("connection closed by peer");
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      return ErrnoError("recv", errno);
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return ErrnoError("recv", errno);
     if (dl.Expired()) return TimeoutError("receive timed out");
     struct pollfd pf = {fd_, POLLIN, 0};
     poll(&pf, 1, PollMs(dl));

@@ -20,9 +20,9 @@ struct UcpContextOptions {
   // UCX settings applied on top of the environment's UCX_* (key without the UCX_ prefix, e.g.
   // "TLS"); an empty value leaves the setting alone.
   std::vector<std::pair<std::string, std::string>> settings;
-  bool wakeup = false;             // UCP_FEATURE_WAKEUP (sleep on the worker's event fd)
-  bool sharedByThreads = false;    // workers on several threads share the context
-  const char* name = nullptr;      // shown in UCX's logs; NULL: UCX's default
+  bool wakeup = false;           // UCP_FEATURE_WAKEUP (sleep on the worker's event fd)
+  bool sharedByThreads = false;  // workers on several threads share the context
+  const char* name = nullptr;    // shown in UCX's logs; NULL: UCX's default
 };
 
 // Creates a context with the tag API. On success *out owns it (ucp_cleanup) and *cudaMemory

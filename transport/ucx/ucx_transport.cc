@@ -51,8 +51,10 @@ class UcxTransport final : public Transport {
     if (leak_) {
       // Destroying a worker whose shared-memory (CMA) lanes still hold a dead peer's pending
       // operations trips an assertion inside UCX 1.13 (ucs_arbiter_group_is_empty): keep it.
-      SCAPE_INFO("rank %d: a peer on this host died mid-transfer; leaving its UCX worker in "
-                 "place instead of destroying it", opts_.rank);
+      SCAPE_INFO(
+          "rank %d: a peer on this host died mid-transfer; leaving its UCX worker in "
+          "place instead of destroying it",
+          opts_.rank);
       return;
     }
     if (worker_) ucp_worker_destroy(worker_);
@@ -106,8 +108,8 @@ class UcxTransport final : public Transport {
   Status Connect(int peer, const uint8_t* blob, size_t len, bool sameHost) override {
     if (peer < 0 || peer >= opts_.nranks) return InternalError(StrFormat("bad peer %d", peer));
     if (len == 0 || len > kMaxAddressBytes)
-      return RemoteError(StrFormat("rank %d published a %zu-byte address (expected 1..%zu)",
-                                   peer, len, kMaxAddressBytes));
+      return RemoteError(StrFormat("rank %d published a %zu-byte address (expected 1..%zu)", peer,
+                                   len, kMaxAddressBytes));
     Peer& p = peers_[static_cast<size_t>(peer)];
     p.owner = this;
     p.rank = peer;
@@ -143,8 +145,7 @@ class UcxTransport final : public Transport {
     ucp_request_param_t rp;
     std::memset(&rp, 0, sizeof(rp));
     ucs_status_ptr_t r = ucp_tag_send_nbx(p.ep, buf, len, tag, &rp);
-    if (UCS_PTR_IS_ERR(r))
-      return UcxError(StrFormat("send to rank %d", peer), UCS_PTR_STATUS(r));
+    if (UCS_PTR_IS_ERR(r)) return UcxError(StrFormat("send to rank %d", peer), UCS_PTR_STATUS(r));
     auto ur = std::make_unique<UcxRequest>(peer, false, r, worker_);
     if (r == nullptr) ur->done_ = true;
     *req = std::move(ur);
@@ -191,8 +192,7 @@ class UcxTransport final : public Transport {
       const Peer& p = peers_[static_cast<size_t>(r->peer())];
       if (p.failed.load())
         return RemoteError(StrFormat("rank %d failed: %s", r->peer(), p.why.c_str()));
-      return UcxError(StrFormat("%s rank %d", r->isRecv() ? "receive from" : "send to",
-                                r->peer()),
+      return UcxError(StrFormat("%s rank %d", r->isRecv() ? "receive from" : "send to", r->peer()),
                       r->status_);
     }
     return Status::Ok();

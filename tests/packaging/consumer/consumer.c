@@ -6,14 +6,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    scapeResult_t r_ = (call);                                                         \
-    if (r_ != scapeSuccess) {                                                          \
-      fprintf(stderr, "%s: %s (%s)\n", #call, scapeGetErrorString(r_),                 \
-              scapeGetLastError(NULL));                                                \
-      return 1;                                                                        \
-    }                                                                                  \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    scapeResult_t r_ = (call);                                                                   \
+    if (r_ != scapeSuccess) {                                                                    \
+      fprintf(stderr, "%s: %s (%s)\n", #call, scapeGetErrorString(r_), scapeGetLastError(NULL)); \
+      return 1;                                                                                  \
+    }                                                                                            \
   } while (0)
 
 int main(void) {
