@@ -65,7 +65,12 @@ Status FromNccl(int r, const char* what, const char* msg) {
 namespace {
 
 std::mutex g_mu;
-std::map<std::string, NcclApi*> g_loaded;
+// Loaded libraries by path. Deliberately never destroyed (like the libraries themselves): a
+// map destroyed at exit would leave the tables it pointed to unreachable.
+std::map<std::string, NcclApi*>& Loaded() {
+  static auto* loaded = new std::map<std::string, NcclApi*>();
+  return *loaded;
+}
 
 template <typename F>
 Status Resolve(void* lib, const std::string& path, const char* name, F* fn, bool required) {
@@ -81,8 +86,8 @@ Status Resolve(void* lib, const std::string& path, const char* name, F* fn, bool
 Status LoadNccl(const NcclApi** out) {
   const std::string path = ParamString("SCAPE_NCCL_LIBRARY");  // default libnccl.so.2
   std::lock_guard<std::mutex> lk(g_mu);
-  auto it = g_loaded.find(path);
-  if (it != g_loaded.end()) {
+  auto it = Loaded().find(path);
+  if (it != Loaded().end()) {
     *out = it->second;
     return Status::Ok();
   }
@@ -124,7 +129,7 @@ Status LoadNccl(const NcclApi** out) {
     return st;
   }
   // Never closed: NCCL keeps threads and state for the process's lifetime.
-  *out = g_loaded[path] = api.release();
+  *out = Loaded()[path] = api.release();
   return Status::Ok();
 }
 
