@@ -43,6 +43,20 @@ struct LoadFp16 {
   float operator()(size_t j) const { return Fp16ToFloat(p[j]); }
 };
 
+// Calls fn with the loader of `type`'s payload (fp32, bf16, else fp16) and returns its result:
+// the one place the update kernels dispatch on the payload type.
+template <typename F>
+bool WithPayloadLoader(scapeDataType_t type, const void* payload, F&& fn) {
+  switch (type) {
+    case scapeFloat32:
+      return fn(LoadF32{static_cast<const float*>(payload)});
+    case scapeBfloat16:
+      return fn(LoadBf16{static_cast<const uint16_t*>(payload)});
+    default:
+      return fn(LoadFp16{static_cast<const uint16_t*>(payload)});
+  }
+}
+
 template <typename Index>
 bool ValidMask(const Index* mask, size_t k, size_t n) {
   if (k == 0) return true;
@@ -214,23 +228,12 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  bool ok = false;
   auto run = [&](auto load) {
     return ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
       UpdateChunk(mask, jb, je, theta, m, b, end, s, load);
     });
   };
-  switch (type) {
-    case scapeFloat32:
-      ok = run(LoadF32{static_cast<const float*>(payload)});
-      break;
-    case scapeBfloat16:
-      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
-      break;
-    default:
-      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
-      break;
-  }
+  const bool ok = WithPayloadLoader(type, payload, run);
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
@@ -294,18 +297,7 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
       }
     });
   };
-  bool ok = false;
-  switch (type) {
-    case scapeFloat32:
-      ok = level0(LoadF32{static_cast<const float*>(payload)});
-      break;
-    case scapeBfloat16:
-      ok = level0(LoadBf16{static_cast<const uint16_t*>(payload)});
-      break;
-    default:
-      ok = level0(LoadFp16{static_cast<const uint16_t*>(payload)});
-      break;
-  }
+  const bool ok = WithPayloadLoader(type, payload, level0);
   if (!ok) return KernelStatus::kOutOfMemory;
   *sq_norm = BlockedReduce(partial.data(), nblocks);
   return KernelStatus::kOk;
@@ -642,18 +634,7 @@ KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type, co
           [&](size_t p, size_t j, const MaskRun&) { AdamSPoint(load(j), theta + p, m + p, s); });
     });
   };
-  bool ok = false;
-  switch (type) {
-    case scapeFloat32:
-      ok = run(LoadF32{static_cast<const float*>(payload)});
-      break;
-    case scapeBfloat16:
-      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
-      break;
-    default:
-      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
-      break;
-  }
+  const bool ok = WithPayloadLoader(type, payload, run);
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
@@ -681,18 +662,7 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const u
       }
     });
   };
-  bool ok = false;
-  switch (type) {
-    case scapeFloat32:
-      ok = run(LoadF32{static_cast<const float*>(payload)});
-      break;
-    case scapeBfloat16:
-      ok = run(LoadBf16{static_cast<const uint16_t*>(payload)});
-      break;
-    default:
-      ok = run(LoadFp16{static_cast<const uint16_t*>(payload)});
-      break;
-  }
+  const bool ok = WithPayloadLoader(type, payload, run);
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
