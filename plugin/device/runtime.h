@@ -11,8 +11,12 @@
 #define SCAPE_PLUGIN_DEVICE_RUNTIME_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "base/status.h"
+#include "kernels/cpu/scape_step.h"
+#include "kernels/cpu/topk.h"
+#include "scape/scape.h"
 
 namespace scape {
 namespace device {
@@ -56,6 +60,40 @@ class Runtime {
   // worker queries events of the device the call was made on).
   virtual int GetDevice() { return 0; }
   virtual void SetDevice(int) {}
+
+  // ---- device memory and the device forms of the kernel contracts (kernels/cpu/*.h) --------
+  // The CUDA runtime launches the kernels of kernels/cuda/ (the same bits as the CPU kernels,
+  // scape_kernels.cuh); the CPU fake of the tests runs the CPU kernels on its stream threads.
+  // Every op but DeviceAlloc/DeviceFree is stream-ordered: it is enqueued on `s` and returns at
+  // once; the returned Status covers host-checkable arguments and launch errors, and errors
+  // found while the op runs surface as a failed stream (EventQuery / StreamSynchronize).
+  // Pointers named d* are device memory; masks are uint64_t positions in device memory.
+  // The defaults say scapeUnsupported (the "none" runtime has no device).
+  virtual Status DeviceAlloc(size_t bytes, void** d);  // cudaMalloc (0 bytes: a valid pointer)
+  virtual void DeviceFree(void* d);                    // cudaFree; NULL is a no-op
+  virtual Status Memset(void* d, int value, size_t bytes, Stream s);
+  // kernels/cpu/gather.h: dPacked[i] = dDense[dIdx[i]], and its inverse, esz in {1, 2, 4, 8}.
+  virtual Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
+                        void* dPacked, Stream s);
+  virtual Status Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz,
+                         void* dDense, Stream s);
+  // kernels/cpu/topk.h TopkAbs (exact or sampled): the segment table is host memory (the
+  // runtime uploads what it needs); dOut holds out_offsets[nseg] positions, dCounts nseg counts.
+  virtual Status TopkAbs(const float* dX, const kernels::TopkSegments& segments,
+                         const kernels::TopkOptions& options, uint64_t* dOut, uint64_t* dCounts,
+                         Stream s);
+  // kernels/cpu/scape_step.h (dMask strictly increasing, k <= n).
+  virtual Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
+                                       float beta1, const uint64_t* dMask, size_t k,
+                                       scapeDataType_t payloadType, void* dPayload, float* dCOut,
+                                       Stream s);
+  virtual Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
+                                   const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                   size_t n, const kernels::AdamSParams& params, Stream s);
+  // *dSqNorm (device, one double) = RecoveredGradSqNorm's result, the same bits.
+  virtual Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
+                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
+                                     float beta1, double* dSqNorm, Stream s);
 };
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".

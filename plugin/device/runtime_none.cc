@@ -50,7 +50,43 @@ class None final : public Runtime {
 
 std::atomic<Runtime*> g_override{nullptr};
 
+Status NoDeviceOp(const Runtime* rt, const char* op) {
+  return Unsupported(StrFormat("the %s device runtime has no %s", rt->Name(), op));
+}
+
+
 }  // namespace
+
+// The device ops' defaults: a runtime without a device has none of them.
+Status Runtime::DeviceAlloc(size_t, void** d) {
+  *d = nullptr;
+  return NoDeviceOp(this, "device memory");
+}
+void Runtime::DeviceFree(void*) {}
+Status Runtime::Memset(void*, int, size_t, Stream) { return NoDeviceOp(this, "memset"); }
+Status Runtime::Gather(const void*, const uint64_t*, size_t, size_t, void*, Stream) {
+  return NoDeviceOp(this, "gather kernel");
+}
+Status Runtime::Scatter(const void*, const uint64_t*, size_t, size_t, void*, Stream) {
+  return NoDeviceOp(this, "scatter kernel");
+}
+Status Runtime::TopkAbs(const float*, const kernels::TopkSegments&, const kernels::TopkOptions&,
+                        uint64_t*, uint64_t*, Stream) {
+  return NoDeviceOp(this, "top-k kernel");
+}
+Status Runtime::CandidatePackResidual(const float*, const float*, float*, size_t, float,
+                                      const uint64_t*, size_t, scapeDataType_t, void*, float*,
+                                      Stream) {
+  return NoDeviceOp(this, "candidate kernel");
+}
+Status Runtime::UnpackAdamSUpdate(const void*, scapeDataType_t, const uint64_t*, size_t, float*,
+                                  float*, size_t, const kernels::AdamSParams&, Stream) {
+  return NoDeviceOp(this, "AdamS update kernel");
+}
+Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t*, size_t,
+                                    const float*, size_t, float, double*, Stream) {
+  return NoDeviceOp(this, "gradient norm kernel");
+}
 
 Runtime* NoneRuntime() {
   static None none;
