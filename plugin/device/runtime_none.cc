@@ -54,7 +54,6 @@ Status NoDeviceOp(const Runtime* rt, const char* op) {
   return Unsupported(StrFormat("the %s device runtime has no %s", rt->Name(), op));
 }
 
-
 }  // namespace
 
 // The device ops' defaults: a runtime without a device has none of them.
