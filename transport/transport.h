@@ -99,6 +99,11 @@ class Transport {
   // True (with a reason) once the connection to `peer` has failed.
   virtual bool PeerFailed(int peer, std::string* why) const = 0;
 
+  // True when Isend / Irecv accept CUDA device memory as well as host memory (UCX built with
+  // CUDA support reports it; Debian's UCX does not). The device path then moves device buffers
+  // without staging them through host memory wherever no host reduction is needed.
+  virtual bool DeviceMemory() const { return false; }
+
   // Asks the destructor to close the endpoints but leave the network library's worker and
   // context in place (leaked): after a peer on this host died mid-transfer, UCX 1.13 can
   // abort the process while destroying them (arbiter.c: "ucs_arbiter_group_is_empty").

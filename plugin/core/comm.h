@@ -57,6 +57,8 @@ class Comm final : public coll::Runner {
   // The error that broke the communicator (ok while usable).
   const Status& error() const { return error_; }
   size_t pending() const { return queue_.size(); }
+  // This rank's transport moves device (CUDA) memory itself (transport::Transport::DeviceMemory).
+  bool TransportMovesDeviceMemory() const { return tp_ && tp_->DeviceMemory(); }
 
   // Queues a validated collective; it starts when every earlier one has finished. onDone
   // (optional) becomes the operation's PendingOp::onDone.

@@ -62,6 +62,7 @@ class UcxTransport final : public Transport {
   }
 
   void LeakOnDestroy() override { leak_ = true; }
+  bool DeviceMemory() const override { return deviceMemory_; }
 
   Status Init(const TransportOptions& opts) {
     opts_ = opts;
@@ -75,7 +76,7 @@ class UcxTransport final : public Transport {
                    {"TLS", opts.tls},
                    {"KEEPALIVE_INTERVAL", StrFormat("%dms", ka)}};
     co.wakeup = opts.wakeup;
-    SCAPE_RETURN_IF_ERROR(CreateUcpContext(co, &context_, nullptr));
+    SCAPE_RETURN_IF_ERROR(CreateUcpContext(co, &context_, &deviceMemory_));
     ucs_status_t s;
 
     ucp_worker_params_t wp;
@@ -287,6 +288,7 @@ class UcxTransport final : public Transport {
   std::vector<Peer> peers_;
   int efd_ = -1;
   bool leak_ = false;
+  bool deviceMemory_ = false;  // the UCX context can move CUDA memory
 };
 
 }  // namespace
