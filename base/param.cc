@@ -59,6 +59,10 @@ const ParamInfo kParams[] = {
      "chunk of the pipeline that stages device (GPU) buffers through pinned host memory "
      "(4096 .. 1 GiB)",
      ParamType::kInt, 4096, INT64_C(1) << 30},
+    {"SCAPE_DEVICE_ZERO_COPY", "1",
+     "`1`: device buffers of all-gathers and broadcasts on a UCX communicator go to UCX "
+     "directly, not staged, when every rank's UCX moves CUDA memory; `0`: always staged",
+     ParamType::kInt, 0, 1},
     {"SCAPE_NCCL_LIBRARY", "libnccl.so.2",
      "the NCCL library (name or path) that collectives on device buffers with a stream load",
      ParamType::kString},

@@ -95,6 +95,50 @@ Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunk
   return Status::Ok();
 }
 
+Status MakeDirectPlan(const coll::CollArgs& a, int rank, int nranks, StagePlan* out) {
+  using coll::CollType;
+  int dt;  // read as an integer, as MakeStagePlan does
+  std::memcpy(&dt, &a.dtype, sizeof dt);
+  if (dt < 0 || dt >= scapeNumTypes) return InvalidArgument("staging: bad datatype");
+  if (nranks < 1 || rank < 0 || rank >= nranks) return InvalidArgument("staging: bad rank");
+  if (a.type != CollType::kAllGather && a.type != CollType::kBroadcast)
+    return Unsupported(StrFormat("zero copy: %s reduces on the host", coll::CollName(a.type)));
+  if (!a.counts.empty() && a.counts.size() != static_cast<size_t>(nranks))
+    return InvalidArgument("staging: counts must have one entry per rank");
+  const size_t esz = scapeTypeSize(a.dtype), r = static_cast<size_t>(rank);
+  StageChunk c;
+  size_t own = 0, ownBytes = 0;  // where this rank's block lies in recvbuf, and its size
+  if (a.type == CollType::kBroadcast) {
+    c.count = a.count;
+    c.hasSend = rank == a.root;
+    ownBytes = c.hasSend ? a.count * esz : 0;
+  } else if (a.counts.empty()) {
+    c.count = a.count;
+    own = r * a.count * esz;
+    ownBytes = a.count * esz;
+  } else {
+    for (size_t i = 0; i < a.counts.size(); ++i) {
+      c.count += a.counts[i];
+      if (i < r) own += a.counts[i] * esz;
+    }
+    ownBytes = a.counts[r] * esz;
+  }
+  c.sendOff = own;  // the in-place send buffer: the own block of recvbuf
+  c.recvOff = 0;
+  if (ownBytes && c.hasSend && a.send != static_cast<const char*>(a.recv) + own)
+    c.d2h.push_back({own, 0, ownBytes});
+  StagePlan plan;
+  plan.chunks.push_back(std::move(c));
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+namespace {
+std::atomic<int> g_zeroCopyForTesting{-1};
+}  // namespace
+
+void SetZeroCopyForTesting(int mode) { g_zeroCopyForTesting.store(mode); }
+
 // ---- jobs ----------------------------------------------------------------------------------
 
 struct StagingChannel::Job {
@@ -112,6 +156,8 @@ struct StagingChannel::Job {
   std::vector<WaitArg> waitArgs;
   int timeoutMs = kDefaultTimeoutMs;
   int device = 0;  // the caller's current device at the call
+  // Zero copy: the "stages" are the caller's receive buffer (never freed or pooled here).
+  bool direct = false;
   std::mutex m;
   std::condition_variable cv;
   size_t chunksDone = 0;
@@ -153,6 +199,7 @@ Status StagingChannel::Create(Comm* parent, Runtime* rt, std::unique_ptr<Staging
   ch->comm_ = ch->child_.get();
   ch->rt_ = rt;
   ch->timeoutMs_ = parent->config().timeoutMs;
+  SCAPE_RETURN_IF_ERROR(ch->AgreeZeroCopy());
   SCAPE_RETURN_IF_ERROR(ch->Start());
   *out = std::move(ch);
   return Status::Ok();
@@ -164,8 +211,37 @@ Status StagingChannel::CreateOver(Comm* comm, Runtime* rt, int timeoutMs,
   ch->comm_ = comm;
   ch->rt_ = rt;
   ch->timeoutMs_ = timeoutMs;
+  ch->direct_ = g_zeroCopyForTesting.load() == 1;  // tests only: no collective agreement here
   SCAPE_RETURN_IF_ERROR(ch->Start());
   *out = std::move(ch);
+  return Status::Ok();
+}
+
+Status StagingChannel::AgreeZeroCopy() {
+  const int forced = g_zeroCopyForTesting.load();
+  int64_t want = 1;
+  if (forced < 0) {
+    Status st = ParamGetInt("SCAPE_DEVICE_ZERO_COPY", &want);
+    if (!st.ok()) {
+      SCAPE_WARN("%s; staging every device collective", st.message().c_str());
+      want = 0;
+    }
+  }
+  // Every rank must take the same path (the paths chunk differently): the minimum of what each
+  // rank can do, all-reduced over the channel's communicator.
+  int32_t mine = forced >= 0 ? forced : (want && comm_->TransportMovesDeviceMemory() ? 1 : 0);
+  int32_t all = 0;
+  coll::CollArgs a;
+  a.type = coll::CollType::kAllReduce;
+  a.send = &mine;
+  a.recv = &all;
+  a.count = 1;
+  a.dtype = scapeInt32;
+  a.op = scapeMin;
+  SCAPE_RETURN_IF_ERROR(comm_->Run(a).Prepend("agreeing on zero copy for device buffers"));
+  direct_ = all == 1;
+  SCAPE_INFO("rank %d: device all-gathers and broadcasts are %s", comm_->rank(),
+             direct_ ? "zero copy (UCX moves CUDA memory on every rank)" : "staged");
   return Status::Ok();
 }
 
@@ -246,8 +322,8 @@ void StagingChannel::Reap() {
       ++i;
       continue;
     }
-    if (j->sendStage) freeBlocks_.push_back({j->sendStage, j->sendBytes});
-    if (j->recvStage) freeBlocks_.push_back({j->recvStage, j->recvBytes});
+    if (j->sendStage && !j->direct) freeBlocks_.push_back({j->sendStage, j->sendBytes});
+    if (j->recvStage && !j->direct) freeBlocks_.push_back({j->recvStage, j->recvBytes});
     for (Event e : j->events) freeEvents_.push_back(e);
     j->sendStage = j->recvStage = nullptr;
     j->events.clear();
@@ -262,12 +338,20 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
   job->args = a;
   job->timeoutMs = timeoutMs_;
   job->device = rt_->GetDevice();
-  SCAPE_RETURN_IF_ERROR(MakeStagePlan(a, rank_, nranks_, chunkBytes_, &job->plan));
+  job->direct =
+      direct_ && (a.type == coll::CollType::kAllGather || a.type == coll::CollType::kBroadcast);
+  SCAPE_RETURN_IF_ERROR(job->direct ? MakeDirectPlan(a, rank_, nranks_, &job->plan)
+                                    : MakeStagePlan(a, rank_, nranks_, chunkBytes_, &job->plan));
   const size_t n = job->plan.chunks.size();
   void* s = nullptr;
   void* r = nullptr;
-  Status st = AcquireStage(job->plan.sendStageBytes, &s);
-  if (st.ok()) st = AcquireStage(job->plan.recvStageBytes, &r);
+  Status st;
+  if (job->direct) {
+    s = r = a.recv;  // the copies below then place the own block in recvbuf (device to device)
+  } else {
+    st = AcquireStage(job->plan.sendStageBytes, &s);
+    if (st.ok()) st = AcquireStage(job->plan.recvStageBytes, &r);
+  }
   job->sendStage = static_cast<char*>(s);
   job->sendBytes = job->plan.sendStageBytes;
   job->recvStage = static_cast<char*>(r);

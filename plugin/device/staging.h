@@ -67,8 +67,22 @@ struct StagePlan {
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out);
 
+// The zero-copy plan of an all-gather or broadcast (see SetZeroCopyForTesting): one chunk, the
+// whole collective in place on the caller's receive buffer; its d2h copies are device-to-device
+// copies from the send buffer to the own block (offsets: dst in recvbuf, src in sendbuf), none
+// when the call is in place (a.send is the own block of a.recv).
+Status MakeDirectPlan(const coll::CollArgs& a, int rank, int nranks, StagePlan* out);
+
 // Chunk size of the staging pipeline: SCAPE_DEVICE_CHUNK_BYTES, default 4 MiB (>= 4 KiB).
 size_t StageChunkBytes();
+
+// Zero copy: when every rank's transport moves device memory itself (UCX built with CUDA) and
+// SCAPE_DEVICE_ZERO_COPY is 1, the collectives that reduce nothing on the host (all-gather,
+// broadcast) run on the caller's device buffers directly, ordered on the stream like a staged
+// job (the stream waits for the exchange; the worker waits for the stream's earlier work), with
+// the own block placed by a device-to-device copy when the call is not in place. Reductions
+// stay staged (the host reduces). Tests: force it on (1) or off (0), or back to auto (-1).
+void SetZeroCopyForTesting(int mode);
 
 // The staging pipeline of one UCX communicator.
 class StagingChannel {
@@ -92,6 +106,8 @@ class StagingChannel {
   Status error();
   // Thread-safe: makes the worker give up (its jobs fail with scapeInvalidUsage).
   void Abort();
+  // All-gathers and broadcasts go to the transport without staging (see SetZeroCopyForTesting).
+  bool zeroCopy() const { return direct_; }
   bool aborted() const { return abort_.load(std::memory_order_acquire); }
   Runtime* runtime() const { return rt_; }
 
@@ -100,6 +116,10 @@ class StagingChannel {
  private:
   StagingChannel() = default;
   Status Start();
+  // Collective over comm_: zero copy only if every rank can (and wants to).
+  Status AgreeZeroCopy();
+  Status EnqueueDirect(const coll::CollArgs& a, Stream stream);
+  Status EnqueueJob(std::shared_ptr<Job> job, Stream stream, bool stagedCopies);
   void WorkerMain();
   void RunJob(Job* job);
   void FailJob(Job* job, const Status& st);
@@ -112,6 +132,7 @@ class StagingChannel {
   int timeoutMs_ = kDefaultTimeoutMs;
   int rank_ = 0, nranks_ = 1;
   size_t chunkBytes_ = 4 << 20;
+  bool direct_ = false;  // zero copy for all-gathers and broadcasts (agreed by every rank)
 
   std::mutex mu_;
   std::condition_variable cv_;
