@@ -30,9 +30,9 @@ using scape::device::Stream;
 namespace kn = scape::kernels;
 using kn::testing_util::RandomNormal;
 
-#define ASSERT_ST_OK(expr)                            \
-  do {                                                \
-    const Status st_ = (expr);                        \
+#define ASSERT_ST_OK(expr)                                   \
+  do {                                                       \
+    const Status st_ = (expr);                               \
     ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.message(); \
   } while (0)
 
@@ -229,8 +229,8 @@ TEST_F(FakeOps, TopkAbsMatchesTheCpuKernel) {
       // The table is host memory the caller may change right after the call.
       std::vector<uint64_t> offCopy = off;
       sg.offsets = offCopy.data();
-      ASSERT_ST_OK(rt_->TopkAbs(dx.get<float>(), sg, opt, dout.get<uint64_t>(),
-                                dc.get<uint64_t>(), s_));
+      ASSERT_ST_OK(
+          rt_->TopkAbs(dx.get<float>(), sg, opt, dout.get<uint64_t>(), dc.get<uint64_t>(), s_));
       std::fill(offCopy.begin(), offCopy.end(), 0);
       ASSERT_ST_OK(rt_->StreamSynchronize(s_));
       EXPECT_EQ(dout.Read<uint64_t>(cap), want);
@@ -248,7 +248,8 @@ TEST_F(FakeOps, TopkAbsHostCheckedErrors) {
   sg.nseg = 2;
   Dev x(rt_, 40), out(rt_, 8), counts(rt_, 16);
   kn::TopkOptions opt;
-  Status st = rt_->TopkAbs(x.get<float>(), sg, opt, out.get<uint64_t>(), counts.get<uint64_t>(), s_);
+  Status st =
+      rt_->TopkAbs(x.get<float>(), sg, opt, out.get<uint64_t>(), counts.get<uint64_t>(), s_);
   EXPECT_EQ(st.code(), scapeInvalidArgument);  // offsets descend
   EXPECT_NE(st.message().find("TopkAbs"), std::string::npos) << st.message();
   off = {0, 10, 10};
@@ -301,28 +302,27 @@ TEST_F(FakeOps, StepKernelsMatchTheCpuKernels) {
           // CPU reference.
           std::vector<float> eW = e, cW(n), mW = m, thW = theta;
           std::vector<uint8_t> pW(k * esz);
-          ASSERT_EQ(kn::CandidatePackResidual(m.data(), g.data(), eW.data(), n, beta1,
-                                              mask.data(), k, t, pW.data(),
-                                              withC ? cW.data() : nullptr),
+          ASSERT_EQ(kn::CandidatePackResidual(m.data(), g.data(), eW.data(), n, beta1, mask.data(),
+                                              k, t, pW.data(), withC ? cW.data() : nullptr),
                     kn::KernelStatus::kOk);
           double normW = -1.0;
-          ASSERT_EQ(kn::RecoveredGradSqNorm(pW.data(), t, mask.data(), k, m.data(), n, beta1,
-                                            &normW),
-                    kn::KernelStatus::kOk);
+          ASSERT_EQ(
+              kn::RecoveredGradSqNorm(pW.data(), t, mask.data(), k, m.data(), n, beta1, &normW),
+              kn::KernelStatus::kOk);
           kn::AdamSParams ap;
           ap.beta1 = beta1;
           ap.clip_scale = withC ? 0.5f : 1.0f;
-          ap.bias_correction = withC ? kn::BiasCorrection::kScapeArtifact : kn::BiasCorrection::kNone;
+          ap.bias_correction =
+              withC ? kn::BiasCorrection::kScapeArtifact : kn::BiasCorrection::kNone;
           ap.step = 3;
-          ASSERT_EQ(kn::UnpackAdamSUpdate(pW.data(), t, mask.data(), k, thW.data(), mW.data(), n,
-                                          ap),
-                    kn::KernelStatus::kOk);
+          ASSERT_EQ(
+              kn::UnpackAdamSUpdate(pW.data(), t, mask.data(), k, thW.data(), mW.data(), n, ap),
+              kn::KernelStatus::kOk);
           // The fake, on the stream.
-          Dev dm(rt_, m), dg(rt_, g), de(rt_, e), dth(rt_, theta), dmask(rt_, mask),
-              dc(rt_, n * 4), dp(rt_, k * esz), dnorm(rt_, 8);
-          ASSERT_ST_OK(rt_->CandidatePackResidual(dm.get<float>(), dg.get<float>(),
-                                                  de.get<float>(), n, beta1,
-                                                  dmask.get<uint64_t>(), k, t, dp.get(),
+          Dev dm(rt_, m), dg(rt_, g), de(rt_, e), dth(rt_, theta), dmask(rt_, mask), dc(rt_, n * 4),
+              dp(rt_, k * esz), dnorm(rt_, 8);
+          ASSERT_ST_OK(rt_->CandidatePackResidual(dm.get<float>(), dg.get<float>(), de.get<float>(),
+                                                  n, beta1, dmask.get<uint64_t>(), k, t, dp.get(),
                                                   withC ? dc.get<float>() : nullptr, s_));
           ASSERT_ST_OK(rt_->RecoveredGradSqNorm(dp.get(), t, dmask.get<uint64_t>(), k,
                                                 dm.get<float>(), n, beta1, dnorm.get<double>(),
@@ -351,21 +351,18 @@ TEST_F(FakeOps, StepKernelsMatchTheCpuKernels) {
 TEST_F(FakeOps, StepKernelsHostCheckedErrors) {
   Dev m(rt_, 40), g(rt_, 40), e(rt_, 40), mask(rt_, 8 * 11), p(rt_, 44), norm(rt_, 8);
   // Payload type.
-  Status st = rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10,
-                                         0.9f, mask.get<uint64_t>(), 2, scapeInt32, p.get(),
-                                         nullptr, s_);
+  Status st = rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10, 0.9f,
+                                         mask.get<uint64_t>(), 2, scapeInt32, p.get(), nullptr, s_);
   EXPECT_EQ(st.code(), scapeUnsupported);
   EXPECT_NE(st.message().find("CandidatePackResidual"), std::string::npos) << st.message();
   // k > n.
   EXPECT_EQ(rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10, 0.9f,
-                                       mask.get<uint64_t>(), 11, scapeFloat32, p.get(), nullptr,
-                                       s_)
+                                       mask.get<uint64_t>(), 11, scapeFloat32, p.get(), nullptr, s_)
                 .code(),
             scapeInvalidArgument);
   // n runs past dE.
   EXPECT_EQ(rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 11, 0.9f,
-                                       mask.get<uint64_t>(), 1, scapeFloat32, p.get(), nullptr,
-                                       s_)
+                                       mask.get<uint64_t>(), 1, scapeFloat32, p.get(), nullptr, s_)
                 .code(),
             scapeInvalidArgument);
   // Bad AdamS parameters.
@@ -376,12 +373,12 @@ TEST_F(FakeOps, StepKernelsHostCheckedErrors) {
   EXPECT_EQ(st.code(), scapeInvalidArgument);
   EXPECT_NE(st.message().find("UnpackAdamSUpdate"), std::string::npos) << st.message();
   // beta1 out of range; a null result pointer.
-  EXPECT_EQ(rt_->RecoveredGradSqNorm(p.get(), scapeFloat32, mask.get<uint64_t>(), 2,
-                                     m.get<float>(), 10, 1.0f, norm.get<double>(), s_)
+  EXPECT_EQ(rt_->RecoveredGradSqNorm(p.get(), scapeFloat32, mask.get<uint64_t>(), 2, m.get<float>(),
+                                     10, 1.0f, norm.get<double>(), s_)
                 .code(),
             scapeInvalidArgument);
-  EXPECT_EQ(rt_->RecoveredGradSqNorm(p.get(), scapeFloat32, mask.get<uint64_t>(), 2,
-                                     m.get<float>(), 10, 0.9f, nullptr, s_)
+  EXPECT_EQ(rt_->RecoveredGradSqNorm(p.get(), scapeFloat32, mask.get<uint64_t>(), 2, m.get<float>(),
+                                     10, 0.9f, nullptr, s_)
                 .code(),
             scapeInvalidArgument);
   // n = 0 / k = 0 with null pointers are fine; the norm of nothing is written as 0.
