@@ -277,6 +277,12 @@ TEST_F(FakeOps, TopkAbsHostCheckedErrors) {
   opt = kn::TopkOptions();
   ASSERT_ST_OK(
       rt_->TopkAbs(x.get<float>(), sg, opt, out.get<uint64_t>(), counts.get<uint64_t>(), s_));
+  // No output capacity at all (every k = 0): dOut may be null.
+  k = {0, 0};
+  oo = {0, 0, 0};
+  ASSERT_ST_OK(rt_->TopkAbs(x.get<float>(), sg, opt, nullptr, counts.get<uint64_t>(), s_));
+  ASSERT_ST_OK(rt_->StreamSynchronize(s_));
+  EXPECT_EQ(counts.Read<uint64_t>(2), std::vector<uint64_t>(2, 0));
   sg.nseg = 0;  // no segments: nothing to do
   ASSERT_ST_OK(rt_->TopkAbs(nullptr, sg, opt, nullptr, nullptr, s_));
   ASSERT_ST_OK(rt_->StreamSynchronize(s_));
