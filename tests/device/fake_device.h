@@ -92,7 +92,8 @@ class FakeRuntime final : public scape::device::Runtime {
 
   // Device memory and the device kernel ops (see the top of this file).
   // DeviceAlloc fills the new memory with 0xA5 bytes (cudaMalloc does not zero it either).
-  // DeviceFree frees at once (it waits only for a device op that is running on that memory).
+  // DeviceFree frees at once (unlike cudaFree it does not wait for the device; it waits only
+  // for device ops running at that moment), so ops still queued on it fail their stream.
   scape::Status DeviceAlloc(size_t bytes, void** d) override;
   void DeviceFree(void* p) override;
   scape::Status Memset(void* d, int value, size_t bytes, scape::device::Stream s) override;
