@@ -514,8 +514,12 @@ Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, floa
   ++candidates;
   const int threads = kernelThreads.load();
   Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG (freed?)", dG, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dE (freed?)", dE, n * 4));
+    if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut (freed?)", dCOut, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
     return KernelResult(kn::CandidatePackResidual(dM, dG, dE, n, beta1, dMask, k, payloadType,
                                                   dPayload, dCOut, threads),
                         "dMask not strictly increasing, or an entry >= n");
@@ -550,6 +554,8 @@ Status FakeRuntime::UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payl
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
     return KernelResult(
         kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads),
         "dMask not strictly increasing, or an entry >= n");
@@ -579,6 +585,11 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
   const int threads = kernelThreads.load();
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm (freed?)", dSqNorm, sizeof(double)));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    }
     double r = 0.0;
     SCAPE_RETURN_IF_ERROR(KernelResult(
         kn::RecoveredGradSqNorm(dPayload, payloadType, dMask, k, dM, n, beta1, &r, threads),

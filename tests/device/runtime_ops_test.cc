@@ -484,6 +484,26 @@ TEST_F(FakeOps, AnIndexOutsideTheDenseBufferFailsTheStream) {
   EXPECT_NE(st.message().find("Scatter"), std::string::npos) << st.message();
 }
 
+// A buffer freed while an op on it is still queued: the op fails its stream, nothing is touched.
+TEST_F(FakeOps, ABufferFreedBeforeItsOpRunsFailsTheStream) {
+  const size_t n = 16;
+  Dev m(rt_, std::vector<float>(n, 1.0f)), e(rt_, std::vector<float>(n, 0.0f)),
+      mask(rt_, std::vector<uint64_t>{1, 2}), p(rt_, 8);
+  void* g = nullptr;
+  ASSERT_ST_OK(rt_->DeviceAlloc(n * 4, &g));
+  Gate gate;
+  fake_.HoldStream(s_, &gate);
+  ASSERT_ST_OK(rt_->CandidatePackResidual(m.get<float>(), static_cast<float*>(g), e.get<float>(), n,
+                                          0.9f, mask.get<uint64_t>(), 2, scapeFloat32, p.get(),
+                                          nullptr, s_));
+  rt_->DeviceFree(g);
+  gate.Open();
+  Status st = rt_->StreamSynchronize(s_);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("dG"), std::string::npos) << st.message();
+  EXPECT_EQ(e.Read<float>(n), std::vector<float>(n, 0.0f));
+}
+
 TEST_F(FakeOps, InjectedFaultsFailTheNextOps) {
   Dev d(rt_, 16);
   fake_.failNextOps = 1;
