@@ -19,8 +19,10 @@
 #     NCCL must take the network path; the NCCL log must show "via NET/SCAPE"): a dense
 #     all-reduce and a values-only exchange of 1% of the values, checked and timed.
 #  5. Kernel timings (perf/kernels/bench_kernels_gpu.cc, 64 Mi floats) with cudaMemcpy D2D in
-#     the same run: pack/unpack efficiency vs D2D (target >= 0.70), top-k vs one HBM read pass
-#     of the 64 Mi floats (target <= 3x).
+#     the same run: pack/unpack efficiency vs D2D (target >= 0.70) for the fused step kernels
+#     (candidate+pack+residual, unpack+AdamS) and for the masked collectives' gather (pack) and
+#     scatter (unpack) at density 0.01, 0.1 and 1.0 (bytes: index + packed + the dense side's
+#     32-byte sectors), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
 #  6. Optimizer step on device vs host, and the SCAPE step vs a dense AdamS step on device:
 #     reported as NOT AVAILABLE until the optimizer step takes device buffers (it is host-only
 #     in this release); the script says so in the figures instead of inventing a number.
@@ -189,6 +191,8 @@ if [ "$(left)" -gt 30 ] && timeout "$(left)" "$build/perf/kernels/scape_kernels_
   fig ""
   verdict "candidate\\+pack\\+residual fp32" eff 0.70 "pack (candidate+pack+residual fp32) >= 70% of D2D"
   verdict "unpack\\+AdamS update fp32" eff 0.70 "unpack (+AdamS update fp32) >= 70% of D2D"
+  verdict "gather fp32" eff 0.70 "pack (gather fp32, worst of d = 0.01, 0.1, 1.0) >= 70% of D2D"
+  verdict "scatter fp32" eff 0.70 "unpack (scatter fp32, worst of d = 0.01, 0.1, 1.0) >= 70% of D2D"
   verdict "top-k exact" ratio 3 "top-k exact on $n floats <= 3x one read pass"
   verdict "top-k sampled" ratio 3 "top-k sampled on $n floats <= 3x one read pass"
 else

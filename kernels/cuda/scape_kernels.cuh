@@ -118,6 +118,19 @@ KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
                          const TopkOptions& options, uint64_t* d_out, uint64_t* d_counts,
                          void* d_temp, size_t* temp_bytes, cudaStream_t stream);
 
+// ---- gather / scatter by index (gather.h) ---------------------------------------------------
+// Same contract as GatherByIndex / ScatterByIndex: d_packed[i] = d_dense[d_idx[i]] and its
+// inverse for i < k, elements of esz bytes moved as raw bits, d_idx in any order. esz must be
+// 1, 2, 4 or 8 (kInvalidArgument otherwise; the CPU kernel's memcpy fallback has no CUDA form);
+// the pointers must be aligned to esz (d_idx to 8). k == 0 launches nothing. Device
+// preconditions: every d_idx[i] is inside d_dense; for the scatter, duplicate indices leave one
+// of their values (which one is unspecified, unlike the CPU's last-wins order).
+// One thread per element, kUnroll = 4 elements in flight per thread, grid-stride (gather.cu).
+KernelStatus GatherByIndexCuda(const void* d_dense, const uint64_t* d_idx, size_t k, size_t esz,
+                               void* d_packed, cudaStream_t stream);
+KernelStatus ScatterByIndexCuda(const void* d_packed, const uint64_t* d_idx, size_t k, size_t esz,
+                                void* d_dense, cudaStream_t stream);
+
 // ---- 3. mask codecs (mask_codec.h) -----------------------------------------------------------
 // Writes all BitmapWords(n) words of d_words. Device precondition: d_idx strictly increasing
 // (entries >= n are ignored).

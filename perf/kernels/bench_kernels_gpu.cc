@@ -76,8 +76,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
   }
-  std::printf("device: %s, n = %zu fp32 elements, density 0.01, %d timed calls each\n",
-              kc::DeviceName(), n, iters);
+  std::printf(
+      "device: %s, n = %zu fp32 elements, density 0.01 (gather/scatter: 0.01, 0.1, 1.0), %d timed "
+      "calls each\n",
+      kc::DeviceName(), n, iters);
 
   // Host data.
   std::mt19937_64 rng(1);
@@ -151,6 +153,45 @@ int main(int argc, char** argv) {
                                  0.9f, sq.as<double>(), temp.p, &tb, nullptr);
                            }),
                     12.0 * k});
+  }
+  // Gather (the pack of a masked collective) and scatter (its unpack) of fp32 at sorted masks of
+  // density 0.01, 0.1 and 1.0. Bytes: the index (8 per element), the packed side (4) and the
+  // dense side in whole 32-byte sectors (every sector holding a masked element, counted
+  // exactly): the least DRAM traffic any gather/scatter must cause, so x_copy compares the kernel
+  // with a copy of that traffic (target: x_copy <= 1/0.7). At density 1.0 that is 16 bytes per
+  // element; at 0.01 nearly every element costs its own sector.
+  for (double density : {0.01, 0.1, 1.0}) {
+    std::vector<uint64_t> gidx;
+    std::bernoulli_distribution gpick(density);
+    for (size_t i = 0; i < n; ++i) {
+      if (density >= 1.0 || gpick(rng)) gidx.push_back(i);
+    }
+    const size_t gk = gidx.size();
+    uint64_t sectors = 0, last = ~uint64_t{0};
+    for (uint64_t i : gidx) {
+      if (i * 4 / 32 != last) ++sectors;
+      last = i * 4 / 32;
+    }
+    Dev didx(gk * 8 + 8), packed(gk * 4 + 4);
+    Must(kc::CopyToDevice(didx.p, gidx.data(), gk * 8), "CopyToDevice");
+    const double bytes = 12.0 * gk + 32.0 * sectors;
+    char label[64];
+    std::snprintf(label, sizeof label, "gather fp32 d=%g", density);
+    rows.push_back({label,
+                    TimeMs(iters,
+                           [&] {
+                             return kc::GatherByIndexCuda(a.p, didx.as<uint64_t>(), gk, 4, packed.p,
+                                                          nullptr);
+                           }),
+                    bytes});
+    std::snprintf(label, sizeof label, "scatter fp32 d=%g", density);
+    rows.push_back({label,
+                    TimeMs(iters,
+                           [&] {
+                             return kc::ScatterByIndexCuda(packed.p, didx.as<uint64_t>(), gk, 4,
+                                                           d.p, nullptr);
+                           }),
+                    bytes});
   }
   // Top-k: one segment, and 1024 equal segments; exact and sampled.
   for (size_t nseg : {size_t{1}, size_t{1024}}) {

@@ -1,10 +1,20 @@
 // The CUDA runtime behind plugin/device/runtime.h. The runtime library is linked statically
 // (CUDA::cudart_static), which opens libcuda.so.1 only when first used: on a machine without a
 // driver, cudaGetDeviceCount fails, Available() is false and the library runs its host paths.
+//
+// The device ops (DeviceAlloc ... RecoveredGradSqNorm) launch the kernels of kernels/cuda/
+// (scape_kernels.cuh). What the host can check (element sizes, payload types, k > n, null or
+// misaligned pointers, AdamS parameters, the top-k segment table, which is host memory here)
+// is checked before anything is enqueued and returned with the op's name; errors on the device
+// surface as CUDA's sticky errors at the next EventQuery / StreamSynchronize.
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <string>
+#include <vector>
 
+#include "kernels/cpu/topk_common.h"
+#include "kernels/cuda/scape_kernels.cuh"
 #include "plugin/device/runtime.h"
 
 namespace scape {
@@ -15,6 +25,143 @@ Status CudaFail(const char* what, cudaError_t e) {
   return SystemError(
       StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)));
 }
+
+namespace kn = kernels;
+namespace kc = kernels::cuda;
+
+// A kernel wrapper's status for `op`: its argument errors (which the checks below should have
+// caught with a better message) or the CUDA error of the launch.
+Status KernelFail(const char* op, kn::KernelStatus k) {
+  if (k == kn::KernelStatus::kOk) return Status::Ok();
+  std::string msg = StrFormat("%s: %s", op, kn::KernelStatusString(k));
+  if (k == kn::KernelStatus::kCudaError) {
+    // The wrapper's launch check has read (and cleared) the error; a sticky one is still here.
+    const cudaError_t e = cudaPeekAtLastError();
+    if (e != cudaSuccess) msg += StrFormat(" (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return Status(kn::ToResult(k), msg);
+}
+
+Status CheckAligned(const char* op, const char* arg, const void* p, size_t align) {
+  if (reinterpret_cast<uintptr_t>(p) % align == 0) return Status::Ok();
+  return InvalidArgument(StrFormat("%s: %s (%p) is not aligned to %zu bytes", op, arg, p, align));
+}
+
+Status CheckNonNull(const char* op, const char* arg, const void* p) {
+  if (p) return Status::Ok();
+  return InvalidArgument(StrFormat("%s: %s is null", op, arg));
+}
+
+Status CheckPayloadType(const char* op, scapeDataType_t t) {
+  if (kn::PayloadElementSize(t)) return Status::Ok();
+  return Unsupported(
+      StrFormat("%s: payloadType %d is not scapeFloat32, scapeBfloat16 or scapeFloat16", op,
+                static_cast<int>(t)));
+}
+
+Status CheckKn(const char* op, size_t k, size_t n) {
+  if (k <= n) return Status::Ok();
+  return InvalidArgument(StrFormat("%s: k = %zu entries in the mask > n = %zu", op, k, n));
+}
+
+// The host-side checks of a top-k segment table: the CPU kernel's argument errors, which the
+// CUDA kernel cannot report from a device table (it would select nothing instead).
+Status CheckTopkTable(const kn::TopkSegments& sg, const kn::TopkOptions& o) {
+  const char* op = "top-k kernel";
+  if (o.mode != kn::TopkMode::kExact && o.mode != kn::TopkMode::kSampled) {
+    return InvalidArgument(
+        StrFormat("%s: options.mode = %d is neither exact nor sampled", op, int(o.mode)));
+  }
+  if (o.mode == kn::TopkMode::kSampled &&
+      (o.sample_size < 1 || o.sample_size > kn::topk::kMaxSampleSize)) {
+    return InvalidArgument(StrFormat("%s: options.sample_size = %u is not in [1, %u]", op,
+                                     o.sample_size, kn::topk::kMaxSampleSize));
+  }
+  if (sg.nseg == 0) return Status::Ok();
+  if (!sg.offsets || !sg.k || !sg.out_offsets) {
+    return InvalidArgument(StrFormat("%s: segments.offsets, .k or .out_offsets is null", op));
+  }
+  for (size_t i = 0; i < sg.nseg; ++i) {
+    if (sg.offsets[i + 1] < sg.offsets[i] || sg.out_offsets[i + 1] < sg.out_offsets[i]) {
+      return InvalidArgument(
+          StrFormat("%s: segments.offsets or .out_offsets descend at segment %zu", op, i));
+    }
+    const uint64_t len = sg.offsets[i + 1] - sg.offsets[i];
+    if (sg.k[i] > len) {
+      return InvalidArgument(StrFormat("%s: segments.k[%zu] = %llu > its length %llu", op, i,
+                                       static_cast<unsigned long long>(sg.k[i]),
+                                       static_cast<unsigned long long>(len)));
+    }
+    if (o.mode == kn::TopkMode::kExact && sg.out_offsets[i + 1] - sg.out_offsets[i] < sg.k[i]) {
+      return InvalidArgument(
+          StrFormat("%s: segment %zu's output capacity %llu < k = %llu", op, i,
+                    static_cast<unsigned long long>(sg.out_offsets[i + 1] - sg.out_offsets[i]),
+                    static_cast<unsigned long long>(sg.k[i])));
+    }
+  }
+  if (o.mode == kn::TopkMode::kSampled && sg.offsets[sg.nseg] >= kn::topk::kMaxSampledPosition) {
+    return InvalidArgument(StrFormat("%s: sampled mode needs every position below 2^43", op));
+  }
+  if (sg.nseg >= (uint64_t{1} << 31)) {
+    return InvalidArgument(StrFormat("%s: %zu segments (at most 2^31 - 1)", op, sg.nseg));
+  }
+  return Status::Ok();
+}
+
+// Per-call temporaries (the top-k's device segment table and scratch, the norm's partial sums)
+// are stream-ordered: cudaMallocAsync / cudaFreeAsync on the op's stream. The free is enqueued
+// right after the kernels and takes effect when the stream reaches it, so the call returns
+// without waiting; cudaFree would instead synchronise the whole device (stalling every stream,
+// the communication streams included) on every step, and the pool keeps the memory for the next
+// step's call, so the allocation is cheap. A device without memory pools (old drivers, some
+// virtualised GPUs) gets cudaMalloc, and the stream is synchronised before cudaFree.
+class StreamTemp {
+ public:
+  explicit StreamTemp(cudaStream_t s) : s_(s) {}
+  ~StreamTemp() { Release(); }
+  StreamTemp(const StreamTemp&) = delete;
+  StreamTemp& operator=(const StreamTemp&) = delete;
+  Status Alloc(const char* op, size_t bytes, void** p) {
+    *p = nullptr;
+    int dev = 0, pools = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess &&
+        pools) {
+      cudaError_t e = cudaMallocAsync(&p_, bytes ? bytes : 1, s_);
+      if (e != cudaSuccess) {
+        p_ = nullptr;
+        return CudaFail(StrFormat("%s: cudaMallocAsync of %zu temporary bytes", op, bytes).c_str(),
+                        e);
+      }
+      async_ = true;
+    } else {
+      cudaGetLastError();  // a failed attribute query is not an error here
+      cudaError_t e = cudaMalloc(&p_, bytes ? bytes : 1);
+      if (e != cudaSuccess) {
+        p_ = nullptr;
+        return CudaFail(StrFormat("%s: cudaMalloc of %zu temporary bytes", op, bytes).c_str(), e);
+      }
+    }
+    *p = p_;
+    return Status::Ok();
+  }
+  // After the kernels that use it are enqueued (also on every error path, by the destructor).
+  void Release() {
+    if (!p_) return;
+    if (async_) {
+      cudaFreeAsync(p_, s_);
+    } else {
+      cudaStreamSynchronize(s_);
+      cudaFree(p_);
+    }
+    p_ = nullptr;
+  }
+
+ private:
+  cudaStream_t s_;
+  void* p_ = nullptr;
+  bool async_ = false;
+};
 
 class Cuda final : public Runtime {
  public:
@@ -98,7 +245,185 @@ class Cuda final : public Runtime {
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
   }
 
+  // ---- device memory and the kernel ops ------------------------------------------------------
+  Status DeviceAlloc(size_t bytes, void** d) override {
+    if (d == nullptr) return InvalidArgument("DeviceAlloc: d is null");
+    *d = nullptr;
+    cudaError_t e = cudaMalloc(d, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      *d = nullptr;
+      return CudaFail(StrFormat("cudaMalloc of %zu bytes", bytes).c_str(), e);
+    }
+    return Status::Ok();
+  }
+  void DeviceFree(void* d) override {
+    if (d && cudaFree(d) != cudaSuccess) cudaGetLastError();  // nothing to act on here
+  }
+  Status Memset(void* d, int value, size_t bytes, Stream s) override {
+    if (bytes == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull("memset", "d", d));
+    cudaError_t e = cudaMemsetAsync(d, value, bytes, static_cast<cudaStream_t>(s));
+    return e == cudaSuccess ? Status::Ok() : CudaFail("cudaMemsetAsync", e);
+  }
+  Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz, void* dPacked,
+                Stream s) override {
+    SCAPE_RETURN_IF_ERROR(CheckIndexed("gather kernel", dDense, dIdx, k, esz, dPacked));
+    if (k == 0) return Status::Ok();
+    return KernelFail("gather kernel", kc::GatherByIndexCuda(dDense, dIdx, k, esz, dPacked,
+                                                             static_cast<cudaStream_t>(s)));
+  }
+  Status Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz, void* dDense,
+                 Stream s) override {
+    SCAPE_RETURN_IF_ERROR(CheckIndexed("scatter kernel", dDense, dIdx, k, esz, dPacked));
+    if (k == 0) return Status::Ok();
+    return KernelFail("scatter kernel", kc::ScatterByIndexCuda(dPacked, dIdx, k, esz, dDense,
+                                                               static_cast<cudaStream_t>(s)));
+  }
+  Status TopkAbs(const float* dX, const kn::TopkSegments& segments, const kn::TopkOptions& options,
+                 uint64_t* dOut, uint64_t* dCounts, Stream s) override {
+    const char* op = "top-k kernel";
+    SCAPE_RETURN_IF_ERROR(CheckTopkTable(segments, options));
+    const size_t nseg = segments.nseg;
+    if (nseg == 0) return Status::Ok();
+    const uint64_t elems = segments.offsets[nseg] - segments.offsets[0];
+    if (elems > 0) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dX", dX));
+    if (segments.out_offsets[nseg] > segments.out_offsets[0]) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dOut", dOut));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCounts", dCounts));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, sizeof(float)));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dOut", dOut, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCounts", dCounts, 8));
+    // No output capacity at all: the kernel still wants a non-null dOut, which it never writes.
+    if (dOut == nullptr) dOut = dCounts;
+    auto stream = static_cast<cudaStream_t>(s);
+    kc::TopkCudaSegments dseg;
+    dseg.nseg = nseg;
+    dseg.max_elements = elems;
+    size_t tempBytes = 0;
+    SCAPE_RETURN_IF_ERROR(KernelFail(
+        op, kc::TopkAbsCuda(dX, dseg, options, dOut, dCounts, nullptr, &tempBytes, stream)));
+    // One allocation: the segment table (offsets, k, out_offsets), then the kernel's scratch.
+    const size_t tableWords = 3 * nseg + 2;
+    const size_t tableBytes = (tableWords * 8 + 255) / 256 * 256;
+    std::vector<uint64_t> table(tableWords);
+    for (size_t i = 0; i <= nseg; ++i) {
+      table[i] = segments.offsets[i];
+      table[2 * nseg + 1 + i] = segments.out_offsets[i];
+      if (i < nseg) table[nseg + 1 + i] = segments.k[i];
+    }
+    StreamTemp temp(stream);
+    void* base = nullptr;
+    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tableBytes + tempBytes, &base));
+    // From pageable host memory, cudaMemcpyAsync returns once the source has been staged, so
+    // `table` may go out of scope when this call returns.
+    cudaError_t e =
+        cudaMemcpyAsync(base, table.data(), tableWords * 8, cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return CudaFail("top-k kernel: uploading the segment table", e);
+    const uint64_t* dTable = static_cast<const uint64_t*>(base);
+    dseg.d_offsets = dTable;
+    dseg.d_k = dTable + nseg + 1;
+    dseg.d_out_offsets = dTable + 2 * nseg + 1;
+    return KernelFail(
+        op, kc::TopkAbsCuda(dX, dseg, options, dOut, dCounts, static_cast<char*>(base) + tableBytes,
+                            &tempBytes, stream));
+  }
+  Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n, float beta1,
+                               const uint64_t* dMask, size_t k, scapeDataType_t payloadType,
+                               void* dPayload, float* dCOut, Stream s) override {
+    const char* op = "candidate kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    if (n == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dG", dG));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dE", dE));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    return KernelFail(
+        op, kc::CandidatePackResidualCuda(dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload,
+                                          dCOut, static_cast<cudaStream_t>(s)));
+  }
+  Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType, const uint64_t* dMask,
+                           size_t k, float* dTheta, float* dM, size_t n,
+                           const kn::AdamSParams& params, Stream s) override {
+    const char* op = "AdamS update kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    kn::AdamSScalars sc;
+    if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk) {
+      return InvalidArgument(
+          StrFormat("%s: bad AdamS parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
+                    "clip_scale %g, bias_correction %d, step %lld)",
+                    op, params.lr, params.beta1, params.beta2, params.eps, params.weight_decay,
+                    params.clip_scale, static_cast<int>(params.bias_correction),
+                    static_cast<long long>(params.step)));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    if (n == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n,
+                                                    params, static_cast<cudaStream_t>(s)));
+  }
+  Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
+                             const uint64_t* dMask, size_t k, const float* dM, size_t n,
+                             float beta1, double* dSqNorm, Stream s) override {
+    const char* op = "gradient norm kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    if (!(beta1 >= 0.0f && beta1 < 1.0f)) {
+      return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dSqNorm", dSqNorm));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dSqNorm", dSqNorm, sizeof(double)));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    auto stream = static_cast<cudaStream_t>(s);
+    size_t tempBytes = 0;
+    SCAPE_RETURN_IF_ERROR(
+        KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
+                                                   dSqNorm, nullptr, &tempBytes, stream)));
+    StreamTemp temp(stream);
+    void* dTemp = nullptr;
+    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tempBytes, &dTemp));
+    return KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
+                                                      dSqNorm, dTemp, &tempBytes, stream));
+  }
+
  private:
+  // Gather / scatter arguments: the element size, null and misaligned pointers.
+  static Status CheckIndexed(const char* op, const void* dDense, const uint64_t* dIdx, size_t k,
+                             size_t esz, const void* dPacked) {
+    if (esz != 1 && esz != 2 && esz != 4 && esz != 8) {
+      return InvalidArgument(StrFormat("%s: element size esz = %zu is not 1, 2, 4 or 8", op, esz));
+    }
+    if (k == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dDense", dDense));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPacked", dPacked));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dDense", dDense, esz));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
+    return CheckAligned(op, "dPacked", dPacked, esz);
+  }
+
   std::once_flag once_;
   bool available_ = false;
 };

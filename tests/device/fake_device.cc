@@ -6,12 +6,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gather.h"
+#include "kernels/cpu/topk_common.h"
 
 namespace fake_device {
 
 using scape::Status;
 using scape::device::PtrKind;
 using scape::device::Stream;
+namespace kn = scape::kernels;
 
 FakeStream::FakeStream() : th_([this] { Main(); }) {}
 
@@ -58,6 +64,21 @@ void FakeStream::Main() {
   }
 }
 
+void FakeStream::SetError(const Status& st) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (error_.ok()) error_ = st;
+}
+
+Status FakeStream::Error() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void FakeStream::ClearError() {
+  std::lock_guard<std::mutex> lk(mu_);
+  error_ = Status::Ok();
+}
+
 void Gate::Open() {
   std::lock_guard<std::mutex> lk(mu_);
   open_ = true;
@@ -72,6 +93,7 @@ void Gate::Wait() {
 namespace {
 struct FakeEvent {
   std::atomic<uint64_t> recorded{0}, reached{0};
+  std::atomic<FakeStream*> stream{nullptr};  // where it was last recorded
 };
 }  // namespace
 
@@ -92,18 +114,79 @@ PtrKind FakeRuntime::Kind(const void* p) {
   return u < it->first + it->second ? PtrKind::kDevice : PtrKind::kHost;
 }
 
-void* FakeRuntime::DeviceMalloc(size_t bytes) {
-  void* p = std::calloc(bytes ? bytes : 1, 1);
+void* FakeRuntime::Register(void* p, size_t bytes) {
+  if (!p) return nullptr;
   std::lock_guard<std::mutex> lk(mu_);
-  device_[reinterpret_cast<uintptr_t>(p)] = bytes ? bytes : 1;
+  device_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  ++deviceAllocs;
+  ++deviceLive;
   return p;
+}
+
+void* FakeRuntime::DeviceMalloc(size_t bytes) {
+  return Register(std::calloc(bytes ? bytes : 1, 1), bytes ? bytes : 1);
+}
+
+Status FakeRuntime::DeviceAlloc(size_t bytes, void** d) {
+  if (d == nullptr) return scape::InvalidArgument("fake device: DeviceAlloc: d is null");
+  *d = nullptr;
+  void* p = std::malloc(bytes ? bytes : 1);
+  if (!p) {
+    return scape::SystemError(
+        scape::StrFormat("fake device: DeviceAlloc: out of memory for %zu bytes", bytes));
+  }
+  std::memset(p, 0xA5, bytes ? bytes : 1);  // not zero: cudaMalloc memory is uninitialised
+  *d = Register(p, bytes ? bytes : 1);
+  return Status::Ok();
 }
 
 void FakeRuntime::DeviceFree(void* p) {
   if (!p) return;
+  std::unique_lock<std::shared_mutex> mem(memMu_);  // not while a device op runs on it
   std::lock_guard<std::mutex> lk(mu_);
-  device_.erase(reinterpret_cast<uintptr_t>(p));
+  if (device_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return;  // not ours: left alone
+  --deviceLive;
   std::free(p);
+}
+
+bool FakeRuntime::Extent(const void* p, uintptr_t* base, size_t* bytes) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = device_.upper_bound(u);
+  if (it == device_.begin()) return false;
+  --it;
+  if (u >= it->first + it->second) return false;
+  *base = it->first;
+  *bytes = it->second;
+  return true;
+}
+
+Status FakeRuntime::CheckRange(const char* op, const char* arg, const void* p, size_t bytes,
+                               size_t align) {
+  if (bytes == 0) return Status::Ok();
+  if (p == nullptr) {
+    return scape::InvalidArgument(
+        scape::StrFormat("fake device: %s: %s is null for %zu bytes", op, arg, bytes));
+  }
+  if (reinterpret_cast<uintptr_t>(p) % align != 0) {
+    return scape::InvalidArgument(scape::StrFormat(
+        "fake device: %s: %s (%p) is not aligned to %zu bytes", op, arg, p, align));
+  }
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (!Extent(p, &base, &size)) {
+    return scape::InvalidArgument(scape::StrFormat(
+        "fake device: %s: %s (%p) is not device memory (no live device allocation holds it)", op,
+        arg, p));
+  }
+  const uintptr_t off = reinterpret_cast<uintptr_t>(p) - base;
+  if (bytes > size - off) {
+    return scape::InvalidArgument(scape::StrFormat(
+        "fake device: %s: %s (%zu bytes at offset %zu) runs past the end of its %zu-byte device "
+        "allocation",
+        op, arg, bytes, static_cast<size_t>(off), size));
+  }
+  return Status::Ok();
 }
 
 Status FakeRuntime::HostAlloc(size_t bytes, void** p) {
@@ -131,6 +214,10 @@ FakeStream* FakeRuntime::StreamOf(Stream s) {
 void FakeRuntime::HoldStream(Stream s, Gate* gate) {
   StreamOf(s)->Push([gate] { gate->Wait(); });
 }
+
+Status FakeRuntime::StreamError(Stream s) { return StreamOf(s)->Error(); }
+
+void FakeRuntime::ClearStreamError(Stream s) { StreamOf(s)->ClearError(); }
 
 Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s) {
   const bool dd = Kind(dst) != PtrKind::kHost, sd = Kind(src) != PtrKind::kHost;
@@ -161,13 +248,22 @@ void FakeRuntime::EventDestroy(scape::device::Event e) { delete static_cast<Fake
 Status FakeRuntime::EventRecord(scape::device::Event e, Stream s) {
   auto* ev = static_cast<FakeEvent*>(e);
   const uint64_t gen = ++ev->recorded;
-  StreamOf(s)->Push([ev, gen] { ev->reached.store(gen); });
+  FakeStream* st = StreamOf(s);
+  ev->stream.store(st);
+  st->Push([ev, gen] { ev->reached.store(gen); });
   return Status::Ok();
 }
 
 Status FakeRuntime::EventQuery(scape::device::Event e, bool* done) {
   auto* ev = static_cast<FakeEvent*>(e);
   *done = ev->reached.load() >= ev->recorded.load();
+  if (FakeStream* st = ev->stream.load()) {
+    Status err = st->Error();  // sticky, as a CUDA kernel fault
+    if (!err.ok()) {
+      *done = false;
+      return err;
+    }
+  }
   return Status::Ok();
 }
 
@@ -179,7 +275,328 @@ Status FakeRuntime::LaunchHostFunc(Stream s, scape::device::HostFn fn, void* arg
 
 Status FakeRuntime::StreamSynchronize(Stream s) {
   ++syncs;
-  if (!StreamOf(s)->Sync()) return scape::TimeoutError("fake stream did not drain in 30 s");
+  FakeStream* st = StreamOf(s);
+  if (!st->Sync()) return scape::TimeoutError("fake stream did not drain in 30 s");
+  return st->Error();
+}
+
+// ---- device ops --------------------------------------------------------------------------------
+
+void FakeRuntime::Enqueue(Stream s, const char* op, std::function<Status()> fn) {
+  ++kernelLaunches;
+  FakeStream* st = StreamOf(s);
+  st->Push([this, st, op, fn = std::move(fn)] {
+    if (!st->Error().ok()) {
+      ++skippedOps;
+      return;
+    }
+    Status r;
+    int inject = failNextOps.load();
+    while (inject > 0 && !failNextOps.compare_exchange_weak(inject, inject - 1)) {
+    }
+    if (inject > 0) {
+      r = scape::SystemError("an injected device fault (failNextOps)");
+    } else {
+      std::shared_lock<std::shared_mutex> mem(memMu_);
+      r = fn();
+    }
+    if (!r.ok()) {
+      ++failedOps;
+      st->SetError(Status(
+          r.code(), std::string("fake device: ") + op + " failed on the stream: " + r.message()));
+    }
+  });
+}
+
+namespace {
+
+// A kernel's status on the stream thread, with what in the device data it may be about.
+Status KernelResult(kn::KernelStatus k, const char* about) {
+  if (k == kn::KernelStatus::kOk) return Status::Ok();
+  return Status(kn::ToResult(k), std::string(kn::KernelStatusString(k)) + " (" + about + ")");
+}
+
+Status CheckEsz(const char* op, size_t esz) {
+  if (esz == 1 || esz == 2 || esz == 4 || esz == 8) return Status::Ok();
+  return scape::InvalidArgument(
+      scape::StrFormat("fake device: %s: element size esz = %zu is not 1, 2, 4 or 8", op, esz));
+}
+
+Status CheckPayloadType(const char* op, scapeDataType_t t, size_t* esz) {
+  *esz = kn::PayloadElementSize(t);
+  if (*esz) return Status::Ok();
+  return scape::Unsupported(scape::StrFormat(
+      "fake device: %s: payloadType %d is not scapeFloat32, scapeBfloat16 or scapeFloat16", op,
+      static_cast<int>(t)));
+}
+
+Status CheckKn(const char* op, size_t k, size_t n) {
+  if (k <= n) return Status::Ok();
+  return scape::InvalidArgument(
+      scape::StrFormat("fake device: %s: k = %zu entries in the mask > n = %zu", op, k, n));
+}
+
+}  // namespace
+
+Status FakeRuntime::Memset(void* d, int value, size_t bytes, Stream s) {
+  SCAPE_RETURN_IF_ERROR(CheckRange("Memset", "d", d, bytes));
+  if (bytes == 0) return Status::Ok();
+  ++memsets;
+  Enqueue(s, "Memset", [this, d, value, bytes] {
+    SCAPE_RETURN_IF_ERROR(CheckRange("Memset", "d (freed before the op ran?)", d, bytes));
+    std::memset(d, value, bytes);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+// Gather and Scatter: the dense side's extent is known only from the indices (device data),
+// so it is checked on the stream thread, before anything is written.
+Status FakeRuntime::Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
+                           void* dPacked, Stream s) {
+  SCAPE_RETURN_IF_ERROR(CheckEsz("Gather", esz));
+  if (k == 0) return Status::Ok();
+  if (k > SIZE_MAX / 8) return scape::InvalidArgument("fake device: Gather: k is too large");
+  SCAPE_RETURN_IF_ERROR(CheckRange("Gather", "dIdx", dIdx, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange("Gather", "dPacked", dPacked, k * esz, esz));
+  SCAPE_RETURN_IF_ERROR(CheckRange("Gather", "dDense", dDense, esz, esz));
+  ++gathers;
+  Enqueue(s, "Gather", [this, dDense, dIdx, k, esz, dPacked] {
+    SCAPE_RETURN_IF_ERROR(CheckRange("Gather", "dIdx", dIdx, k * 8, 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange("Gather", "dPacked", dPacked, k * esz, esz));
+    uintptr_t base = 0;
+    size_t size = 0;
+    if (!Extent(dDense, &base, &size)) {
+      return scape::InvalidArgument("dDense was freed before the op ran");
+    }
+    const uint64_t room = (size - (reinterpret_cast<uintptr_t>(dDense) - base)) / esz;
+    for (size_t i = 0; i < k; ++i)
+      if (dIdx[i] >= room) {
+        return scape::InvalidArgument(scape::StrFormat(
+            "dIdx[%zu] = %llu is outside dDense (%llu elements of %zu bytes up to the end of its "
+            "allocation)",
+            i, static_cast<unsigned long long>(dIdx[i]), static_cast<unsigned long long>(room),
+            esz));
+      }
+    kn::GatherByIndex(dDense, dIdx, k, esz, dPacked);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz,
+                            void* dDense, Stream s) {
+  SCAPE_RETURN_IF_ERROR(CheckEsz("Scatter", esz));
+  if (k == 0) return Status::Ok();
+  if (k > SIZE_MAX / 8) return scape::InvalidArgument("fake device: Scatter: k is too large");
+  SCAPE_RETURN_IF_ERROR(CheckRange("Scatter", "dIdx", dIdx, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange("Scatter", "dPacked", dPacked, k * esz, esz));
+  SCAPE_RETURN_IF_ERROR(CheckRange("Scatter", "dDense", dDense, esz, esz));
+  ++scatters;
+  Enqueue(s, "Scatter", [this, dDense, dIdx, k, esz, dPacked] {
+    SCAPE_RETURN_IF_ERROR(CheckRange("Scatter", "dIdx", dIdx, k * 8, 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange("Scatter", "dPacked", dPacked, k * esz, esz));
+    uintptr_t base = 0;
+    size_t size = 0;
+    if (!Extent(dDense, &base, &size)) {
+      return scape::InvalidArgument("dDense was freed before the op ran");
+    }
+    const uint64_t room = (size - (reinterpret_cast<uintptr_t>(dDense) - base)) / esz;
+    for (size_t i = 0; i < k; ++i)
+      if (dIdx[i] >= room) {
+        return scape::InvalidArgument(scape::StrFormat(
+            "dIdx[%zu] = %llu is outside dDense (%llu elements of %zu bytes up to the end of its "
+            "allocation)",
+            i, static_cast<unsigned long long>(dIdx[i]), static_cast<unsigned long long>(room),
+            esz));
+      }
+    kn::ScatterByIndex(dPacked, dIdx, k, esz, dDense);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+// The host-side checks of a top-k segment table (the CPU kernel's argument errors, which the
+// CUDA kernel cannot see in a device table): the same rules as runtime_cuda.cc.
+static Status CheckTopkTable(const kn::TopkSegments& sg, const kn::TopkOptions& o) {
+  if (o.mode != kn::TopkMode::kExact && o.mode != kn::TopkMode::kSampled) {
+    return scape::InvalidArgument(scape::StrFormat(
+        "fake device: TopkAbs: options.mode = %d is neither exact nor sampled", int(o.mode)));
+  }
+  if (o.mode == kn::TopkMode::kSampled &&
+      (o.sample_size < 1 || o.sample_size > kn::topk::kMaxSampleSize)) {
+    return scape::InvalidArgument(
+        scape::StrFormat("fake device: TopkAbs: options.sample_size = %u is not in [1, %u]",
+                         o.sample_size, kn::topk::kMaxSampleSize));
+  }
+  if (sg.nseg == 0) return Status::Ok();
+  if (!sg.offsets || !sg.k || !sg.out_offsets) {
+    return scape::InvalidArgument(
+        "fake device: TopkAbs: segments.offsets, .k or .out_offsets is null");
+  }
+  for (size_t i = 0; i < sg.nseg; ++i) {
+    if (sg.offsets[i + 1] < sg.offsets[i] || sg.out_offsets[i + 1] < sg.out_offsets[i]) {
+      return scape::InvalidArgument(scape::StrFormat(
+          "fake device: TopkAbs: segments.offsets or .out_offsets descend at segment %zu", i));
+    }
+    const uint64_t len = sg.offsets[i + 1] - sg.offsets[i];
+    if (sg.k[i] > len) {
+      return scape::InvalidArgument(scape::StrFormat(
+          "fake device: TopkAbs: segments.k[%zu] = %llu > its length %llu", i,
+          static_cast<unsigned long long>(sg.k[i]), static_cast<unsigned long long>(len)));
+    }
+    if (o.mode == kn::TopkMode::kExact && sg.out_offsets[i + 1] - sg.out_offsets[i] < sg.k[i]) {
+      return scape::InvalidArgument(scape::StrFormat(
+          "fake device: TopkAbs: segment %zu's output capacity %llu < k = %llu", i,
+          static_cast<unsigned long long>(sg.out_offsets[i + 1] - sg.out_offsets[i]),
+          static_cast<unsigned long long>(sg.k[i])));
+    }
+  }
+  if (o.mode == kn::TopkMode::kSampled && sg.offsets[sg.nseg] >= kn::topk::kMaxSampledPosition) {
+    return scape::InvalidArgument(
+        "fake device: TopkAbs: sampled mode needs every position below 2^43");
+  }
+  return Status::Ok();
+}
+
+Status FakeRuntime::TopkAbs(const float* dX, const kn::TopkSegments& segments,
+                            const kn::TopkOptions& options, uint64_t* dOut, uint64_t* dCounts,
+                            Stream s) {
+  SCAPE_RETURN_IF_ERROR(CheckTopkTable(segments, options));
+  const size_t nseg = segments.nseg;
+  if (nseg == 0) return Status::Ok();
+  const uint64_t x0 = segments.offsets[0], x1 = segments.offsets[nseg];
+  const uint64_t o0 = segments.out_offsets[0], o1 = segments.out_offsets[nseg];
+  SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dX (offsets[0] .. offsets[nseg])", dX + x0,
+                                   (x1 - x0) * sizeof(float), sizeof(float)));
+  SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dOut (out_offsets[0] .. out_offsets[nseg])",
+                                   dOut + o0, (o1 - o0) * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dCounts", dCounts, nseg * 8, 8));
+  ++topks;
+  // The table is host memory the caller may reuse at once: the op keeps its own copy (the CUDA
+  // runtime uploads it at the call).
+  auto off = std::make_shared<std::vector<uint64_t>>(segments.offsets, segments.offsets + nseg + 1);
+  auto kk = std::make_shared<std::vector<uint64_t>>(segments.k, segments.k + nseg);
+  auto oo = std::make_shared<std::vector<uint64_t>>(segments.out_offsets,
+                                                    segments.out_offsets + nseg + 1);
+  kn::TopkOptions opt = options;
+  opt.max_threads = kernelThreads.load();
+  Enqueue(s, "TopkAbs", [this, dX, dOut, dCounts, off, kk, oo, opt, x0, x1, o0, o1, nseg] {
+    SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dX (freed?)", dX + x0, (x1 - x0) * sizeof(float)));
+    SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dOut (freed?)", dOut + o0, (o1 - o0) * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dCounts (freed?)", dCounts, nseg * 8));
+    kn::TopkSegments sg;
+    sg.offsets = off->data();
+    sg.k = kk->data();
+    sg.out_offsets = oo->data();
+    sg.nseg = nseg;
+    return KernelResult(kn::TopkAbs(dX, sg, opt, dOut, dCounts), "the top-k kernel");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
+                                          float beta1, const uint64_t* dMask, size_t k,
+                                          scapeDataType_t payloadType, void* dPayload, float* dCOut,
+                                          Stream s) {
+  const char* op = "CandidatePackResidual";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: CandidatePackResidual: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG", dG, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dE", dE, n * 4, 4));
+  if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut", dCOut, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  ++candidates;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG (freed?)", dG, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dE (freed?)", dE, n * 4));
+    if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut (freed?)", dCOut, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    return KernelResult(kn::CandidatePackResidual(dM, dG, dE, n, beta1, dMask, k, payloadType,
+                                                  dPayload, dCOut, threads),
+                        "dMask not strictly increasing, or an entry >= n");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
+                                      const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                      size_t n, const kn::AdamSParams& params, Stream s) {
+  const char* op = "UnpackAdamSUpdate";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  kn::AdamSScalars sc;
+  if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk) {
+    return scape::InvalidArgument(scape::StrFormat(
+        "fake device: %s: bad AdamS parameters (lr %g, beta1 %g, beta2 %g, eps %g, wd %g, clip "
+        "%g, bias correction %d, step %lld)",
+        op, params.lr, params.beta1, params.beta2, params.eps, params.weight_decay,
+        params.clip_scale, static_cast<int>(params.bias_correction),
+        static_cast<long long>(params.step)));
+  }
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: UnpackAdamSUpdate: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta", dTheta, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  ++updates;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    return KernelResult(
+        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads),
+        "dMask not strictly increasing, or an entry >= n");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
+                                        const uint64_t* dMask, size_t k, const float* dM, size_t n,
+                                        float beta1, double* dSqNorm, Stream s) {
+  const char* op = "RecoveredGradSqNorm";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) {
+    return scape::InvalidArgument(
+        scape::StrFormat("fake device: %s: beta1 = %g is not in [0, 1)", op, beta1));
+  }
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: RecoveredGradSqNorm: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm", dSqNorm, sizeof(double), sizeof(double)));
+  if (k > 0) {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  }
+  ++norms;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm (freed?)", dSqNorm, sizeof(double)));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+      SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    }
+    double r = 0.0;
+    SCAPE_RETURN_IF_ERROR(KernelResult(
+        kn::RecoveredGradSqNorm(dPayload, payloadType, dMask, k, dM, n, beta1, &r, threads),
+        "dMask not strictly increasing, or an entry >= n"));
+    std::memcpy(dSqNorm, &r, sizeof r);
+    return Status::Ok();
+  });
   return Status::Ok();
 }
 

@@ -4,6 +4,18 @@
 // host functions run on the stream's thread and hold it while they run), events complete
 // when the stream reaches them. So the library's staging pipeline and its stream ordering
 // run for real; only the bytes never leave host memory.
+//
+// The device ops (Memset, Gather, Scatter, TopkAbs, CandidatePackResidual, UnpackAdamSUpdate,
+// RecoveredGradSqNorm) run the CPU kernels of kernels/cpu/ on the stream's thread, in order
+// with the copies and host functions queued there. What the host can check (null pointers,
+// k > n, element sizes, payload types, parameters, the top-k segment table, and that every
+// d* range lies inside ONE live device allocation and is aligned) returns an error at once.
+// What only the data can show (an index outside the dense buffer, an unsorted mask, a freed
+// buffer) fails the op on the stream thread: the stream becomes "failed", a sticky error that
+// EventQuery (for events recorded on it) and StreamSynchronize return from then on, with a
+// message naming the op, as CUDA reports a kernel fault. Later device ops on a failed stream
+// are skipped (copies, host functions and events still run, so nothing that waits on them
+// hangs); ClearStreamError resets a stream for the next test.
 #ifndef SCAPE_TESTS_DEVICE_FAKE_DEVICE_H_
 #define SCAPE_TESTS_DEVICE_FAKE_DEVICE_H_
 
@@ -16,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -30,6 +43,10 @@ class FakeStream {
   void Push(std::function<void()> fn);
   // Waits until everything queued so far has run (false after timeoutMs).
   bool Sync(int timeoutMs = 30000);
+  // The sticky error of the stream (the first one set; Ok while none).
+  void SetError(const scape::Status& st);
+  scape::Status Error();
+  void ClearError();
 
  private:
   void Main();
@@ -38,6 +55,7 @@ class FakeStream {
   std::deque<std::function<void()>> q_;
   uint64_t pushed_ = 0, ran_ = 0;
   bool stop_ = false;
+  scape::Status error_;
   std::thread th_;
 };
 
@@ -72,22 +90,73 @@ class FakeRuntime final : public scape::device::Runtime {
                                void* arg) override;
   scape::Status StreamSynchronize(scape::device::Stream s) override;
 
-  // "Device" memory (zero-filled) and its release.
+  // Device memory and the device kernel ops (see the top of this file).
+  // DeviceAlloc fills the new memory with 0xA5 bytes (cudaMalloc does not zero it either).
+  // DeviceFree frees at once (unlike cudaFree it does not wait for the device; it waits only
+  // for device ops running at that moment), so ops still queued on it fail their stream.
+  scape::Status DeviceAlloc(size_t bytes, void** d) override;
+  void DeviceFree(void* p) override;
+  scape::Status Memset(void* d, int value, size_t bytes, scape::device::Stream s) override;
+  scape::Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
+                       void* dPacked, scape::device::Stream s) override;
+  scape::Status Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz,
+                        void* dDense, scape::device::Stream s) override;
+  scape::Status TopkAbs(const float* dX, const scape::kernels::TopkSegments& segments,
+                        const scape::kernels::TopkOptions& options, uint64_t* dOut,
+                        uint64_t* dCounts, scape::device::Stream s) override;
+  scape::Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
+                                      float beta1, const uint64_t* dMask, size_t k,
+                                      scapeDataType_t payloadType, void* dPayload, float* dCOut,
+                                      scape::device::Stream s) override;
+  scape::Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
+                                  const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                  size_t n, const scape::kernels::AdamSParams& params,
+                                  scape::device::Stream s) override;
+  scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
+                                    const uint64_t* dMask, size_t k, const float* dM, size_t n,
+                                    float beta1, double* dSqNorm, scape::device::Stream s) override;
+
+  // "Device" memory, zero-filled (the tests' own helper; DeviceFree releases it too).
   void* DeviceMalloc(size_t bytes);
-  void DeviceFree(void* p);
   // A new stream (owned by the runtime); NULL is the default stream.
   scape::device::Stream NewStream();
   FakeStream* StreamOf(scape::device::Stream s);
   // Queues a gate on stream s: the stream holds there until gate->Open().
   void HoldStream(scape::device::Stream s, Gate* gate);
+  // The stream's sticky error (Ok while it has not failed), and its reset.
+  scape::Status StreamError(scape::device::Stream s);
+  void ClearStreamError(scape::device::Stream s);
 
   // What the library did.
   std::atomic<uint64_t> d2hCopies{0}, h2dCopies{0}, otherCopies{0}, copiedBytes{0};
   std::atomic<uint64_t> hostFuncs{0}, pinnedAllocs{0}, pinnedLive{0}, syncs{0};
   // Slows every copy down by this many microseconds (to make overlap and ordering visible).
   std::atomic<int> copyDelayUs{0};
+  // Device ops: queued on a stream (kernelLaunches = all of them, memsets included), failed on
+  // the stream thread, skipped because their stream had failed; device allocations.
+  std::atomic<uint64_t> kernelLaunches{0}, memsets{0}, gathers{0}, scatters{0}, topks{0};
+  std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
+  std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
+  // Fault injection: the next failNextOps device ops fail on their stream instead of running
+  // (as a kernel fault would), so callers' error paths can be tested.
+  std::atomic<int> failNextOps{0};
+  // Threads the CPU kernels may use (their results do not depend on it).
+  std::atomic<int> kernelThreads{1};
 
  private:
+  // Queues a device op on s: fn runs on the stream thread (unless the stream has failed), holds
+  // the memory lock shared (so DeviceFree cannot free under it), and a non-ok Status fails the
+  // stream with "fake device: <op>: <message>".
+  void Enqueue(scape::device::Stream s, const char* op, std::function<scape::Status()> fn);
+  // Ok if [p, p + bytes) lies inside one live device allocation (bytes == 0: always). align:
+  // p must be a multiple of it.
+  scape::Status CheckRange(const char* op, const char* arg, const void* p, size_t bytes,
+                           size_t align = 1);
+  // The live allocation holding p: its base and size (false if none).
+  bool Extent(const void* p, uintptr_t* base, size_t* bytes);
+  void* Register(void* p, size_t bytes);
+
+  std::shared_mutex memMu_;  // exclusive in DeviceFree, shared while a device op runs
   std::mutex mu_;
   std::map<uintptr_t, size_t> device_;  // base -> bytes
   std::vector<std::unique_ptr<FakeStream>> streams_;

@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/gather.h"
 #include "kernels/cpu/mask_codec.h"
 #include "kernels/cpu/scape_step.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/cuda/scape_kernels.cuh"
+#include "plugin/device/runtime.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace scape {
@@ -441,6 +444,184 @@ TEST(CudaMaskCodec, EliasFanoDecodeValidatesLikeCpu) {
       }
     }
   }
+}
+
+// ---- gather / scatter by index -----------------------------------------------------------------
+
+// k distinct positions in [0, n): sorted (the mask case) or in random order.
+std::vector<uint64_t> GatherPositions(std::mt19937_64& rng, uint64_t n, size_t k, bool sorted) {
+  std::vector<uint64_t> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(k);
+  if (sorted) std::sort(all.begin(), all.end());
+  return all;
+}
+
+void GatherCase(std::mt19937_64& rng, size_t n, size_t k, size_t esz, bool sorted) {
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " k=" << k << " esz=" << esz << " sorted=" << sorted);
+  std::vector<uint8_t> dense(n * esz), packed2(k * esz);
+  for (auto& b : dense) b = static_cast<uint8_t>(rng());  // raw bits: NaN payloads included
+  for (auto& b : packed2) b = static_cast<uint8_t>(rng());
+  const std::vector<uint64_t> idx = GatherPositions(rng, n, k, sorted);
+  std::vector<uint8_t> want(k * esz), wantDense = dense;
+  GatherByIndex(dense.data(), idx.data(), k, esz, want.data());
+  ScatterByIndex(packed2.data(), idx.data(), k, esz, wantDense.data());
+  // A guard element after the packed output: nothing may be written past k.
+  DevBuf dd(dense), di(idx), dp(std::vector<uint8_t>((k + 1) * esz, 0xee)), dp2(packed2);
+  ASSERT_TRUE(dd.ok() && di.ok() && dp.ok() && dp2.ok());
+  CUDA_OK(kc::GatherByIndexCuda(dd.get(), di.get<uint64_t>(), k, esz, dp.get(), nullptr));
+  CUDA_OK(kc::ScatterByIndexCuda(dp2.get(), di.get<uint64_t>(), k, esz, dd.get(), nullptr));
+  CUDA_OK(kc::StreamSynchronize(nullptr));
+  std::vector<uint8_t> got = dp.Read<uint8_t>((k + 1) * esz);
+  EXPECT_EQ(std::vector<uint8_t>(got.begin() + k * esz, got.end()), std::vector<uint8_t>(esz, 0xee))
+      << "written past k";
+  got.resize(k * esz);
+  EXPECT_TRUE(SameBytes(got, want)) << "gather differs";
+  EXPECT_TRUE(SameBytes(dd.Read<uint8_t>(n * esz), wantDense)) << "scatter differs";
+}
+
+TEST(CudaGather, GatherAndScatterMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t esz : {1, 2, 4, 8}) {
+    for (size_t n : {1, 3, 4097, 100003}) {
+      for (size_t k : {size_t{0}, size_t{1}, n / 7, n}) {
+        GatherCase(rng, n, k, esz, true);
+        GatherCase(rng, n, k, esz, false);
+      }
+    }
+  }
+  // Larger than one pass of the grid's first iteration, at the densities of a masked step.
+  const size_t big = (size_t{1} << 22) + 5;
+  for (double density : {0.01, 0.1, 1.0}) {
+    GatherCase(rng, big, static_cast<size_t>(density * big), 4, true);
+  }
+  GatherCase(rng, big, big / 3, 2, false);
+}
+
+// The host checks need no device: nothing is launched.
+TEST(CudaGather, BadArgumentsAreRejectedOnTheHost) {
+  uint64_t idx[1] = {0};
+  char buf[16] = {};
+  EXPECT_EQ(kc::GatherByIndexCuda(buf, idx, 1, 3, buf, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kc::ScatterByIndexCuda(buf, idx, 1, 16, buf, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kc::GatherByIndexCuda(nullptr, idx, 1, 4, buf, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kc::ScatterByIndexCuda(buf, nullptr, 1, 4, buf, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(kc::GatherByIndexCuda(nullptr, nullptr, 0, 8, nullptr, nullptr), KernelStatus::kOk);
+  EXPECT_EQ(kc::ScatterByIndexCuda(nullptr, nullptr, 0, 1, nullptr, nullptr), KernelStatus::kOk);
+}
+
+// ---- the CUDA device runtime's kernel ops (plugin/device/runtime_cuda.cc) -----------------------
+// The same ops the library calls: the top-k's host table uploaded per call, stream-ordered
+// temporaries, and the host-side argument checks.
+TEST(CudaRuntimeOps, MatchCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  device::Runtime* rt = device::CudaRuntime();
+  ASSERT_TRUE(rt != nullptr && rt->Available());
+  void* probe = nullptr;
+  ASSERT_TRUE(rt->DeviceAlloc(0, &probe).ok());
+  EXPECT_EQ(rt->Kind(probe), device::PtrKind::kDevice);
+  rt->DeviceFree(probe);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    // Top-k over odd segments (an empty one, k = 0, k = len).
+    const std::vector<uint64_t> lens = {1, 0, 777, 100003, 33};
+    std::vector<uint64_t> off = {3}, k(lens.size()), oo(lens.size() + 1);
+    for (uint64_t l : lens) off.push_back(off.back() + l);
+    ASSERT_EQ(TopkKFromDensity(off.data(), lens.size(), 0.01 * (round + 1), k.data()),
+              KernelStatus::kOk);
+    k[2] = 0;
+    k[4] = lens[4];
+    const uint64_t total = TopkOutOffsets(k.data(), k.size(), oo.data());
+    std::vector<float> x = RandomNormal(rng, off.back());
+    TopkSegments sg;
+    sg.offsets = off.data();
+    sg.k = k.data();
+    sg.out_offsets = oo.data();
+    sg.nseg = lens.size();
+    std::vector<uint64_t> want(total), wantCounts(lens.size());
+    ASSERT_EQ(TopkAbs(x.data(), sg, TopkOptions{}, want.data(), wantCounts.data()),
+              KernelStatus::kOk);
+    DevBuf dx(x), dout(total * 8), dc(lens.size() * 8);
+    ASSERT_TRUE(rt->TopkAbs(dx.get<float>(), sg, TopkOptions{}, dout.get<uint64_t>(),
+                            dc.get<uint64_t>(), nullptr)
+                    .ok());
+    // The gathered values of the selection, and a step's kernels at that mask.
+    const size_t n = x.size(), kk = total;
+    DevBuf dsel(kk * 4);
+    ASSERT_TRUE(rt->Gather(dx.get(), dout.get<uint64_t>(), kk, 4, dsel.get(), nullptr).ok());
+    std::vector<float> m = RandomNormal(rng, n), g = RandomNormal(rng, n),
+                       e = RandomNormal(rng, n, 0.1f), theta = RandomNormal(rng, n);
+    DevBuf dm(m), dg(g), de(e), dth(theta), dp(kk * 2), dnorm(8);
+    std::vector<uint64_t> mask(want);
+    std::sort(mask.begin(), mask.end());  // segments ascend: already sorted
+    ASSERT_TRUE(rt->CandidatePackResidual(dm.get<float>(), dg.get<float>(), de.get<float>(), n,
+                                          0.9f, dout.get<uint64_t>(), kk, scapeBfloat16, dp.get(),
+                                          nullptr, nullptr)
+                    .ok());
+    ASSERT_TRUE(rt->RecoveredGradSqNorm(dp.get(), scapeBfloat16, dout.get<uint64_t>(), kk,
+                                        dm.get<float>(), n, 0.9f, dnorm.get<double>(), nullptr)
+                    .ok());
+    AdamSParams ap;
+    ap.clip_scale = 0.7f;
+    ASSERT_TRUE(rt->UnpackAdamSUpdate(dp.get(), scapeBfloat16, dout.get<uint64_t>(), kk,
+                                      dth.get<float>(), dm.get<float>(), n, ap, nullptr)
+                    .ok());
+    ASSERT_TRUE(rt->StreamSynchronize(nullptr).ok());
+    EXPECT_EQ(dout.Read<uint64_t>(total), want);
+    EXPECT_EQ(dc.Read<uint64_t>(lens.size()), wantCounts);
+    std::vector<float> sel(kk);
+    GatherByIndex(x.data(), want.data(), kk, 4, sel.data());
+    EXPECT_TRUE(SameBytes(dsel.Read<float>(kk), sel));
+    std::vector<float> eC = e, mC = m, thC = theta;
+    std::vector<uint8_t> pC(kk * 2);
+    ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), eC.data(), n, 0.9f, mask.data(), kk,
+                                    scapeBfloat16, pC.data(), nullptr),
+              KernelStatus::kOk);
+    double normC = -1;
+    ASSERT_EQ(
+        RecoveredGradSqNorm(pC.data(), scapeBfloat16, mask.data(), kk, m.data(), n, 0.9f, &normC),
+        KernelStatus::kOk);
+    ASSERT_EQ(
+        UnpackAdamSUpdate(pC.data(), scapeBfloat16, mask.data(), kk, thC.data(), mC.data(), n, ap),
+        KernelStatus::kOk);
+    EXPECT_TRUE(SameBytes(de.Read<float>(n), eC));
+    EXPECT_TRUE(SameBytes(dp.Read<uint8_t>(kk * 2), pC));
+    const double normG = dnorm.Read<double>(1)[0];
+    EXPECT_EQ(std::memcmp(&normG, &normC, 8), 0) << normG << " vs " << normC;
+    EXPECT_TRUE(SameBytes(dth.Read<float>(n), thC));
+    EXPECT_TRUE(SameBytes(dm.Read<float>(n), mC));
+  }
+  // Host-checked arguments: errors at the call, naming the op.
+  std::vector<uint64_t> off = {0, 10, 5}, k = {1, 1}, oo = {0, 1, 2};
+  TopkSegments bad;
+  bad.offsets = off.data();
+  bad.k = k.data();
+  bad.out_offsets = oo.data();
+  bad.nseg = 2;
+  DevBuf dx(64), dout(16), dc(16);
+  Status st = rt->TopkAbs(dx.get<float>(), bad, TopkOptions{}, dout.get<uint64_t>(),
+                          dc.get<uint64_t>(), nullptr);
+  EXPECT_EQ(st.code(), scapeInvalidArgument);
+  EXPECT_NE(st.message().find("top-k"), std::string::npos) << st.message();
+  st = rt->Gather(dx.get(), dout.get<uint64_t>(), 2, 3, dc.get(), nullptr);
+  EXPECT_EQ(st.code(), scapeInvalidArgument);
+  EXPECT_NE(st.message().find("gather"), std::string::npos) << st.message();
+  EXPECT_EQ(
+      rt->CandidatePackResidual(dx.get<float>(), dx.get<float>(), dx.get<float>(), 4, 0.9f,
+                                dout.get<uint64_t>(), 5, scapeFloat32, dc.get(), nullptr, nullptr)
+          .code(),
+      scapeInvalidArgument);
+  EXPECT_EQ(rt->RecoveredGradSqNorm(dc.get(), scapeInt32, dout.get<uint64_t>(), 1, dx.get<float>(),
+                                    4, 0.9f, dc.get<double>(), nullptr)
+                .code(),
+            scapeUnsupported);
+  EXPECT_TRUE(rt->StreamSynchronize(nullptr).ok());
 }
 
 }  // namespace
