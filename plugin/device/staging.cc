@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,6 +31,55 @@ size_t StageChunkBytes() {
   return v;
 }
 
+namespace {
+
+// Per-rank blocks ("V" collectives, the packed values of a mask): one chunk, the whole
+// collective at once. Packed payloads are a few percent of the dense buffer, so they gain little
+// from the pipeline, and one host collective keeps the V collective's reduction order (the
+// same bits as the host call).
+Status MakeStagePlanV(const coll::CollArgs& a, int rank, int nranks, size_t esz, StagePlan* out) {
+  using coll::CollType;
+  if (a.type == CollType::kBroadcast)
+    return InvalidArgument("staging: a broadcast has no per-rank blocks");
+  if (a.counts.size() != static_cast<size_t>(nranks))
+    return InvalidArgument(
+        StrFormat("staging: counts has %zu entries for %d ranks", a.counts.size(), nranks));
+  size_t total = 0;
+  for (size_t c : a.counts) {
+    if (c > (SIZE_MAX / 2) / esz - total)
+      return InvalidArgument("staging: the per-rank counts overflow");
+    total += c;
+  }
+  const size_t mine = a.counts[static_cast<size_t>(rank)];
+  StagePlan plan;
+  StageChunk c;
+  c.count = total;
+  switch (a.type) {
+    case CollType::kAllReduce:
+      plan.sendStageBytes = plan.recvStageBytes = total * esz;
+      if (total) c.d2h.push_back({0, 0, total * esz});
+      if (total) c.h2d.push_back({0, 0, total * esz});
+      break;
+    case CollType::kReduceScatter:
+      plan.sendStageBytes = total * esz;
+      plan.recvStageBytes = mine * esz;
+      if (total) c.d2h.push_back({0, 0, total * esz});
+      if (mine) c.h2d.push_back({0, 0, mine * esz});
+      break;
+    default:  // all-gather
+      plan.sendStageBytes = mine * esz;
+      plan.recvStageBytes = total * esz;
+      if (mine) c.d2h.push_back({0, 0, mine * esz});
+      if (total) c.h2d.push_back({0, 0, total * esz});
+      break;
+  }
+  plan.chunks.push_back(std::move(c));
+  *out = std::move(plan);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out) {
   using coll::CollType;
@@ -38,12 +88,12 @@ Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunk
   if (dt < 0 || dt >= scapeNumTypes) return InvalidArgument("staging: bad datatype");
   const size_t esz = scapeTypeSize(a.dtype);
   if (nranks < 1 || rank < 0 || rank >= nranks) return InvalidArgument("staging: bad rank");
-  if (!a.counts.empty()) return Unsupported("staging: per-rank block sizes are not staged");
   const size_t P = static_cast<size_t>(nranks), n = a.count;
   StagePlan plan;
   const bool blocks = a.type == CollType::kReduceScatter || a.type == CollType::kAllGather;
   if (a.type != CollType::kAllReduce && a.type != CollType::kBroadcast && !blocks)
     return Unsupported(StrFormat("staging: %s has no device form", coll::CollName(a.type)));
+  if (!a.counts.empty()) return MakeStagePlanV(a, rank, nranks, esz, out);
   // Elements of the count dimension per chunk: about chunkBytes staged per chunk.
   size_t per = chunkBytes / esz / (blocks ? P : 1);
   if (per < 1) per = 1;

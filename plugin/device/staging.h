@@ -63,7 +63,9 @@ struct StagePlan {
 // Cuts collective `a` (all-reduce, reduce-scatter, all-gather, broadcast; count per the
 // coll::CollArgs conventions) into chunks of about chunkBytes staged bytes each (at least one
 // element per rank block). Every rank gets the same chunk boundaries, so chunk c of every
-// rank is the same host collective.
+// rank is the same host collective. Per-rank blocks (a.counts, the packed values of a mask:
+// all-reduce, reduce-scatter, all-gather) are one chunk: the V collective runs whole on the
+// stages, so its bits are those of the same call on host buffers.
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out);
 

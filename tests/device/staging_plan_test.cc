@@ -5,6 +5,7 @@
 // buffers. Plus the plan's own invariants (every byte copied exactly once).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -145,14 +146,99 @@ TEST(StagePlan, EveryCollectiveMatchesTheReferenceChunkByChunk) {
           CheckCase(t, P, n, chunk, rng);
 }
 
+// Per-rank blocks (the packed values of a mask): every rank's plan is one chunk whose host
+// collective is the whole V collective; staging, a reference V collective on the stages and
+// copying back must give the reference V collective on the whole buffers.
+TEST(StagePlan, PerRankBlocksAreOneChunkAndMatchTheReference) {
+  std::mt19937 rng(scape_test::FreshSeed());
+  for (CollType t : {CollType::kAllReduce, CollType::kReduceScatter, CollType::kAllGather})
+    for (int P : {1, 2, 3, 5})
+      for (int trial = 0; trial < 6; ++trial) {
+        const size_t Pz = static_cast<size_t>(P);
+        std::vector<size_t> counts(Pz);
+        size_t total = 0;
+        for (auto& c : counts) total += (c = trial == 0 ? 0 : rng() % (trial == 1 ? 2 : 300));
+        std::vector<size_t> off(Pz, 0);
+        for (size_t r = 1; r < Pz; ++r) off[r] = off[r - 1] + counts[r - 1];
+        SCOPED_TRACE(::testing::Message()
+                     << scape::coll::CollName(t) << " P=" << P << " total=" << total);
+        auto sendN = [&](size_t r) { return t == CollType::kAllGather ? counts[r] : total; };
+        auto recvN = [&](size_t r) { return t == CollType::kReduceScatter ? counts[r] : total; };
+        std::vector<std::vector<int32_t>> send(Pz), recv(Pz), want(Pz);
+        for (size_t r = 0; r < Pz; ++r) {
+          send[r].resize(sendN(r));
+          for (auto& x : send[r]) x = static_cast<int32_t>(rng() % 2001) - 1000;
+          recv[r].assign(recvN(r), -7);
+        }
+        // The reference V collective.
+        for (size_t r = 0; r < Pz; ++r) {
+          want[r].assign(recvN(r), 0);
+          for (size_t q = 0; q < Pz; ++q)
+            for (size_t i = 0; i < want[r].size(); ++i) {
+              if (t == CollType::kAllReduce) want[r][i] += send[q][i];
+              if (t == CollType::kReduceScatter) want[r][i] += send[q][off[r] + i];
+            }
+          if (t == CollType::kAllGather)
+            for (size_t q = 0; q < Pz; ++q)
+              for (size_t i = 0; i < counts[q]; ++i) want[r][off[q] + i] = send[q][i];
+        }
+        CollArgs a;
+        a.type = t;
+        a.count = 12345;  // ignored with counts
+        a.counts = counts;
+        a.dtype = scapeInt32;
+        std::vector<StagePlan> plans(Pz);
+        std::vector<std::vector<char>> sstage(Pz), rstage(Pz);
+        for (size_t r = 0; r < Pz; ++r) {
+          ASSERT_TRUE(
+              scape::device::MakeStagePlan(a, static_cast<int>(r), P, 4096, &plans[r]).ok());
+          ASSERT_EQ(plans[r].chunks.size(), 1u);
+          ASSERT_EQ(plans[r].chunks[0].count, total);
+          ASSERT_EQ(plans[r].sendStageBytes, sendN(r) * 4);
+          ASSERT_EQ(plans[r].recvStageBytes, recvN(r) * 4);
+          sstage[r].assign(plans[r].sendStageBytes, 0);
+          rstage[r].assign(plans[r].recvStageBytes, 0);
+          std::vector<int> cover(plans[r].sendStageBytes, 0);
+          Apply(plans[r].chunks[0].d2h, sstage[r].data(), sstage[r].size(),
+                reinterpret_cast<const char*>(send[r].data()), sendN(r) * 4, &cover);
+          for (int c : cover) ASSERT_EQ(c, 1);
+        }
+        // The V collective on the stages (the reference again, on the staged bytes).
+        for (size_t r = 0; r < Pz; ++r) {
+          std::vector<int32_t> out(recvN(r), 0);
+          for (size_t q = 0; q < Pz; ++q) {
+            const auto* in = reinterpret_cast<const int32_t*>(sstage[q].data());
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (t == CollType::kAllReduce) out[i] += in[i];
+              if (t == CollType::kReduceScatter) out[i] += in[off[r] + i];
+            }
+            if (t == CollType::kAllGather)
+              for (size_t i = 0; i < counts[q]; ++i) out[off[q] + i] = in[i];
+          }
+          if (!out.empty()) std::memcpy(rstage[r].data(), out.data(), out.size() * 4);
+          std::vector<int> cover(recvN(r) * 4, 0);
+          Apply(plans[r].chunks[0].h2d, reinterpret_cast<char*>(recv[r].data()), recvN(r) * 4,
+                rstage[r].data(), rstage[r].size(), &cover);
+          for (int c : cover) ASSERT_EQ(c, 1);
+          EXPECT_EQ(recv[r], want[r]) << "rank " << r;
+        }
+      }
+}
+
 TEST(StagePlan, RejectsWhatItCannotStage) {
   StagePlan plan;
   CollArgs a;
   a.type = CollType::kBarrier;
   EXPECT_EQ(scape::device::MakeStagePlan(a, 0, 2, 4096, &plan).code(), scapeUnsupported);
   a.type = CollType::kAllReduce;
+  a.counts = {1, 2, 3};  // three entries for two ranks
+  EXPECT_EQ(scape::device::MakeStagePlan(a, 0, 2, 4096, &plan).code(), scapeInvalidArgument);
+  a.type = CollType::kBroadcast;
   a.counts = {1, 2};
-  EXPECT_EQ(scape::device::MakeStagePlan(a, 0, 2, 4096, &plan).code(), scapeUnsupported);
+  EXPECT_EQ(scape::device::MakeStagePlan(a, 0, 2, 4096, &plan).code(), scapeInvalidArgument);
+  a.type = CollType::kAllReduce;
+  a.counts = {SIZE_MAX / 8, SIZE_MAX / 8};
+  EXPECT_EQ(scape::device::MakeStagePlan(a, 0, 2, 4096, &plan).code(), scapeInvalidArgument);
   a.counts.clear();
   EXPECT_EQ(scape::device::MakeStagePlan(a, 2, 2, 4096, &plan).code(), scapeInvalidArgument);
   a.dtype = static_cast<scapeDataType_t>(99);
