@@ -30,13 +30,24 @@
 # $FIGURES (default perf/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #
 # Environment: BUILD_DIR (default <repo>/build-gpu-check), JOBS (nproc), N (67108864),
-# ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0).
+# DEVICE_N (N; step 4's size), ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0).
+#
+# A GPU machine without the project's dependencies (UCX, GoogleTest): build on a CPU machine
+# with `bash perf/gpu_bundle.sh DIR` (the same programs, Release, plus the shared libraries
+# they need) and run `GPU_CHECK_BUNDLE=DIR bash perf/gpu_check.sh` there: step 1 is then
+# skipped, the CPU-side ctest checks of steps 2-3 are left to CI, and NCCL is the GPU
+# machine's own libnccl.so.2 (found under /usr, /opt and python3's site-packages, or
+# NCCL_LIBRARY_DIR).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bundle=${GPU_CHECK_BUNDLE:-}
+[ -n "$bundle" ] && bundle=$(cd "$bundle" && pwd)
 build=${BUILD_DIR:-$root/build-gpu-check}
+[ -n "$bundle" ] && build=$bundle
 jobs=${JOBS:-$(nproc)}
 n=${N:-67108864}
+dn=${DEVICE_N:-$n}  # the device data-path check's size (step 4)
 iters=${ITERS:-20}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 figures=${FIGURES:-$root/perf/gpu_figures.md}
@@ -75,23 +86,60 @@ fi
 gpu=$(nvidia-smi -i 0 --query-gpu=name,driver_version,memory.total --format=csv,noheader)
 fig "- GPU: $gpu"
 nvcc=$cuda/bin/nvcc
-[ -x "$nvcc" ] || { fail "no nvcc at $nvcc (set CUDA_HOME)"; finish; }
-fig "- nvcc: $("$nvcc" --version | tail -1)"
+if [ -z "$bundle" ]; then
+  [ -x "$nvcc" ] || { fail "no nvcc at $nvcc (set CUDA_HOME)"; finish; }
+  fig "- nvcc: $("$nvcc" --version | tail -1)"
+fi
 fig "- N = $n floats, $iters timed calls"
 
+if [ -n "$bundle" ]; then
+  say "1. prebuilt bundle $bundle (commit $(cat "$bundle/COMMIT" 2>/dev/null))"
+  fig "- prebuilt by perf/gpu_bundle.sh at commit $(cat "$bundle/COMMIT" 2>/dev/null)"
+  so=$bundle/lib/libnccl-net-scape.so
+  bin_cuda_test=$bundle/bin/scape_kernels_cuda_test
+  bin_cpu_test=$bundle/bin/scape_kernels_cpu_test
+  bin_fatbin=$bundle/bin/scape_fatbin_check
+  bin_bench=$bundle/bin/scape_kernels_gpu_bench
+  bin_optim=$bundle/bin/gpu_optim_check
+  check_bin=$bundle/bin/gpu_device_check
+  # NCCL: the machine's own.
+  nccl_dir=${NCCL_LIBRARY_DIR:-}
+  if [ -z "$nccl_dir" ]; then
+    nccl=$( (python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
+             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
+  fi
+  [ -n "$nccl_dir" ] || fail "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
+  echo "NCCL: $nccl_dir"
+  fig "- NCCL: $nccl_dir"
+  export LD_LIBRARY_PATH=$bundle/lib${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export UCX_MODULE_DIR=$bundle/lib/ucx SCAPE_NCCL_LIBRARY=${nccl_dir:+$nccl_dir/}libnccl.so.2
+else
 say "1. configure and build ($build, -j$jobs)"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSCAPE_WITH_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="$nvcc" >"$logs/configure.log" 2>&1 ||
   { tail -30 "$logs/configure.log"; fail "configure (log: $logs/configure.log)"; finish; }
+optim_target=""
+cmake --build "$build" --target help | grep -q '\.\.\. gpu_optim_check$' && optim_target=gpu_optim_check
 timeout 300 cmake --build "$build" -j "$jobs" --target nccl-net-scape scape_kernels_cuda_test \
   scape_kernels_cpu_test scape_kernels_gpu_bench scape_fatbin_check device_coll_test \
-  device_nccl_backend_test device_dlopen_test >"$logs/build.log" 2>&1 ||
+  device_nccl_backend_test device_dlopen_test $optim_target >"$logs/build.log" 2>&1 ||
   { grep -E "error|Error" "$logs/build.log" | head -30; fail "build (log: $logs/build.log)"; finish; }
 so=$(readlink -f "$build/lib/libnccl-net-scape.so")
+bin_cuda_test=$build/tests/kernels/scape_kernels_cuda_test
+bin_cpu_test=$build/tests/kernels/scape_kernels_cpu_test
+bin_fatbin=$build/tests/kernels/scape_fatbin_check
+bin_bench=$build/perf/kernels/scape_kernels_gpu_bench
+bin_optim=$build/perf/gpu_optim_check
+check_bin=$logs/gpu_device_check
 echo "built in $(( $(date +%s) - start )) s: $so"
+fi
 
 say "2. packaging of the shipped library"
-if (cd "$build" && ctest -R "device\.so_|kernels\.fatbin|ShippedLibrary" --output-on-failure) \
+if [ -n "$bundle" ]; then
+  echo "bundle: the ctest packaging checks ran in CI; NEEDED and .nv_fatbin checked below"
+elif (cd "$build" && ctest -R "device\.so_|kernels\.fatbin|ShippedLibrary" --output-on-failure) \
   >"$logs/packaging.log" 2>&1; then
   grep -E "tests passed" "$logs/packaging.log"
 else
@@ -102,13 +150,13 @@ fig ""
 fig "## Packaging"
 fig '```'
 bash "$root/tests/device/check_needed.sh" "$so" >>"$figures.tmp" 2>&1
-"$build/tests/kernels/scape_fatbin_check" "$so" 80 90 ptx90 containers=3 >>"$figures.tmp" 2>&1 ||
+"$bin_fatbin" "$so" 80 90 ptx90 containers=3 >>"$figures.tmp" 2>&1 ||
   fail "fatbin of $so"
 fig '```'
 
 say "3. CUDA kernels vs the CPU kernels"
 out=$logs/cuda_test.txt
-timeout 180 "$build/tests/kernels/scape_kernels_cuda_test" >"$out" 2>&1
+timeout 180 "$bin_cuda_test" >"$out" 2>&1
 rc=$?
 grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) ' "$out" | tail -40
 fig ""
@@ -118,20 +166,19 @@ grep -E '^\[ +(PASSED|FAILED|SKIPPED) ' "$out" >>"$figures.tmp"
 fig '```'
 if grep -q '^\[  SKIPPED \]' "$out"; then fail "CUDA tests skipped: the GPU is not visible to them"
 elif [ $rc -ne 0 ]; then fail "CUDA kernel tests (log: $out)"; fi
-timeout 60 "$build/tests/kernels/scape_kernels_cpu_test" --gtest_brief=1 >"$logs/cpu_test.txt" 2>&1 ||
+timeout 60 "$bin_cpu_test" --gtest_brief=1 >"$logs/cpu_test.txt" 2>&1 ||
   fail "CPU kernel tests in the CUDA build (log: $logs/cpu_test.txt)"
-(cd "$build" && SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo timeout 120 ctest -R "Device|NcclBackend|StagePlan" \
+[ -n "$bundle" ] || (cd "$build" && SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo timeout 120 ctest -R "Device|NcclBackend|StagePlan" \
   --output-on-failure) >"$logs/device_cpu_tests.log" 2>&1 ||
   fail "device tests with the fake device (log: $logs/device_cpu_tests.log)"
 
 say "4. device data path: UCX staged and NCCL backends, 2 and 4 ranks on one GPU"
-check_bin=$logs/gpu_device_check
-g++ -std=c++17 -O2 -Wall -Wextra -o "$check_bin" "$root/perf/gpu_device_check.cc" \
+[ -n "$bundle" ] || g++ -std=c++17 -O2 -Wall -Wextra -o "$check_bin" "$root/perf/gpu_device_check.cc" \
   -I"$root/include" -I"$build/include" -I"$cuda/include" -L"$(dirname "$so")" -lnccl-net-scape \
   -L"$cuda/lib64" -lcudart -lnccl -Wl,-rpath,"$(dirname "$so")" -Wl,-rpath,"$cuda/lib64" \
   >"$logs/check_build.log" 2>&1 || { cat "$logs/check_build.log"; fail "cannot build perf/gpu_device_check.cc"; }
 fig ""
-fig "## Device data path (perf/gpu_device_check.cc, N = $n floats)"
+fig "## Device data path (perf/gpu_device_check.cc, N = $dn floats)"
 for P in 2 4; do
   [ -x "$check_bin" ] || break
   [ "$(left)" -gt 60 ] || { fail "out of time before the $P-rank device check"; break; }
@@ -144,7 +191,7 @@ for P in 2 4; do
       export NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo SCAPE_NCCL_DEVICES="=lo"
       export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
       export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-      exec timeout -k 5 150 "$check_bin" "$r" "$P" "$dir" "$n" "$iters" 140
+      exec timeout -k 5 150 "$check_bin" "$r" "$P" "$dir" "$dn" "$iters" 140
     ) >"$dir/rank$r.log" 2>&1 &
     pids+=($!)
   done
@@ -166,7 +213,7 @@ done
 
 say "5. kernel timings (n = $n, $iters calls each)"
 bench=$logs/bench.txt
-if [ "$(left)" -gt 30 ] && timeout "$(left)" "$build/perf/kernels/scape_kernels_gpu_bench" "$n" "$iters" >"$bench" 2>&1; then
+if [ "$(left)" -gt 30 ] && timeout "$(left)" "$bin_bench" "$n" "$iters" >"$bench" 2>&1; then
   cat "$bench"
   fig ""
   fig "## Kernels (perf/kernels/bench_kernels_gpu.cc), x_copy = time / (bytes / D2D bandwidth)"
