@@ -240,6 +240,24 @@ TEST_P(DeviceColl, StagedResultsAreBitIdenticalToHost) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// Default chunk size (4 MiB, so the stages move by UCX's rendezvous protocol), a small
+// collective after each large one: the stages and events of a large job are reused by the
+// next, small, job (the GPU check found small-after-large results wrong on a real GPU).
+TEST(DeviceStream, SmallAfterLargeWithTheDefaultChunk) {
+  unsetenv("SCAPE_DEVICE_CHUNK_BYTES");
+  const unsigned seed = scape_test::FreshSeed();
+  for (int P : {2, 3}) {
+    auto res = RunRanks(P, [&](RankCtx& ctx) {
+      unsigned s = seed;
+      for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast})
+        for (size_t n : {size_t{1}, size_t{1000003}, size_t{1}, size_t{5}})
+          if (!DeviceMatchesHost(ctx, c, n, scapeInt32, scapeSum, false, s++)) return false;
+      return true;
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceColl, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "P" + std::to_string(i.param);
