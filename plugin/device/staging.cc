@@ -97,6 +97,9 @@ Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunk
   // Elements of the count dimension per chunk: about chunkBytes staged per chunk.
   size_t per = chunkBytes / esz / (blocks ? P : 1);
   if (per < 1) per = 1;
+  // At most kMaxStageChunks chunks: each costs a few entries in the stream's bounded queue of
+  // pending work, and a big buffer grows its chunks instead of its chunk count.
+  per = std::max(per, (n + kMaxStageChunks - 1) / kMaxStageChunks);
   if (a.type == CollType::kAllReduce || a.type == CollType::kBroadcast) {
     plan.sendStageBytes = plan.recvStageBytes = n * esz;
   } else if (a.type == CollType::kReduceScatter) {
@@ -215,6 +218,10 @@ struct StagingChannel::Job {
   bool workerDone = false;  // the worker no longer touches the stages
   bool streamDone = false;  // the last host function ran: the stream no longer touches them
   bool doneFnQueued = false;
+  bool enqueueFailed = false;  // Enqueue gave up part way: the worker leaves the job alone
+  // Chunks whose event has been recorded on the stream: the worker queries no event before
+  // (the job reaches the worker before its copies are on the stream; see Enqueue).
+  std::atomic<size_t> recorded{0};
 };
 
 namespace {
@@ -423,12 +430,24 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
   const char* src = static_cast<const char*>(a.send);
   char* dst = static_cast<char*>(a.recv);
   bool anyHostFn = false;
+  // The worker gets the job before anything goes on the stream. Enqueueing can block: a
+  // stream holds a bounded queue of pending work, and a long job fills it while the stream
+  // waits (in a host function) for chunk 0's exchange, which only the worker can run. Handing
+  // the job over last, as this once did, deadlocked on a real GPU with many chunks.
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_.push_back(job);
+    queue_.push_back(job);
+  }
+  cv_.notify_all();
+  const bool queued = st.ok();
   for (size_t c = 0; st.ok() && c < n; ++c) {
     for (const StageCopy& cp : job->plan.chunks[c].d2h) {
       st = rt_->CopyAsync(job->sendStage + cp.dst, src + cp.src, cp.bytes, stream);
       if (!st.ok()) break;
     }
     if (st.ok()) st = rt_->EventRecord(job->events[c], stream);
+    if (st.ok()) job->recorded.store(c + 1, std::memory_order_release);
   }
   for (size_t c = 0; st.ok() && c < n; ++c) {
     st = rt_->LaunchHostFunc(stream, WaitChunkFn, &job->waitArgs[c]);
@@ -445,23 +464,31 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     if (st.ok()) st = d;
   }
   if (!st.ok()) {
-    // Nothing reaches the worker: release the stream's waits at once. Without a host
+    // The worker must not run the job: release the stream's waits at once. Without a host
     // function on the stream, copies into the stages may still be pending: wait for them
     // before the stages can be reused.
     if (!job->doneFnQueued && !anyHostFn) (void)rt_->StreamSynchronize(stream);
-    std::lock_guard<std::mutex> jl(job->m);
-    job->failed = true;
-    job->workerDone = true;
-    if (!job->doneFnQueued && !anyHostFn) job->streamDone = true;  // nothing on the stream
-    job->cv.notify_all();
-  }
-  {
+    {
+      std::lock_guard<std::mutex> jl(job->m);
+      job->enqueueFailed = true;
+      job->failed = true;
+      if (!queued) job->workerDone = true;                           // never handed over
+      if (!job->doneFnQueued && !anyHostFn) job->streamDone = true;  // nothing on the stream
+      job->cv.notify_all();
+    }
     std::lock_guard<std::mutex> lk(mu_);
-    if (job->doneFnQueued || job->streamDone) live_.push_back(job);
-    // else: host functions may still run against the job: leak it rather than free it.
-    else
+    if (!job->doneFnQueued && !job->streamDone) {
+      // Host functions may still run against the job, and nothing will say when they are
+      // done: leak it rather than free it, and keep it out of what Drain waits for.
+      for (size_t i = 0; i < live_.size(); ++i)
+        if (live_[i] == job) {
+          live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
       new std::shared_ptr<Job>(job);
-    if (st.ok()) queue_.push_back(job);
+    } else if (!queued) {
+      live_.push_back(job);
+    }
   }
   cv_.notify_all();
   if (!st.ok()) st.Prepend("enqueueing the staged copies on the stream");
@@ -527,8 +554,23 @@ void StagingChannel::RunJob(Job* job) {
   for (;;) {
     if (abort_.load(std::memory_order_acquire))
       return FailJob(job, InvalidUsage("device collective: the communicator was aborted"));
+    bool enqueueFailed;
+    {
+      std::lock_guard<std::mutex> jl(job->m);
+      enqueueFailed = job->enqueueFailed;
+    }
+    if (enqueueFailed) {
+      // The caller got the error. Before any chunk went on the wire the channel stays usable;
+      // after, the peers' matching chunks are left unmatched: fail the channel (sticky).
+      if (next > 0)
+        return FailJob(job, InternalError("device collective: enqueueing failed part way"));
+      std::lock_guard<std::mutex> jl(job->m);
+      job->workerDone = true;
+      job->cv.notify_all();
+      return;
+    }
     bool progress = false;
-    if (next < n && inflight.size() < 4) {
+    if (next < n && inflight.size() < 4 && next < job->recorded.load(std::memory_order_acquire)) {
       bool ready = false;
       Status st = rt_->EventQuery(job->events[next], &ready);
       if (!st.ok()) return FailJob(job, st);

@@ -66,6 +66,7 @@ struct StagePlan {
 // rank is the same host collective. Per-rank blocks (a.counts, the packed values of a mask:
 // all-reduce, reduce-scatter, all-gather) are one chunk: the V collective runs whole on the
 // stages, so its bits are those of the same call on host buffers.
+constexpr size_t kMaxStageChunks = 64;  // chunks grow past chunkBytes to stay within this
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out);
 

@@ -258,6 +258,27 @@ TEST(DeviceStream, SmallAfterLargeWithTheDefaultChunk) {
   }
 }
 
+// A stream's queue of pending work is bounded (CUDA blocks the enqueueing call when it is
+// full). A job with many chunks fills it while the stream waits for chunk 0's exchange, which
+// the staging worker runs: the worker must have the job before the enqueueing can block. With
+// the job handed over last, this deadlocked on a real GPU (and here, with a depth of 8).
+TEST(DeviceStream, ABoundedStreamQueueDoesNotDeadlockALongJob) {
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  setenv("SCAPE_TIMEOUT_MS", "20000", 1);
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    fake_device::FakeStream::SetQueueDepth(8);
+    bool ok = true;
+    unsigned s = seed;
+    for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast})
+      ok = ok && DeviceMatchesHost(ctx, c, 100003, scapeInt32, scapeSum, false, s++);
+    fake_device::FakeStream::SetQueueDepth(0);
+    return ok;
+  });
+  unsetenv("SCAPE_TIMEOUT_MS");
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceColl, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "P" + std::to_string(i.param);

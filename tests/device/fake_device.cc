@@ -30,9 +30,17 @@ FakeStream::~FakeStream() {
   th_.join();
 }
 
+namespace {
+std::atomic<size_t> g_queueDepth{0};
+}  // namespace
+
+void FakeStream::SetQueueDepth(size_t depth) { g_queueDepth.store(depth); }
+
 void FakeStream::Push(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
+    const size_t depth = g_queueDepth.load();
+    if (depth) cv_.wait(lk, [&] { return stop_ || pushed_ - ran_ < depth; });
     q_.push_back(std::move(fn));
     ++pushed_;
   }

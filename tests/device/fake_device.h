@@ -3,7 +3,8 @@
 // stream is a thread that runs its queue in order (copies are memcpy, optionally slowed down,
 // host functions run on the stream's thread and hold it while they run), events complete
 // when the stream reaches them. So the library's staging pipeline and its stream ordering
-// run for real; only the bytes never leave host memory.
+// run for real; only the bytes never leave host memory. A stream's queue can be bounded
+// (FakeStream::SetQueueDepth), as a real stream's is.
 //
 // The device ops (Memset, Gather, Scatter, TopkAbs, CandidatePackResidual, UnpackAdamSUpdate,
 // RecoveredGradSqNorm) run the CPU kernels of kernels/cpu/ on the stream's thread, in order
@@ -40,7 +41,13 @@ class FakeStream {
  public:
   FakeStream();
   ~FakeStream();  // runs what is queued, then stops
+  // Queues fn. With a queue depth set (SetQueueDepth), blocks while that many entries are
+  // queued and not yet run, as a CUDA stream's bounded queue of pending work blocks the
+  // enqueueing call.
   void Push(std::function<void()> fn);
+  // Every stream's queue depth (0: unbounded, the default). Tests set it to catch code that
+  // needs the stream to move before its enqueueing call returns.
+  static void SetQueueDepth(size_t depth);
   // Waits until everything queued so far has run (false after timeoutMs).
   bool Sync(int timeoutMs = 30000);
   // The sticky error of the stream (the first one set; Ok while none).

@@ -87,10 +87,13 @@ void CheckCase(CollType t, int P, size_t n, size_t chunkBytes, std::mt19937& rng
   ASSERT_GE(nchunks, 1u);
   if (n > 0) {
     // About chunkBytes per chunk, at least one element per block.
-    const size_t per = std::max<size_t>(
+    size_t per = std::max<size_t>(
         1,
         chunkBytes / esz / ((t == CollType::kReduceScatter || t == CollType::kAllGather) ? Pz : 1));
+    // ... and at most kMaxStageChunks chunks (bigger chunks instead).
+    per = std::max(per, (n + scape::device::kMaxStageChunks - 1) / scape::device::kMaxStageChunks);
     EXPECT_EQ(nchunks, (n + per - 1) / per);
+    EXPECT_LE(nchunks, scape::device::kMaxStageChunks);
   }
   std::vector<std::vector<char>> sstage(Pz), rstage(Pz);
   std::vector<std::vector<int>> scover(Pz), rcover(Pz);
