@@ -179,10 +179,14 @@ say "4. device data path: UCX staged and NCCL backends, 2 and 4 ranks on one GPU
   >"$logs/check_build.log" 2>&1 || { cat "$logs/check_build.log"; fail "cannot build perf/gpu_device_check.cc"; }
 fig ""
 fig "## Device data path (perf/gpu_device_check.cc, N = $dn floats)"
-for P in 2 4; do
+# 2 and 4 ranks at the default chunk size, then 2 ranks with 64 KiB chunks (the pipeline with
+# many chunks per job: the stream's bounded queue of pending work fills).
+for cfg in 2 4 2:65536; do
+  P=${cfg%%:*}
+  chunk=${cfg#*:}; [ "$chunk" = "$cfg" ] && chunk=""
   [ -x "$check_bin" ] || break
   [ "$(left)" -gt 60 ] || { fail "out of time before the $P-rank device check"; break; }
-  dir=$logs/ranks$P
+  dir=$logs/ranks$P${chunk:+_chunk$chunk}
   rm -rf "$dir"; mkdir -p "$dir"
   pids=()
   for ((r = 0; r < P; ++r)); do
@@ -191,7 +195,9 @@ for P in 2 4; do
       export NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo SCAPE_NCCL_DEVICES="=lo"
       export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
       export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-      exec timeout -k 5 150 "$check_bin" "$r" "$P" "$dir" "$dn" "$iters" 140
+      tmo=150
+      [ -n "$chunk" ] && { export SCAPE_DEVICE_CHUNK_BYTES=$chunk SCAPE_TIMEOUT_MS=30000; tmo=60; }
+      exec timeout -k 5 $tmo "$check_bin" "$r" "$P" "$dir" "$dn" "$iters" $((tmo - 10))
     ) >"$dir/rank$r.log" 2>&1 &
     pids+=($!)
   done
@@ -200,7 +206,7 @@ for P in 2 4; do
   grep -h '^ok: ' "$dir/rank0.log" | sed 's/^/  /'
   grep -h 'CHECK FAILED\|rank [0-9]*: ' "$dir"/rank*.log | grep -v NCCL | head -10 | sed 's/^/  ! /'
   fig ""
-  fig "### $P ranks"
+  fig "### $P ranks${chunk:+, SCAPE_DEVICE_CHUNK_BYTES=$chunk}"
   fig '```'
   grep -h '^RESULT' "$dir/rank0.log" >>"$figures.tmp"
   fig '```'

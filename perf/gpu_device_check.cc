@@ -167,11 +167,35 @@ void CheckColl(Coll c, size_t n, int P, scapeComm_t comm, cudaStream_t stream, b
   CUDA_OK(cudaMalloc(&dr, recvN * 4 + 4));
   CUDA_OK(cudaMemcpy(ds, in.data(), sendN * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dr, 0xff, recvN * 4));
-  CUDA_OK(cudaStreamSynchronize(stream));
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and cudaMemset is
+  // asynchronous: both run on the legacy default stream, which a non-blocking stream does not
+  // wait for. Without a device-wide sync here the collective read stale device memory (seen
+  // on the first GPU run: wrong results whenever no pinned allocation happened to sync).
+  CUDA_OK(cudaDeviceSynchronize());
   SCAPE_OK(Run(c, ds, dr, n, comm, stream), comm);
   StreamWait(stream, comm, kNames[c]);
   CUDA_OK(cudaMemcpy(got.data(), dr, recvN * 4, cudaMemcpyDeviceToHost));
   const bool same = std::memcmp(got.data(), ref.data(), recvN * 4) == 0;
+  if (!same) {
+    size_t first = 0;
+    while (first < recvN && std::memcmp(&got[first], &ref[first], 4) == 0) ++first;
+    std::fprintf(stderr, "rank %d: %s n=%zu: first difference at %zu of %zu: got %.9g, want %.9g\n",
+                 g_rank, kNames[c], n, first, recvN, got[first], ref[first]);
+  }
+  if (n == 1) {
+    // Every rank (collective): the same call again, with the device idle before it. Tells a
+    // result that depends on what ran before (stages, events) from one that is always wrong.
+    CUDA_OK(cudaMemset(dr, 0xff, recvN * 4));
+    CUDA_OK(cudaDeviceSynchronize());
+    SCAPE_OK(Run(c, ds, dr, n, comm, stream), comm);
+    StreamWait(stream, comm, kNames[c]);
+    std::vector<float> again(recvN);
+    CUDA_OK(cudaMemcpy(again.data(), dr, recvN * 4, cudaMemcpyDeviceToHost));
+    if (!same || std::memcmp(again.data(), ref.data(), recvN * 4) != 0)
+      std::fprintf(stderr, "rank %d: %s n=%zu: first call %s, the same call again %s\n", g_rank,
+                   kNames[c], n, same ? "right" : "wrong",
+                   std::memcmp(again.data(), ref.data(), recvN * 4) == 0 ? "right" : "wrong");
+  }
   char what[160];
   std::snprintf(what, sizeof(what), "%s: %s of %zu fp32 on device buffers %s", backend, kNames[c],
                 n, compareWithHost ? "gives the host collective's bits" : "is exact");
@@ -206,6 +230,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_rank = std::atoi(argv[1]);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a kill by the script's timeout
   const int P = std::atoi(argv[2]);
   const std::string dir = argv[3];
   const size_t N = std::strtoull(argv[4], nullptr, 0);
@@ -231,11 +256,13 @@ int main(int argc, char** argv) {
   for (Coll c : {kAR, kRS, kAG, kBC})
     for (size_t n : {size_t{1}, size_t{1000003}})
       CheckColl(c, n, P, ucx, stream, false, true, "UCX");
+  CheckColl(kAR, 1, P, ucx, stream, false, true, "UCX (after a large broadcast)");
   {
     // The call enqueues: it returns while a long kernel-free wait holds the stream.
     float* d = nullptr;
     CUDA_OK(cudaMalloc(&d, N * 4));
     CUDA_OK(cudaMemset(d, 0, N * 4));
+    CUDA_OK(cudaDeviceSynchronize());  // the legacy-stream memset, before the stream uses d
     volatile int* flag = nullptr;
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(const_cast<int**>(&flag)), 4, 0));
     *flag = 0;
@@ -294,6 +321,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaMalloc(&d, N * 4));
     CUDA_OK(cudaMalloc(&dr, N * 4));
     CUDA_OK(cudaMemset(d, 0, N * 4));
+    CUDA_OK(cudaDeviceSynchronize());  // the legacy-stream memset, before the stream uses d
     auto timeIt = [&](size_t n) {
       SCAPE_OK(scapeAllReduce(d, dr, n, scapeFloat32, scapeSum, nullptr, sc, stream), sc);
       StreamWait(stream, sc, "NCCL warm-up");
