@@ -13,6 +13,10 @@
 //    NCCL picked: the script forces our plugin with distinct NCCL_HOSTIDs): every collective
 //    on integer-valued floats (exact in any order) checked element by element; then a dense
 //    all-reduce of N floats and a values-only exchange of k = N/100 packed floats, timed.
+// 3. On both backends, the mask calls with device buffers (CheckMasked): top-k from a device
+//    statistic, pack/unpack, the packed collectives and the masked dense-in/out all-reduce,
+//    each against the same call on host buffers; the masked all-reduce at density 0.01 timed
+//    against the dense one.
 // Rank 0 prints "RESULT key value" lines; the exit status is 0 only if every check passed.
 // Ids travel through files in DIR (rank 0 writes, the others poll, within TIMEOUT_S).
 #include <cuda_runtime.h>
@@ -204,6 +208,187 @@ void CheckColl(Coll c, size_t n, int P, scapeComm_t comm, cudaStream_t stream, b
   CUDA_OK(cudaFree(dr));
 }
 
+// In CheckMasked: a failing call fails the check and ends the section (on every rank alike:
+// what fails here is the same on every rank), instead of exiting and leaving peers waiting.
+#define SOFT_OK(x, comm)                                                      \
+  do {                                                                        \
+    scapeResult_t _r = (x);                                                   \
+    if (_r != scapeSuccess) {                                                 \
+      std::fprintf(stderr, "rank %d: CHECK FAILED: %s: %s: %s\n", g_rank, #x, \
+                   scapeGetErrorString(_r), scapeGetLastError(comm));         \
+      ++g_fail;                                                               \
+      return;                                                                 \
+    }                                                                         \
+  } while (0)
+
+// Device buffers and a device statistic through the mask calls, against the same calls on host
+// buffers of the same communicator: top-k selection from a device statistic (same mask),
+// pack/unpack, the packed all-reduce / reduce-scatter / all-gather and the masked dense-in/out
+// all-reduce (same bits). Integer-valued floats, so any reduction order gives the same sums
+// (the NCCL backend reduces in NCCL's order). Then the masked all-reduce at density 0.01 is
+// timed against the dense all-reduce on device buffers.
+void CheckMasked(scapeComm_t comm, cudaStream_t stream, int P, size_t n, int iters,
+                 const char* backend) {
+  const uint64_t offs[4] = {0, n / 3, n / 3 + n / 4 + 1, n};
+  scapeMask_t mh = nullptr, md = nullptr;  // selected from a host / a device statistic
+  SOFT_OK(
+      scapeMaskCreate(&mh, n, 3, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, comm),
+      comm);
+  SOFT_OK(
+      scapeMaskCreate(&md, n, 3, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, comm),
+      comm);
+  std::mt19937 rng(4321u + 7u * static_cast<unsigned>(g_rank));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> stat(n);
+  for (auto& x : stat) x = nd(rng);
+  float* dstat = nullptr;
+  CUDA_OK(cudaMalloc(&dstat, n * 4));
+  CUDA_OK(cudaMemcpy(dstat, stat.data(), n * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());
+  SOFT_OK(scapeMaskSelectNextTopk(mh, stat.data(), 0.01), comm);
+  SOFT_OK(scapeMaskSelectNextTopk(md, dstat, 0.01), comm);
+  for (scapeMask_t m : {mh, md}) {
+    SOFT_OK(scapeMaskSyncStart(m), comm);
+    SOFT_OK(scapeMaskSyncWait(m), comm);
+    SOFT_OK(scapeMaskAdvance(m), comm);
+  }
+  uint64_t k = 0, kd = 0, kr = 0, off = 0;
+  SOFT_OK(scapeMaskGetCount(mh, &k), comm);
+  SOFT_OK(scapeMaskGetCount(md, &kd), comm);
+  SOFT_OK(scapeMaskGetRankCount(mh, g_rank, &kr, &off), comm);
+  std::vector<uint64_t> ih(k), id(kd);
+  SOFT_OK(scapeMaskGetIndices(mh, ih.data(), k), comm);
+  SOFT_OK(scapeMaskGetIndices(md, id.data(), kd), comm);
+  char what[200];
+  std::snprintf(what, sizeof what, "%s: top-k from a device statistic selects the host's mask",
+                backend);
+  Check(ih == id, what);
+
+  // Inputs: integer-valued floats; dense buffers of n, packed ones of k.
+  auto vals = [&](size_t count, unsigned salt) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i)
+      v[i] =
+          static_cast<float>((i * 13 + salt * 7 + static_cast<size_t>(g_rank) * 5) % 2001) - 1000.f;
+    return v;
+  };
+  const std::vector<float> dense = vals(n, 1), packed = vals(k, 2), part = vals(kr, 3);
+  float *dd = nullptr, *dd2 = nullptr, *dp = nullptr, *dp2 = nullptr;
+  CUDA_OK(cudaMalloc(&dd, n * 4 + 4));
+  CUDA_OK(cudaMalloc(&dd2, n * 4 + 4));
+  CUDA_OK(cudaMalloc(&dp, k * 4 + 4));
+  CUDA_OK(cudaMalloc(&dp2, k * 4 + 4));
+  auto up = [&](float* d, const std::vector<float>& h) {
+    if (!h.empty()) CUDA_OK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  };
+  auto down = [&](const float* d, size_t count) {
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<float> h(count);
+    if (count) CUDA_OK(cudaMemcpy(h.data(), d, count * 4, cudaMemcpyDeviceToHost));
+    return h;
+  };
+  auto fill = [&](float* d, size_t count) {
+    CUDA_OK(cudaMemset(d, 0x7f, count * 4));
+    CUDA_OK(cudaDeviceSynchronize());
+  };
+  // Pack / unpack (default stream).
+  {
+    std::vector<float> hp(k, -1.f);
+    SOFT_OK(scapeMaskPack(mh, dense.data(), hp.data(), scapeFloat32), comm);
+    up(dd, dense);
+    fill(dp, k);
+    SOFT_OK(scapeMaskPack(mh, dd, dp, scapeFloat32), comm);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::snprintf(what, sizeof what, "%s: scapeMaskPack on device buffers gives the host's bits",
+                  backend);
+    Check(down(dp, k) == hp, what);
+    std::vector<float> hu = vals(n, 4);
+    std::vector<float> du = hu;
+    SOFT_OK(scapeMaskUnpack(mh, packed.data(), hu.data(), scapeFloat32), comm);
+    up(dd2, du);
+    up(dp, packed);
+    CUDA_OK(cudaDeviceSynchronize());
+    SOFT_OK(scapeMaskUnpack(mh, dp, dd2, scapeFloat32), comm);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::snprintf(what, sizeof what, "%s: scapeMaskUnpack on device buffers gives the host's bits",
+                  backend);
+    Check(down(dd2, n) == hu, what);
+  }
+  // Packed collectives.
+  {
+    std::vector<float> ha(k), hr(kr), hg(k);
+    SOFT_OK(scapeMaskAllReducePacked(packed.data(), ha.data(), scapeFloat32, scapeSum, mh, comm,
+                                     nullptr),
+            comm);
+    SOFT_OK(
+        scapeMaskReduceScatter(packed.data(), hr.data(), scapeFloat32, scapeSum, mh, comm, nullptr),
+        comm);
+    SOFT_OK(scapeMaskAllGather(part.data(), hg.data(), scapeFloat32, mh, comm, nullptr), comm);
+    up(dp, packed);
+    fill(dp2, k);
+    SOFT_OK(scapeMaskAllReducePacked(dp, dp2, scapeFloat32, scapeSum, mh, comm, stream), comm);
+    StreamWait(stream, comm, "packed all-reduce");
+    std::snprintf(what, sizeof what,
+                  "%s: packed all-reduce on device buffers gives the host's bits", backend);
+    Check(down(dp2, k) == ha, what);
+    fill(dp2, k);
+    SOFT_OK(scapeMaskReduceScatter(dp, dp2, scapeFloat32, scapeSum, mh, comm, stream), comm);
+    StreamWait(stream, comm, "packed reduce-scatter");
+    std::snprintf(what, sizeof what,
+                  "%s: packed reduce-scatter on device buffers gives the host's bits", backend);
+    Check(down(dp2, kr) == hr, what);
+    up(dp, part);
+    fill(dp2, k);
+    SOFT_OK(scapeMaskAllGather(dp, dp2, scapeFloat32, mh, comm, stream), comm);
+    StreamWait(stream, comm, "packed all-gather");
+    std::snprintf(what, sizeof what,
+                  "%s: packed all-gather on device buffers gives the host's bits", backend);
+    Check(down(dp2, k) == hg, what);
+  }
+  // Masked dense-in/out all-reduce.
+  {
+    std::vector<float> hout = vals(n, 5);
+    std::vector<float> dout0 = hout;
+    SOFT_OK(scapeAllReduce(dense.data(), hout.data(), n, scapeFloat32, scapeSum, mh, comm, nullptr),
+            comm);
+    up(dd, dense);
+    up(dd2, dout0);
+    CUDA_OK(cudaDeviceSynchronize());
+    SOFT_OK(scapeAllReduce(dd, dd2, n, scapeFloat32, scapeSum, mh, comm, stream), comm);
+    StreamWait(stream, comm, "masked all-reduce");
+    std::snprintf(what, sizeof what,
+                  "%s: masked (dense-in/out) all-reduce on device buffers gives the host's bits",
+                  backend);
+    Check(down(dd2, n) == hout, what);
+    // Timing: masked all-reduce (density 0.01) vs dense all-reduce, both on device buffers.
+    auto timeIt = [&](scapeMask_t m) -> double {
+      if (scapeAllReduce(dd, dd2, n, scapeFloat32, scapeSum, m, comm, stream) != scapeSuccess)
+        return -1;
+      StreamWait(stream, comm, "warm-up");
+      const double t0 = Now();
+      for (int i = 0; i < iters; ++i)
+        if (scapeAllReduce(dd, dd2, n, scapeFloat32, scapeSum, m, comm, stream) != scapeSuccess)
+          return -1;
+      StreamWait(stream, comm, "timed");
+      return (Now() - t0) * 1e3 / iters;
+    };
+    const double masked = timeIt(mh), full = timeIt(nullptr);
+    if (g_rank == 0) {
+      std::printf("RESULT %s_masked_allreduce_d0.01_ms %.3f\n", backend, masked);
+      std::printf("RESULT %s_dense_allreduce_ms %.3f\n", backend, full);
+      std::printf("RESULT %s_masked_over_dense %.3f\n", backend, masked / full);
+    }
+  }
+  CUDA_OK(cudaFree(dd));
+  CUDA_OK(cudaFree(dd2));
+  CUDA_OK(cudaFree(dp));
+  CUDA_OK(cudaFree(dp2));
+  CUDA_OK(cudaFree(dstat));
+  SOFT_OK(scapeMaskDestroy(mh), comm);
+  SOFT_OK(scapeMaskDestroy(md), comm);
+  (void)P;
+}
+
 // Mean ms per call of `iters` calls enqueued back to back on the stream (device), or blocking
 // calls (host).
 double TimeColl(const void* s, void* r, size_t n, scapeComm_t comm, cudaStream_t stream, int iters,
@@ -299,6 +484,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaFree(d));
     CUDA_OK(cudaFree(dr));
   }
+  CheckMasked(ucx, stream, P, N, iters, "UCX");
   SCAPE_OK(scapeCommDestroy(ucx), nullptr);
 
   // ---- 2. NCCL backend ------------------------------------------------------------------
@@ -320,6 +506,7 @@ int main(int argc, char** argv) {
   for (Coll c : {kAR, kRS, kAG, kBC})
     for (size_t n : {size_t{1}, size_t{1000003}})
       CheckColl(c, n, P, sc, stream, true, false, "NCCL");
+  CheckMasked(sc, stream, P, N, iters, "NCCL");
   {
     float *d = nullptr, *dr = nullptr;
     CUDA_OK(cudaMalloc(&d, N * 4));
