@@ -295,6 +295,7 @@ void ReleaseComm(scapeComm* comm) {
 void AbortComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Find(comm);
   if (e && e->staging) e->staging->Abort();
+  if (e && e->masked) e->masked->Abandon();
 }
 
 Status AsyncError(scapeComm* comm) {

@@ -16,7 +16,7 @@ NcclMaskCache::~NcclMaskCache() {
     Retire(std::move(kv.second.buf));
   }
   pos_.clear();
-  Sweep(GetRuntime(), true);
+  Sweep(GetRuntime(), !abandoned_.load());
 }
 
 size_t NcclMaskCache::BuffersHeld() {
@@ -30,7 +30,7 @@ void NcclMaskCache::Sweep(Runtime* rt, bool all) {
   for (;;) {
     std::vector<Buf> keep;
     for (Buf& b : retired_) {
-      bool done = b.done == nullptr;  // no work was queued on it
+      bool done = b.done == nullptr;                                   // no work was queued on it
       if (!done && !rt->EventQuery(b.done, &done).ok()) done = false;  // failed stream: keep
       if (done) {
         if (b.done) rt->EventDestroy(b.done);
@@ -99,8 +99,8 @@ Status NcclMaskCache::AllReduce(NcclBackend& b, const Mask& m, const coll::CollA
     p.buf.bytes = k * sizeof(uint64_t);
     Status st = rt->DeviceAlloc(p.buf.bytes, &p.buf.d);
     if (!st.ok())
-      return st.Prepend(StrFormat("rank %d: device memory for the mask's %zu positions", b.rank(),
-                                  k));
+      return st.Prepend(
+          StrFormat("rank %d: device memory for the mask's %zu positions", b.rank(), k));
     // The source is the mask's generation, held by p.gen (and by the retired buffer after
     // it) until the stream has passed the copy.
     st = rt->CopyAsync(p.buf.d, gen->data(), p.buf.bytes, stream);
@@ -118,8 +118,7 @@ Status NcclMaskCache::AllReduce(NcclBackend& b, const Mask& m, const coll::CollA
   tmp.bytes = k * esz;
   Status st = rt->DeviceAlloc(tmp.bytes, &tmp.d);
   if (!st.ok())
-    return st.Prepend(
-        StrFormat("rank %d: device memory for %zu packed values", b.rank(), k));
+    return st.Prepend(StrFormat("rank %d: device memory for %zu packed values", b.rank(), k));
   st = rt->Gather(a.send, dIdx, k, esz, tmp.d, stream);
   if (!st.ok()) st.Prepend(StrFormat("rank %d: gathering the mask's values", b.rank()));
   if (st.ok()) {

@@ -12,6 +12,7 @@
 #ifndef SCAPE_PLUGIN_DEVICE_NCCL_MASKED_H_
 #define SCAPE_PLUGIN_DEVICE_NCCL_MASKED_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,6 +40,10 @@ class NcclMaskCache {
   // the caller) on `stream`.
   Status AllReduce(NcclBackend& b, const Mask& m, const coll::CollArgs& a, Stream stream);
 
+  // scapeCommAbort: the destructor then frees only what has finished, at once, and leaks the
+  // rest instead of waiting for it.
+  void Abandon() { abandoned_.store(true); }
+
   // Device buffers held (positions and packed temps, live or waiting to be freed): for tests.
   size_t BuffersHeld();
 
@@ -46,7 +51,7 @@ class NcclMaskCache {
   struct Buf {
     void* d = nullptr;
     size_t bytes = 0;
-    Event done = nullptr;  // recorded after the last work that uses d
+    Event done = nullptr;                               // recorded after the last work that uses d
     std::shared_ptr<const std::vector<uint64_t>> host;  // an upload's source, kept alive
   };
   struct Positions {
@@ -60,6 +65,7 @@ class NcclMaskCache {
   Status Mark(Runtime* rt, Buf* b, Stream s);
 
   const int timeoutMs_;
+  std::atomic<bool> abandoned_{false};
   std::mutex mu_;
   std::map<const Mask*, Positions> pos_;
   std::vector<Buf> retired_;

@@ -95,9 +95,9 @@ RankOptions Opts() {
 scapeMask_t MakeMask(scapeComm_t comm, int rank, uint64_t n, size_t (*k)(int), unsigned seed) {
   scapeMask_t m = nullptr;
   const uint64_t offs[2] = {0, n};
-  EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 1, offs, nullptr, scapeOwnershipShards,
-                                  scapeMaskEncodingAuto, comm),
-                  comm);
+  EXPECT_SCAPE_OK(
+      scapeMaskCreate(&m, n, 1, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, comm),
+      comm);
   if (!m) return nullptr;
   uint64_t range[2] = {0, 0};
   size_t cnt = 0;
@@ -234,10 +234,9 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             std::vector<char> ar(kk * 4 + 4), rs(mine * 4 + 4), ag(kk * 4 + 4);
             EXPECT_SCAPE_OK(scapeMaskAllReducePacked(hin, ar.data(), t, op, m, comm, nullptr),
                             comm);
-            EXPECT_SCAPE_OK(scapeMaskReduceScatter(hin, rs.data(), t, op, m, comm, nullptr),
-                            comm);
-            EXPECT_SCAPE_OK(scapeMaskAllGather(static_cast<const char*>(hin) + off * 4,
-                                               ag.data(), t, m, comm, nullptr),
+            EXPECT_SCAPE_OK(scapeMaskReduceScatter(hin, rs.data(), t, op, m, comm, nullptr), comm);
+            EXPECT_SCAPE_OK(scapeMaskAllGather(static_cast<const char*>(hin) + off * 4, ag.data(),
+                                               t, m, comm, nullptr),
                             comm);
             // The same on NCCL, device buffers.
             void* dIn = ToDevice(hin, kk * 4);
@@ -251,8 +250,7 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             a.send = dIn;
             a.recv = dOut;
             EXPECT_TRUE(scape::device::NcclCollective(comm, a, nullptr, stream, false).ok());
-            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ar.data(),
-                                  kk * 4),
+            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ar.data(), kk * 4),
                       0)
                 << "all-reduce";
             a.type = scape::coll::CollType::kReduceScatter;
@@ -260,9 +258,9 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             const int before = fc.ops;
             scape::Status st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
             EXPECT_TRUE(st.ok()) << st.message();
-            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, mine * 4, stream).data(), rs.data(),
-                                  mine * 4),
-                      0)
+            EXPECT_EQ(
+                std::memcmp(FromDevice<char>(dOut, mine * 4, stream).data(), rs.data(), mine * 4),
+                0)
                 << "reduce-scatter";
             // Grouped: one NCCL call per non-empty block; else one reduce-scatter.
             int blocks = 0;
@@ -272,8 +270,7 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             a.send = static_cast<char*>(dIn) + off * 4;
             st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
             EXPECT_TRUE(st.ok()) << st.message();
-            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ag.data(),
-                                  kk * 4),
+            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ag.data(), kk * 4),
                       0)
                 << "all-gather";
             Fake().DeviceFree(dIn);
@@ -328,8 +325,8 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
           // Twice: the second call of a generation reuses the uploaded positions.
           for (int rep = 0; rep < 2; ++rep) {
             const uint64_t h2d = Fake().h2dCopies.load();
-            EXPECT_SCAPE_OK(
-                scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeSum, m, comm, stream), comm);
+            EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeSum, m, comm, stream),
+                            comm);
             EXPECT_EQ(Fake().h2dCopies.load() - h2d, rep == 0 ? 1u : 0u) << "position upload";
             auto got = FromDevice<float>(dOut, n, stream);
             EXPECT_EQ(std::memcmp(got.data(), hostOut.data(), n * 4), 0);
@@ -339,8 +336,8 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
           EXPECT_SCAPE_OK(scapeAllReduce(dIn, dIn, n, scapeFloat32, scapeSum, m, comm, stream),
                           comm);
           std::vector<float> inPlace = in;
-          EXPECT_SCAPE_OK(scapeAllReduce(inPlace.data(), inPlace.data(), n, scapeFloat32,
-                                         scapeSum, m, comm, nullptr),
+          EXPECT_SCAPE_OK(scapeAllReduce(inPlace.data(), inPlace.data(), n, scapeFloat32, scapeSum,
+                                         m, comm, nullptr),
                           comm);
           EXPECT_EQ(std::memcmp(FromDevice<float>(dIn, n, stream).data(), inPlace.data(), n * 4),
                     0);
@@ -359,6 +356,56 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
         EXPECT_SCAPE_OK(scapeCommGetAsyncError(comm, &ae), comm);
         EXPECT_EQ(ae, scapeSuccess);
         EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Destroy frees the backend's device buffers (positions, packed temps) with the host
+// communicator; abort tears down a communicator with live masks.
+TEST_P(NcclRanks, DestroyAndAbortTearDownBoth) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        const uint64_t liveBefore = Fake().deviceLive.load();
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        const uint64_t n = 300;
+        scapeMask_t m = MakeMask(comm, ctx.rank, n, KUnequal, 5);
+        if (!m) return false;
+        void* d = Fake().DeviceMalloc(n * 4);
+        void* stream = Fake().NewStream();
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, comm, stream), comm);
+        EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+        Fake().DeviceFree(d);
+        EXPECT_GT(Fake().deviceLive.load(), liveBefore) << "the uploaded positions";
+        EXPECT_EQ(scapeCommDestroy(comm), scapeInvalidUsage);  // the mask first
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        EXPECT_EQ(Fake().deviceLive.load(), liveBefore) << "device buffers left after destroy";
+        int nr = 0;
+        EXPECT_EQ(scapeCommCount(comm, &nr), scapeInvalidArgument);
+        // Abort with a mask still live and device work done on it.
+        scapeComm_t c2 = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&c2, &fc, nullptr), nullptr);
+        if (!c2) return false;
+        scapeMask_t m2 = MakeMask(c2, ctx.rank, n, KUnequal, 6);
+        if (!m2) return false;
+        d = Fake().DeviceMalloc(n * 4);
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m2, c2, stream), c2);
+        EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+        EXPECT_EQ(scapeCommAbort(c2), scapeSuccess);
+        uint64_t k2 = 0;
+        EXPECT_EQ(scapeMaskGetCount(m2, &k2), scapeInvalidArgument);
+        EXPECT_EQ(scapeCommCount(c2, &nr), scapeInvalidArgument);
+        Fake().DeviceFree(d);
+        EXPECT_EQ(Fake().deviceLive.load(), liveBefore) << "device buffers left after abort";
         return true;
       },
       Opts());
@@ -392,9 +439,9 @@ TEST(NcclRanksErrors, WithoutAHostCommunicatorMasksAndHostBuffersFailClearly) {
         EXPECT_NE(msg.find("SCAPE_NCCL_HOST_COMM=0"), std::string::npos) << msg;
         EXPECT_EQ(m, nullptr);
         std::vector<float> h(10);
-        EXPECT_EQ(scapeAllReduce(h.data(), h.data(), 10, scapeFloat32, scapeSum, nullptr, comm,
-                                 nullptr),
-                  scapeInvalidArgument);
+        EXPECT_EQ(
+            scapeAllReduce(h.data(), h.data(), 10, scapeFloat32, scapeSum, nullptr, comm, nullptr),
+            scapeInvalidArgument);
         msg = scapeGetLastError(comm);
         EXPECT_NE(msg.find("SCAPE_NCCL_HOST_COMM=0"), std::string::npos) << msg;
         EXPECT_EQ(scapeBarrier(comm), scapeUnsupported);
