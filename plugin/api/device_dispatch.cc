@@ -15,6 +15,7 @@
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
 #include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/socket.h"
 
 namespace scape {
 namespace device {
@@ -214,8 +215,16 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
     scapeUniqueId id;
     std::memset(&id, 0, sizeof(id));
     Status st;
-    if (b.rank() == 0 && scapeGetUniqueId(&id) != scapeSuccess)
-      st = SystemError(std::string("scapeGetUniqueId: ") + scapeGetLastError(nullptr));
+    if (b.rank() == 0) {
+      // As scapeGetUniqueId, with this call's configuration (interface, timeout).
+      bootstrap::SockAddr addr;
+      bootstrap::Secret secret;
+      bootstrap::RootAddress root0;
+      st = bootstrap::InterfaceAddress(cfg.netIf, &addr, nullptr);
+      if (st.ok()) st = bootstrap::RandomSecret(&secret);
+      if (st.ok()) st = bootstrap::StartRoot(addr, secret, cfg.timeoutMs, &root0);
+      if (st.ok()) bootstrap::EncodeUniqueId(root0, &id);
+    }
     // Every rank takes part in the broadcast, rank 0 even after a failure (its id is then all
     // zero, which the others reject), so no rank waits for a broadcast that never comes.
     Status bs = b.BroadcastHostBytes(&id, sizeof(id), 0, cfg.timeoutMs);

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -288,20 +289,33 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
 
 Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
   Runtime* rt = GetRuntime();
+  // Page-locked host memory: a device-to-pageable copy would block the host until NCCL has
+  // finished, past any deadline.
+  void* h = nullptr;
+  Status st = rt->HostAlloc(n, &h);
+  if (!st.ok())
+    return st.Prepend(StrFormat("%zu bytes of page-locked memory for the broadcast", n));
   Stream s = nullptr;
-  Status st = rt->StreamCreate(&s);
-  if (!st.ok()) return st.Prepend("a stream for the broadcast");
+  st = rt->StreamCreate(&s);
+  if (!st.ok()) {
+    rt->HostFree(h);
+    return st.Prepend("a stream for the broadcast");
+  }
   void* d = nullptr;
   st = rt->DeviceAlloc(n, &d);
   if (!st.ok()) {
     rt->StreamDestroy(s);
+    rt->HostFree(h);
     return st.Prepend(StrFormat("%zu bytes of device memory for the broadcast", n));
   }
   Event ev = nullptr;
   st = rt->EventCreate(&ev);
-  if (st.ok() && rank_ == root) st = rt->CopyAsync(d, bytes, n, s);
+  if (st.ok() && rank_ == root) {
+    std::memcpy(h, bytes, n);
+    st = rt->CopyAsync(d, h, n, s);
+  }
   if (st.ok()) st = Fail(api_->broadcast(d, d, n, kNcclInt8, root, comm_, s), "ncclBroadcast");
-  if (st.ok()) st = rt->CopyAsync(bytes, d, n, s);
+  if (st.ok()) st = rt->CopyAsync(h, d, n, s);
   if (st.ok()) st = rt->EventRecord(ev, s);
   bool done = false;
   if (st.ok()) {
@@ -326,11 +340,13 @@ Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int time
     if (!ae.ok()) st.Prepend(ae.message());
   }
   if (done) {
+    std::memcpy(bytes, h, n);
     rt->EventDestroy(ev);
     rt->DeviceFree(d);
     rt->StreamDestroy(s);
+    rt->HostFree(h);
   }
-  // Not done: NCCL or the copies may still use the buffer, the event and the stream; they are
+  // Not done: NCCL or the copies may still use the buffers, the event and the stream; they are
   // leaked rather than freed under them (a failed init only).
   return st;
 }

@@ -159,6 +159,8 @@ TEST_P(NcclRanks, InitMakesAHostCommunicatorOverTheNcclBroadcast) {
         EXPECT_EQ(fc.ops, 1);
         EXPECT_GE(Fake().streamsCreated.load(), 1u);
         EXPECT_EQ(Fake().streamsLive.load(), 0u);
+        EXPECT_GE(Fake().pinnedAllocs.load(), 1u);  // the id comes back to page-locked memory
+        EXPECT_EQ(Fake().pinnedLive.load(), 0u);
         int n = 0, r = -1, b = -1;
         EXPECT_SCAPE_OK(scapeCommCount(comm, &n), comm);
         EXPECT_SCAPE_OK(scapeCommUserRank(comm, &r), comm);
