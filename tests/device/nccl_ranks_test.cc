@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -357,6 +359,55 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
         scapeResult_t ae = scapeInternalError;
         EXPECT_SCAPE_OK(scapeCommGetAsyncError(comm, &ae), comm);
         EXPECT_EQ(ae, scapeSuccess);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+size_t KAll(int) { return SIZE_MAX; }
+
+// A full mask with shard ownership is the buffer's own order: one ncclAllReduce on the dense
+// device buffers, nothing gathered or uploaded; the same values as the host masked all-reduce.
+TEST_P(NcclRanks, MaskedAllReduceWithAFullShardMaskRunsOnTheDenseBuffers) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        const uint64_t n = 301;
+        scapeMask_t m = MakeMask(comm, ctx.rank, n, KAll, seed);
+        if (!m) return false;
+        uint64_t k = 0;
+        EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), comm);
+        EXPECT_EQ(k, n);
+        auto in = Values<float>(n, ctx.rank, seed);
+        std::vector<float> hostOut(n, 0.f);
+        EXPECT_SCAPE_OK(
+            scapeAllReduce(in.data(), hostOut.data(), n, scapeFloat32, scapeMax, m, comm, nullptr),
+            comm);
+        void* dIn = ToDevice(in.data(), n * 4);
+        void* dOut = Fake().DeviceMalloc(n * 4);
+        void* stream = Fake().NewStream();
+        const uint64_t gathers = Fake().gathers.load(), h2d = Fake().h2dCopies.load();
+        const int ops = fc.ops;
+        EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeMax, m, comm, stream),
+                        comm);
+        auto got = FromDevice<float>(dOut, n, stream);
+        EXPECT_EQ(std::memcmp(got.data(), hostOut.data(), n * 4), 0);
+        EXPECT_EQ(Fake().gathers.load(), gathers);
+        EXPECT_EQ(Fake().h2dCopies.load(), h2d);
+        EXPECT_EQ(fc.ops - ops, 1);
+        Fake().DeviceFree(dIn);
+        Fake().DeviceFree(dOut);
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
         EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
         return true;
       },
