@@ -40,7 +40,9 @@ bool IsNcclComm(const scapeComm* comm);
 // True when a collective on an NCCL-backend communicator runs on its host communicator
 // instead of NCCL: it has one, and the call is a barrier or its buffers are host memory.
 bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a);
-// Validates and issues a collective on an NCCL-backend communicator.
+// Validates and issues a collective on an NCCL-backend communicator (device buffers). a.counts
+// non-empty: the packed (V) forms (NcclBackend::Run); mask non-NULL: the masked dense-in/out
+// all-reduce (plugin/device/nccl_masked.h).
 Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                       bool async);
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
