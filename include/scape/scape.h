@@ -980,9 +980,10 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
  *    to reach the end of their streams.
  *  - scapeMaskSelectNextTopk accepts a device statistic (copied to the host: a host wait).
- *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
- *    (the blocking forms are already asynchronous), a non-NULL mask, the scapeMask* packed
- *    collectives, scapeSparseAllReduce and the optimizer step.
+ *  - Not available with device buffers on a UCX communicator in this release
+ *    (scapeUnsupported): the *Async forms (the blocking forms are already asynchronous), a
+ *    non-NULL mask, the scapeMask* packed collectives, scapeSparseAllReduce and the optimizer
+ *    step. (The NCCL backend takes a mask and packed values: below.)
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream
