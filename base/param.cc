@@ -66,6 +66,11 @@ const ParamInfo kParams[] = {
     {"SCAPE_NCCL_LIBRARY", "libnccl.so.2",
      "the NCCL library (name or path) that collectives on device buffers with a stream load",
      ParamType::kString},
+    {"SCAPE_NCCL_HOST_COMM", "1",
+     "`1`: `scapeCommInitNccl` also joins a host (UCX) communicator of the same ranks, so masks, "
+     "the optimizer and host buffers work on the NCCL communicator; `0`: none (dense device "
+     "collectives only)",
+     ParamType::kInt, 0, 1},
     {"SCAPE_DEBUG", "WARN", "log level: `NONE`, `WARN`, `INFO`, `TRACE`", ParamType::kChoice, 0, 0,
      "NONE,WARN,INFO,TRACE"},  // order of LogLevel
     {nullptr, nullptr, nullptr},

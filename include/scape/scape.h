@@ -980,16 +980,33 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
  *    to reach the end of their streams.
  *  - scapeMaskSelectNextTopk accepts a device statistic (copied to the host: a host wait).
- *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
- *    (the blocking forms are already asynchronous), a non-NULL mask, the scapeMask* packed
- *    collectives, scapeSparseAllReduce and the optimizer step.
+ *  - Not available with device buffers on a UCX communicator in this release
+ *    (scapeUnsupported): the *Async forms (the blocking forms are already asynchronous), a
+ *    non-NULL mask, the scapeMask* packed collectives, scapeSparseAllReduce and the optimizer
+ *    step. (The NCCL backend takes a mask and packed values: below.)
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream
  * (NCCL picks NVLink, its network or our net plugin). NCCL is loaded at run time
  * (SCAPE_NCCL_LIBRARY, else libnccl.so.2): the library has no link-time dependency on CUDA
- * or NCCL. Device buffers only; reductions are NCCL's (floating-point sums need not match
- * the UCX backend's bits). No barrier, no masks, no *Async forms in this release.
+ * or NCCL. Reductions are NCCL's (floating-point sums need not match the UCX backend's bits).
+ * What runs where on an NCCL-backend communicator:
+ *  - Device buffers: NCCL, on the caller's stream (enqueued; the call returns at once).
+ *    The packed (values-only) collectives of a mask, whose per-rank blocks differ: all-reduce
+ *    = one ncclAllReduce of the k values; reduce-scatter = one ncclReduce per rank's block
+ *    (root = that rank) and all-gather = one ncclBroadcast per block (root = its owner), each
+ *    inside ncclGroupStart / ncclGroupEnd, or NCCL's own ncclReduceScatter / ncclAllGather
+ *    when every block has the same size. scapeAllReduce with a mask on device buffers
+ *    gathers the mask's positions into a device buffer, all-reduces it with ncclAllReduce and
+ *    scatters it back, all on the caller's stream (positions outside the mask keep recvbuf's
+ *    values, as on the host); the positions are uploaded once per mask generation.
+ *  - Host work: the host communicator that scapeCommInitNccl joins (SCAPE_NCCL_HOST_COMM=1,
+ *    the default): masks (their sync all-gathers host memory on the mask's background
+ *    thread), the optimizer, scapeBarrier, and collectives on host buffers (which first wait
+ *    for a non-NULL stream, as on a UCX communicator). With SCAPE_NCCL_HOST_COMM=0 there is
+ *    none: those calls fail (scapeInvalidUsage naming the knob; host buffers:
+ *    scapeInvalidArgument), and so does scapeBarrier (scapeUnsupported).
+ *  - No *Async forms with device buffers (as on the UCX backend).
  */
 
 /** The backend that moves a communicator's bytes. */
@@ -1001,17 +1018,32 @@ typedef enum {
 
 /**
  * Makes a communicator on a caller's NCCL communicator (an ncclComm_t passed as void*, so this
- * header needs no NCCL header). Local: no communication. The NCCL communicator stays the
- * caller's: destroy the SCAPE communicator first, then the NCCL one. Rank and size are
- * NCCL's (scapeCommUserRank / scapeCommCount).
+ * header needs no NCCL header). The NCCL communicator stays the caller's: destroy the SCAPE
+ * communicator first, then the NCCL one. Rank and size are NCCL's (scapeCommUserRank /
+ * scapeCommCount).
+ *
+ * With SCAPE_NCCL_HOST_COMM=1 (the default) it also makes a host (UCX) communicator of the
+ * same ranks, for masks, the optimizer, barriers and host buffers: rank 0 makes a bootstrap id
+ * (as scapeGetUniqueId does), broadcasts it to every rank with ncclBroadcast over the NCCL
+ * communicator (through a small device buffer, on a stream the call creates), and every rank
+ * joins the UCX communicator with it (as scapeCommInitRank does). That makes the call
+ * collective: every rank of the NCCL communicator must call it, and each waits on the host
+ * for the broadcast (within the timeout: scapeTimeout, never a hang, if a rank does not come)
+ * and for the others to connect. It issues NCCL work, so call it when the NCCL communicator
+ * is not in use by another thread. scapeCommDestroy and scapeCommAbort tear down both (the
+ * NCCL communicator itself is left alone). With SCAPE_NCCL_HOST_COMM=0 the call is local
+ * (no communication) and the communicator runs dense device collectives only.
  *
  * @param comm      out: the new communicator.
  * @param ncclComm  the ncclComm_t.
- * @param config    NULL or a configuration (validated; only timeoutMs applies).
+ * @param config    NULL or a configuration (validated; timeoutMs applies, and the host
+ *                  communicator takes the rest).
  * @return scapeSuccess; scapeInvalidArgument (NULL comm or ncclComm, a bad config);
- *         scapeUnsupported (NCCL cannot be loaded: the message names the library and why);
- *         scapeSystemError (the library is not NCCL >= 2.10: the message names the missing
- *         entry point or the version); NCCL's errors from ncclCommCount / ncclCommUserRank.
+ *         scapeUnsupported (NCCL cannot be loaded: the message names the library and why;
+ *         or no device runtime for the id broadcast); scapeSystemError (the library is not
+ *         NCCL >= 2.10: the message names the missing entry point or the version); NCCL's
+ *         errors; scapeTimeout and the bootstrap's errors of the host communicator (the
+ *         message names it and SCAPE_NCCL_HOST_COMM).
  */
 SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
                                           const scapeConfig_t* config);

@@ -41,8 +41,9 @@ bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
 Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask, void* stream,
                  scapeRequest_t* request, bool blocking) {
   using scape::coll::CollType;
-  // NCCL-backend communicators (scapeCommInitNccl) have no UCX communicator.
-  if (scape::device::IsNcclComm(comm))
+  // NCCL-backend communicators (scapeCommInitNccl): device buffers go to NCCL; host buffers
+  // and barriers run on the host communicator below, when it has one.
+  if (scape::device::IsNcclComm(comm) && !scape::device::NcclOnHost(comm, a))
     return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   scape::Comm& c = *comm->impl;
@@ -467,6 +468,10 @@ SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
 SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {
   if (asyncError && scape::device::IsNcclComm(comm)) {
     *asyncError = scape::device::AsyncError(comm).code();
+    // The host communicator's error, when it has one.
+    if (*asyncError == scapeSuccess &&
+        scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->impl)
+      *asyncError = comm->impl->error().code();
     return scapeSuccess;
   }
   if (Status q = QueryComm(comm, "scapeCommGetAsyncError"); !q.ok()) return Report(nullptr, q);

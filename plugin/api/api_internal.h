@@ -160,7 +160,13 @@ inline bool ValidType(scapeDataType_t t) { return t >= 0 && t < scapeNumTypes; }
 inline bool ValidOp(scapeRedOp_t o) { return o >= 0 && o < scapeNumOps; }
 
 inline Status CheckComm(scapeComm* comm) {
-  if (!comm || !comm->impl) return InvalidArgument("comm is NULL");
+  if (!comm) return InvalidArgument("comm is NULL");
+  // Only an NCCL-backend communicator made with SCAPE_NCCL_HOST_COMM=0 has no host one.
+  if (!comm->impl)
+    return InvalidUsage(
+        "this NCCL-backend communicator has no host communicator (it was made with "
+        "SCAPE_NCCL_HOST_COMM=0), and this call needs one (masks, host buffers, barriers, the "
+        "optimizer): make it with SCAPE_NCCL_HOST_COMM=1 (the default)");
   return Status::Ok();
 }
 

@@ -1,16 +1,21 @@
 // Device dispatch: see device.h.
 #include "plugin/api/device_dispatch.h"
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "base/log.h"
+#include "base/param.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/core/comm.h"
 #include "plugin/device/nccl_backend.h"
+#include "plugin/device/nccl_masked.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
+#include "transport/bootstrap/bootstrap.h"
+#include "transport/bootstrap/socket.h"
 
 namespace scape {
 namespace device {
@@ -19,6 +24,7 @@ namespace {
 struct Entry {
   std::unique_ptr<StagingChannel> staging;  // UCX backend, after its first device call
   std::unique_ptr<NcclBackend> nccl;        // NCCL backend
+  std::unique_ptr<NcclMaskCache> masked;    // NCCL backend: masked all-reduces' device buffers
 };
 
 std::mutex g_mu;
@@ -132,10 +138,21 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
         "the NCCL backend has no barrier (NCCL has none): all-reduce one "
         "element on the stream and synchronise it instead");
   if (async) return AsyncWithDevice("*Async");
-  if (mask)
-    return Unsupported(
-        "masks run on the UCX backend in this release (the NCCL backend "
-        "exchanges dense and packed device buffers)");
+  if (mask) {
+    if (a.type != CollType::kAllReduce)
+      return Unsupported(
+          "a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
+          "only (use scapeMaskReduceScatter and friends for the others)");
+    if (!api::HandleLive(mask, api::HandleKind::kMask) || !mask->impl ||
+        comm->masks.count(mask) == 0)
+      return InvalidArgument(
+          StrFormat("rank %d: mask is not a live mask of this communicator (destroyed, or "
+                    "created on another communicator)",
+                    rank));
+    if (a.count != mask->impl->n())
+      return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu", rank,
+                                       a.count, static_cast<unsigned long long>(mask->impl->n())));
+  }
   if (a.dtype < 0 || a.dtype >= scapeNumTypes)
     return InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t (0..%d)", rank,
                                      static_cast<int>(a.dtype), scapeNumTypes - 1));
@@ -146,20 +163,36 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
   if (a.type == CollType::kBroadcast && (a.root < 0 || a.root >= p))
     return InvalidArgument(StrFormat("rank %d: root %d out of range 0..%d", rank, a.root, p - 1));
   const bool needSend = a.type != CollType::kBroadcast || rank == a.root;
-  if (a.count > 0 && needSend && !a.send)
-    return InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank, a.count));
-  if (a.count > 0 && !a.recv)
-    return InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank, a.count));
+  // Elements each side holds (per-rank blocks: a mask's packed values).
+  size_t sendElems = a.count, recvElems = a.count;
+  if (!a.counts.empty()) {
+    if (a.type == CollType::kBroadcast)
+      return InvalidArgument(StrFormat("rank %d: a broadcast has no per-rank counts", rank));
+    if (a.counts.size() != static_cast<size_t>(p))
+      return InvalidArgument(
+          StrFormat("rank %d: %zu per-rank counts for %d ranks", rank, a.counts.size(), p));
+    size_t total = 0;
+    for (size_t c : a.counts) total += c;
+    const size_t mine = a.counts[static_cast<size_t>(rank)];
+    sendElems = a.type == CollType::kAllGather ? mine : total;
+    recvElems = a.type == CollType::kReduceScatter ? mine : total;
+  }
+  if (sendElems > 0 && needSend && !a.send)
+    return InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank, sendElems));
+  if (recvElems > 0 && !a.recv)
+    return InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank, recvElems));
   Runtime* rt = GetRuntime();
-  if (a.count > 0) {
+  if (sendElems > 0 || recvElems > 0) {
     bool dev = false;
     SCAPE_RETURN_IF_ERROR(CheckKinds(rt, a, rank, &dev));
     if (!dev)
       return InvalidArgument(StrFormat(
-          "rank %d: %s is host memory: the NCCL backend moves device memory only (use a UCX "
-          "communicator for host buffers)",
+          "rank %d: %s is host memory: the NCCL backend moves device memory only, and this "
+          "communicator has no host communicator to run host buffers on (it was made with "
+          "SCAPE_NCCL_HOST_COMM=0)",
           rank, needSend ? "sendbuf" : "recvbuf"));
   }
+  if (mask) return e->masked->AllReduce(b, *mask->impl, a, stream);
   return b.Run(a, stream);
 }
 
@@ -168,15 +201,64 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   if (!ncclComm) return InvalidArgument("ncclComm is NULL");
   CommConfig cfg;
   SCAPE_RETURN_IF_ERROR(ResolveConfig(config, &cfg));
+  int64_t hostComm = 1;
+  SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_NCCL_HOST_COMM", &hostComm));
   auto entry = std::make_shared<Entry>();
   SCAPE_RETURN_IF_ERROR(NcclBackend::Create(ncclComm, &entry->nccl));
+  entry->masked.reset(new NcclMaskCache(cfg.timeoutMs));
+  NcclBackend& b = *entry->nccl;
+  std::unique_ptr<Comm> impl;
+  if (hostComm) {
+    // The host communicator: rank 0 makes a bootstrap id, NCCL carries it to every rank (a
+    // host wait with the communicator's deadline), and every rank joins a UCX communicator
+    // with it, as scapeCommInitRank does.
+    scapeUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    Status st;
+    if (b.rank() == 0) {
+      // As scapeGetUniqueId, with this call's configuration (interface, timeout).
+      bootstrap::SockAddr addr;
+      bootstrap::Secret secret;
+      bootstrap::RootAddress root0;
+      st = bootstrap::InterfaceAddress(cfg.netIf, &addr, nullptr);
+      if (st.ok()) st = bootstrap::RandomSecret(&secret);
+      if (st.ok()) st = bootstrap::StartRoot(addr, secret, cfg.timeoutMs, &root0);
+      if (st.ok()) bootstrap::EncodeUniqueId(root0, &id);
+    }
+    // Every rank takes part in the broadcast, rank 0 even after a failure (its id is then all
+    // zero, which the others reject), so no rank waits for a broadcast that never comes.
+    Status bs = b.BroadcastHostBytes(&id, sizeof(id), 0, cfg.timeoutMs);
+    if (st.ok()) st = bs;
+    bootstrap::RootAddress root;
+    if (st.ok()) st = bootstrap::DecodeUniqueId(id, &root);
+    if (st.ok()) st = Comm::Create(b.nranks(), b.rank(), root, cfg, &impl);
+    if (!st.ok())
+      return st.Prepend(
+          StrFormat("rank %d: the host communicator (SCAPE_NCCL_HOST_COMM=1; set it to 0 for "
+                    "dense device collectives only)",
+                    b.rank()));
+  }
   auto* c = new scapeComm();
+  c->impl = std::move(impl);
   {
     std::lock_guard<std::mutex> lk(g_mu);
     g_entries[c] = entry;
   }
   *out = c;
   return Status::Ok();
+}
+
+bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
+  if (!comm || !comm->impl || !IsNcclComm(comm)) return false;
+  if (a.type == coll::CollType::kBarrier) return true;
+  bool dev = false;
+  // A mix of kinds is left to NcclCollective, which names it.
+  Runtime* rt = GetRuntime();
+  const bool needSend = a.type != coll::CollType::kBroadcast || comm->impl->rank() == a.root;
+  const bool hasSend = needSend && a.send, hasRecv = a.recv != nullptr;
+  if (!hasSend && !hasRecv) return false;
+  if (!CheckKinds(rt, a, comm->impl->rank(), &dev).ok()) return false;
+  return !dev;
 }
 
 Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args) {
@@ -222,6 +304,7 @@ void ReleaseComm(scapeComm* comm) {
 void AbortComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Find(comm);
   if (e && e->staging) e->staging->Abort();
+  if (e && e->masked) e->masked->Abandon();
 }
 
 Status AsyncError(scapeComm* comm) {

@@ -7,7 +7,9 @@
 //   (work queued on it before the call, a host wait), then runs as with stream = NULL.
 // - Device buffers on the UCX backend: staged through page-locked host buffers
 //   (plugin/device/staging.h), enqueued on the stream; the call returns at once.
-// - NCCL backend (scapeCommInitNccl): device buffers only, issued to NCCL on the stream.
+// - NCCL backend (scapeCommInitNccl): device buffers are issued to NCCL on the stream; host
+//   buffers (and barriers) run on its host communicator when it has one (as on a UCX
+//   communicator: a non-NULL stream is waited for first), else they are an error.
 #ifndef SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
 #define SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
 
@@ -32,9 +34,15 @@ namespace device {
 Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                      bool async, bool* handled);
 
-// NCCL-backend communicators (made by scapeCommInitNccl; their scapeComm has no UCX impl).
+// NCCL-backend communicators (made by scapeCommInitNccl). Their scapeComm's impl is the host
+// (UCX) communicator that scapeCommInitNccl joins (SCAPE_NCCL_HOST_COMM=1), or NULL (0).
 bool IsNcclComm(const scapeComm* comm);
-// Validates and issues a collective on an NCCL-backend communicator.
+// True when a collective on an NCCL-backend communicator runs on its host communicator
+// instead of NCCL: it has one, and the call is a barrier or its buffers are host memory.
+bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a);
+// Validates and issues a collective on an NCCL-backend communicator (device buffers). a.counts
+// non-empty: the packed (V) forms (NcclBackend::Run); mask non-NULL: the masked dense-in/out
+// all-reduce (plugin/device/nccl_masked.h).
 Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                       bool async);
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);

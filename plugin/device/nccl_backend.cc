@@ -2,11 +2,14 @@
 #include "plugin/device/nccl_backend.h"
 
 #include <dlfcn.h>
+#include <time.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
+#include "base/clock.h"
 #include "base/param.h"
 
 namespace scape {
@@ -112,6 +115,9 @@ Status LoadNccl(const NcclApi** out) {
   if (st.ok()) st = Resolve(lib, path, "ncclReduceScatter", &api->reduceScatter, true);
   if (st.ok()) st = Resolve(lib, path, "ncclAllGather", &api->allGather, true);
   if (st.ok()) st = Resolve(lib, path, "ncclBroadcast", &api->broadcast, true);
+  if (st.ok()) st = Resolve(lib, path, "ncclReduce", &api->reduce, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclGroupStart", &api->groupStart, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclGroupEnd", &api->groupEnd, false);
   if (st.ok()) {
     int v = 0;
     int r = api->getVersion(&v);
@@ -150,12 +156,111 @@ Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out) {
   return Status::Ok();
 }
 
+Status NcclBackend::Fail(int r, const char* what) {
+  if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
+  const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;
+  if (!msg || !*msg) msg = api_->getErrorString(r);
+  return FromNccl(r, what, msg);
+}
+
+namespace {
+
+// The packed (V) forms: the per-rank blocks of a.counts.
+Status RunV(const NcclApi& api, void* comm, int rank, const coll::CollArgs& a, int dt,
+            Stream stream, int* r, const char** what) {
+  using coll::CollType;
+  const size_t p = a.counts.size(), esz = scapeTypeSize(a.dtype);
+  size_t total = 0;
+  bool equal = true;
+  for (size_t c : a.counts) {
+    total += c;
+    equal = equal && c == a.counts[0];
+  }
+  if (a.type == CollType::kAllReduce) {
+    *what = "ncclAllReduce";
+    *r = api.allReduce(a.send, a.recv, total, dt, NcclRedOp(a.op), comm, stream);
+    return Status::Ok();
+  }
+  if (a.type != CollType::kReduceScatter && a.type != CollType::kAllGather)
+    return InvalidArgument(
+        StrFormat("rank %d: per-rank counts are for all-reduce, "
+                  "reduce-scatter and all-gather, not %s",
+                  rank, coll::CollName(a.type)));
+  if (equal) {
+    // NCCL's own reduce-scatter / all-gather: the blocks are its per-rank counts.
+    if (a.type == CollType::kReduceScatter) {
+      *what = "ncclReduceScatter";
+      *r = api.reduceScatter(a.send, a.recv, a.counts[0], dt, NcclRedOp(a.op), comm, stream);
+    } else {
+      *what = "ncclAllGather";
+      *r = api.allGather(a.send, a.recv, a.counts[0], dt, comm, stream);
+    }
+    return Status::Ok();
+  }
+  const bool rs = a.type == CollType::kReduceScatter;
+  const char* need = rs ? "ncclReduce" : "ncclBroadcast";
+  const char* missing = !api.groupStart     ? "ncclGroupStart"
+                        : !api.groupEnd     ? "ncclGroupEnd"
+                        : rs && !api.reduce ? "ncclReduce"
+                                            : nullptr;
+  if (missing)
+    return SystemError(
+        StrFormat("rank %d: the NCCL library %s has no %s: a packed %s with unequal per-rank "
+                  "blocks runs as grouped %s calls, which need it",
+                  rank, api.path.c_str(), missing, coll::CollName(a.type), need));
+  *what = "ncclGroupStart";
+  *r = api.groupStart();
+  if (*r != kNcclSuccess && *r != kNcclInProgress) return Status::Ok();
+  int first = kNcclSuccess;
+  const char* firstWhat = "";
+  size_t off = 0;
+  for (size_t b = 0; b < p; ++b) {
+    const size_t n = a.counts[b];
+    if (n == 0) continue;  // every rank skips the same blocks (the counts agree)
+    int rr;
+    if (rs) {
+      const char* blk = static_cast<const char*>(a.send) + off * esz;
+      // Only the root's receive buffer is written; the others pass their send block.
+      void* dst = static_cast<int>(b) == rank ? a.recv : const_cast<char*>(blk);
+      rr = api.reduce(blk, dst, n, dt, NcclRedOp(a.op), static_cast<int>(b), comm, stream);
+    } else {
+      char* dst = static_cast<char*>(a.recv) + off * esz;
+      const void* src = static_cast<int>(b) == rank ? a.send : dst;
+      rr = api.broadcast(src, dst, n, dt, static_cast<int>(b), comm, stream);
+    }
+    if (rr != kNcclSuccess && rr != kNcclInProgress && first == kNcclSuccess) {
+      first = rr;
+      firstWhat = need;
+    }
+    off += n;
+  }
+  // The group is always closed, even after a failed call inside it.
+  int re = api.groupEnd();
+  if (first != kNcclSuccess) {
+    *r = first;
+    *what = firstWhat;
+  } else {
+    *r = re;
+    *what = "ncclGroupEnd";
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
   using coll::CollType;
   const int dt = NcclDataType(a.dtype);
   if (dt < 0) return InvalidArgument(StrFormat("datatype %d has no NCCL type", a.dtype));
   int r = kNcclSuccess;
   const char* what = "";
+  if (!a.counts.empty()) {
+    if (a.counts.size() != static_cast<size_t>(nranks_))
+      return InvalidArgument(
+          StrFormat("rank %d: %zu per-rank counts for %d ranks", rank_, a.counts.size(), nranks_));
+    SCAPE_RETURN_IF_ERROR(RunV(*api_, comm_, rank_, a, dt, stream, &r, &what));
+    return Fail(r, what);
+  }
   switch (a.type) {
     case CollType::kAllReduce:
       what = "ncclAllReduce";
@@ -179,10 +284,71 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
                     "stream after a 1-element all-reduce instead)",
                     coll::CollName(a.type)));
   }
-  if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
-  const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;
-  if (!msg || !*msg) msg = api_->getErrorString(r);
-  return FromNccl(r, what, msg);
+  return Fail(r, what);
+}
+
+Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
+  Runtime* rt = GetRuntime();
+  // Page-locked host memory: a device-to-pageable copy would block the host until NCCL has
+  // finished, past any deadline.
+  void* h = nullptr;
+  Status st = rt->HostAlloc(n, &h);
+  if (!st.ok())
+    return st.Prepend(StrFormat("%zu bytes of page-locked memory for the broadcast", n));
+  Stream s = nullptr;
+  st = rt->StreamCreate(&s);
+  if (!st.ok()) {
+    rt->HostFree(h);
+    return st.Prepend("a stream for the broadcast");
+  }
+  void* d = nullptr;
+  st = rt->DeviceAlloc(n, &d);
+  if (!st.ok()) {
+    rt->StreamDestroy(s);
+    rt->HostFree(h);
+    return st.Prepend(StrFormat("%zu bytes of device memory for the broadcast", n));
+  }
+  Event ev = nullptr;
+  st = rt->EventCreate(&ev);
+  if (st.ok() && rank_ == root) {
+    std::memcpy(h, bytes, n);
+    st = rt->CopyAsync(d, h, n, s);
+  }
+  if (st.ok()) st = Fail(api_->broadcast(d, d, n, kNcclInt8, root, comm_, s), "ncclBroadcast");
+  if (st.ok()) st = rt->CopyAsync(h, d, n, s);
+  if (st.ok()) st = rt->EventRecord(ev, s);
+  bool done = false;
+  if (st.ok()) {
+    Deadline dl = Deadline::AfterMs(timeoutMs);
+    while (st.ok()) {
+      st = rt->EventQuery(ev, &done);
+      if (!st.ok() || done) break;
+      if (dl.Expired()) {
+        st = TimeoutError(StrFormat(
+            "rank %d: the broadcast from rank %d over NCCL did not complete within %d ms (does "
+            "every rank of the NCCL communicator call scapeCommInitNccl? SCAPE_TIMEOUT_MS "
+            "sets the limit)",
+            rank_, root, timeoutMs));
+        break;
+      }
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  if (!st.ok()) {
+    Status ae = AsyncError();  // NCCL's own account, when it has one
+    if (!ae.ok()) st.Prepend(ae.message());
+  }
+  if (done) {
+    std::memcpy(bytes, h, n);
+    rt->EventDestroy(ev);
+    rt->DeviceFree(d);
+    rt->StreamDestroy(s);
+    rt->HostFree(h);
+  }
+  // Not done: NCCL or the copies may still use the buffers, the event and the stream; they are
+  // leaked rather than freed under them (a failed init only).
+  return st;
 }
 
 Status NcclBackend::AsyncError() {

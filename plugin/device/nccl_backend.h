@@ -18,6 +18,7 @@ namespace device {
 
 // NCCL ABI values (nccl.h).
 enum : int {
+  kNcclInt8 = 0,
   kNcclInt32 = 2,
   kNcclInt64 = 4,
   kNcclFloat16 = 6,
@@ -55,6 +56,11 @@ struct NcclApi {
   int (*reduceScatter)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
   int (*allGather)(const void*, void*, size_t, int, void*, void*) = nullptr;
   int (*broadcast)(const void*, void*, size_t, int, int, void*, void*) = nullptr;
+  // Optional at load; the packed (V) collectives with unequal blocks need them (NCCL 2.x has
+  // them all; a library without them gets a clear error at that call).
+  int (*reduce)(const void*, void*, size_t, int, int, int, void*, void*) = nullptr;
+  int (*groupStart)() = nullptr;
+  int (*groupEnd)() = nullptr;
 };
 
 // Loads NCCL once per path and keeps it loaded: SCAPE_NCCL_LIBRARY if set, else
@@ -71,11 +77,24 @@ class NcclBackend {
   int nranks() const { return nranks_; }
   const NcclApi& api() const { return *api_; }
   // Issues a validated collective on `stream` (device pointers checked by the caller).
+  // a.counts non-empty (nranks entries, the per-rank blocks of a mask's packed values):
+  //   all-reduce: one ncclAllReduce of their sum;
+  //   reduce-scatter: ncclReduceScatter when all blocks are equal, else one ncclReduce per
+  //     non-empty block (root = the block's rank) inside ncclGroupStart / ncclGroupEnd;
+  //   all-gather: ncclAllGather when all blocks are equal, else one ncclBroadcast per non-empty
+  //     block (root = its rank) inside a group.
   Status Run(const coll::CollArgs& a, Stream stream);
+  // Broadcasts `bytes` host bytes from rank `root` to every rank over this communicator (a
+  // host wait, for init): the bytes go through a small device buffer on a stream made for
+  // the call, which is waited for with a deadline of timeoutMs (an error, never a hang: a
+  // rank that does not take part leaves the others with scapeTimeout). On a timeout the
+  // device buffer and the stream are leaked (NCCL may still write to them).
+  Status BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs);
   // ncclCommGetAsyncError as a Status.
   Status AsyncError();
 
  private:
+  Status Fail(int r, const char* what);
   const NcclApi* api_ = nullptr;
   void* comm_ = nullptr;
   int rank_ = 0, nranks_ = 1;

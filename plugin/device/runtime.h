@@ -56,6 +56,11 @@ class Runtime {
   // return (cudaLaunchHostFunc). fn must not call the runtime.
   virtual Status LaunchHostFunc(Stream s, HostFn fn, void* arg) = 0;
   virtual Status StreamSynchronize(Stream s) = 0;
+  // A new stream that does not synchronise with the default stream (cudaStreamCreateWithFlags
+  // cudaStreamNonBlocking), and its release (after the work on it has finished). The defaults
+  // say scapeUnsupported / do nothing (the "none" runtime has no streams).
+  virtual Status StreamCreate(Stream* s);
+  virtual void StreamDestroy(Stream s);
   // The calling thread's current device, and setting it on another thread (the staging
   // worker queries events of the device the call was made on).
   virtual int GetDevice() { return 0; }

@@ -244,6 +244,15 @@ class Cuda final : public Runtime {
     cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
   }
+  Status StreamCreate(Stream* s) override {
+    cudaStream_t cs = nullptr;
+    cudaError_t r = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    *s = cs;
+    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamCreateWithFlags", r);
+  }
+  void StreamDestroy(Stream s) override {
+    if (s) cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
 
   // ---- device memory and the kernel ops ------------------------------------------------------
   Status DeviceAlloc(size_t bytes, void** d) override {

@@ -56,6 +56,12 @@ Status NoDeviceOp(const Runtime* rt, const char* op) {
 
 }  // namespace
 
+Status Runtime::StreamCreate(Stream* s) {
+  *s = nullptr;
+  return NoDeviceOp(this, "streams");
+}
+void Runtime::StreamDestroy(Stream) {}
+
 // The device ops' defaults: a runtime without a device has none of them.
 Status Runtime::DeviceAlloc(size_t, void** d) {
   *d = nullptr;

@@ -215,6 +215,17 @@ Stream FakeRuntime::NewStream() {
   return streams_.back().get();
 }
 
+Status FakeRuntime::StreamCreate(Stream* s) {
+  *s = NewStream();
+  ++streamsCreated;
+  ++streamsLive;
+  return Status::Ok();
+}
+
+void FakeRuntime::StreamDestroy(Stream s) {
+  if (s) --streamsLive;
+}
+
 FakeStream* FakeRuntime::StreamOf(Stream s) {
   return s ? static_cast<FakeStream*>(s) : default_.get();
 }

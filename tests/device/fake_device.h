@@ -96,6 +96,9 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status LaunchHostFunc(scape::device::Stream s, scape::device::HostFn fn,
                                void* arg) override;
   scape::Status StreamSynchronize(scape::device::Stream s) override;
+  // NewStream (owned by the runtime, so StreamDestroy leaves it alive; counted).
+  scape::Status StreamCreate(scape::device::Stream* s) override;
+  void StreamDestroy(scape::device::Stream s) override;
 
   // Device memory and the device kernel ops (see the top of this file).
   // DeviceAlloc fills the new memory with 0xA5 bytes (cudaMalloc does not zero it either).
@@ -144,6 +147,7 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> kernelLaunches{0}, memsets{0}, gathers{0}, scatters{0}, topks{0};
   std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
   std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
+  std::atomic<uint64_t> streamsCreated{0}, streamsLive{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running
   // (as a kernel fault would), so callers' error paths can be tested.
   std::atomic<int> failNextOps{0};

@@ -1,23 +1,56 @@
 // A fake libnccl.so for the NCCL-backend tests: the NCCL 2.x C entry points the backend
 // resolves, with NCCL's ABI (enums as int, ncclComm_t and cudaStream_t as pointers). Each
-// collective records its arguments (fakeNcclLastCall) and, as a 1-rank NCCL would, copies
-// send to receive. A "communicator" is a FakeNcclComm the test makes. Built in three flavours:
-// complete, without ncclAllGather (FAKE_NCCL_NO_ALLGATHER), and reporting an old version
+// collective records its arguments (fakeNcclLastCall). A "communicator" is a FakeNcclComm the
+// test makes, in one of two modes:
+//   - shared == NULL (one process): as a 1-rank NCCL would, send is copied to receive at
+//     once; the dispatch tests check which call was made with which arguments.
+//   - shared != NULL: ranks are processes (forked by the test harness) that meet in a
+//     shared-memory segment made by fakeNcclSharedCreate before the fork, and the collectives
+//     really move data: each rank copies its contribution into its slot, all ranks meet at a
+//     barrier (with a deadline: a rank that never comes sets asyncError to ncclRemoteError
+//     instead of hanging), each computes its result from all slots (reductions in rank order),
+//     and all meet again before the slots are reused. The work runs where fakeNcclSetEnqueue
+//     says (the tests queue it on the fake device's stream, so it runs in stream order with
+//     the copies and kernels around it), else at once. ncclGroupStart/End defer the calls made
+//     between them to the end of the group, in order (every rank issues the same sequence).
+// Built in four flavours: complete, without ncclAllGather (FAKE_NCCL_NO_ALLGATHER), without
+// ncclReduce and the group calls (FAKE_NCCL_NO_GROUP), and reporting an old version
 // (FAKE_NCCL_VERSION).
+#include <sys/mman.h>
+#include <time.h>
+
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <new>
+#include <vector>
 
 #ifndef FAKE_NCCL_VERSION
 #define FAKE_NCCL_VERSION 22809
 #endif
 
+#define FAKE_API __attribute__((visibility("default")))
+
 extern "C" {
+
+struct FakeNcclShared {
+  std::atomic<uint64_t> arrived;  // barrier arrivals so far (monotonic)
+  uint64_t slotBytes;
+  int nranks;
+  int pad;
+  // followed by nranks slots of slotBytes
+};
 
 struct FakeNcclComm {
   int nranks;
   int rank;
-  int failWith;    // returned by the next collective (0: success)
-  int asyncError;  // reported by ncclCommGetAsyncError
+  int failWith;            // returned by the next collective (0: success)
+  int asyncError;          // reported by ncclCommGetAsyncError
+  FakeNcclShared* shared;  // NULL: one process (see above)
+  uint64_t barriers;       // this rank's barriers so far
+  int barrierTimeoutMs;    // 0: 20000
+  int ops;                 // collectives run on the shared segment so far
 };
 
 struct FakeNcclCall {
@@ -33,9 +66,26 @@ struct FakeNcclCall {
   int calls;  // total collectives so far
 };
 
-static FakeNcclCall g_last;
+typedef void (*FakeNcclFn)(void*);
+typedef void (*FakeNcclEnqueue)(void* stream, FakeNcclFn fn, void* arg);
 
-__attribute__((visibility("default"))) const FakeNcclCall* fakeNcclLastCall() { return &g_last; }
+static FakeNcclCall g_last;
+static FakeNcclEnqueue g_enqueue = nullptr;
+
+FAKE_API const FakeNcclCall* fakeNcclLastCall() { return &g_last; }
+FAKE_API void fakeNcclSetEnqueue(FakeNcclEnqueue e) { g_enqueue = e; }
+
+// A shared segment for nranks processes (inherited across fork), slotBytes per rank.
+FAKE_API FakeNcclShared* fakeNcclSharedCreate(int nranks, size_t slotBytes) {
+  const size_t bytes = sizeof(FakeNcclShared) + static_cast<size_t>(nranks) * slotBytes;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto* s = new (p) FakeNcclShared();
+  s->arrived.store(0);
+  s->slotBytes = slotBytes;
+  s->nranks = nranks;
+  return s;
+}
 
 static size_t Size(int dt) {
   switch (dt) {
@@ -58,8 +108,171 @@ static size_t Size(int dt) {
   }
 }
 
-static int Record(const char* fn, const void* s, void* r, size_t n, int dt, int op, int root,
-                  void* comm, void* stream, size_t recvElems) {
+enum Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce };
+
+struct Op {
+  Kind kind;
+  const void* send;
+  void* recv;
+  size_t count;
+  int dtype, op, root;
+  FakeNcclComm* comm;
+  void* stream;
+};
+
+static char* Slot(FakeNcclShared* s, int r) {
+  return reinterpret_cast<char*>(s + 1) + static_cast<size_t>(r) * s->slotBytes;
+}
+
+static bool Barrier(FakeNcclComm* c) {
+  const uint64_t target = ++c->barriers * static_cast<uint64_t>(c->nranks);
+  c->shared->arrived.fetch_add(1);
+  const int ms = c->barrierTimeoutMs > 0 ? c->barrierTimeoutMs : 20000;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (c->shared->arrived.load() < target) {
+    struct timespec ts = {0, 20000}, now;
+    nanosleep(&ts, nullptr);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 > ms) return false;
+  }
+  return true;
+}
+
+static float Bf16ToF(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t FToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite values)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // extern "C"
+
+template <typename T>
+static T Combine(T a, T b, int op) {
+  switch (op) {
+    case 2:
+      return a > b ? a : b;
+    case 3:
+      return a < b ? a : b;
+    default:
+      return a + b;  // sum, avg
+  }
+}
+
+// dst[i] = op over ranks r (in rank order) of slot r at element offset `off`.
+template <typename T>
+static void ReduceSlots(FakeNcclShared* s, int p, size_t off, size_t n, int op, T* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    T acc;
+    std::memcpy(&acc, Slot(s, 0) + (off + i) * sizeof(T), sizeof(T));
+    for (int r = 1; r < p; ++r) {
+      T x;
+      std::memcpy(&x, Slot(s, r) + (off + i) * sizeof(T), sizeof(T));
+      acc = Combine(acc, x, op);
+    }
+    if (op == 4) acc = static_cast<T>(acc / static_cast<T>(p));
+    std::memcpy(dst + i, &acc, sizeof(T));
+  }
+}
+
+extern "C" {
+
+static bool Reduce(FakeNcclShared* s, int p, size_t off, size_t n, int dt, int op, void* dst) {
+  switch (dt) {
+    case 2:
+      ReduceSlots(s, p, off, n, op, static_cast<int32_t*>(dst));
+      return true;
+    case 4:
+      ReduceSlots(s, p, off, n, op, static_cast<int64_t*>(dst));
+      return true;
+    case 7:
+      ReduceSlots(s, p, off, n, op, static_cast<float*>(dst));
+      return true;
+    case 9:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, Slot(s, 0) + (off + i) * 2, 2);
+        float acc = Bf16ToF(h);
+        for (int r = 1; r < p; ++r) {
+          std::memcpy(&h, Slot(s, r) + (off + i) * 2, 2);
+          acc = Combine(acc, Bf16ToF(h), op);
+        }
+        if (op == 4) acc /= static_cast<float>(p);
+        h = FToBf16(acc);
+        std::memcpy(static_cast<char*>(dst) + i * 2, &h, 2);
+      }
+      return true;
+    default:
+      return false;  // float16 and the 8-bit types: not reduced by this fake
+  }
+}
+
+static void RunShared(void* arg) {
+  Op* o = static_cast<Op*>(arg);
+  FakeNcclComm* c = o->comm;
+  FakeNcclShared* s = c->shared;
+  const int p = c->nranks, me = c->rank;
+  const size_t esz = Size(o->dtype);
+  size_t sendBytes = o->count * esz;
+  if (o->kind == kReduceScatter) sendBytes *= static_cast<size_t>(p);
+  const bool sends = o->kind != kBroadcast || me == o->root;
+  if (c->asyncError == 0 && sendBytes > s->slotBytes) c->asyncError = 4;  // a test's mistake
+  if (c->asyncError != 0) {
+    delete o;
+    return;
+  }
+  ++c->ops;
+  if (sends && sendBytes) std::memcpy(Slot(s, me), o->send, sendBytes);
+  if (!Barrier(c)) {
+    c->asyncError = 6;
+    delete o;
+    return;
+  }
+  const size_t bytes = o->count * esz;
+  bool ok = true;
+  switch (o->kind) {
+    case kAllReduce:
+      ok = Reduce(s, p, 0, o->count, o->dtype, o->op, o->recv);
+      break;
+    case kReduceScatter:
+      ok = Reduce(s, p, static_cast<size_t>(me) * o->count, o->count, o->dtype, o->op, o->recv);
+      break;
+    case kReduce:
+      if (me == o->root) ok = Reduce(s, p, 0, o->count, o->dtype, o->op, o->recv);
+      break;
+    case kAllGather:
+      for (int r = 0; r < p; ++r)
+        std::memcpy(static_cast<char*>(o->recv) + static_cast<size_t>(r) * bytes, Slot(s, r),
+                    bytes);
+      break;
+    case kBroadcast:
+      if (bytes) std::memcpy(o->recv, Slot(s, o->root), bytes);
+      break;
+  }
+  if (!ok) c->asyncError = 4;
+  if (!Barrier(c)) c->asyncError = 6;
+  delete o;
+}
+
+static int g_groupDepth = 0;
+static std::vector<Op*> g_group;
+
+static void Issue(Op* o) {
+  if (g_enqueue)
+    g_enqueue(o->stream, RunShared, o);
+  else
+    RunShared(o);
+}
+
+static int Record(Kind kind, const char* fn, const void* s, void* r, size_t n, int dt, int op,
+                  int root, void* comm, void* stream, size_t recvElems) {
   std::memset(g_last.fn, 0, sizeof(g_last.fn));
   std::strncpy(g_last.fn, fn, sizeof(g_last.fn) - 1);
   g_last.send = s;
@@ -73,51 +286,76 @@ static int Record(const char* fn, const void* s, void* r, size_t n, int dt, int 
   ++g_last.calls;
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (c->failWith) return c->failWith;
-  if (s && r && s != r) std::memcpy(r, s, recvElems * Size(dt));
+  if (!c->shared) {
+    if (s && r && s != r) std::memcpy(r, s, recvElems * Size(dt));
+    return 0;
+  }
+  Op* o = new Op{kind, s, r, n, dt, op, root, c, stream};
+  if (g_groupDepth > 0)
+    g_group.push_back(o);
+  else
+    Issue(o);
   return 0;
 }
 
-__attribute__((visibility("default"))) int ncclGetVersion(int* v) {
+FAKE_API int ncclGetVersion(int* v) {
   *v = FAKE_NCCL_VERSION;
   return 0;
 }
-__attribute__((visibility("default"))) const char* ncclGetErrorString(int r) {
+FAKE_API const char* ncclGetErrorString(int r) {
   return r == 0 ? "no error" : "fake NCCL error string";
 }
-__attribute__((visibility("default"))) const char* ncclGetLastError(void* comm) {
+FAKE_API const char* ncclGetLastError(void* comm) {
   auto* c = static_cast<FakeNcclComm*>(comm);
   return c && c->failWith ? "fake NCCL: the last call failed on purpose" : "";
 }
-__attribute__((visibility("default"))) int ncclCommCount(void* comm, int* n) {
+FAKE_API int ncclCommCount(void* comm, int* n) {
   *n = static_cast<FakeNcclComm*>(comm)->nranks;
   return 0;
 }
-__attribute__((visibility("default"))) int ncclCommUserRank(void* comm, int* r) {
+FAKE_API int ncclCommUserRank(void* comm, int* r) {
   *r = static_cast<FakeNcclComm*>(comm)->rank;
   return 0;
 }
-__attribute__((visibility("default"))) int ncclCommGetAsyncError(void* comm, int* e) {
+FAKE_API int ncclCommGetAsyncError(void* comm, int* e) {
   *e = static_cast<FakeNcclComm*>(comm)->asyncError;
   return 0;
 }
-__attribute__((visibility("default"))) int ncclAllReduce(const void* s, void* r, size_t n, int dt,
-                                                         int op, void* comm, void* stream) {
-  return Record("ncclAllReduce", s, r, n, dt, op, -1, comm, stream, n);
+FAKE_API int ncclAllReduce(const void* s, void* r, size_t n, int dt, int op, void* comm,
+                           void* stream) {
+  return Record(kAllReduce, "ncclAllReduce", s, r, n, dt, op, -1, comm, stream, n);
 }
-__attribute__((visibility("default"))) int ncclReduceScatter(const void* s, void* r, size_t n,
-                                                             int dt, int op, void* comm,
-                                                             void* stream) {
-  return Record("ncclReduceScatter", s, r, n, dt, op, -1, comm, stream, n);
+FAKE_API int ncclReduceScatter(const void* s, void* r, size_t n, int dt, int op, void* comm,
+                               void* stream) {
+  return Record(kReduceScatter, "ncclReduceScatter", s, r, n, dt, op, -1, comm, stream, n);
 }
 #ifndef FAKE_NCCL_NO_ALLGATHER
-__attribute__((visibility("default"))) int ncclAllGather(const void* s, void* r, size_t n, int dt,
-                                                         void* comm, void* stream) {
-  return Record("ncclAllGather", s, r, n, dt, -1, -1, comm, stream, n);
+FAKE_API int ncclAllGather(const void* s, void* r, size_t n, int dt, void* comm, void* stream) {
+  return Record(kAllGather, "ncclAllGather", s, r, n, dt, -1, -1, comm, stream, n);
 }
 #endif
-__attribute__((visibility("default"))) int ncclBroadcast(const void* s, void* r, size_t n, int dt,
-                                                         int root, void* comm, void* stream) {
-  return Record("ncclBroadcast", s, r, n, dt, -1, root, comm, stream, n);
+FAKE_API int ncclBroadcast(const void* s, void* r, size_t n, int dt, int root, void* comm,
+                           void* stream) {
+  return Record(kBroadcast, "ncclBroadcast", s, r, n, dt, -1, root, comm, stream, n);
 }
+#ifndef FAKE_NCCL_NO_GROUP
+FAKE_API int ncclReduce(const void* s, void* r, size_t n, int dt, int op, int root, void* comm,
+                        void* stream) {
+  return Record(kReduce, "ncclReduce", s, r, n, dt, op, root, comm, stream, n);
+}
+FAKE_API int ncclGroupStart() {
+  ++g_groupDepth;
+  return 0;
+}
+FAKE_API int ncclGroupEnd() {
+  if (g_groupDepth == 0) return 5;  // ncclInvalidUsage
+  if (--g_groupDepth == 0) {
+    std::vector<Op*> ops;
+    ops.swap(g_group);
+    for (Op* o : ops) Issue(o);
+  }
+  return 0;
+}
+#endif
 
 }  // extern "C"

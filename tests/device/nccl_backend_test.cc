@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -43,8 +44,12 @@ SCAPE_SAME(kNcclInProgress, ncclInProgress);
 
 namespace {
 
+// fake_libnccl.cc's types (the same layout); shared = NULL: the one-process mode.
 struct FakeNcclComm {
   int nranks, rank, failWith, asyncError;
+  void* shared;
+  uint64_t barriers;
+  int barrierTimeoutMs, ops;
 };
 struct FakeNcclCall {
   char fn[32];
@@ -78,7 +83,10 @@ class NcclBackend : public ::testing::Test {
   void SetUp() override {
     Fake();
     setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_PATH, 1);
-    fc_ = {4, 2, 0, 0};
+    // One process posing as rank 2 of 4: no host communicator (its peers do not exist); the
+    // host communicator is tested on real ranks in nccl_ranks_test.cc.
+    setenv("SCAPE_NCCL_HOST_COMM", "0", 1);
+    fc_ = {4, 2, 0, 0, nullptr, 0, 0, 0};
     ASSERT_EQ(scapeCommInitNccl(&comm_, &fc_, nullptr), scapeSuccess) << scapeGetLastError(nullptr);
   }
   void TearDown() override {
@@ -92,7 +100,7 @@ class NcclBackend : public ::testing::Test {
 
 TEST(NcclBackendLoad, MissingLibraryIsUnsupportedAndNamesIt) {
   setenv("SCAPE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
-  FakeNcclComm fc{2, 0, 0, 0};
+  FakeNcclComm fc{2, 0, 0, 0, nullptr, 0, 0, 0};
   scapeComm_t comm = nullptr;
   EXPECT_EQ(scapeCommInitNccl(&comm, &fc, nullptr), scapeUnsupported);
   EXPECT_EQ(comm, nullptr);
@@ -104,7 +112,7 @@ TEST(NcclBackendLoad, MissingLibraryIsUnsupportedAndNamesIt) {
 
 TEST(NcclBackendLoad, ALibraryWithoutAnEntryPointIsASystemErrorNamingIt) {
   setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_NOAG_PATH, 1);
-  FakeNcclComm fc{2, 0, 0, 0};
+  FakeNcclComm fc{2, 0, 0, 0, nullptr, 0, 0, 0};
   scapeComm_t comm = nullptr;
   EXPECT_EQ(scapeCommInitNccl(&comm, &fc, nullptr), scapeSystemError);
   std::string m = scapeGetLastError(nullptr);
@@ -113,7 +121,7 @@ TEST(NcclBackendLoad, ALibraryWithoutAnEntryPointIsASystemErrorNamingIt) {
 
 TEST(NcclBackendLoad, AnNcclOlderThan210IsRefused) {
   setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_OLD_PATH, 1);
-  FakeNcclComm fc{2, 0, 0, 0};
+  FakeNcclComm fc{2, 0, 0, 0, nullptr, 0, 0, 0};
   scapeComm_t comm = nullptr;
   EXPECT_EQ(scapeCommInitNccl(&comm, &fc, nullptr), scapeSystemError);
   std::string m = scapeGetLastError(nullptr);
@@ -122,7 +130,7 @@ TEST(NcclBackendLoad, AnNcclOlderThan210IsRefused) {
 
 TEST(NcclBackendLoad, ArgumentErrors) {
   setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_PATH, 1);
-  FakeNcclComm fc{2, 0, 0, 0};
+  FakeNcclComm fc{2, 0, 0, 0, nullptr, 0, 0, 0};
   scapeComm_t comm = nullptr;
   EXPECT_EQ(scapeCommInitNccl(nullptr, &fc, nullptr), scapeInvalidArgument);
   EXPECT_EQ(scapeCommInitNccl(&comm, nullptr, nullptr), scapeInvalidArgument);

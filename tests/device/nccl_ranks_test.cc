@@ -1,0 +1,580 @@
+// The NCCL backend on real ranks without NCCL: forked ranks (tests/harness.h) each hold a
+// FakeNcclComm over one shared-memory segment, so the fake libnccl (fake_libnccl.cc) really
+// moves data between them, in stream order on the CPU fake device (fake_device.h). Checked:
+// scapeCommInitNccl's host communicator (the bootstrap id broadcast over NCCL, then UCX), masks
+// made and synced on an NCCL communicator, the packed (V) collectives on NCCL against the same
+// collectives on the host communicator with host buffers (bit for bit: the values are small
+// integers, exact in every summation order), the masked dense-in/out all-reduce on device
+// buffers against the host masked all-reduce, and the errors (no host communicator, NCCL
+// without the group calls, a rank that never comes to init).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plugin/api/device_dispatch.h"
+#include "plugin/coll/coll.h"
+#include "plugin/device/runtime.h"
+#include "scape/scape.h"
+#include "tests/device/fake_device.h"
+#include "tests/harness.h"
+
+namespace {
+
+using fake_device::FakeRuntime;
+using scape_test::RankCtx;
+using scape_test::RankOptions;
+using scape_test::RunRanks;
+
+// fake_libnccl.cc's types (the same layout).
+struct FakeNcclShared;
+struct FakeNcclComm {
+  int nranks, rank, failWith, asyncError;
+  FakeNcclShared* shared;
+  uint64_t barriers;
+  int barrierTimeoutMs;
+  int ops;
+};
+using FakeNcclFn = void (*)(void*);
+
+// In a rank process only (the parent must not start the fake's stream threads before forking).
+FakeRuntime& Fake() {
+  static FakeRuntime* rt = [] {
+    auto* f = new FakeRuntime();
+    scape::device::SetRuntimeForTesting(f);
+    return f;
+  }();
+  return *rt;
+}
+
+void* FakeLib(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+
+// NCCL work runs on the fake device's stream, in order with the copies and kernels there.
+void EnqueueOnFake(void* stream, FakeNcclFn fn, void* arg) {
+  Fake().StreamOf(stream)->Push([fn, arg] { fn(arg); });
+}
+
+// A segment shared by the ranks about to be forked (made in the parent).
+FakeNcclShared* NewShared(const char* lib, int nranks) {
+  void* h = FakeLib(lib);
+  if (!h) return nullptr;
+  auto make = reinterpret_cast<FakeNcclShared* (*)(int, size_t)>(dlsym(h, "fakeNcclSharedCreate"));
+  return make ? make(nranks, size_t{1} << 20) : nullptr;
+}
+
+// In a rank: the fake device, the fake NCCL's stream hook, the library path; a communicator
+// of the fake NCCL for this rank.
+FakeNcclComm RankSetup(const char* lib, FakeNcclShared* shared, const RankCtx& ctx) {
+  Fake();
+  setenv("SCAPE_NCCL_LIBRARY", lib, 1);
+  void* h = FakeLib(lib);
+  EXPECT_NE(h, nullptr);
+  auto set = reinterpret_cast<void (*)(void (*)(void*, FakeNcclFn, void*))>(
+      h ? dlsym(h, "fakeNcclSetEnqueue") : nullptr);
+  EXPECT_NE(set, nullptr);
+  if (set) set(EnqueueOnFake);
+  FakeNcclComm fc{ctx.nranks, ctx.rank, 0, 0, shared, 0, 8000, 0};
+  return fc;
+}
+
+RankOptions Opts() {
+  RankOptions o;
+  o.initComm = false;
+  o.timeoutMs = 8000;
+  o.watchdogMs = 60000;
+  return o;
+}
+
+// A mask of n over the ranks' shards, rank r selecting `k(r)` positions spread over its shard;
+// synced and made current.
+scapeMask_t MakeMask(scapeComm_t comm, int rank, uint64_t n, size_t (*k)(int), unsigned seed) {
+  scapeMask_t m = nullptr;
+  const uint64_t offs[2] = {0, n};
+  EXPECT_SCAPE_OK(
+      scapeMaskCreate(&m, n, 1, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, comm),
+      comm);
+  if (!m) return nullptr;
+  uint64_t range[2] = {0, 0};
+  size_t cnt = 0;
+  EXPECT_SCAPE_OK(scapeMaskGetOwnedRanges(m, rank, range, 1, &cnt), comm);
+  const uint64_t len = range[1] - range[0];
+  const size_t want = std::min<size_t>(k(rank), len);
+  std::mt19937 rng(seed + static_cast<unsigned>(rank));
+  std::vector<uint64_t> idx;
+  for (uint64_t i = range[0]; i < range[1]; ++i) idx.push_back(i);
+  std::shuffle(idx.begin(), idx.end(), rng);
+  idx.resize(want);
+  std::sort(idx.begin(), idx.end());
+  EXPECT_SCAPE_OK(scapeMaskSetNextIndices(m, idx.data(), idx.size()), comm);
+  EXPECT_SCAPE_OK(scapeMaskSyncStart(m), comm);
+  EXPECT_SCAPE_OK(scapeMaskSyncWait(m), comm);
+  EXPECT_SCAPE_OK(scapeMaskAdvance(m), comm);
+  return m;
+}
+
+// Small integers as floats / int32: every summation order gives the same bits.
+template <typename T>
+std::vector<T> Values(size_t n, int rank, unsigned seed) {
+  std::mt19937 rng(seed * 7919u + static_cast<unsigned>(rank));
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(static_cast<int>(rng() % 201) - 100);
+  return v;
+}
+
+// Device copy of host bytes (synchronously).
+void* ToDevice(const void* h, size_t bytes) {
+  void* d = Fake().DeviceMalloc(bytes + 1);
+  EXPECT_TRUE(Fake().CopyAsync(d, h, bytes, nullptr).ok());
+  EXPECT_TRUE(Fake().StreamSynchronize(nullptr).ok());
+  return d;
+}
+template <typename T>
+std::vector<T> FromDevice(const void* d, size_t n, void* stream) {
+  EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+  std::vector<T> h(n);
+  EXPECT_TRUE(Fake().CopyAsync(h.data(), d, n * sizeof(T), nullptr).ok());
+  EXPECT_TRUE(Fake().StreamSynchronize(nullptr).ok());
+  return h;
+}
+
+class NcclRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(NcclRanks, InitMakesAHostCommunicatorOverTheNcclBroadcast) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        // The id went over NCCL (one broadcast), on a stream of its own, released.
+        EXPECT_EQ(fc.ops, 1);
+        EXPECT_GE(Fake().streamsCreated.load(), 1u);
+        EXPECT_EQ(Fake().streamsLive.load(), 0u);
+        EXPECT_GE(Fake().pinnedAllocs.load(), 1u);  // the id comes back to page-locked memory
+        EXPECT_EQ(Fake().pinnedLive.load(), 0u);
+        int n = 0, r = -1, b = -1;
+        EXPECT_SCAPE_OK(scapeCommCount(comm, &n), comm);
+        EXPECT_SCAPE_OK(scapeCommUserRank(comm, &r), comm);
+        EXPECT_SCAPE_OK(scapeCommGetBackend(comm, &b), comm);
+        EXPECT_EQ(n, P);
+        EXPECT_EQ(r, ctx.rank);
+        EXPECT_EQ(b, scapeBackendNccl);
+        // Host calls run on the host communicator: a barrier, host buffers (with a stream).
+        EXPECT_SCAPE_OK(scapeBarrier(comm), comm);
+        std::vector<int32_t> h(100, ctx.rank + 1), out(100, -1);
+        EXPECT_SCAPE_OK(scapeAllReduce(h.data(), out.data(), h.size(), scapeInt32, scapeSum,
+                                       nullptr, comm, Fake().NewStream()),
+                        comm);
+        EXPECT_EQ(out[0], P * (P + 1) / 2);
+        EXPECT_EQ(out[99], P * (P + 1) / 2);
+        EXPECT_EQ(fc.ops, 1) << "host buffers went to NCCL";
+        // Device buffers still go to NCCL.
+        void* d = ToDevice(h.data(), h.size() * 4);
+        EXPECT_SCAPE_OK(
+            scapeAllReduce(d, d, h.size(), scapeInt32, scapeSum, nullptr, comm, nullptr), comm);
+        EXPECT_EQ(FromDevice<int32_t>(d, 100, nullptr)[7], P * (P + 1) / 2);
+        EXPECT_EQ(fc.ops, 2);
+        Fake().DeviceFree(d);
+        scapeResult_t ae = scapeInternalError;
+        EXPECT_SCAPE_OK(scapeCommGetAsyncError(comm, &ae), comm);
+        EXPECT_EQ(ae, scapeSuccess);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+size_t KUnequal(int r) { return static_cast<size_t>(5 + 17 * r); }
+size_t KEqual(int) { return 20; }
+
+// The packed collectives through the NCCL backend (device::NcclCollective with the mask's
+// per-rank counts, as scapeMask* calls on device buffers reach it) against the same call on
+// the host communicator with host buffers.
+void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGroup) {
+  FakeNcclShared* shared = NewShared(lib, P);
+  ASSERT_NE(shared, nullptr);
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(lib, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        scapeMask_t m = MakeMask(comm, ctx.rank, 600, k, seed);
+        if (!m) return false;
+        uint64_t kk = 0, mine = 0, off = 0;
+        EXPECT_SCAPE_OK(scapeMaskGetCount(m, &kk), comm);
+        EXPECT_SCAPE_OK(scapeMaskGetRankCount(m, ctx.rank, &mine, &off), comm);
+        std::vector<size_t> counts(static_cast<size_t>(P));
+        for (int r = 0; r < P; ++r) {
+          uint64_t c = 0;
+          EXPECT_SCAPE_OK(scapeMaskGetRankCount(m, r, &c, nullptr), comm);
+          counts[static_cast<size_t>(r)] = c;
+          EXPECT_EQ(c, std::min<uint64_t>(k(r), 600 / P)) << "rank " << r;
+        }
+        void* stream = Fake().NewStream();
+        const scapeRedOp_t ops[] = {scapeSum, scapeMax, scapeMin};
+        for (scapeRedOp_t op : ops) {
+          for (scapeDataType_t t : {scapeFloat32, scapeInt32}) {
+            SCOPED_TRACE(testing::Message() << "op " << op << " type " << t);
+            auto in = Values<float>(kk, ctx.rank, seed + op);
+            std::vector<int32_t> ini(in.begin(), in.end());
+            const void* hin = t == scapeFloat32 ? static_cast<const void*>(in.data())
+                                                : static_cast<const void*>(ini.data());
+            // Host reference on the host communicator.
+            std::vector<char> ar(kk * 4 + 4), rs(mine * 4 + 4), ag(kk * 4 + 4);
+            EXPECT_SCAPE_OK(scapeMaskAllReducePacked(hin, ar.data(), t, op, m, comm, nullptr),
+                            comm);
+            EXPECT_SCAPE_OK(scapeMaskReduceScatter(hin, rs.data(), t, op, m, comm, nullptr), comm);
+            EXPECT_SCAPE_OK(scapeMaskAllGather(static_cast<const char*>(hin) + off * 4, ag.data(),
+                                               t, m, comm, nullptr),
+                            comm);
+            // The same on NCCL, device buffers.
+            void* dIn = ToDevice(hin, kk * 4);
+            void* dOut = Fake().DeviceMalloc(kk * 4 + 4);
+            scape::coll::CollArgs a;
+            a.dtype = t;
+            a.op = op;
+            a.counts = counts;
+            a.type = scape::coll::CollType::kAllReduce;
+            a.count = kk;
+            a.send = dIn;
+            a.recv = dOut;
+            EXPECT_TRUE(scape::device::NcclCollective(comm, a, nullptr, stream, false).ok());
+            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ar.data(), kk * 4),
+                      0)
+                << "all-reduce";
+            a.type = scape::coll::CollType::kReduceScatter;
+            a.count = 0;
+            const int before = fc.ops;
+            scape::Status st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
+            EXPECT_TRUE(st.ok()) << st.message();
+            EXPECT_EQ(
+                std::memcmp(FromDevice<char>(dOut, mine * 4, stream).data(), rs.data(), mine * 4),
+                0)
+                << "reduce-scatter";
+            // Grouped: one NCCL call per non-empty block; else one reduce-scatter.
+            int blocks = 0;
+            for (size_t c : counts) blocks += c > 0;
+            EXPECT_EQ(fc.ops - before, expectGroup ? blocks : 1);
+            a.type = scape::coll::CollType::kAllGather;
+            a.send = static_cast<char*>(dIn) + off * 4;
+            st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
+            EXPECT_TRUE(st.ok()) << st.message();
+            EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ag.data(), kk * 4),
+                      0)
+                << "all-gather";
+            Fake().DeviceFree(dIn);
+            Fake().DeviceFree(dOut);
+          }
+        }
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+TEST_P(NcclRanks, PackedVCollectivesWithUnequalBlocksMatchTheHostCommunicator) {
+  PackedVAgainstHost(GetParam(), FAKE_NCCL_PATH, KUnequal, GetParam() > 1);
+}
+
+TEST_P(NcclRanks, PackedVCollectivesWithEqualBlocksUseNcclsOwnCalls) {
+  PackedVAgainstHost(GetParam(), FAKE_NCCL_PATH, KEqual, false);
+}
+
+// scapeAllReduce with a mask on device buffers: gather on the device, ncclAllReduce, scatter;
+// positions outside the mask keep recvbuf's values, as in the host masked all-reduce.
+TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        const uint64_t n = 900;
+        void* stream = Fake().NewStream();
+        for (int gen = 0; gen < 3; ++gen) {
+          SCOPED_TRACE(testing::Message() << "mask generation " << gen);
+          scapeMask_t m = MakeMask(comm, ctx.rank, n, KUnequal, seed + gen);
+          if (!m) return false;
+          auto in = Values<float>(n, ctx.rank, seed + gen);
+          std::vector<float> hostOut(n, 0.5f);  // outside the mask: left as it is
+          EXPECT_SCAPE_OK(scapeAllReduce(in.data(), hostOut.data(), n, scapeFloat32, scapeSum, m,
+                                         comm, nullptr),
+                          comm);
+          void* dIn = ToDevice(in.data(), n * 4);
+          std::vector<float> init(n, 0.5f);
+          void* dOut = ToDevice(init.data(), n * 4);
+          const uint64_t gathersBefore = Fake().gathers.load();
+          // Twice: the second call of a generation reuses the uploaded positions.
+          for (int rep = 0; rep < 2; ++rep) {
+            const uint64_t h2d = Fake().h2dCopies.load();
+            EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeSum, m, comm, stream),
+                            comm);
+            EXPECT_EQ(Fake().h2dCopies.load() - h2d, rep == 0 ? 1u : 0u) << "position upload";
+            auto got = FromDevice<float>(dOut, n, stream);
+            EXPECT_EQ(std::memcmp(got.data(), hostOut.data(), n * 4), 0);
+          }
+          EXPECT_EQ(Fake().gathers.load() - gathersBefore, 2u);
+          // In place too.
+          EXPECT_SCAPE_OK(scapeAllReduce(dIn, dIn, n, scapeFloat32, scapeSum, m, comm, stream),
+                          comm);
+          std::vector<float> inPlace = in;
+          EXPECT_SCAPE_OK(scapeAllReduce(inPlace.data(), inPlace.data(), n, scapeFloat32, scapeSum,
+                                         m, comm, nullptr),
+                          comm);
+          EXPECT_EQ(std::memcmp(FromDevice<float>(dIn, n, stream).data(), inPlace.data(), n * 4),
+                    0);
+          // Argument errors: count, another type of collective.
+          EXPECT_EQ(scapeAllReduce(dIn, dOut, n - 1, scapeFloat32, scapeSum, m, comm, stream),
+                    scapeInvalidArgument);
+          EXPECT_NE(std::string(scapeGetLastError(comm)).find("differs from the mask's n"),
+                    std::string::npos)
+              << scapeGetLastError(comm);
+          EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+          Fake().DeviceFree(dIn);
+          Fake().DeviceFree(dOut);
+          EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+        }
+        scapeResult_t ae = scapeInternalError;
+        EXPECT_SCAPE_OK(scapeCommGetAsyncError(comm, &ae), comm);
+        EXPECT_EQ(ae, scapeSuccess);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+size_t KAll(int) { return SIZE_MAX; }
+
+// A full mask with shard ownership is the buffer's own order: one ncclAllReduce on the dense
+// device buffers, nothing gathered or uploaded; the same values as the host masked all-reduce.
+TEST_P(NcclRanks, MaskedAllReduceWithAFullShardMaskRunsOnTheDenseBuffers) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        const uint64_t n = 301;
+        scapeMask_t m = MakeMask(comm, ctx.rank, n, KAll, seed);
+        if (!m) return false;
+        uint64_t k = 0;
+        EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), comm);
+        EXPECT_EQ(k, n);
+        auto in = Values<float>(n, ctx.rank, seed);
+        std::vector<float> hostOut(n, 0.f);
+        EXPECT_SCAPE_OK(
+            scapeAllReduce(in.data(), hostOut.data(), n, scapeFloat32, scapeMax, m, comm, nullptr),
+            comm);
+        void* dIn = ToDevice(in.data(), n * 4);
+        void* dOut = Fake().DeviceMalloc(n * 4);
+        void* stream = Fake().NewStream();
+        const uint64_t gathers = Fake().gathers.load(), h2d = Fake().h2dCopies.load();
+        const int ops = fc.ops;
+        EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeMax, m, comm, stream),
+                        comm);
+        auto got = FromDevice<float>(dOut, n, stream);
+        EXPECT_EQ(std::memcmp(got.data(), hostOut.data(), n * 4), 0);
+        EXPECT_EQ(Fake().gathers.load(), gathers);
+        EXPECT_EQ(Fake().h2dCopies.load(), h2d);
+        EXPECT_EQ(fc.ops - ops, 1);
+        Fake().DeviceFree(dIn);
+        Fake().DeviceFree(dOut);
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Destroy frees the backend's device buffers (positions, packed temps) with the host
+// communicator; abort tears down a communicator with live masks.
+TEST_P(NcclRanks, DestroyAndAbortTearDownBoth) {
+  const int P = GetParam();
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      P,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        const uint64_t liveBefore = Fake().deviceLive.load();
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        const uint64_t n = 300;
+        scapeMask_t m = MakeMask(comm, ctx.rank, n, KUnequal, 5);
+        if (!m) return false;
+        void* d = Fake().DeviceMalloc(n * 4);
+        void* stream = Fake().NewStream();
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, comm, stream), comm);
+        EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+        Fake().DeviceFree(d);
+        EXPECT_GT(Fake().deviceLive.load(), liveBefore) << "the uploaded positions";
+        EXPECT_EQ(scapeCommDestroy(comm), scapeInvalidUsage);  // the mask first
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        EXPECT_EQ(Fake().deviceLive.load(), liveBefore) << "device buffers left after destroy";
+        int nr = 0;
+        EXPECT_EQ(scapeCommCount(comm, &nr), scapeInvalidArgument);
+        // Abort with a mask still live and device work done on it.
+        scapeComm_t c2 = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&c2, &fc, nullptr), nullptr);
+        if (!c2) return false;
+        scapeMask_t m2 = MakeMask(c2, ctx.rank, n, KUnequal, 6);
+        if (!m2) return false;
+        d = Fake().DeviceMalloc(n * 4);
+        EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m2, c2, stream), c2);
+        EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+        EXPECT_EQ(scapeCommAbort(c2), scapeSuccess);
+        uint64_t k2 = 0;
+        EXPECT_EQ(scapeMaskGetCount(m2, &k2), scapeInvalidArgument);
+        EXPECT_EQ(scapeCommCount(c2, &nr), scapeInvalidArgument);
+        Fake().DeviceFree(d);
+        EXPECT_EQ(Fake().deviceLive.load(), liveBefore) << "device buffers left after abort";
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, NcclRanks, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
+
+TEST(NcclRanksErrors, WithoutAHostCommunicatorMasksAndHostBuffersFailClearly) {
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, 2);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        setenv("SCAPE_NCCL_HOST_COMM", "0", 1);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        EXPECT_EQ(fc.ops, 0) << "no id broadcast without a host communicator";
+        scapeMask_t m = nullptr;
+        const uint64_t offs[2] = {0, 100};
+        EXPECT_EQ(scapeMaskCreate(&m, 100, 1, offs, nullptr, scapeOwnershipShards,
+                                  scapeMaskEncodingAuto, comm),
+                  scapeInvalidUsage);
+        std::string msg = scapeGetLastError(comm);
+        EXPECT_NE(msg.find("scapeMaskCreate"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("SCAPE_NCCL_HOST_COMM=0"), std::string::npos) << msg;
+        EXPECT_EQ(m, nullptr);
+        std::vector<float> h(10);
+        EXPECT_EQ(
+            scapeAllReduce(h.data(), h.data(), 10, scapeFloat32, scapeSum, nullptr, comm, nullptr),
+            scapeInvalidArgument);
+        msg = scapeGetLastError(comm);
+        EXPECT_NE(msg.find("SCAPE_NCCL_HOST_COMM=0"), std::string::npos) << msg;
+        EXPECT_EQ(scapeBarrier(comm), scapeUnsupported);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+TEST(NcclRanksErrors, AnNcclWithoutTheGroupCallsFailsUnequalBlocksByName) {
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_NOGROUP_PATH, 2);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_NOGROUP_PATH, shared, ctx);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+        if (!comm) return false;
+        void* d = Fake().DeviceMalloc(64 * 4);
+        scape::coll::CollArgs a;
+        a.type = scape::coll::CollType::kReduceScatter;
+        a.counts = {3, 5};
+        a.send = d;
+        a.recv = d;
+        scape::Status st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        EXPECT_EQ(st.code(), scapeSystemError);
+        EXPECT_NE(st.message().find("has no ncclGroupStart"), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find(FAKE_NCCL_NOGROUP_PATH), std::string::npos) << st.message();
+        // Equal blocks need no group: NCCL's reduce-scatter.
+        a.counts = {4, 4};
+        st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        EXPECT_TRUE(st.ok()) << st.message();
+        // Bad per-rank counts are argument errors.
+        a.counts = {4};
+        st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        EXPECT_EQ(st.code(), scapeInvalidArgument);
+        EXPECT_NE(st.message().find("1 per-rank counts for 2 ranks"), std::string::npos)
+            << st.message();
+        EXPECT_TRUE(Fake().StreamSynchronize(nullptr).ok());
+        Fake().DeviceFree(d);
+        EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// A rank that never calls scapeCommInitNccl: the others' init fails with scapeTimeout within
+// the communicator's timeout (the id broadcast has a deadline), it does not hang.
+TEST(NcclRanksErrors, AMissingRankMakesInitTimeOutNotHang) {
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, 2);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        if (ctx.rank == 1) return true;  // never comes
+        fc.barrierTimeoutMs = 30000;     // NCCL itself would wait for ever
+        scapeConfig_t cfg = SCAPE_CONFIG_INITIALIZER;
+        cfg.timeoutMs = 1500;
+        scapeComm_t comm = nullptr;
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(scapeCommInitNccl(&comm, &fc, &cfg), scapeTimeout);
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+        EXPECT_LT(ms, 10000);
+        std::string msg = scapeGetLastError(nullptr);
+        EXPECT_NE(msg.find("did not complete within 1500 ms"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("host communicator"), std::string::npos) << msg;
+        EXPECT_EQ(comm, nullptr);
+        // The fake's stream thread is still in the broadcast: leave without waiting for it.
+        std::fflush(stdout);
+        std::fflush(stderr);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+}  // namespace
