@@ -36,6 +36,13 @@ constexpr int kThreads = 256;
 constexpr uint64_t kTileElems = 8192;
 constexpr int kSetupThreads = 1024;
 constexpr int kSampleThreads = 1024;
+// Marks a lane without an element (keys are < 2^31, and a threshold is <= kAboveAllKeys).
+constexpr uint32_t kInvalidKey = 0xffffffffu;
+// The write pass: each warp owns kWarpElems consecutive elements of a tile (kRounds rounds of
+// 32), so a tile is kTileElems / kWarpElems warps = one block of kThreads.
+constexpr int kRounds = 32;
+constexpr uint64_t kWarpElems = 32 * kRounds;
+static_assert(kWarpElems * (kThreads / 32) == kTileElems, "a block's warps cover one tile");
 
 struct TopkTemp {
   uint64_t* tile_begin;   // nseg + 1
@@ -52,15 +59,16 @@ struct TopkTemp {
   uint64_t* tile_gt_off;  // max_tiles
   uint64_t* tile_eq_off;  // max_tiles
   uint32_t* error;        // 1
+  uint32_t* tile_seg;     // max_tiles: the segment of each tile
 };
 
 struct TempLayout {
-  size_t off[14];
+  size_t off[15];
   size_t total;
 };
 
 TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
-  const size_t sizes[14] = {(nseg + 1) * 8,
+  const size_t sizes[15] = {(nseg + 1) * 8,
                             nseg * 8,
                             nseg * 8,
                             nseg * 8,
@@ -73,10 +81,11 @@ TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
                             max_tiles * 4,
                             max_tiles * 8,
                             max_tiles * 8,
-                            4};
+                            4,
+                            max_tiles * 4};
   TempLayout L;
   size_t o = 0;
-  for (int i = 0; i < 14; ++i) {
+  for (int i = 0; i < 15; ++i) {
     L.off[i] = o;
     o += dev::AlignUp(sizes[i]);
   }
@@ -101,26 +110,12 @@ TopkTemp Carve(void* base, const TempLayout& L) {
   t.tile_gt_off = reinterpret_cast<uint64_t*>(b + L.off[11]);
   t.tile_eq_off = reinterpret_cast<uint64_t*>(b + L.off[12]);
   t.error = reinterpret_cast<uint32_t*>(b + L.off[13]);
+  t.tile_seg = reinterpret_cast<uint32_t*>(b + L.off[14]);
   return t;
 }
 
 __device__ __forceinline__ uint32_t KeyAt(const float* x, uint64_t i) {
   return topk::KeyFromBits(__float_as_uint(x[i]));
-}
-
-// Largest s in [0, nseg) with tile_begin[s] <= t (t < tile_begin[nseg]).
-__device__ __forceinline__ uint64_t SegmentOfTile(const uint64_t* tile_begin, uint64_t nseg,
-                                                  uint64_t t) {
-  uint64_t lo = 0, hi = nseg;  // invariant: tile_begin[lo] <= t < tile_begin[hi]
-  while (hi - lo > 1) {
-    const uint64_t mid = lo + (hi - lo) / 2;
-    if (tile_begin[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
 }
 
 // The element range [*e0, *e1) (positions in x) of tile t of segment s.
@@ -215,6 +210,18 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
 }
 
+// tile_seg[t] = the segment of tile t (one table read per tile instead of a binary search of
+// tile_begin: ~log2(nseg) dependent global loads at the start of every tile of every pass).
+__global__ void __launch_bounds__(kThreads) TileSegKernel(uint64_t nseg, TopkTemp tt) {
+  if (*tt.error) return;
+  for (uint64_t s = blockIdx.x; s < nseg; s += gridDim.x) {
+    const uint64_t t0 = tt.tile_begin[s], t1 = tt.tile_begin[s + 1];
+    for (uint64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+      tt.tile_seg[t] = static_cast<uint32_t>(s);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
   __shared__ uint32_t sh[topk::kMaxBins];
@@ -223,16 +230,28 @@ __global__ void __launch_bounds__(kThreads)
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   const uint32_t dmask = static_cast<uint32_t>(bins - 1);
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint64_t s = tt.tile_seg[t];
     if (!tt.active[s]) continue;
     const uint32_t prefix = tt.prefix[s], pmask = tt.pmask[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
     for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
     __syncthreads();
-    for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
-      const uint32_t key = KeyAt(x, i);
-      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    // kBatch independent loads in flight per thread before the shared-memory atomics.
+    constexpr int kBatch = 8;
+    for (uint64_t r0 = e0; r0 < e1; r0 += kBatch * kThreads) {
+      uint32_t key[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const uint64_t i = r0 + j * kThreads + threadIdx.x;
+        key[j] = i < e1 ? KeyAt(x, i) : kInvalidKey;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (key[j] != kInvalidKey && (key[j] & pmask) == prefix) {
+          atomicAdd(&sh[(key[j] >> shift) & dmask], 1u);
+        }
+      }
     }
     __syncthreads();
     uint32_t* gh = tt.hist + s * topk::kMaxBins;
@@ -305,28 +324,69 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (threadIdx.x == 0) tt.thr[s] = prefix_sh;
 }
 
+// The keys of warp w's share of a tile, [c0, c1) with c1 - c0 <= kWarpElems: key[r] is element
+// c0 + 32 r + lane (kInvalidKey past c1). All kRounds loads are issued before any is used.
+__device__ __forceinline__ void LoadWarpKeys(const float* x, uint64_t c0, uint64_t c1,
+                                             uint32_t (&key)[kRounds]) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const uint64_t i = c0 + static_cast<uint64_t>(r) * 32 + lane;
+    key[r] = i < c1 ? KeyAt(x, i) : kInvalidKey;
+  }
+}
+
+// Per warp: how many of its keys are > T and == T (valid in every lane; T < kAboveAllKeys).
+__device__ __forceinline__ void WarpCountKeys(const uint32_t (&key)[kRounds], uint32_t T,
+                                              uint32_t* gt, uint32_t* eq) {
+  uint32_t g = 0, e = 0;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    g += __popc(__ballot_sync(0xffffffffu, key[r] > T && key[r] != kInvalidKey));
+    e += __popc(__ballot_sync(0xffffffffu, key[r] == T));
+  }
+  *gt = g;
+  *eq = e;
+}
+
+// Per tile: keys > T and == T. Warp w counts elements [e0 + w kWarpElems, ...) (the same split
+// as the write pass), one shared-memory reduction per tile.
 __global__ void __launch_bounds__(kThreads)
     CountKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
-  __shared__ uint64_t ws[32];
+  __shared__ uint32_t sh_gt[kThreads / 32], sh_eq[kThreads / 32];
   if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint64_t s = tt.tile_seg[t];
     const uint32_t T = tt.thr[s];
-    uint64_t e0, e1;
-    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    uint64_t packed = 0;  // (gt << 32) | eq; each <= kTileElems
-    if (T != kAboveAllKeys) {
-      for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
-        const uint32_t key = KeyAt(x, i);
-        packed += (key > T ? (uint64_t{1} << 32) : 0) + (key == T ? 1 : 0);
+    uint32_t g = 0, e = 0;
+    if (T != kAboveAllKeys) {  // uniform over the block
+      uint64_t e0, e1;
+      TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+      const uint64_t c0 = e0 + warp * kWarpElems;
+      const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+      if (c0 < e1) {  // uniform over the warp
+        uint32_t key[kRounds];
+        LoadWarpKeys(x, c0, c1, key);
+        WarpCountKeys(key, T, &g, &e);
       }
     }
-    const uint64_t sum = dev::BlockSum(packed, ws);
-    if (threadIdx.x == 0) {
-      tt.tile_gt[t] = static_cast<uint32_t>(sum >> 32);
-      tt.tile_eq[t] = static_cast<uint32_t>(sum & 0xffffffffu);
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_eq[warp] = e;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t tg = 0, te = 0;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        tg += sh_gt[w];
+        te += sh_eq[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = te;
+    }
+    __syncthreads();
   }
 }
 
@@ -364,17 +424,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Per tile: the selected positions in index order. Warp w owns elements
+// [e0 + w kWarpElems, ...): it loads all its keys (kRounds loads in flight), counts its keys > T
+// and == T, one shared-memory exchange gives every warp its offset inside the tile, then the
+// warp writes its selected positions round by round with ballot prefixes (no block barrier per
+// round). Ties (key == T) are taken in index order while their rank in the segment is < take.
 template <typename Index>
 __global__ void __launch_bounds__(kThreads)
     WriteKernel(const float* x, const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
                 TopkTemp tt, Index* out) {
-  __shared__ uint32_t ws[32];
+  constexpr int kWarps = kThreads / 32;
+  __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
   if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint64_t s = tt.tile_seg[t];
     const uint32_t T = tt.thr[s];
-    if (T == kAboveAllKeys) continue;
+    if (T == kAboveAllKeys) continue;  // uniform over the block
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
     const uint64_t eq_end = eq_off + tt.tile_eq[t];
@@ -384,28 +452,49 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
     uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
     if (stop > cap) stop = cap;
-    if (start >= stop) continue;
+    if (start >= stop) continue;  // uniform over the block
     Index* o = out + out_offsets[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    uint64_t run_sel = 0, run_eq = 0;
-    for (uint64_t r0 = e0; r0 < e1; r0 += blockDim.x) {
-      const uint64_t i = r0 + threadIdx.x;
-      const bool valid = i < e1;
-      const uint32_t key = valid ? KeyAt(x, i) : 0;
-      const bool is_gt = valid && key > T;
-      const bool is_eq = valid && key == T;
-      uint32_t eq_tot, sel_tot;
-      const uint32_t eq_x = dev::BlockExclusiveCount(is_eq, ws, &eq_tot);
-      const bool sel = is_gt || (is_eq && eq_off + run_eq + eq_x < take);
-      const uint32_t sel_x = dev::BlockExclusiveCount(sel, ws, &sel_tot);
+    const uint64_t c0 = e0 + warp * kWarpElems;
+    const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+    uint32_t key[kRounds];
+    uint32_t g = 0, e = 0;
+    if (c0 < e1) {  // uniform over the warp
+      LoadWarpKeys(x, c0, c1, key);
+      WarpCountKeys(key, T, &g, &e);
+    }
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_eq[warp] = e;
+    }
+    __syncthreads();
+    uint64_t gt_before = 0, eq_before = 0;  // in the warps before this one, inside the tile
+    for (unsigned w = 0; w < warp; ++w) {
+      gt_before += sh_gt[w];
+      eq_before += sh_eq[w];
+    }
+    __syncthreads();  // sh_* are rewritten by the next tile
+    if (c0 >= e1) continue;
+    // Ties before this warp in the segment: eq_off + eq_before; those taken: min(that, take).
+    const uint64_t eq_rank0 = eq_off + eq_before;
+    const uint64_t taken_w0 = eq_rank0 < take ? eq_rank0 : take;
+    uint64_t pos = start + gt_before + (taken_w0 - taken_before);  // next output slot
+    uint64_t eq_rank = eq_rank0;
+    if (pos >= stop) continue;
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const bool is_eq = key[r] == T;
+      const uint32_t b_eq = __ballot_sync(0xffffffffu, is_eq);
+      const bool sel = (key[r] > T && key[r] != kInvalidKey) ||
+                       (is_eq && eq_rank + __popc(b_eq & lt_mask) < take);
+      const uint32_t b_sel = __ballot_sync(0xffffffffu, sel);
       if (sel) {
-        const uint64_t pos = start + run_sel + sel_x;
-        if (pos < stop) o[pos] = static_cast<Index>(i);
+        const uint64_t p = pos + __popc(b_sel & lt_mask);
+        if (p < stop) o[p] = static_cast<Index>(c0 + static_cast<uint64_t>(r) * 32 + lane);
       }
-      run_eq += eq_tot;
-      run_sel += sel_tot;
-      if (start + run_sel >= stop) break;  // uniform: every thread has the same totals
+      pos += __popc(b_sel);
+      eq_rank += __popc(b_eq);
     }
   }
 }
@@ -442,6 +531,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   if (nseg >= (uint64_t{1} << 31)) return KernelStatus::kInvalidArgument;
   TopkTemp tt = Carve(d_temp, L);
   SetupKernel<<<1, kSetupThreads, 0, stream>>>(sg.d_offsets, sg.d_k, nseg, max_tiles, tt);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  TileSegKernel<<<dev::GridFor(nseg, 1, 65535), kThreads, 0, stream>>>(nseg, tt);
   SCAPE_CUDA_LAUNCH_CHECK();
   const unsigned tile_grid = dev::GridFor(max_tiles, 1, 65535);
   const unsigned seg_grid = static_cast<unsigned>(nseg);  // checked above: nseg < 2^31
