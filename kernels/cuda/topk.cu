@@ -6,19 +6,27 @@
 //   1. Setup (1 block): tile table, clamped k, trivial segments (k == 0: threshold above every
 //      key; k == len: threshold 0, i.e. everything).
 //   2. Threshold T per segment:
-//      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key). Per digit: a histogram
-//               pass over the segment's elements whose key matches the prefix found so far
-//               (shared-memory histogram per tile, merged with global atomics into a per-segment
-//               histogram), then one warp per segment picks the digit holding the rem-th
-//               largest key. After 3 digits, T is the k-th largest key and exactly k - #(> T)
-//               ties are needed.
+//      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key); after each digit one warp
+//               per segment picks the bin holding the rem-th largest key. Digit 0: a
+//               histogram pass over x (shared-memory histogram per tile, merged with global
+//               atomics into a per-segment histogram). Then the keys in the chosen bin (the
+//               candidates, a few per cent of the segment for smooth data) are copied once to
+//               a candidate buffer (CollectKernel, the second and last read of x before the
+//               write pass, which also counts the keys above the bin per tile), and digits 1
+//               and 2 are histogrammed over the candidates only. A segment whose candidates do
+//               not fit the buffer (len/8 + 4096 entries in all; heavy ties) instead runs
+//               digits 1 and 2 over x as before. After 3 digits, T is the k-th largest key and
+//               exactly k - #(> T) ties are needed; the same T either way.
 //      sampled: one block per segment runs the same radix select on the sampled keys
 //               (topk::SamplePosition) in shared memory, with rank topk::SampleRank.
-//   3. Count pass: keys > T and == T per tile.
+//   3. Per-tile counts of keys > T and == T: candidate segments from the candidates (tile of
+//      each candidate, atomics), the others by a counting pass over x.
 //   4. Scan (one block per segment): per-tile exclusive offsets, ties taken =
 //      topk::TiesTaken(k, gt, eq), count = min(gt + ties, capacity).
-//   5. Write pass: each tile writes its selected positions in index order (block-wide ballot
-//      scans per 256-element round), so the output is sorted without any sort.
+//   5. Write pass: each tile writes its selected positions in index order (warp-owned chunks,
+//      ballot prefixes), so the output is sorted without any sort.
+// Reads of x, exact mode with smooth keys: 3 (histogram, collect, write); sampled: 2 (count,
+// write) plus the samples.
 #include <cuda_runtime.h>
 
 #include "kernels/cpu/topk_common.h"
@@ -60,15 +68,29 @@ struct TopkTemp {
   uint64_t* tile_eq_off;  // max_tiles
   uint32_t* error;        // 1
   uint32_t* tile_seg;     // max_tiles: the segment of each tile
+  // Exact mode, candidate path (see CandPlanKernel):
+  uint32_t* mode;            // nseg: kModeRadix / kModeCand / kModeFallback
+  uint64_t* ccount;          // nseg: keys in the threshold bin of digit 0
+  uint64_t* cand_cur;        // nseg: next free candidate slot while collecting
+  unsigned long long* misc;  // [0] any fallback segment, [1] candidates in all
+  uint32_t* cand_key;        // cand_cap
+  uint32_t* cand_tile;       // cand_cap
 };
 
+// Per segment mode. kModeRadix: sampled mode, or a trivial segment (k == 0 or k == len): the
+// counting pass over x. kModeCand (exact): the keys in digit 0's threshold bin are copied to
+// the candidate buffer, digits 1 and 2 are histogrammed there and the per-tile counts come from
+// the candidates. kModeFallback (exact, candidate buffer too small): the histogram passes over
+// x for all three digits, as the radix select always did.
+constexpr uint32_t kModeRadix = 0, kModeCand = 1, kModeFallback = 2;
+
 struct TempLayout {
-  size_t off[15];
+  size_t off[21];
   size_t total;
 };
 
-TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
-  const size_t sizes[15] = {(nseg + 1) * 8,
+TempLayout Layout(size_t nseg, uint64_t max_tiles, uint64_t cand_cap, bool exact) {
+  const size_t sizes[21] = {(nseg + 1) * 8,
                             nseg * 8,
                             nseg * 8,
                             nseg * 8,
@@ -82,10 +104,16 @@ TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
                             max_tiles * 8,
                             max_tiles * 8,
                             4,
-                            max_tiles * 4};
+                            max_tiles * 4,
+                            nseg * 4,
+                            nseg * 8,
+                            nseg * 8,
+                            16,
+                            exact ? cand_cap * 4 : 0,
+                            exact ? cand_cap * 4 : 0};
   TempLayout L;
   size_t o = 0;
-  for (int i = 0; i < 15; ++i) {
+  for (int i = 0; i < 21; ++i) {
     L.off[i] = o;
     o += dev::AlignUp(sizes[i]);
   }
@@ -111,6 +139,12 @@ TopkTemp Carve(void* base, const TempLayout& L) {
   t.tile_eq_off = reinterpret_cast<uint64_t*>(b + L.off[12]);
   t.error = reinterpret_cast<uint32_t*>(b + L.off[13]);
   t.tile_seg = reinterpret_cast<uint32_t*>(b + L.off[14]);
+  t.mode = reinterpret_cast<uint32_t*>(b + L.off[15]);
+  t.ccount = reinterpret_cast<uint64_t*>(b + L.off[16]);
+  t.cand_cur = reinterpret_cast<uint64_t*>(b + L.off[17]);
+  t.misc = reinterpret_cast<unsigned long long*>(b + L.off[18]);
+  t.cand_key = reinterpret_cast<uint32_t*>(b + L.off[19]);
+  t.cand_tile = reinterpret_cast<uint32_t*>(b + L.off[20]);
   return t;
 }
 
@@ -190,6 +224,7 @@ __global__ void __launch_bounds__(kSetupThreads)
       tt.pmask[s] = 0;
       tt.rem[s] = kk;
       tt.take[s] = 0;
+      tt.mode[s] = kModeRadix;
       if (kk == 0) {
         tt.thr[s] = kAboveAllKeys;
         tt.active[s] = 0;
@@ -207,6 +242,8 @@ __global__ void __launch_bounds__(kSetupThreads)
     const bool overflow = carry > max_tiles;
     tt.tile_begin[nseg] = (bad || overflow) ? 0 : carry;
     *tt.error = (bad || overflow) ? 1u : 0u;
+    tt.misc[0] = 0;
+    tt.misc[1] = 0;
   }
 }
 
@@ -226,12 +263,14 @@ __global__ void __launch_bounds__(kThreads)
     HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
   __shared__ uint32_t sh[topk::kMaxBins];
   if (*tt.error) return;
+  // Digits 1 and 2 run over x only for kModeFallback segments (the others use the candidates).
+  if (digit > 0 && tt.misc[0] == 0) return;
   const uint64_t ntiles = tt.tile_begin[nseg];
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   const uint32_t dmask = static_cast<uint32_t>(bins - 1);
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
-    if (!tt.active[s]) continue;
+    if (!tt.active[s] || (digit > 0 && tt.mode[s] != kModeFallback)) continue;
     const uint32_t prefix = tt.prefix[s], pmask = tt.pmask[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
@@ -275,6 +314,7 @@ __global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
     tt.prefix[s] = prefix;
     tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
     tt.rem[s] = rem - above;
+    if (digit == 0) tt.ccount[s] = tt.hist[s * topk::kMaxBins + sel];
     if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
   }
 }
@@ -359,6 +399,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] == kModeCand) continue;  // counted from the candidates (CandCountKernel)
     const uint32_t T = tt.thr[s];
     uint32_t g = 0, e = 0;
     if (T != kAboveAllKeys) {  // uniform over the block
@@ -387,6 +428,193 @@ __global__ void __launch_bounds__(kThreads)
       tt.tile_eq[t] = te;
     }
     __syncthreads();
+  }
+}
+
+// Exact mode, after digit 0: segment s's candidates (keys in its threshold bin, ccount[s] of
+// them) get the slots [base, base + ccount[s]) of the candidate buffer, bases ascending with s.
+// A segment whose candidates do not fit becomes kModeFallback (so do all after it).
+__global__ void __launch_bounds__(kSetupThreads)
+    CandPlanKernel(uint64_t nseg, uint64_t cand_cap, TopkTemp tt) {
+  __shared__ uint64_t ws[32];
+  if (*tt.error) return;
+  uint64_t carry = 0, filled = 0;
+  bool any_fallback = false;
+  for (uint64_t base = 0; base < nseg; base += blockDim.x) {
+    const uint64_t s = base + threadIdx.x;
+    const bool act = s < nseg && tt.active[s];
+    const uint64_t c = act ? tt.ccount[s] : 0;
+    uint64_t total;
+    const uint64_t excl = carry + dev::BlockExclusiveSum(c, ws, &total);
+    // Once a region ends past cand_cap every later one does too, so the kModeCand regions are
+    // exactly [0, filled).
+    const bool cand = act && excl + c <= cand_cap;
+    if (act) {
+      if (cand) {
+        tt.mode[s] = kModeCand;
+        tt.cand_cur[s] = excl;
+      } else {
+        tt.mode[s] = kModeFallback;
+        any_fallback = true;
+      }
+    }
+    filled += dev::BlockSum(cand ? c : 0, ws);
+    carry += total;
+  }
+  any_fallback = __syncthreads_or(any_fallback);
+  if (threadIdx.x == 0) {
+    tt.misc[0] = any_fallback ? 1 : 0;
+    tt.misc[1] = filled;
+  }
+}
+
+// Exact mode, kModeCand tiles: tile_gt[t] = keys above the threshold bin (digit 0 > b0),
+// tile_eq[t] = 0, and the keys in the bin are appended to the segment's candidate region with
+// their tile (one atomic per tile; the order inside a region does not matter).
+__global__ void __launch_bounds__(kThreads)
+    CollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ uint32_t sh_gt[kWarps], sh_c[kWarps];
+  __shared__ unsigned long long sh_base;
+  if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const int shift0 = topk::DigitShift(0);
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] != kModeCand) continue;  // uniform over the block
+    const uint32_t b0 = tt.prefix[s] >> shift0;
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    const uint64_t c0 = e0 + warp * kWarpElems;
+    const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+    uint32_t key[kRounds];
+    uint32_t g = 0, c = 0;
+    if (c0 < e1) {  // uniform over the warp
+      LoadWarpKeys(x, c0, c1, key);
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const uint32_t hi = key[r] >> shift0;  // kInvalidKey gives 4095 > every bin
+        g += __popc(__ballot_sync(0xffffffffu, key[r] != kInvalidKey && hi > b0));
+        c += __popc(__ballot_sync(0xffffffffu, hi == b0));
+      }
+    }
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_c[warp] = c;
+    }
+    __syncthreads();
+    uint64_t c_before = 0;
+    for (unsigned w = 0; w < warp; ++w) c_before += sh_c[w];
+    if (threadIdx.x == 0) {
+      uint32_t tg = 0, tc = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        tg += sh_gt[w];
+        tc += sh_c[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = 0;
+      sh_base = tc ? atomicAdd(reinterpret_cast<unsigned long long*>(&tt.cand_cur[s]),
+                               static_cast<unsigned long long>(tc))
+                   : 0;
+    }
+    __syncthreads();
+    if (c0 < e1 && c != 0) {
+      uint64_t pos = sh_base + c_before;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const bool is_c = (key[r] >> shift0) == b0;
+        const uint32_t b = __ballot_sync(0xffffffffu, is_c);
+        if (is_c) {
+          const uint64_t p = pos + __popc(b & lt_mask);
+          tt.cand_key[p] = key[r];
+          tt.cand_tile[p] = static_cast<uint32_t>(t);
+        }
+        pos += __popc(b);
+      }
+    }
+    __syncthreads();  // sh_* and sh_base are rewritten by the next tile
+  }
+}
+
+// Exact mode, digits 1 and 2 of the kModeCand segments: histogram of the candidates matching
+// the prefix so far. A chunk of kCandChunk consecutive candidates lies in one segment's region
+// or spans several: one segment -> shared-memory histogram merged with one atomic per non-zero
+// bin; several (short regions) -> one global atomic per matching candidate.
+constexpr uint64_t kCandChunk = 4096;
+__global__ void __launch_bounds__(kThreads) CandHistKernel(TopkTemp tt, int digit) {
+  __shared__ uint32_t sh[topk::kMaxBins];
+  if (*tt.error) return;
+  const uint64_t total = tt.misc[1];
+  const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+  for (uint64_t c0 = blockIdx.x * kCandChunk; c0 < total; c0 += gridDim.x * kCandChunk) {
+    const uint64_t c1 = c0 + kCandChunk < total ? c0 + kCandChunk : total;
+    const uint32_t s_first = tt.tile_seg[tt.cand_tile[c0]];
+    const uint32_t s_last = tt.tile_seg[tt.cand_tile[c1 - 1]];
+    if (s_first == s_last) {  // uniform over the block
+      const uint32_t prefix = tt.prefix[s_first], pmask = tt.pmask[s_first];
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
+      __syncthreads();
+      for (uint64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        const uint32_t key = tt.cand_key[i];
+        if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+      }
+      __syncthreads();
+      uint32_t* gh = tt.hist + static_cast<uint64_t>(s_first) * topk::kMaxBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        const uint32_t c = sh[b];
+        if (c) atomicAdd(&gh[b], c);
+      }
+      __syncthreads();
+    } else {
+      for (uint64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        const uint64_t s = tt.tile_seg[tt.cand_tile[i]];
+        const uint32_t key = tt.cand_key[i];
+        if ((key & tt.pmask[s]) == tt.prefix[s]) {
+          atomicAdd(&tt.hist[s * topk::kMaxBins + ((key >> shift) & dmask)], 1u);
+        }
+      }
+    }
+  }
+}
+
+// Exact mode, kModeCand segments, after digit 2 (threshold T, whose digit 0 is the bin b0):
+// tile_gt[t] += candidates of tile t with key > T, tile_eq[t] = those with key == T (keys above
+// the bin were counted by CollectKernel). Candidates of one tile are mostly consecutive: a warp
+// whose valid lanes share one tile adds with one atomic per counter.
+__global__ void __launch_bounds__(kThreads) CandCountKernel(TopkTemp tt) {
+  if (*tt.error) return;
+  const uint64_t total = tt.misc[1];
+  const unsigned lane = threadIdx.x & 31u;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  // Whole warps iterate together (the loop bound is uniform over the warp).
+  for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u);
+       base < total; base += stride) {
+    const uint64_t i = base + lane;
+    const bool valid = i < total;
+    uint32_t t = 0;
+    bool gt = false, eq = false;
+    if (valid) {
+      t = tt.cand_tile[i];
+      const uint32_t key = tt.cand_key[i];
+      const uint32_t T = tt.thr[tt.tile_seg[t]];
+      gt = key > T;
+      eq = key == T;
+    }
+    const uint32_t t_lane0 = __shfl_sync(0xffffffffu, t, 0);  // lane 0 is valid when any is
+    if (__all_sync(0xffffffffu, !valid || t == t_lane0)) {
+      const uint32_t ng = __popc(__ballot_sync(0xffffffffu, gt));
+      const uint32_t ne = __popc(__ballot_sync(0xffffffffu, eq));
+      if (lane == 0) {
+        if (ng) atomicAdd(&tt.tile_gt[t_lane0], ng);
+        if (ne) atomicAdd(&tt.tile_eq[t_lane0], ne);
+      }
+    } else {
+      if (gt) atomicAdd(&tt.tile_gt[t], 1u);
+      if (eq) atomicAdd(&tt.tile_eq[t], 1u);
+    }
   }
 }
 
@@ -499,6 +727,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Candidate buffer entries (exact mode): an eighth of the elements, plus some room for small
+// inputs. Digit 0's threshold bin holds k' + (keys tied with it) keys; with 2048 bins of the
+// high 11 key bits (1/8 of a binade each) that is a few per cent of a segment for smooth
+// data; heavy ties or a bin holding more than this fall back to the histogram passes over x.
+// A candidate's tile is stored in 32 bits: no candidate path beyond 2^32 tiles.
+uint64_t CandCapacity(uint64_t max_elements, uint64_t max_tiles) {
+  return max_tiles >= (uint64_t{1} << 32) ? 0 : max_elements / 8 + 4096;
+}
+
 template <typename Index>
 KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOptions& opt,
                       Index* out, uint64_t* counts, void* d_temp, size_t* temp_bytes,
@@ -514,7 +751,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   const bool exact = opt.mode == TopkMode::kExact;
   const uint64_t nseg = sg.nseg;
   const uint64_t max_tiles = sg.max_elements / kTileElems + nseg + 1;
-  const TempLayout L = Layout(nseg, max_tiles, exact);
+  const uint64_t cand_cap = CandCapacity(sg.max_elements, max_tiles);
+  const TempLayout L = Layout(nseg, max_tiles, cand_cap, exact);
   if (d_temp == nullptr) {
     *temp_bytes = L.total;
     return KernelStatus::kOk;
@@ -537,13 +775,24 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   const unsigned tile_grid = dev::GridFor(max_tiles, 1, 65535);
   const unsigned seg_grid = static_cast<unsigned>(nseg);  // checked above: nseg < 2^31
   if (exact) {
+    const unsigned cand_grid = dev::GridFor(cand_cap, kCandChunk, 65535);
     for (int d = 0; d < topk::kNumDigits; ++d) {
       SCAPE_CUDA_CALL(
           cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
       HistKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
+      if (d > 0) {
+        CandHistKernel<<<cand_grid, kThreads, 0, stream>>>(tt, d);
+        SCAPE_CUDA_LAUNCH_CHECK();
+      }
       FindBinKernel<<<seg_grid, 32, 0, stream>>>(nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
+      if (d == 0) {
+        CandPlanKernel<<<1, kSetupThreads, 0, stream>>>(nseg, cand_cap, tt);
+        SCAPE_CUDA_LAUNCH_CHECK();
+        CollectKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
+        SCAPE_CUDA_LAUNCH_CHECK();
+      }
     }
   } else {
     SampleSelectKernel<<<seg_grid, kSampleThreads, 0, stream>>>(x, sg.d_offsets, nseg,
@@ -552,6 +801,10 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   }
   CountKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
   SCAPE_CUDA_LAUNCH_CHECK();
+  if (exact) {
+    CandCountKernel<<<dev::GridFor(cand_cap, kThreads * 8, 65535), kThreads, 0, stream>>>(tt);
+    SCAPE_CUDA_LAUNCH_CHECK();
+  }
   ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
   SCAPE_CUDA_LAUNCH_CHECK();
   WriteKernel<Index>

@@ -235,6 +235,11 @@ std::vector<float> TopkData(std::mt19937_64& rng, size_t n, int dist) {
   if (dist == 1) {
     const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f};
     for (auto& v : x) v = vals[rng() % 5];
+  } else if (dist == 3) {
+    // All keys equal (both signs): exact mode's threshold bin holds the whole segment, so only
+    // segments of up to ~4.7k elements fit the candidate buffer (len/8 + 4096), the others use
+    // the histogram passes over x; the ties are taken in index order either way.
+    for (auto& v : x) v = (rng() & 1) ? 0.75f : -0.75f;
   } else if (dist == 2) {
     for (size_t i = 0; i < n / 50; ++i) {
       const float sp[] = {std::numeric_limits<float>::infinity(),
@@ -255,7 +260,10 @@ TEST(CudaTopk, ExactAndSampledMatchCpu) {
       std::vector<uint64_t>(300, 5000),
   };
   for (const auto& lens : layouts) {
-    for (int dist : {0, 1, 2}) {
+    // dist 0: smooth keys (exact mode's candidate path); 1: five values (heavy ties: candidate
+    // path for the first segments, histogram passes over x once the buffer is full); 2: NaN,
+    // inf, -0 and denormals mixed in; 3: all keys equal.
+    for (int dist : {0, 1, 2, 3}) {
       for (double density : {0.001, 0.01, 0.3, 1.0}) {
         SCOPED_TRACE(::testing::Message()
                      << "segments " << lens.size() << " dist " << dist << " density " << density);
