@@ -259,23 +259,37 @@ __global__ void __launch_bounds__(kThreads) TileSegKernel(uint64_t nseg, TopkTem
   }
 }
 
+// Histogram pass over x. Each block takes a contiguous run of tiles (not grid-stride), so a
+// long segment's tiles share one shared-memory histogram that is merged into the segment's
+// global histogram once per run (when the segment changes or the run ends) instead of once per
+// tile. The shared histogram has kHistCopies copies interleaved by bin (word bin*kHistCopies +
+// lane % kHistCopies, distinct banks), which divides the same-address conflicts of a warp's
+// atomics by up to kHistCopies (smooth keys put a warp's digit 0 in a few dozen bins).
+constexpr int kHistCopies = 4;
 __global__ void __launch_bounds__(kThreads)
     HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
-  __shared__ uint32_t sh[topk::kMaxBins];
+  __shared__ __align__(16) uint32_t sh[topk::kMaxBins * kHistCopies];
   if (*tt.error) return;
   // Digits 1 and 2 run over x only for kModeFallback segments (the others use the candidates).
   if (digit > 0 && tt.misc[0] == 0) return;
   const uint64_t ntiles = tt.tile_begin[nseg];
+  const uint64_t per = (ntiles + gridDim.x - 1) / gridDim.x;
+  const uint64_t tb = blockIdx.x * per;
+  const uint64_t te = tb + per < ntiles ? tb + per : ntiles;
+  if (tb >= te) return;
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   const uint32_t dmask = static_cast<uint32_t>(bins - 1);
-  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+  const uint32_t copy = threadIdx.x & (kHistCopies - 1);
+  uint4* sh4 = reinterpret_cast<uint4*>(sh);
+  static_assert(kHistCopies == 4, "one uint4 per bin");
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) sh4[b] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  for (uint64_t t = tb; t < te; ++t) {
     const uint64_t s = tt.tile_seg[t];
-    if (!tt.active[s] || (digit > 0 && tt.mode[s] != kModeFallback)) continue;
+    if (!tt.active[s] || (digit > 0 && tt.mode[s] != kModeFallback)) continue;  // uniform
     const uint32_t prefix = tt.prefix[s], pmask = tt.pmask[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
-    __syncthreads();
     // kBatch independent loads in flight per thread before the shared-memory atomics.
     constexpr int kBatch = 8;
     for (uint64_t r0 = e0; r0 < e1; r0 += kBatch * kThreads) {
@@ -288,17 +302,24 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         if (key[j] != kInvalidKey && (key[j] & pmask) == prefix) {
-          atomicAdd(&sh[(key[j] >> shift) & dmask], 1u);
+          atomicAdd(&sh[((key[j] >> shift) & dmask) * kHistCopies + copy], 1u);
         }
       }
     }
-    __syncthreads();
-    uint32_t* gh = tt.hist + s * topk::kMaxBins;
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
-      const uint32_t c = sh[b];
-      if (c) atomicAdd(&gh[b], c);
+    // Merge (and clear) when the next tile of this run is in another segment or there is none.
+    if (t + 1 == te || tt.tile_seg[t + 1] != s) {  // uniform over the block
+      __syncthreads();
+      uint32_t* gh = tt.hist + s * topk::kMaxBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        const uint4 v = sh4[b];
+        const uint32_t c = v.x + v.y + v.z + v.w;
+        if (c) {
+          atomicAdd(&gh[b], c);
+          sh4[b] = make_uint4(0, 0, 0, 0);
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -775,11 +796,18 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   const unsigned tile_grid = dev::GridFor(max_tiles, 1, 65535);
   const unsigned seg_grid = static_cast<unsigned>(nseg);  // checked above: nseg < 2^31
   if (exact) {
+    // The histogram pass: about 6 resident blocks per SM (32 KiB of shared memory each), each
+    // with a contiguous run of tiles.
+    int dev_id = 0, sms = 0;
+    SCAPE_CUDA_CALL(cudaGetDevice(&dev_id));
+    SCAPE_CUDA_CALL(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+    const unsigned hist_grid =
+        dev::GridFor(max_tiles, 1, static_cast<unsigned>(sms > 0 ? sms : 1) * 6);
     const unsigned cand_grid = dev::GridFor(cand_cap, kCandChunk, 65535);
     for (int d = 0; d < topk::kNumDigits; ++d) {
       SCAPE_CUDA_CALL(
           cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
-      HistKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
+      HistKernel<<<hist_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
       if (d > 0) {
         CandHistKernel<<<cand_grid, kThreads, 0, stream>>>(tt, d);
