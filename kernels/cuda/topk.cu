@@ -329,15 +329,20 @@ __global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   uint64_t above = 0;
   const uint64_t rem = tt.rem[s];
-  const int sel = WarpFindBin(tt.hist + s * topk::kMaxBins, bins, rem, &above);
+  uint32_t* hist = tt.hist + s * topk::kMaxBins;
+  const int sel = WarpFindBin(hist, bins, rem, &above);
   if (threadIdx.x == 0) {
     const uint32_t prefix = tt.prefix[s] | (static_cast<uint32_t>(sel) << shift);
     tt.prefix[s] = prefix;
     tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
     tt.rem[s] = rem - above;
-    if (digit == 0) tt.ccount[s] = tt.hist[s * topk::kMaxBins + sel];
+    if (digit == 0) tt.ccount[s] = hist[sel];
     if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
   }
+  // Clear the histogram for the next digit (only one memset, before digit 0, is needed: the
+  // histograms of inactive segments are never written).
+  __syncwarp();
+  for (int b = threadIdx.x; b < bins; b += 32) hist[b] = 0;
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
@@ -804,9 +809,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
     const unsigned hist_grid =
         dev::GridFor(max_tiles, 1, static_cast<unsigned>(sms > 0 ? sms : 1) * 6);
     const unsigned cand_grid = dev::GridFor(cand_cap, kCandChunk, 65535);
+    SCAPE_CUDA_CALL(cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
     for (int d = 0; d < topk::kNumDigits; ++d) {
-      SCAPE_CUDA_CALL(
-          cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
       HistKernel<<<hist_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
       if (d > 0) {
