@@ -287,6 +287,33 @@ TEST(CudaTopk, ExactAndSampledMatchCpu) {
   }
 }
 
+// Enough tiles (8192 elements each) that a histogram block takes a run of several tiles
+// (the grid is ~6 blocks per SM): runs inside one long segment and runs crossing segment
+// boundaries; candidate path (smooth keys) and fallback (five values, buffer overflow).
+TEST(CudaTopk, LongTileRuns) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  const std::vector<std::vector<uint64_t>> layouts = {
+      std::vector<uint64_t>(1000, 20000),
+      {(uint64_t{1} << 24) + 5},
+  };
+  for (const auto& lens : layouts) {
+    for (int dist : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "segments " << lens.size() << " dist " << dist);
+      std::vector<uint64_t> off = {3};
+      for (uint64_t l : lens) off.push_back(off.back() + l);
+      std::vector<float> x = TopkData(rng, off.back(), dist);
+      std::vector<uint64_t> k(lens.size()), oo(lens.size() + 1);
+      ASSERT_EQ(TopkKFromDensity(off.data(), lens.size(), 0.01, k.data()), KernelStatus::kOk);
+      TopkOutOffsets(k.data(), k.size(), oo.data());
+      TopkOptions opt;
+      TopkCase<uint32_t>(x, off, k, oo, opt);
+      opt.mode = TopkMode::kSampled;
+      TopkCase<uint32_t>(x, off, k, oo, opt);
+    }
+  }
+}
+
 TEST(CudaTopk, ExplicitKAndBadTables) {
   SKIP_WITHOUT_GPU();
   SCAPE_SEEDED_RNG(rng);
