@@ -262,13 +262,15 @@ __global__ void __launch_bounds__(kThreads) TileSegKernel(uint64_t nseg, TopkTem
 // Histogram pass over x. Each block takes a contiguous run of tiles (not grid-stride), so a
 // long segment's tiles share one shared-memory histogram that is merged into the segment's
 // global histogram once per run (when the segment changes or the run ends) instead of once per
-// tile. The shared histogram has kHistCopies copies interleaved by bin (word bin*kHistCopies +
-// lane % kHistCopies, distinct banks), which divides the same-address conflicts of a warp's
-// atomics by up to kHistCopies (smooth keys put a warp's digit 0 in a few dozen bins).
+// tile. The shared histogram has kHistCopies copies, lane % kHistCopies picks one; copy c
+// starts at word c * kHistStride, which shifts its banks by 8, so the same bin in the four
+// copies lies in four different banks. A warp's atomics then conflict only among the 8 lanes of
+// one copy instead of all 32 (smooth keys put a warp's digit 0 in a few dozen bins).
 constexpr int kHistCopies = 4;
+constexpr int kHistStride = topk::kMaxBins + 8;
 __global__ void __launch_bounds__(kThreads)
     HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
-  __shared__ __align__(16) uint32_t sh[topk::kMaxBins * kHistCopies];
+  __shared__ uint32_t sh[kHistStride * kHistCopies];
   if (*tt.error) return;
   // Digits 1 and 2 run over x only for kModeFallback segments (the others use the candidates).
   if (digit > 0 && tt.misc[0] == 0) return;
@@ -279,10 +281,8 @@ __global__ void __launch_bounds__(kThreads)
   if (tb >= te) return;
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   const uint32_t dmask = static_cast<uint32_t>(bins - 1);
-  const uint32_t copy = threadIdx.x & (kHistCopies - 1);
-  uint4* sh4 = reinterpret_cast<uint4*>(sh);
-  static_assert(kHistCopies == 4, "one uint4 per bin");
-  for (int b = threadIdx.x; b < bins; b += blockDim.x) sh4[b] = make_uint4(0, 0, 0, 0);
+  uint32_t* const mine = sh + (threadIdx.x & (kHistCopies - 1)) * kHistStride;
+  for (int i = threadIdx.x; i < kHistStride * kHistCopies; i += blockDim.x) sh[i] = 0;
   __syncthreads();
   for (uint64_t t = tb; t < te; ++t) {
     const uint64_t s = tt.tile_seg[t];
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         if (key[j] != kInvalidKey && (key[j] & pmask) == prefix) {
-          atomicAdd(&sh[((key[j] >> shift) & dmask) * kHistCopies + copy], 1u);
+          atomicAdd(&mine[(key[j] >> shift) & dmask], 1u);
         }
       }
     }
@@ -311,12 +311,13 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       uint32_t* gh = tt.hist + s * topk::kMaxBins;
       for (int b = threadIdx.x; b < bins; b += blockDim.x) {
-        const uint4 v = sh4[b];
-        const uint32_t c = v.x + v.y + v.z + v.w;
-        if (c) {
-          atomicAdd(&gh[b], c);
-          sh4[b] = make_uint4(0, 0, 0, 0);
+        uint32_t c = 0;
+#pragma unroll
+        for (int q = 0; q < kHistCopies; ++q) {
+          c += sh[q * kHistStride + b];
+          sh[q * kHistStride + b] = 0;
         }
+        if (c) atomicAdd(&gh[b], c);
       }
       __syncthreads();
     }
