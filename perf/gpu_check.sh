@@ -25,7 +25,8 @@
 #     the same run: pack/unpack efficiency vs D2D (target >= 0.70) for the fused step kernels
 #     (candidate+pack+residual, unpack+AdamS) and for the masked collectives' gather (pack) and
 #     scatter (unpack) at density 0.01, 0.1 and 1.0 (bytes: index + packed + the dense side's
-#     32-byte sectors), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
+#     32-byte sectors, and for the scatter a read of every partially written sector: ECC
+#     read-modify-write), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
 #  6. Optimizer step on device vs host, and the SCAPE step vs a dense AdamS step on device:
 #     reported as NOT AVAILABLE until the optimizer step takes device buffers (it is host-only
 #     in this release); the script says so in the figures instead of inventing a number.

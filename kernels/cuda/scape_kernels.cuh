@@ -106,11 +106,16 @@ struct TopkCudaSegments {
 // Violations never cause out-of-bounds accesses: k > len is clamped to len, a capacity below
 // k truncates (in index order), and a segment table with descending offsets or more elements
 // than max_elements selects nothing and sets d_counts[s] = UINT64_MAX for every segment.
-// Algorithm: exact = radix select on the key bits (three histogram passes with 11 + 11 + 9
-// bits, per-segment shared-memory histograms), then a counting pass, a per-segment scan and an
-// ordered write pass; sampled = one block per segment selects the threshold among the samples
-// in shared memory, then the same counting / scan / write. No sort; temp storage about
-// nseg * 8 KiB (exact) + 24 bytes per 8192 elements.
+// Algorithm: exact = radix select on the key bits (11 + 11 + 9 bits): a histogram pass over x
+// for the high 11 bits, one pass copying the keys of the threshold bin to a candidate buffer
+// (and counting the keys above it per tile), the two low digits histogrammed over the
+// candidates only, per-tile counts from the candidates, a per-segment scan and an ordered write
+// pass: three reads of x. Segments whose threshold bin does not fit the buffer (heavy ties)
+// run the low digits and a counting pass over x instead. Sampled = one block per segment
+// selects the threshold among the samples in shared memory, then a counting pass, the scan
+// and the write pass. No sort; temp storage about nseg * 8 KiB (exact) + 24 bytes per 8192
+// elements + (exact) 1 byte per element (the candidate buffer: max_elements / 8 + 4096
+// entries of 8 bytes).
 KernelStatus TopkAbsCuda(const float* d_x, const TopkCudaSegments& segments,
                          const TopkOptions& options, uint32_t* d_out, uint64_t* d_counts,
                          void* d_temp, size_t* temp_bytes, cudaStream_t stream);

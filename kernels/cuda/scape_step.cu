@@ -90,37 +90,108 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename Index, int kType>
+// The update kernel's tiles: kUTile elements, 16-bit payload slots (kUTile <= 32767).
+constexpr int kUTile = 8192;
+constexpr int kUGroups = kUTile / (kThreads * 4);  // float4 groups per thread in a full tile
+static_assert(kUGroups * kThreads * 4 == kUTile, "a full tile is whole float4 groups");
+
+// MarkTile with 16-bit slots (16 KiB of shared memory for kUTile elements).
+template <typename Index>
+__device__ void MarkTile16(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, short* slot,
+                           uint64_t* range, uint64_t* jb_out) {
+  int4* s4 = reinterpret_cast<int4*>(slot);
+  for (int i = threadIdx.x; i < kUTile / 8; i += blockDim.x) s4[i] = make_int4(-1, -1, -1, -1);
+  const unsigned warp = threadIdx.x >> 5;
+  if (warp < 2) {
+    const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
+    if ((threadIdx.x & 31u) == 0) range[warp] = r;
+  }
+  __syncthreads();
+  const uint64_t jb = range[0], je = range[1];
+  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kUTile);
+       j += blockDim.x) {
+    const uint64_t p = static_cast<uint64_t>(mask[j]);
+    if (p >= t0 && p < t1) slot[p - t0] = static_cast<short>(j - jb);
+  }
+  __syncthreads();
+  *jb_out = jb;
+}
+
+// The AdamS update of one masked element (mp = m_{t-1}[i], th = theta[i]): returns theta_t and
+// sets *m_out = m_t. The operation order is the contract's (kernels/cpu/scape_step.h).
+template <int kType>
+__device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, float mp, float th,
+                                              const AdamSScalars& s, float* m_out) {
+  const float mt = dev::LoadPayload<kType>(payload, j);
+  const float gh = __fdiv_rn(__fsub_rn(mt, __fmul_rn(s.b1, mp)), s.omb1);
+  const float gc = __fmul_rn(gh, s.clip);
+  const float mn = s.rebuild_momentum ? __fadd_rn(__fmul_rn(s.b1, mp), __fmul_rn(s.omb1, gc)) : mt;
+  const float mpc = __fmul_rn(mp, s.pscale);
+  const float v =
+      __fadd_rn(__fmul_rn(s.b2, __fmul_rn(mpc, mpc)), __fmul_rn(s.omb2, __fmul_rn(gc, gc)));
+  const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.vscale)), s.eps);
+  const float upd = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mn, s.mscale)), den);
+  *m_out = mn;
+  return __fsub_rn(__fmul_rn(th, s.decay), upd);
+}
+
+// One pass over theta and m. Full tiles with decay != 1 and 16-byte aligned theta/m (kVec):
+// every thread loads its kUGroups float4 of theta first (all in flight), then updates and
+// stores theta and m as float4; m_{t-1} is read only at masked elements (m is 0 elsewhere).
+// Otherwise (the last partial tile, decay == 1 where theta is only touched at masked
+// elements, unaligned pointers) element by element as before. Same results either way.
+template <typename Index, int kType, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
                  uint64_t n, AdamSScalars s) {
-  __shared__ int slot[kTile];
+  __shared__ __align__(16) short slot[kUTile];
   __shared__ uint64_t range[2];
   const bool do_decay = s.decay != 1.0f;
-  for (uint64_t tile = blockIdx.x; tile * kTile < n; tile += gridDim.x) {
-    const uint64_t t0 = tile * kTile;
-    const uint64_t t1 = t0 + kTile < n ? t0 + kTile : n;
+  for (uint64_t tile = blockIdx.x; tile * kUTile < n; tile += gridDim.x) {
+    const uint64_t t0 = tile * kUTile;
+    const uint64_t t1 = t0 + kUTile < n ? t0 + kUTile : n;
     uint64_t jb;
-    MarkTile(mask, k, t0, t1, slot, range, &jb);
-    for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
-      const int sl = slot[i - t0];
-      if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
-        const float mt = dev::LoadPayload<kType>(payload, jb + static_cast<uint64_t>(sl));
-        const float mp = m[i];
-        const float gh = __fdiv_rn(__fsub_rn(mt, __fmul_rn(s.b1, mp)), s.omb1);
-        const float gc = __fmul_rn(gh, s.clip);
-        const float mn =
-            s.rebuild_momentum ? __fadd_rn(__fmul_rn(s.b1, mp), __fmul_rn(s.omb1, gc)) : mt;
-        const float mpc = __fmul_rn(mp, s.pscale);
-        const float v =
-            __fadd_rn(__fmul_rn(s.b2, __fmul_rn(mpc, mpc)), __fmul_rn(s.omb2, __fmul_rn(gc, gc)));
-        const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.vscale)), s.eps);
-        const float upd = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mn, s.mscale)), den);
-        theta[i] = __fsub_rn(__fmul_rn(theta[i], s.decay), upd);
-        m[i] = mn;
-      } else {
-        if (do_decay) theta[i] = __fmul_rn(theta[i], s.decay);
-        m[i] = 0.0f;
+    MarkTile16(mask, k, t0, t1, slot, range, &jb);
+    if (kVec && do_decay && t1 - t0 == static_cast<uint64_t>(kUTile)) {
+      float4* th4 = reinterpret_cast<float4*>(theta + t0);
+      float4* m4 = reinterpret_cast<float4*>(m + t0);
+      float4 th[kUGroups];
+#pragma unroll
+      for (int g = 0; g < kUGroups; ++g) th[g] = th4[g * kThreads + threadIdx.x];
+#pragma unroll
+      for (int g = 0; g < kUGroups; ++g) {
+        const int v = g * kThreads + threadIdx.x;  // float4 index inside the tile
+        const uint2 sl2 = reinterpret_cast<const uint2*>(slot)[v];
+        const short sl[4] = {static_cast<short>(sl2.x & 0xffffu), static_cast<short>(sl2.x >> 16),
+                             static_cast<short>(sl2.y & 0xffffu), static_cast<short>(sl2.y >> 16)};
+        float t[4] = {th[g].x, th[g].y, th[g].z, th[g].w};
+        float mo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (sl[q] >= 0 && jb + static_cast<uint64_t>(sl[q]) < k) {
+            const uint64_t i = t0 + static_cast<uint64_t>(v) * 4 + q;
+            t[q] = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl[q]), m[i], t[q], s,
+                                       &mo[q]);
+          } else {
+            t[q] = __fmul_rn(t[q], s.decay);
+            mo[q] = 0.0f;
+          }
+        }
+        th4[v] = make_float4(t[0], t[1], t[2], t[3]);
+        m4[v] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+      }
+    } else {
+      for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
+        const int sl = slot[i - t0];
+        if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
+          float mn;
+          theta[i] =
+              MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl), m[i], theta[i], s, &mn);
+          m[i] = mn;
+        } else {
+          if (do_decay) theta[i] = __fmul_rn(theta[i], s.decay);
+          m[i] = 0.0f;
+        }
       }
     }
     __syncthreads();
@@ -212,14 +283,26 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  const unsigned grid = dev::GridFor(n, kTile);
+  const unsigned grid = dev::GridFor(n, kUTile);
+  const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
+#define SCAPE_UPDATE_LAUNCH(KT)                                              \
+  do {                                                                       \
+    if (vec) {                                                               \
+      UpdateKernel<Index, KT, true>                                          \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s); \
+    } else {                                                                 \
+      UpdateKernel<Index, KT, false>                                         \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s); \
+    }                                                                        \
+  } while (0)
   if (kind == 0) {
-    UpdateKernel<Index, 0><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+    SCAPE_UPDATE_LAUNCH(0);
   } else if (kind == 1) {
-    UpdateKernel<Index, 1><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+    SCAPE_UPDATE_LAUNCH(1);
   } else {
-    UpdateKernel<Index, 2><<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);
+    SCAPE_UPDATE_LAUNCH(2);
   }
+#undef SCAPE_UPDATE_LAUNCH
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }

@@ -6,19 +6,27 @@
 //   1. Setup (1 block): tile table, clamped k, trivial segments (k == 0: threshold above every
 //      key; k == len: threshold 0, i.e. everything).
 //   2. Threshold T per segment:
-//      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key). Per digit: a histogram
-//               pass over the segment's elements whose key matches the prefix found so far
-//               (shared-memory histogram per tile, merged with global atomics into a per-segment
-//               histogram), then one warp per segment picks the digit holding the rem-th
-//               largest key. After 3 digits, T is the k-th largest key and exactly k - #(> T)
-//               ties are needed.
+//      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key); after each digit one warp
+//               per segment picks the bin holding the rem-th largest key. Digit 0: a
+//               histogram pass over x (shared-memory histogram per tile, merged with global
+//               atomics into a per-segment histogram). Then the keys in the chosen bin (the
+//               candidates, a few per cent of the segment for smooth data) are copied once to
+//               a candidate buffer (CollectKernel, the second and last read of x before the
+//               write pass, which also counts the keys above the bin per tile), and digits 1
+//               and 2 are histogrammed over the candidates only. A segment whose candidates do
+//               not fit the buffer (len/8 + 4096 entries in all; heavy ties) instead runs
+//               digits 1 and 2 over x as before. After 3 digits, T is the k-th largest key and
+//               exactly k - #(> T) ties are needed; the same T either way.
 //      sampled: one block per segment runs the same radix select on the sampled keys
 //               (topk::SamplePosition) in shared memory, with rank topk::SampleRank.
-//   3. Count pass: keys > T and == T per tile.
+//   3. Per-tile counts of keys > T and == T: candidate segments from the candidates (tile of
+//      each candidate, atomics), the others by a counting pass over x.
 //   4. Scan (one block per segment): per-tile exclusive offsets, ties taken =
 //      topk::TiesTaken(k, gt, eq), count = min(gt + ties, capacity).
-//   5. Write pass: each tile writes its selected positions in index order (block-wide ballot
-//      scans per 256-element round), so the output is sorted without any sort.
+//   5. Write pass: each tile writes its selected positions in index order (warp-owned chunks,
+//      ballot prefixes), so the output is sorted without any sort.
+// Reads of x, exact mode with smooth keys: 3 (histogram, collect, write); sampled: 2 (count,
+// write) plus the samples.
 #include <cuda_runtime.h>
 
 #include "kernels/cpu/topk_common.h"
@@ -36,6 +44,13 @@ constexpr int kThreads = 256;
 constexpr uint64_t kTileElems = 8192;
 constexpr int kSetupThreads = 1024;
 constexpr int kSampleThreads = 1024;
+// Marks a lane without an element (keys are < 2^31, and a threshold is <= kAboveAllKeys).
+constexpr uint32_t kInvalidKey = 0xffffffffu;
+// The write pass: each warp owns kWarpElems consecutive elements of a tile (kRounds rounds of
+// 32), so a tile is kTileElems / kWarpElems warps = one block of kThreads.
+constexpr int kRounds = 32;
+constexpr uint64_t kWarpElems = 32 * kRounds;
+static_assert(kWarpElems * (kThreads / 32) == kTileElems, "a block's warps cover one tile");
 
 struct TopkTemp {
   uint64_t* tile_begin;   // nseg + 1
@@ -52,15 +67,30 @@ struct TopkTemp {
   uint64_t* tile_gt_off;  // max_tiles
   uint64_t* tile_eq_off;  // max_tiles
   uint32_t* error;        // 1
+  uint32_t* tile_seg;     // max_tiles: the segment of each tile
+  // Exact mode, candidate path (see CandPlanKernel):
+  uint32_t* mode;            // nseg: kModeRadix / kModeCand / kModeFallback
+  uint64_t* ccount;          // nseg: keys in the threshold bin of digit 0
+  uint64_t* cand_cur;        // nseg: next free candidate slot while collecting
+  unsigned long long* misc;  // [0] any fallback segment, [1] candidates in all
+  uint32_t* cand_key;        // cand_cap
+  uint32_t* cand_tile;       // cand_cap
 };
 
+// Per segment mode. kModeRadix: sampled mode, or a trivial segment (k == 0 or k == len): the
+// counting pass over x. kModeCand (exact): the keys in digit 0's threshold bin are copied to
+// the candidate buffer, digits 1 and 2 are histogrammed there and the per-tile counts come from
+// the candidates. kModeFallback (exact, candidate buffer too small): the histogram passes over
+// x for all three digits, as the radix select always did.
+constexpr uint32_t kModeRadix = 0, kModeCand = 1, kModeFallback = 2;
+
 struct TempLayout {
-  size_t off[14];
+  size_t off[21];
   size_t total;
 };
 
-TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
-  const size_t sizes[14] = {(nseg + 1) * 8,
+TempLayout Layout(size_t nseg, uint64_t max_tiles, uint64_t cand_cap, bool exact) {
+  const size_t sizes[21] = {(nseg + 1) * 8,
                             nseg * 8,
                             nseg * 8,
                             nseg * 8,
@@ -73,10 +103,17 @@ TempLayout Layout(size_t nseg, uint64_t max_tiles, bool exact) {
                             max_tiles * 4,
                             max_tiles * 8,
                             max_tiles * 8,
-                            4};
+                            4,
+                            max_tiles * 4,
+                            nseg * 4,
+                            nseg * 8,
+                            nseg * 8,
+                            16,
+                            exact ? cand_cap * 4 : 0,
+                            exact ? cand_cap * 4 : 0};
   TempLayout L;
   size_t o = 0;
-  for (int i = 0; i < 14; ++i) {
+  for (int i = 0; i < 21; ++i) {
     L.off[i] = o;
     o += dev::AlignUp(sizes[i]);
   }
@@ -101,26 +138,18 @@ TopkTemp Carve(void* base, const TempLayout& L) {
   t.tile_gt_off = reinterpret_cast<uint64_t*>(b + L.off[11]);
   t.tile_eq_off = reinterpret_cast<uint64_t*>(b + L.off[12]);
   t.error = reinterpret_cast<uint32_t*>(b + L.off[13]);
+  t.tile_seg = reinterpret_cast<uint32_t*>(b + L.off[14]);
+  t.mode = reinterpret_cast<uint32_t*>(b + L.off[15]);
+  t.ccount = reinterpret_cast<uint64_t*>(b + L.off[16]);
+  t.cand_cur = reinterpret_cast<uint64_t*>(b + L.off[17]);
+  t.misc = reinterpret_cast<unsigned long long*>(b + L.off[18]);
+  t.cand_key = reinterpret_cast<uint32_t*>(b + L.off[19]);
+  t.cand_tile = reinterpret_cast<uint32_t*>(b + L.off[20]);
   return t;
 }
 
 __device__ __forceinline__ uint32_t KeyAt(const float* x, uint64_t i) {
   return topk::KeyFromBits(__float_as_uint(x[i]));
-}
-
-// Largest s in [0, nseg) with tile_begin[s] <= t (t < tile_begin[nseg]).
-__device__ __forceinline__ uint64_t SegmentOfTile(const uint64_t* tile_begin, uint64_t nseg,
-                                                  uint64_t t) {
-  uint64_t lo = 0, hi = nseg;  // invariant: tile_begin[lo] <= t < tile_begin[hi]
-  while (hi - lo > 1) {
-    const uint64_t mid = lo + (hi - lo) / 2;
-    if (tile_begin[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
 }
 
 // The element range [*e0, *e1) (positions in x) of tile t of segment s.
@@ -195,6 +224,7 @@ __global__ void __launch_bounds__(kSetupThreads)
       tt.pmask[s] = 0;
       tt.rem[s] = kk;
       tt.take[s] = 0;
+      tt.mode[s] = kModeRadix;
       if (kk == 0) {
         tt.thr[s] = kAboveAllKeys;
         tt.active[s] = 0;
@@ -212,35 +242,85 @@ __global__ void __launch_bounds__(kSetupThreads)
     const bool overflow = carry > max_tiles;
     tt.tile_begin[nseg] = (bad || overflow) ? 0 : carry;
     *tt.error = (bad || overflow) ? 1u : 0u;
+    tt.misc[0] = 0;
+    tt.misc[1] = 0;
   }
 }
 
+// tile_seg[t] = the segment of tile t (one table read per tile instead of a binary search of
+// tile_begin: ~log2(nseg) dependent global loads at the start of every tile of every pass).
+__global__ void __launch_bounds__(kThreads) TileSegKernel(uint64_t nseg, TopkTemp tt) {
+  if (*tt.error) return;
+  for (uint64_t s = blockIdx.x; s < nseg; s += gridDim.x) {
+    const uint64_t t0 = tt.tile_begin[s], t1 = tt.tile_begin[s + 1];
+    for (uint64_t t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+      tt.tile_seg[t] = static_cast<uint32_t>(s);
+    }
+  }
+}
+
+// Histogram pass over x. Each block takes a contiguous run of tiles (not grid-stride), so a
+// long segment's tiles share one shared-memory histogram that is merged into the segment's
+// global histogram once per run (when the segment changes or the run ends) instead of once per
+// tile. The shared histogram has kHistCopies copies, lane % kHistCopies picks one; copy c
+// starts at word c * kHistStride, which shifts its banks by 8, so the same bin in the four
+// copies lies in four different banks. A warp's atomics then conflict only among the 8 lanes of
+// one copy instead of all 32 (smooth keys put a warp's digit 0 in a few dozen bins).
+constexpr int kHistCopies = 4;
+constexpr int kHistStride = topk::kMaxBins + 8;
 __global__ void __launch_bounds__(kThreads)
     HistKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt, int digit) {
-  __shared__ uint32_t sh[topk::kMaxBins];
+  __shared__ uint32_t sh[kHistStride * kHistCopies];
   if (*tt.error) return;
+  // Digits 1 and 2 run over x only for kModeFallback segments (the others use the candidates).
+  if (digit > 0 && tt.misc[0] == 0) return;
   const uint64_t ntiles = tt.tile_begin[nseg];
+  const uint64_t per = (ntiles + gridDim.x - 1) / gridDim.x;
+  const uint64_t tb = blockIdx.x * per;
+  const uint64_t te = tb + per < ntiles ? tb + per : ntiles;
+  if (tb >= te) return;
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   const uint32_t dmask = static_cast<uint32_t>(bins - 1);
-  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
-    if (!tt.active[s]) continue;
+  uint32_t* const mine = sh + (threadIdx.x & (kHistCopies - 1)) * kHistStride;
+  for (int i = threadIdx.x; i < kHistStride * kHistCopies; i += blockDim.x) sh[i] = 0;
+  __syncthreads();
+  for (uint64_t t = tb; t < te; ++t) {
+    const uint64_t s = tt.tile_seg[t];
+    if (!tt.active[s] || (digit > 0 && tt.mode[s] != kModeFallback)) continue;  // uniform
     const uint32_t prefix = tt.prefix[s], pmask = tt.pmask[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
-    __syncthreads();
-    for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
-      const uint32_t key = KeyAt(x, i);
-      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    // kBatch independent loads in flight per thread before the shared-memory atomics.
+    constexpr int kBatch = 8;
+    for (uint64_t r0 = e0; r0 < e1; r0 += kBatch * kThreads) {
+      uint32_t key[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const uint64_t i = r0 + j * kThreads + threadIdx.x;
+        key[j] = i < e1 ? KeyAt(x, i) : kInvalidKey;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (key[j] != kInvalidKey && (key[j] & pmask) == prefix) {
+          atomicAdd(&mine[(key[j] >> shift) & dmask], 1u);
+        }
+      }
     }
-    __syncthreads();
-    uint32_t* gh = tt.hist + s * topk::kMaxBins;
-    for (int b = threadIdx.x; b < bins; b += blockDim.x) {
-      const uint32_t c = sh[b];
-      if (c) atomicAdd(&gh[b], c);
+    // Merge (and clear) when the next tile of this run is in another segment or there is none.
+    if (t + 1 == te || tt.tile_seg[t + 1] != s) {  // uniform over the block
+      __syncthreads();
+      uint32_t* gh = tt.hist + s * topk::kMaxBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        uint32_t c = 0;
+#pragma unroll
+        for (int q = 0; q < kHistCopies; ++q) {
+          c += sh[q * kHistStride + b];
+          sh[q * kHistStride + b] = 0;
+        }
+        if (c) atomicAdd(&gh[b], c);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -250,14 +330,20 @@ __global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
   uint64_t above = 0;
   const uint64_t rem = tt.rem[s];
-  const int sel = WarpFindBin(tt.hist + s * topk::kMaxBins, bins, rem, &above);
+  uint32_t* hist = tt.hist + s * topk::kMaxBins;
+  const int sel = WarpFindBin(hist, bins, rem, &above);
   if (threadIdx.x == 0) {
     const uint32_t prefix = tt.prefix[s] | (static_cast<uint32_t>(sel) << shift);
     tt.prefix[s] = prefix;
     tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
     tt.rem[s] = rem - above;
+    if (digit == 0) tt.ccount[s] = hist[sel];
     if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
   }
+  // Clear the histogram for the next digit (only one memset, before digit 0, is needed: the
+  // histograms of inactive segments are never written).
+  __syncwarp();
+  for (int b = threadIdx.x; b < bins; b += 32) hist[b] = 0;
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
@@ -305,27 +391,256 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (threadIdx.x == 0) tt.thr[s] = prefix_sh;
 }
 
+// The keys of warp w's share of a tile, [c0, c1) with c1 - c0 <= kWarpElems: key[r] is element
+// c0 + 32 r + lane (kInvalidKey past c1). All kRounds loads are issued before any is used.
+__device__ __forceinline__ void LoadWarpKeys(const float* x, uint64_t c0, uint64_t c1,
+                                             uint32_t (&key)[kRounds]) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const uint64_t i = c0 + static_cast<uint64_t>(r) * 32 + lane;
+    key[r] = i < c1 ? KeyAt(x, i) : kInvalidKey;
+  }
+}
+
+// Per warp: how many of its keys are > T and == T (valid in every lane; T < kAboveAllKeys).
+__device__ __forceinline__ void WarpCountKeys(const uint32_t (&key)[kRounds], uint32_t T,
+                                              uint32_t* gt, uint32_t* eq) {
+  uint32_t g = 0, e = 0;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    g += __popc(__ballot_sync(0xffffffffu, key[r] > T && key[r] != kInvalidKey));
+    e += __popc(__ballot_sync(0xffffffffu, key[r] == T));
+  }
+  *gt = g;
+  *eq = e;
+}
+
+// Per tile: keys > T and == T. Warp w counts elements [e0 + w kWarpElems, ...) (the same split
+// as the write pass), one shared-memory reduction per tile.
 __global__ void __launch_bounds__(kThreads)
     CountKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
-  __shared__ uint64_t ws[32];
+  __shared__ uint32_t sh_gt[kThreads / 32], sh_eq[kThreads / 32];
   if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] == kModeCand) continue;  // counted from the candidates (CandCountKernel)
     const uint32_t T = tt.thr[s];
-    uint64_t e0, e1;
-    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    uint64_t packed = 0;  // (gt << 32) | eq; each <= kTileElems
-    if (T != kAboveAllKeys) {
-      for (uint64_t i = e0 + threadIdx.x; i < e1; i += blockDim.x) {
-        const uint32_t key = KeyAt(x, i);
-        packed += (key > T ? (uint64_t{1} << 32) : 0) + (key == T ? 1 : 0);
+    uint32_t g = 0, e = 0;
+    if (T != kAboveAllKeys) {  // uniform over the block
+      uint64_t e0, e1;
+      TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+      const uint64_t c0 = e0 + warp * kWarpElems;
+      const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+      if (c0 < e1) {  // uniform over the warp
+        uint32_t key[kRounds];
+        LoadWarpKeys(x, c0, c1, key);
+        WarpCountKeys(key, T, &g, &e);
       }
     }
-    const uint64_t sum = dev::BlockSum(packed, ws);
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_eq[warp] = e;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
-      tt.tile_gt[t] = static_cast<uint32_t>(sum >> 32);
-      tt.tile_eq[t] = static_cast<uint32_t>(sum & 0xffffffffu);
+      uint32_t tg = 0, te = 0;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        tg += sh_gt[w];
+        te += sh_eq[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = te;
+    }
+    __syncthreads();
+  }
+}
+
+// Exact mode, after digit 0: segment s's candidates (keys in its threshold bin, ccount[s] of
+// them) get the slots [base, base + ccount[s]) of the candidate buffer, bases ascending with s.
+// A segment whose candidates do not fit becomes kModeFallback (so do all after it).
+__global__ void __launch_bounds__(kSetupThreads)
+    CandPlanKernel(uint64_t nseg, uint64_t cand_cap, TopkTemp tt) {
+  __shared__ uint64_t ws[32];
+  if (*tt.error) return;
+  uint64_t carry = 0, filled = 0;
+  bool any_fallback = false;
+  for (uint64_t base = 0; base < nseg; base += blockDim.x) {
+    const uint64_t s = base + threadIdx.x;
+    const bool act = s < nseg && tt.active[s];
+    const uint64_t c = act ? tt.ccount[s] : 0;
+    uint64_t total;
+    const uint64_t excl = carry + dev::BlockExclusiveSum(c, ws, &total);
+    // Once a region ends past cand_cap every later one does too, so the kModeCand regions are
+    // exactly [0, filled).
+    const bool cand = act && excl + c <= cand_cap;
+    if (act) {
+      if (cand) {
+        tt.mode[s] = kModeCand;
+        tt.cand_cur[s] = excl;
+      } else {
+        tt.mode[s] = kModeFallback;
+        any_fallback = true;
+      }
+    }
+    filled += dev::BlockSum(cand ? c : 0, ws);
+    carry += total;
+  }
+  any_fallback = __syncthreads_or(any_fallback);
+  if (threadIdx.x == 0) {
+    tt.misc[0] = any_fallback ? 1 : 0;
+    tt.misc[1] = filled;
+  }
+}
+
+// Exact mode, kModeCand tiles: tile_gt[t] = keys above the threshold bin (digit 0 > b0),
+// tile_eq[t] = 0, and the keys in the bin are appended to the segment's candidate region with
+// their tile (one atomic per tile; the order inside a region does not matter).
+__global__ void __launch_bounds__(kThreads)
+    CollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ uint32_t sh_gt[kWarps], sh_c[kWarps];
+  __shared__ unsigned long long sh_base;
+  if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const int shift0 = topk::DigitShift(0);
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] != kModeCand) continue;  // uniform over the block
+    const uint32_t b0 = tt.prefix[s] >> shift0;
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    const uint64_t c0 = e0 + warp * kWarpElems;
+    const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+    uint32_t key[kRounds];
+    uint32_t g = 0, c = 0;
+    if (c0 < e1) {  // uniform over the warp
+      LoadWarpKeys(x, c0, c1, key);
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const uint32_t hi = key[r] >> shift0;  // kInvalidKey gives 4095 > every bin
+        g += __popc(__ballot_sync(0xffffffffu, key[r] != kInvalidKey && hi > b0));
+        c += __popc(__ballot_sync(0xffffffffu, hi == b0));
+      }
+    }
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_c[warp] = c;
+    }
+    __syncthreads();
+    uint64_t c_before = 0;
+    for (unsigned w = 0; w < warp; ++w) c_before += sh_c[w];
+    if (threadIdx.x == 0) {
+      uint32_t tg = 0, tc = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        tg += sh_gt[w];
+        tc += sh_c[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = 0;
+      sh_base = tc ? atomicAdd(reinterpret_cast<unsigned long long*>(&tt.cand_cur[s]),
+                               static_cast<unsigned long long>(tc))
+                   : 0;
+    }
+    __syncthreads();
+    if (c0 < e1 && c != 0) {
+      uint64_t pos = sh_base + c_before;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const bool is_c = (key[r] >> shift0) == b0;
+        const uint32_t b = __ballot_sync(0xffffffffu, is_c);
+        if (is_c) {
+          const uint64_t p = pos + __popc(b & lt_mask);
+          tt.cand_key[p] = key[r];
+          tt.cand_tile[p] = static_cast<uint32_t>(t);
+        }
+        pos += __popc(b);
+      }
+    }
+    __syncthreads();  // sh_* and sh_base are rewritten by the next tile
+  }
+}
+
+// Exact mode, digits 1 and 2 of the kModeCand segments: histogram of the candidates matching
+// the prefix so far. A chunk of kCandChunk consecutive candidates lies in one segment's region
+// or spans several: one segment -> shared-memory histogram merged with one atomic per non-zero
+// bin; several (short regions) -> one global atomic per matching candidate.
+constexpr uint64_t kCandChunk = 4096;
+__global__ void __launch_bounds__(kThreads) CandHistKernel(TopkTemp tt, int digit) {
+  __shared__ uint32_t sh[topk::kMaxBins];
+  if (*tt.error) return;
+  const uint64_t total = tt.misc[1];
+  const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  const uint32_t dmask = static_cast<uint32_t>(bins - 1);
+  for (uint64_t c0 = blockIdx.x * kCandChunk; c0 < total; c0 += gridDim.x * kCandChunk) {
+    const uint64_t c1 = c0 + kCandChunk < total ? c0 + kCandChunk : total;
+    const uint32_t s_first = tt.tile_seg[tt.cand_tile[c0]];
+    const uint32_t s_last = tt.tile_seg[tt.cand_tile[c1 - 1]];
+    if (s_first == s_last) {  // uniform over the block
+      const uint32_t prefix = tt.prefix[s_first], pmask = tt.pmask[s_first];
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
+      __syncthreads();
+      for (uint64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        const uint32_t key = tt.cand_key[i];
+        if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+      }
+      __syncthreads();
+      uint32_t* gh = tt.hist + static_cast<uint64_t>(s_first) * topk::kMaxBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        const uint32_t c = sh[b];
+        if (c) atomicAdd(&gh[b], c);
+      }
+      __syncthreads();
+    } else {
+      for (uint64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        const uint64_t s = tt.tile_seg[tt.cand_tile[i]];
+        const uint32_t key = tt.cand_key[i];
+        if ((key & tt.pmask[s]) == tt.prefix[s]) {
+          atomicAdd(&tt.hist[s * topk::kMaxBins + ((key >> shift) & dmask)], 1u);
+        }
+      }
+    }
+  }
+}
+
+// Exact mode, kModeCand segments, after digit 2 (threshold T, whose digit 0 is the bin b0):
+// tile_gt[t] += candidates of tile t with key > T, tile_eq[t] = those with key == T (keys above
+// the bin were counted by CollectKernel). Candidates of one tile are mostly consecutive: a warp
+// whose valid lanes share one tile adds with one atomic per counter.
+__global__ void __launch_bounds__(kThreads) CandCountKernel(TopkTemp tt) {
+  if (*tt.error) return;
+  const uint64_t total = tt.misc[1];
+  const unsigned lane = threadIdx.x & 31u;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  // Whole warps iterate together (the loop bound is uniform over the warp).
+  for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u);
+       base < total; base += stride) {
+    const uint64_t i = base + lane;
+    const bool valid = i < total;
+    uint32_t t = 0;
+    bool gt = false, eq = false;
+    if (valid) {
+      t = tt.cand_tile[i];
+      const uint32_t key = tt.cand_key[i];
+      const uint32_t T = tt.thr[tt.tile_seg[t]];
+      gt = key > T;
+      eq = key == T;
+    }
+    const uint32_t t_lane0 = __shfl_sync(0xffffffffu, t, 0);  // lane 0 is valid when any is
+    if (__all_sync(0xffffffffu, !valid || t == t_lane0)) {
+      const uint32_t ng = __popc(__ballot_sync(0xffffffffu, gt));
+      const uint32_t ne = __popc(__ballot_sync(0xffffffffu, eq));
+      if (lane == 0) {
+        if (ng) atomicAdd(&tt.tile_gt[t_lane0], ng);
+        if (ne) atomicAdd(&tt.tile_eq[t_lane0], ne);
+      }
+    } else {
+      if (gt) atomicAdd(&tt.tile_gt[t], 1u);
+      if (eq) atomicAdd(&tt.tile_eq[t], 1u);
     }
   }
 }
@@ -364,17 +679,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Per tile: the selected positions in index order. Warp w owns elements
+// [e0 + w kWarpElems, ...): it loads all its keys (kRounds loads in flight), counts its keys > T
+// and == T, one shared-memory exchange gives every warp its offset inside the tile, then the
+// warp writes its selected positions round by round with ballot prefixes (no block barrier per
+// round). Ties (key == T) are taken in index order while their rank in the segment is < take.
 template <typename Index>
 __global__ void __launch_bounds__(kThreads)
     WriteKernel(const float* x, const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
                 TopkTemp tt, Index* out) {
-  __shared__ uint32_t ws[32];
+  constexpr int kWarps = kThreads / 32;
+  __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
   if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const uint64_t s = SegmentOfTile(tt.tile_begin, nseg, t);
+    const uint64_t s = tt.tile_seg[t];
     const uint32_t T = tt.thr[s];
-    if (T == kAboveAllKeys) continue;
+    if (T == kAboveAllKeys) continue;  // uniform over the block
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
     const uint64_t eq_end = eq_off + tt.tile_eq[t];
@@ -384,30 +707,60 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
     uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
     if (stop > cap) stop = cap;
-    if (start >= stop) continue;
+    if (start >= stop) continue;  // uniform over the block
     Index* o = out + out_offsets[s];
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    uint64_t run_sel = 0, run_eq = 0;
-    for (uint64_t r0 = e0; r0 < e1; r0 += blockDim.x) {
-      const uint64_t i = r0 + threadIdx.x;
-      const bool valid = i < e1;
-      const uint32_t key = valid ? KeyAt(x, i) : 0;
-      const bool is_gt = valid && key > T;
-      const bool is_eq = valid && key == T;
-      uint32_t eq_tot, sel_tot;
-      const uint32_t eq_x = dev::BlockExclusiveCount(is_eq, ws, &eq_tot);
-      const bool sel = is_gt || (is_eq && eq_off + run_eq + eq_x < take);
-      const uint32_t sel_x = dev::BlockExclusiveCount(sel, ws, &sel_tot);
+    const uint64_t c0 = e0 + warp * kWarpElems;
+    const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+    uint32_t key[kRounds];
+    uint32_t g = 0, e = 0;
+    if (c0 < e1) {  // uniform over the warp
+      LoadWarpKeys(x, c0, c1, key);
+      WarpCountKeys(key, T, &g, &e);
+    }
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_eq[warp] = e;
+    }
+    __syncthreads();
+    uint64_t gt_before = 0, eq_before = 0;  // in the warps before this one, inside the tile
+    for (unsigned w = 0; w < warp; ++w) {
+      gt_before += sh_gt[w];
+      eq_before += sh_eq[w];
+    }
+    __syncthreads();  // sh_* are rewritten by the next tile
+    if (c0 >= e1) continue;
+    // Ties before this warp in the segment: eq_off + eq_before; those taken: min(that, take).
+    const uint64_t eq_rank0 = eq_off + eq_before;
+    const uint64_t taken_w0 = eq_rank0 < take ? eq_rank0 : take;
+    uint64_t pos = start + gt_before + (taken_w0 - taken_before);  // next output slot
+    uint64_t eq_rank = eq_rank0;
+    if (pos >= stop) continue;
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const bool is_eq = key[r] == T;
+      const uint32_t b_eq = __ballot_sync(0xffffffffu, is_eq);
+      const bool sel = (key[r] > T && key[r] != kInvalidKey) ||
+                       (is_eq && eq_rank + __popc(b_eq & lt_mask) < take);
+      const uint32_t b_sel = __ballot_sync(0xffffffffu, sel);
       if (sel) {
-        const uint64_t pos = start + run_sel + sel_x;
-        if (pos < stop) o[pos] = static_cast<Index>(i);
+        const uint64_t p = pos + __popc(b_sel & lt_mask);
+        if (p < stop) o[p] = static_cast<Index>(c0 + static_cast<uint64_t>(r) * 32 + lane);
       }
-      run_eq += eq_tot;
-      run_sel += sel_tot;
-      if (start + run_sel >= stop) break;  // uniform: every thread has the same totals
+      pos += __popc(b_sel);
+      eq_rank += __popc(b_eq);
     }
   }
+}
+
+// Candidate buffer entries (exact mode): an eighth of the elements, plus some room for small
+// inputs. Digit 0's threshold bin holds k' + (keys tied with it) keys; with 2048 bins of the
+// high 11 key bits (1/8 of a binade each) that is a few per cent of a segment for smooth
+// data; heavy ties or a bin holding more than this fall back to the histogram passes over x.
+// A candidate's tile is stored in 32 bits: no candidate path beyond 2^32 tiles.
+uint64_t CandCapacity(uint64_t max_elements, uint64_t max_tiles) {
+  return max_tiles >= (uint64_t{1} << 32) ? 0 : max_elements / 8 + 4096;
 }
 
 template <typename Index>
@@ -425,7 +778,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   const bool exact = opt.mode == TopkMode::kExact;
   const uint64_t nseg = sg.nseg;
   const uint64_t max_tiles = sg.max_elements / kTileElems + nseg + 1;
-  const TempLayout L = Layout(nseg, max_tiles, exact);
+  const uint64_t cand_cap = CandCapacity(sg.max_elements, max_tiles);
+  const TempLayout L = Layout(nseg, max_tiles, cand_cap, exact);
   if (d_temp == nullptr) {
     *temp_bytes = L.total;
     return KernelStatus::kOk;
@@ -443,16 +797,35 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   TopkTemp tt = Carve(d_temp, L);
   SetupKernel<<<1, kSetupThreads, 0, stream>>>(sg.d_offsets, sg.d_k, nseg, max_tiles, tt);
   SCAPE_CUDA_LAUNCH_CHECK();
+  TileSegKernel<<<dev::GridFor(nseg, 1, 65535), kThreads, 0, stream>>>(nseg, tt);
+  SCAPE_CUDA_LAUNCH_CHECK();
   const unsigned tile_grid = dev::GridFor(max_tiles, 1, 65535);
   const unsigned seg_grid = static_cast<unsigned>(nseg);  // checked above: nseg < 2^31
   if (exact) {
+    // The histogram pass: about 6 resident blocks per SM (32 KiB of shared memory each), each
+    // with a contiguous run of tiles.
+    int dev_id = 0, sms = 0;
+    SCAPE_CUDA_CALL(cudaGetDevice(&dev_id));
+    SCAPE_CUDA_CALL(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+    const unsigned hist_grid =
+        dev::GridFor(max_tiles, 1, static_cast<unsigned>(sms > 0 ? sms : 1) * 6);
+    const unsigned cand_grid = dev::GridFor(cand_cap, kCandChunk, 65535);
+    SCAPE_CUDA_CALL(cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
     for (int d = 0; d < topk::kNumDigits; ++d) {
-      SCAPE_CUDA_CALL(
-          cudaMemsetAsync(tt.hist, 0, nseg * topk::kMaxBins * sizeof(uint32_t), stream));
-      HistKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
+      HistKernel<<<hist_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
+      if (d > 0) {
+        CandHistKernel<<<cand_grid, kThreads, 0, stream>>>(tt, d);
+        SCAPE_CUDA_LAUNCH_CHECK();
+      }
       FindBinKernel<<<seg_grid, 32, 0, stream>>>(nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
+      if (d == 0) {
+        CandPlanKernel<<<1, kSetupThreads, 0, stream>>>(nseg, cand_cap, tt);
+        SCAPE_CUDA_LAUNCH_CHECK();
+        CollectKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
+        SCAPE_CUDA_LAUNCH_CHECK();
+      }
     }
   } else {
     SampleSelectKernel<<<seg_grid, kSampleThreads, 0, stream>>>(x, sg.d_offsets, nseg,
@@ -461,6 +834,10 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   }
   CountKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
   SCAPE_CUDA_LAUNCH_CHECK();
+  if (exact) {
+    CandCountKernel<<<dev::GridFor(cand_cap, kThreads * 8, 65535), kThreads, 0, stream>>>(tt);
+    SCAPE_CUDA_LAUNCH_CHECK();
+  }
   ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
   SCAPE_CUDA_LAUNCH_CHECK();
   WriteKernel<Index>

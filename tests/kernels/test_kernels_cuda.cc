@@ -235,6 +235,11 @@ std::vector<float> TopkData(std::mt19937_64& rng, size_t n, int dist) {
   if (dist == 1) {
     const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f};
     for (auto& v : x) v = vals[rng() % 5];
+  } else if (dist == 3) {
+    // All keys equal (both signs): exact mode's threshold bin holds the whole segment, so only
+    // segments of up to ~4.7k elements fit the candidate buffer (len/8 + 4096), the others use
+    // the histogram passes over x; the ties are taken in index order either way.
+    for (auto& v : x) v = (rng() & 1) ? 0.75f : -0.75f;
   } else if (dist == 2) {
     for (size_t i = 0; i < n / 50; ++i) {
       const float sp[] = {std::numeric_limits<float>::infinity(),
@@ -255,7 +260,10 @@ TEST(CudaTopk, ExactAndSampledMatchCpu) {
       std::vector<uint64_t>(300, 5000),
   };
   for (const auto& lens : layouts) {
-    for (int dist : {0, 1, 2}) {
+    // dist 0: smooth keys (exact mode's candidate path); 1: five values (heavy ties: candidate
+    // path for the first segments, histogram passes over x once the buffer is full); 2: NaN,
+    // inf, -0 and denormals mixed in; 3: all keys equal.
+    for (int dist : {0, 1, 2, 3}) {
       for (double density : {0.001, 0.01, 0.3, 1.0}) {
         SCOPED_TRACE(::testing::Message()
                      << "segments " << lens.size() << " dist " << dist << " density " << density);
@@ -275,6 +283,33 @@ TEST(CudaTopk, ExactAndSampledMatchCpu) {
         opt.sample_size = 2048;
         TopkCase<uint64_t>(x, off, k, oo, opt);
       }
+    }
+  }
+}
+
+// Enough tiles (8192 elements each) that a histogram block takes a run of several tiles
+// (the grid is ~6 blocks per SM): runs inside one long segment and runs crossing segment
+// boundaries; candidate path (smooth keys) and fallback (five values, buffer overflow).
+TEST(CudaTopk, LongTileRuns) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  const std::vector<std::vector<uint64_t>> layouts = {
+      std::vector<uint64_t>(1000, 20000),
+      {(uint64_t{1} << 24) + 5},
+  };
+  for (const auto& lens : layouts) {
+    for (int dist : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "segments " << lens.size() << " dist " << dist);
+      std::vector<uint64_t> off = {3};
+      for (uint64_t l : lens) off.push_back(off.back() + l);
+      std::vector<float> x = TopkData(rng, off.back(), dist);
+      std::vector<uint64_t> k(lens.size()), oo(lens.size() + 1);
+      ASSERT_EQ(TopkKFromDensity(off.data(), lens.size(), 0.01, k.data()), KernelStatus::kOk);
+      TopkOutOffsets(k.data(), k.size(), oo.data());
+      TopkOptions opt;
+      TopkCase<uint32_t>(x, off, k, oo, opt);
+      opt.mode = TopkMode::kSampled;
+      TopkCase<uint32_t>(x, off, k, oo, opt);
     }
   }
 }
