@@ -231,6 +231,16 @@ void CheckMasked(scapeComm_t comm, cudaStream_t stream, int P, size_t n, int ite
                  const char* backend) {
   const uint64_t offs[4] = {0, n / 3, n / 3 + n / 4 + 1, n};
   scapeMask_t mh = nullptr, md = nullptr;  // selected from a host / a device statistic
+  // Destroyed on every way out (a failed check returns early; the communicator's destroy
+  // refuses while masks exist).
+  struct MaskGuard {
+    scapeMask_t* a;
+    scapeMask_t* b;
+    ~MaskGuard() {
+      if (*a) scapeMaskDestroy(*a);
+      if (*b) scapeMaskDestroy(*b);
+    }
+  } guard{&mh, &md};
   SOFT_OK(
       scapeMaskCreate(&mh, n, 3, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto, comm),
       comm);
@@ -384,8 +394,6 @@ void CheckMasked(scapeComm_t comm, cudaStream_t stream, int P, size_t n, int ite
   CUDA_OK(cudaFree(dp));
   CUDA_OK(cudaFree(dp2));
   CUDA_OK(cudaFree(dstat));
-  SOFT_OK(scapeMaskDestroy(mh), comm);
-  SOFT_OK(scapeMaskDestroy(md), comm);
   (void)P;
 }
 
@@ -485,7 +493,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaFree(dr));
   }
   CheckMasked(ucx, stream, P, N, iters, "UCX");
-  SCAPE_OK(scapeCommDestroy(ucx), nullptr);
+  SCAPE_OK(scapeCommDestroy(ucx), ucx);
 
   // ---- 2. NCCL backend ------------------------------------------------------------------
   ncclUniqueId nid;
@@ -531,7 +539,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaFree(d));
     CUDA_OK(cudaFree(dr));
   }
-  SCAPE_OK(scapeCommDestroy(sc), nullptr);
+  SCAPE_OK(scapeCommDestroy(sc), sc);
   ncclCommDestroy(nc);
   CUDA_OK(cudaStreamDestroy(stream));
   if (g_rank == 0) std::printf("RESULT device_checks_failed %d\n", g_fail);
