@@ -703,6 +703,10 @@ typedef enum {
  * a malformed part from a peer (or ranks that disagree on n) fails the call on every rank
  * and puts the communicator in error state, as any failure after communication started.
  * Results are identical on every rank. dtype: fp32, fp16 or bf16 values.
+ * Any buffer may be CUDA device memory (each is classified on its own): device inputs are
+ * copied to the host and device outputs written back on the default stream, with host waits
+ * (the union's size is known only at the end, so this call cannot be stream-ordered); finish
+ * writing the inputs before the call. The result is the same as with host buffers.
  *
  * @param bytesSent  optional out: bytes this rank sent (to compare with dense and masked).
  */

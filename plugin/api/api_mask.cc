@@ -1,5 +1,6 @@
 // SCAPE API entry points for agreed masks, the values-only collectives on them, and the
 // generic sparse all-reduce.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -471,11 +472,6 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                                              scapeComm_t comm) {
   return Guard(comm, "scapeSparseAllReduce", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
-    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"indices", indices},
-                                                   {"values", values},
-                                                   {"denseOut", denseOut},
-                                                   {"outIndices", outIndices},
-                                                   {"outValues", outValues}}));
     const int rank = comm->impl->rank();
     if (dtype != scapeFloat32 && dtype != scapeFloat16 && dtype != scapeBfloat16)
       return scape::InvalidArgument(StrFormat("rank %d: datatype %d: expected fp32, fp16 or bf16",
@@ -493,6 +489,27 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
     if (outIndices && (!outValues || !outNnz))
       return scape::InvalidArgument("outIndices needs outValues and outNnz");
     if (nnz > n) return scape::InvalidArgument("nnz > n");
+    const size_t esz = scapeTypeSize(dtype);
+    // Device buffers (any of them): the inputs are copied to the host and the outputs back,
+    // on the default stream, with host waits: the result's size is only known at the end.
+    std::vector<char> inIdx, inVal, outDense, outIdx, outVal;
+    const void* idxView = nullptr;
+    const void* valView = nullptr;
+    SCAPE_RETURN_IF_ERROR(scape::device::StageIn(indices, nnz * 8, &inIdx, &idxView));
+    SCAPE_RETURN_IF_ERROR(scape::device::StageIn(values, nnz * esz, &inVal, &valView));
+    indices = static_cast<const uint64_t*>(idxView);
+    values = valView;
+    void* denseDev = denseOut;
+    void* outIdxDev = outIndices;
+    void* outValDev = outValues;
+    void* view = nullptr;
+    scape::device::StageOut(denseOut, n * esz, &outDense, &view);
+    denseOut = view;
+    const size_t listCap = static_cast<size_t>(std::min<uint64_t>(capacity, n));  // union <= n
+    scape::device::StageOut(outIndices, listCap * 8, &outIdx, &view);
+    outIndices = static_cast<uint64_t*>(view);
+    scape::device::StageOut(outValues, listCap * esz, &outVal, &view);
+    outValues = view;
     for (size_t i = 0; i < nnz; ++i)
       if (indices[i] >= n || (i > 0 && indices[i] <= indices[i - 1]))
         return scape::InvalidArgument(
@@ -521,19 +538,19 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
     // An error after communication started breaks the communicator (peers are told), as for
     // every collective: a validation failure found here is no exception.
     if (!st.ok()) return c.Abandon(st);
-    const size_t esz = scapeTypeSize(dtype);
     // Outputs only on success: check the capacity before writing anything.
     if (outIndices && res.Nnz() > capacity)
       return scape::InvalidArgument(
           StrFormat("the union has %zu entries, more than capacity %zu "
                     "(nothing was written)",
                     res.Nnz(), capacity));
-    if (bytesSent) *bytesSent = res.bytesSent;
     if (denseOut) res.ToDense(denseOut, esz);
-    if (outIndices) {
-      *outNnz = res.Nnz();
-      res.ToList(outIndices, outValues, esz);
-    }
+    if (outIndices) res.ToList(outIndices, outValues, esz);
+    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(denseDev, outDense, n * esz));
+    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(outIdxDev, outIdx, res.Nnz() * 8));
+    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(outValDev, outVal, res.Nnz() * esz));
+    if (bytesSent) *bytesSent = res.bytesSent;
+    if (outIndices) *outNnz = res.Nnz();
     return Status::Ok();
   });
 }

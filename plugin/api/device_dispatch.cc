@@ -289,6 +289,35 @@ Status HostReadable(const float* p, size_t count, std::vector<float>* copy, cons
   return Status::Ok();
 }
 
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view) {
+  *view = p;
+  if (!p || bytes == 0) return Status::Ok();
+  Runtime* rt = GetRuntime();
+  if (rt->Kind(p) == PtrKind::kHost) return Status::Ok();
+  copy->resize(bytes);
+  Status st = rt->CopyAsync(copy->data(), p, bytes, nullptr);
+  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  if (!st.ok()) return st.Prepend("copying a device input to the host");
+  *view = copy->data();
+  return Status::Ok();
+}
+
+void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view) {
+  *view = p;
+  if (!p || GetRuntime()->Kind(p) == PtrKind::kHost) return;
+  copy->resize(bytes);
+  *view = copy->data();
+}
+
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes) {
+  if (!p || bytes == 0 || copy.empty()) return Status::Ok();
+  Runtime* rt = GetRuntime();
+  Status st = rt->CopyAsync(p, copy.data(), bytes, nullptr);
+  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  if (!st.ok()) return st.Prepend("copying an output to the device");
+  return Status::Ok();
+}
+
 void ReleaseComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Take(comm);
   if (e && e->staging) {

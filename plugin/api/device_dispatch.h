@@ -55,6 +55,15 @@ bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
 // at the copy; host memory is left as it is (*view = p).
 Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view);
 
+// Calls with no stream that take device buffers through host copies (scapeSparseAllReduce):
+// StageIn copies `bytes` of a device `p` to *copy and points *view at it (host memory: *view
+// = p, nothing copied); StageOut gives a host *view for an output `p` of up to `bytes`, and
+// FinishOut copies its first `bytes` back when `p` is device memory. Copies run on the default
+// stream and are waited for (host waits).
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view);
+void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view);
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes);
+
 // For calls that take host buffers only: scapeUnsupported naming the first argument that is
 // device (or managed) memory, instead of the host dereferencing it.
 Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args);
