@@ -44,6 +44,9 @@ constexpr int kThreads = 256;
 constexpr uint64_t kTileElems = 8192;
 constexpr int kSetupThreads = 1024;
 constexpr int kSampleThreads = 1024;
+// Sampled mode: samples per thread held in registers (kSampleRegs * kSampleThreads = 16384, the
+// default sample_size).
+constexpr int kSampleRegs = 16;
 // Marks a lane without an element (keys are < 2^31, and a threshold is <= kAboveAllKeys).
 constexpr uint32_t kInvalidKey = 0xffffffffu;
 // The write pass: each warp owns kWarpElems consecutive elements of a tile (kRounds rounds of
@@ -362,6 +365,22 @@ __global__ void __launch_bounds__(kSampleThreads)
     pmask_sh = 0;
     rem_sh = topk::SampleRank(tt.keff[s], len, ns);
   }
+  // Up to kSampleRegs samples per thread (the default sample_size) are read once, with all
+  // their positions (three 64-bit divisions each) computed and loads in flight together, and
+  // kept in registers for the three digits; larger samples recompute and reread per digit.
+  // Either way each digit's histogram counts the same keys, so the same threshold.
+  const bool cached = ns <= static_cast<uint64_t>(kSampleRegs) * blockDim.x;  // uniform
+  uint32_t ck[kSampleRegs];
+#pragma unroll
+  for (int r = 0; r < kSampleRegs; ++r) {
+    const uint64_t j = threadIdx.x + static_cast<uint64_t>(r) * blockDim.x;
+    ck[r] = kInvalidKey;
+    if (cached && j < ns) {
+      uint64_t pos = topk::SamplePosition(len, ns, j);
+      if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
+      ck[r] = KeyAt(x, off + pos);
+    }
+  }
   __syncthreads();
   for (int d = 0; d < topk::kNumDigits; ++d) {
     const int shift = topk::DigitShift(d), bins = 1 << topk::DigitBits(d);
@@ -369,11 +388,21 @@ __global__ void __launch_bounds__(kSampleThreads)
     for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_sh, pmask = pmask_sh;
-    for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
-      uint64_t pos = topk::SamplePosition(len, ns, j);
-      if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
-      const uint32_t key = KeyAt(x, off + pos);
-      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    if (cached) {
+#pragma unroll
+      for (int r = 0; r < kSampleRegs; ++r) {
+        // kInvalidKey (no sample) is not a key (keys are < 2^31).
+        if (ck[r] != kInvalidKey && (ck[r] & pmask) == prefix) {
+          atomicAdd(&sh[(ck[r] >> shift) & dmask], 1u);
+        }
+      }
+    } else {
+      for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
+        uint64_t pos = topk::SamplePosition(len, ns, j);
+        if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
+        const uint32_t key = KeyAt(x, off + pos);
+        if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
