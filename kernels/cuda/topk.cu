@@ -674,7 +674,9 @@ __global__ void __launch_bounds__(kThreads) CandCountKernel(TopkTemp tt) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+// Any block size that is a multiple of 32 up to kScanMaxThreads (the block scans adapt).
+constexpr int kScanMaxThreads = 1024;
+__global__ void __launch_bounds__(kScanMaxThreads)
     ScanKernel(const uint64_t* out_offsets, uint64_t nseg, TopkTemp tt, uint64_t* counts) {
   __shared__ uint64_t ws[32];
   const uint64_t s = blockIdx.x;
@@ -867,7 +869,10 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
     CandCountKernel<<<dev::GridFor(cand_cap, kThreads * 8, 65535), kThreads, 0, stream>>>(tt);
     SCAPE_CUDA_LAUNCH_CHECK();
   }
-  ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
+  // One block per segment walks its tiles blockDim at a time: long segments (a 64 Mi-element
+  // segment has 8192 tiles) get 1024 threads, a quarter of the serial block-scan steps.
+  const unsigned scan_threads = max_tiles / nseg >= 512 ? kScanMaxThreads : kThreads;
+  ScanKernel<<<seg_grid, scan_threads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
   SCAPE_CUDA_LAUNCH_CHECK();
   WriteKernel<Index>
       <<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
