@@ -327,26 +327,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
+// One block of kThreads per segment: the segment's histogram is copied to shared memory with
+// coalesced loads (and cleared in global memory for the next digit: only one memset, before
+// digit 0, is needed; the histograms of inactive segments are never written), then warp 0
+// picks the bin there. (A lone warp reading the histogram from global memory, 64 strided bins
+// per lane and then a serial walk of up to 64 bins, was a chain of L2 round trips per digit.)
+__global__ void __launch_bounds__(kThreads) FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
+  __shared__ uint32_t sh[topk::kMaxBins];
   const uint64_t s = blockIdx.x;
-  if (s >= nseg || *tt.error || !tt.active[s]) return;
+  if (s >= nseg || *tt.error || !tt.active[s]) return;  // uniform over the block
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  uint32_t* hist = tt.hist + s * topk::kMaxBins;
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    sh[b] = hist[b];
+    hist[b] = 0;
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
   uint64_t above = 0;
   const uint64_t rem = tt.rem[s];
-  uint32_t* hist = tt.hist + s * topk::kMaxBins;
-  const int sel = WarpFindBin(hist, bins, rem, &above);
+  const int sel = WarpFindBin(sh, bins, rem, &above);
   if (threadIdx.x == 0) {
     const uint32_t prefix = tt.prefix[s] | (static_cast<uint32_t>(sel) << shift);
     tt.prefix[s] = prefix;
     tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
     tt.rem[s] = rem - above;
-    if (digit == 0) tt.ccount[s] = hist[sel];
+    if (digit == 0) tt.ccount[s] = sh[sel];
     if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
   }
-  // Clear the histogram for the next digit (only one memset, before digit 0, is needed: the
-  // histograms of inactive segments are never written).
-  __syncwarp();
-  for (int b = threadIdx.x; b < bins; b += 32) hist[b] = 0;
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
@@ -849,7 +857,7 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
         CandHistKernel<<<cand_grid, kThreads, 0, stream>>>(tt, d);
         SCAPE_CUDA_LAUNCH_CHECK();
       }
-      FindBinKernel<<<seg_grid, 32, 0, stream>>>(nseg, tt, d);
+      FindBinKernel<<<seg_grid, kThreads, 0, stream>>>(nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
       if (d == 0) {
         CandPlanKernel<<<1, kSetupThreads, 0, stream>>>(nseg, cand_cap, tt);
