@@ -141,7 +141,7 @@ __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, f
 // Otherwise (the last partial tile, decay == 1 where theta is only touched at masked
 // elements, unaligned pointers) element by element as before. Same results either way.
 template <typename Index, int kType, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
                  uint64_t n, AdamSScalars s) {
   __shared__ __align__(16) short slot[kUTile];
@@ -150,14 +150,20 @@ __global__ void __launch_bounds__(kThreads)
   for (uint64_t tile = blockIdx.x; tile * kUTile < n; tile += gridDim.x) {
     const uint64_t t0 = tile * kUTile;
     const uint64_t t1 = t0 + kUTile < n ? t0 + kUTile : n;
-    uint64_t jb;
-    MarkTile16(mask, k, t0, t1, slot, range, &jb);
-    if (kVec && do_decay && t1 - t0 == static_cast<uint64_t>(kUTile)) {
-      float4* th4 = reinterpret_cast<float4*>(theta + t0);
-      float4* m4 = reinterpret_cast<float4*>(m + t0);
-      float4 th[kUGroups];
+    const bool vec_tile = kVec && do_decay && t1 - t0 == static_cast<uint64_t>(kUTile);
+    float4* th4 = reinterpret_cast<float4*>(theta + t0);
+    float4* m4 = reinterpret_cast<float4*>(m + t0);
+    // The theta loads do not depend on the mask: issued before MarkTile16, their DRAM latency
+    // overlaps the mask search and slot marking instead of following it (theta[t0, t1) is
+    // written only by this block, below).
+    float4 th[kUGroups];
+    if (vec_tile) {
 #pragma unroll
       for (int g = 0; g < kUGroups; ++g) th[g] = th4[g * kThreads + threadIdx.x];
+    }
+    uint64_t jb;
+    MarkTile16(mask, k, t0, t1, slot, range, &jb);
+    if (vec_tile) {
 #pragma unroll
       for (int g = 0; g < kUGroups; ++g) {
         const int v = g * kThreads + threadIdx.x;  // float4 index inside the tile
