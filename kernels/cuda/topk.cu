@@ -44,6 +44,9 @@ constexpr int kThreads = 256;
 constexpr uint64_t kTileElems = 8192;
 constexpr int kSetupThreads = 1024;
 constexpr int kSampleThreads = 1024;
+// Sampled mode: samples per thread held in registers (kSampleRegs * kSampleThreads = 16384, the
+// default sample_size).
+constexpr int kSampleRegs = 16;
 // Marks a lane without an element (keys are < 2^31, and a threshold is <= kAboveAllKeys).
 constexpr uint32_t kInvalidKey = 0xffffffffu;
 // The write pass: each warp owns kWarpElems consecutive elements of a tile (kRounds rounds of
@@ -324,26 +327,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
+// One block of kThreads per segment: the segment's histogram is copied to shared memory with
+// coalesced loads (and cleared in global memory for the next digit: only one memset, before
+// digit 0, is needed; the histograms of inactive segments are never written), then warp 0
+// picks the bin there. (A lone warp reading the histogram from global memory, 64 strided bins
+// per lane and then a serial walk of up to 64 bins, was a chain of L2 round trips per digit.)
+__global__ void __launch_bounds__(kThreads) FindBinKernel(uint64_t nseg, TopkTemp tt, int digit) {
+  __shared__ uint32_t sh[topk::kMaxBins];
   const uint64_t s = blockIdx.x;
-  if (s >= nseg || *tt.error || !tt.active[s]) return;
+  if (s >= nseg || *tt.error || !tt.active[s]) return;  // uniform over the block
   const int shift = topk::DigitShift(digit), bins = 1 << topk::DigitBits(digit);
+  uint32_t* hist = tt.hist + s * topk::kMaxBins;
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+    sh[b] = hist[b];
+    hist[b] = 0;
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
   uint64_t above = 0;
   const uint64_t rem = tt.rem[s];
-  uint32_t* hist = tt.hist + s * topk::kMaxBins;
-  const int sel = WarpFindBin(hist, bins, rem, &above);
+  const int sel = WarpFindBin(sh, bins, rem, &above);
   if (threadIdx.x == 0) {
     const uint32_t prefix = tt.prefix[s] | (static_cast<uint32_t>(sel) << shift);
     tt.prefix[s] = prefix;
     tt.pmask[s] |= static_cast<uint32_t>(bins - 1) << shift;
     tt.rem[s] = rem - above;
-    if (digit == 0) tt.ccount[s] = hist[sel];
+    if (digit == 0) tt.ccount[s] = sh[sel];
     if (digit == topk::kNumDigits - 1) tt.thr[s] = prefix;
   }
-  // Clear the histogram for the next digit (only one memset, before digit 0, is needed: the
-  // histograms of inactive segments are never written).
-  __syncwarp();
-  for (int b = threadIdx.x; b < bins; b += 32) hist[b] = 0;
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
@@ -362,6 +373,22 @@ __global__ void __launch_bounds__(kSampleThreads)
     pmask_sh = 0;
     rem_sh = topk::SampleRank(tt.keff[s], len, ns);
   }
+  // Up to kSampleRegs samples per thread (the default sample_size) are read once, with all
+  // their positions (three 64-bit divisions each) computed and loads in flight together, and
+  // kept in registers for the three digits; larger samples recompute and reread per digit.
+  // Either way each digit's histogram counts the same keys, so the same threshold.
+  const bool cached = ns <= static_cast<uint64_t>(kSampleRegs) * blockDim.x;  // uniform
+  uint32_t ck[kSampleRegs];
+#pragma unroll
+  for (int r = 0; r < kSampleRegs; ++r) {
+    const uint64_t j = threadIdx.x + static_cast<uint64_t>(r) * blockDim.x;
+    ck[r] = kInvalidKey;
+    if (cached && j < ns) {
+      uint64_t pos = topk::SamplePosition(len, ns, j);
+      if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
+      ck[r] = KeyAt(x, off + pos);
+    }
+  }
   __syncthreads();
   for (int d = 0; d < topk::kNumDigits; ++d) {
     const int shift = topk::DigitShift(d), bins = 1 << topk::DigitBits(d);
@@ -369,11 +396,21 @@ __global__ void __launch_bounds__(kSampleThreads)
     for (int b = threadIdx.x; b < bins; b += blockDim.x) sh[b] = 0;
     __syncthreads();
     const uint32_t prefix = prefix_sh, pmask = pmask_sh;
-    for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
-      uint64_t pos = topk::SamplePosition(len, ns, j);
-      if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
-      const uint32_t key = KeyAt(x, off + pos);
-      if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+    if (cached) {
+#pragma unroll
+      for (int r = 0; r < kSampleRegs; ++r) {
+        // kInvalidKey (no sample) is not a key (keys are < 2^31).
+        if (ck[r] != kInvalidKey && (ck[r] & pmask) == prefix) {
+          atomicAdd(&sh[(ck[r] >> shift) & dmask], 1u);
+        }
+      }
+    } else {
+      for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
+        uint64_t pos = topk::SamplePosition(len, ns, j);
+        if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
+        const uint32_t key = KeyAt(x, off + pos);
+        if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -645,7 +682,9 @@ __global__ void __launch_bounds__(kThreads) CandCountKernel(TopkTemp tt) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+// Any block size that is a multiple of 32 up to kScanMaxThreads (the block scans adapt).
+constexpr int kScanMaxThreads = 1024;
+__global__ void __launch_bounds__(kScanMaxThreads)
     ScanKernel(const uint64_t* out_offsets, uint64_t nseg, TopkTemp tt, uint64_t* counts) {
   __shared__ uint64_t ws[32];
   const uint64_t s = blockIdx.x;
@@ -818,7 +857,7 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
         CandHistKernel<<<cand_grid, kThreads, 0, stream>>>(tt, d);
         SCAPE_CUDA_LAUNCH_CHECK();
       }
-      FindBinKernel<<<seg_grid, 32, 0, stream>>>(nseg, tt, d);
+      FindBinKernel<<<seg_grid, kThreads, 0, stream>>>(nseg, tt, d);
       SCAPE_CUDA_LAUNCH_CHECK();
       if (d == 0) {
         CandPlanKernel<<<1, kSetupThreads, 0, stream>>>(nseg, cand_cap, tt);
@@ -838,7 +877,10 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
     CandCountKernel<<<dev::GridFor(cand_cap, kThreads * 8, 65535), kThreads, 0, stream>>>(tt);
     SCAPE_CUDA_LAUNCH_CHECK();
   }
-  ScanKernel<<<seg_grid, kThreads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
+  // One block per segment walks its tiles blockDim at a time: long segments (a 64 Mi-element
+  // segment has 8192 tiles) get 1024 threads, a quarter of the serial block-scan steps.
+  const unsigned scan_threads = max_tiles / nseg >= 512 ? kScanMaxThreads : kThreads;
+  ScanKernel<<<seg_grid, scan_threads, 0, stream>>>(sg.d_out_offsets, nseg, tt, counts);
   SCAPE_CUDA_LAUNCH_CHECK();
   WriteKernel<Index>
       <<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
