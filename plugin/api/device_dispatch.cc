@@ -11,6 +11,7 @@
 #include "plugin/device/nccl_backend.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
+#include "plugin/mask/mask.h"
 
 namespace scape {
 namespace device {
@@ -64,6 +65,144 @@ Status AsyncWithDevice(const char* what) {
                 what));
 }
 
+// Enqueues a validated collective on device buffers through the communicator's staging
+// channel (made at the first device collective).
+Status EnqueueStaged(scapeComm* comm, Runtime* rt, const coll::CollArgs& a, Stream stream) {
+  Comm& c = *comm->impl;
+  if (!c.error().ok()) return c.error();
+  std::shared_ptr<Entry> e = Find(comm);
+  if (!e || !e->staging) {
+    // The first device collective: the staging channel (collective: every rank makes its
+    // first device collective at the same call, as every rank passes the same buffer kinds).
+    std::unique_ptr<StagingChannel> ch;
+    Status st = StagingChannel::Create(&c, rt, &ch);
+    if (!st.ok()) return st.Prepend("setting up the device staging channel");
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto& slot = g_entries[comm];
+    if (!slot) slot = std::make_shared<Entry>();
+    slot->staging = std::move(ch);
+    e = slot;
+  }
+  if (e->staging->runtime() != rt)
+    return InvalidUsage("the device runtime changed while device work was in flight");
+  return e->staging->Enqueue(a, stream);
+}
+
+// ---- device memory of the mask calls -------------------------------------------------------
+// Device memory that stream work still reads or writes is kept (shared_ptr) until an event
+// recorded after that work has completed; it is then freed on the thread of a later call
+// (never from a stream callback, which must not call the runtime).
+
+// A device allocation, freed when the last holder lets go.
+struct DevBuf {
+  Runtime* rt = nullptr;
+  void* d = nullptr;
+  ~DevBuf() {
+    if (d) rt->DeviceFree(d);
+  }
+};
+
+// A device copy of a mask's current positions (for one stream), uploaded from `host`, which
+// stays alive with it (so the stream-ordered upload always reads live memory).
+struct DevPositions {
+  std::shared_ptr<DevBuf> buf;
+  std::shared_ptr<const std::vector<uint64_t>> host;
+  uint64_t generation = 0;
+  const uint64_t* d() const { return static_cast<const uint64_t*>(buf->d); }
+};
+
+struct Retired {
+  Runtime* rt;
+  Event ev;
+  std::vector<std::shared_ptr<void>> keep;
+};
+
+std::mutex g_devMu;
+std::map<std::pair<const scapeMask*, Stream>, std::shared_ptr<DevPositions>> g_positions;
+std::vector<Retired> g_retired;
+
+// Frees what the streams have finished with.
+void ReapRetired() {
+  std::vector<Retired> done;
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    for (size_t i = 0; i < g_retired.size();) {
+      bool fin = false;
+      Status st = g_retired[i].rt->EventQuery(g_retired[i].ev, &fin);
+      if (fin || !st.ok()) {  // a failed stream runs nothing more
+        done.push_back(std::move(g_retired[i]));
+        g_retired.erase(g_retired.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (Retired& r : done) r.rt->EventDestroy(r.ev);
+  // `done` goes out of scope here, outside the lock: the device memory is freed.
+}
+
+// Keeps `keep` alive until the stream has passed everything enqueued on it so far. If no event
+// can be recorded, waits for the stream instead (a host wait, bounded by the runtime's).
+void RetireAfter(Runtime* rt, Stream stream, std::vector<std::shared_ptr<void>> keep) {
+  Event ev = nullptr;
+  Status st = rt->EventCreate(&ev);
+  if (st.ok()) st = rt->EventRecord(ev, stream);
+  if (!st.ok()) {
+    if (ev) rt->EventDestroy(ev);
+    Status w = rt->StreamSynchronize(stream);
+    if (!w.ok()) SCAPE_WARN("device mask call: %s", w.message().c_str());
+    return;  // keep is released here, after the stream has finished with it
+  }
+  std::lock_guard<std::mutex> lk(g_devMu);
+  g_retired.push_back({rt, ev, std::move(keep)});
+}
+
+Status AllocDev(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* out) {
+  auto b = std::make_shared<DevBuf>();
+  b->rt = rt;
+  SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(bytes, &b->d));
+  *out = std::move(b);
+  return Status::Ok();
+}
+
+// The mask's current positions on the device, for work on `stream` (uploaded there once per
+// mask generation; a copy for another stream is uploaded on that stream, so no cross-stream
+// ordering is needed).
+Status MaskPositions(Runtime* rt, const scapeMask* mask, Stream stream,
+                     std::shared_ptr<DevPositions>* out) {
+  const Mask& m = *mask->impl;
+  std::shared_ptr<const std::vector<uint64_t>> cur = m.CurrentShared();
+  const auto key = std::make_pair(mask, stream);
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    auto it = g_positions.find(key);
+    if (it != g_positions.end() && it->second->host == cur &&
+        it->second->generation == m.Generation() && it->second->buf->rt == rt) {
+      *out = it->second;
+      return Status::Ok();
+    }
+  }
+  auto p = std::make_shared<DevPositions>();
+  p->host = cur;
+  p->generation = m.Generation();
+  const size_t bytes = cur->size() * sizeof(uint64_t);
+  Status st = AllocDev(rt, bytes, &p->buf);
+  if (st.ok() && bytes) st = rt->CopyAsync(p->buf->d, cur->data(), bytes, stream);
+  if (!st.ok()) {
+    if (p->buf) RetireAfter(rt, stream, {p});
+    return st.Prepend("uploading the mask's positions to the device");
+  }
+  std::shared_ptr<DevPositions> old;
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    std::shared_ptr<DevPositions>& slot = g_positions[key];
+    old = std::move(slot);  // released below (freed now unless stream work still holds it)
+    slot = p;
+  }
+  *out = std::move(p);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
@@ -83,27 +222,110 @@ Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, 
   }
   *handled = true;
   if (async) return AsyncWithDevice("*Async");
-  if (mask)
-    return Unsupported(
-        "the masked (dense-in/out) all-reduce takes host buffers in this release; "
-        "with device buffers, pack on the device and all-reduce the packed values");
+  if (mask) return UcxMaskedAllReduce(comm, a, mask, stream);
+  return EnqueueStaged(comm, rt, a, stream);
+}
+
+Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& dense, scapeMask* mask,
+                          void* stream) {
+  Runtime* rt = GetRuntime();
+  Comm& c = *comm->impl;
   if (!c.error().ok()) return c.error();
-  std::shared_ptr<Entry> e = Find(comm);
-  if (!e || !e->staging) {
-    // The first device collective: the staging channel (collective: every rank makes its
-    // first device collective at the same call, as every rank passes the same buffer kinds).
-    std::unique_ptr<StagingChannel> ch;
-    Status st = StagingChannel::Create(&c, rt, &ch);
-    if (!st.ok()) return st.Prepend("setting up the device staging channel");
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto& slot = g_entries[comm];
-    if (!slot) slot = std::make_shared<Entry>();
-    slot->staging = std::move(ch);
-    e = slot;
+  ReapRetired();
+  const Mask& m = *mask->impl;
+  const size_t k = m.Current().size(), esz = scapeTypeSize(dense.dtype);
+  coll::CollArgs a = dense;
+  a.type = coll::CollType::kAllReduce;
+  a.count = k;
+  a.counts = m.RankCounts();  // owner blocks: the bits of the host masked all-reduce
+  if (m.CurrentIsIdentity()) return EnqueueStaged(comm, rt, a, stream);  // as the host path
+  std::shared_ptr<DevPositions> pos;
+  std::shared_ptr<DevBuf> packed;
+  if (k > 0) {
+    SCAPE_RETURN_IF_ERROR(MaskPositions(rt, mask, stream, &pos));
+    Status st = AllocDev(rt, k * esz, &packed);
+    if (!st.ok())
+      return st.Prepend(
+          StrFormat("rank %d: allocating the packed values (%zu bytes)", c.rank(), k * esz));
+    st = rt->Gather(dense.send, pos->d(), k, esz, packed->d, stream);
+    if (!st.ok()) {
+      RetireAfter(rt, stream, {pos, packed});
+      return st.Prepend("gathering the mask's positions on the device");
+    }
+    a.send = a.recv = packed->d;
+  } else {
+    a.send = a.recv = nullptr;  // the rank still takes part (count 0)
   }
-  if (e->staging->runtime() != rt)
-    return InvalidUsage("the device runtime changed while device work was in flight");
-  return e->staging->Enqueue(a, stream);
+  Status st = EnqueueStaged(comm, rt, a, stream);
+  if (st.ok() && k > 0) {
+    // Only the mask's positions of recvbuf are written: the others keep their values.
+    st = rt->Scatter(packed->d, pos->d(), k, esz, dense.recv, stream);
+    if (!st.ok()) st.Prepend("scattering the reduced values on the device");
+  }
+  if (k > 0) RetireAfter(rt, stream, {pos, packed});
+  return st;
+}
+
+Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t esz, bool unpack,
+                      bool* handled) {
+  *handled = false;
+  Runtime* rt = GetRuntime();
+  const PtrKind kd = dense ? rt->Kind(dense) : PtrKind::kHost;
+  const PtrKind kp = packed ? rt->Kind(packed) : PtrKind::kHost;
+  if (dense && packed && IsDev(kd) != IsDev(kp))
+    return InvalidArgument(
+        StrFormat("dense is %s but packed is %s: both must be host memory or both device memory",
+                  PtrKindName(kd), PtrKindName(kp)));
+  if (!IsDev(kd) && !IsDev(kp)) return Status::Ok();
+  *handled = true;
+  ReapRetired();
+  const size_t k = mask->impl->Current().size();
+  if (k == 0) return Status::Ok();
+  if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+  std::shared_ptr<DevPositions> pos;
+  SCAPE_RETURN_IF_ERROR(MaskPositions(rt, mask, nullptr, &pos));
+  Status st = unpack ? rt->Scatter(packed, pos->d(), k, esz, const_cast<void*>(dense), nullptr)
+                     : rt->Gather(dense, pos->d(), k, esz, packed, nullptr);
+  RetireAfter(rt, nullptr, {pos});
+  if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
+  return st;
+}
+
+void ReleaseMask(const scapeMask* mask) {
+  std::vector<std::shared_ptr<DevPositions>> drop;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    for (auto it = g_positions.begin(); it != g_positions.end();) {
+      if (it->first.first == mask) {
+        drop.push_back(std::move(it->second));
+        it = g_positions.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  drop.clear();
+  ReapRetired();
+}
+
+void DropStaleMaskPositions(const scapeMask* mask) {
+  if (!mask || !mask->impl) return;
+  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
+  const uint64_t gen = mask->impl->Generation();
+  std::vector<std::shared_ptr<DevPositions>> drop;
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    for (auto it = g_positions.begin(); it != g_positions.end();) {
+      if (it->first.first == mask && (it->second->host != cur || it->second->generation != gen)) {
+        drop.push_back(std::move(it->second));
+        it = g_positions.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  drop.clear();
+  ReapRetired();
 }
 
 bool IsNcclComm(const scapeComm* comm) {

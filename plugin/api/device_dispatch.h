@@ -32,6 +32,33 @@ namespace device {
 Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                      bool async, bool* handled);
 
+// The masked (dense-in/dense-out) all-reduce on device buffers, on a UCX communicator: `a` is
+// the validated dense call (count = the mask's n), `mask` a live mask of `comm` (validated).
+// Enqueued on the stream: gather the mask's positions into a device packed temporary, the
+// staged V all-reduce of the packed values (the mask's per-rank counts), scatter into recv;
+// positions not in the mask are left as they are (the host path's semantics, same bits). A
+// full mask with shard ownership runs the staged V all-reduce on the dense buffers directly.
+Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream);
+
+// scapeMaskPack / scapeMaskUnpack: *handled = false for two host buffers (the host path runs);
+// device buffers are gathered / scattered on the default stream (stream-ordered: the call
+// returns once enqueued); a host/device mix is scapeInvalidArgument naming both arguments.
+// `mask` is live (validated); unpack: packed -> dense.
+Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t esz, bool unpack,
+                      bool* handled);
+
+// scapeMaskSelectNextTopk with a device statistic: *handled = false for host memory (the host
+// path runs). Otherwise runs the top-k of |statistic| on the device over the segments this
+// rank owns (the host path's segments and options), copies only the selected positions back
+// (a host wait on that copy; the statistic is read on the default stream) and selects them.
+Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double density, bool* handled);
+
+// Hooks of the mask's lifecycle: the device copies of its positions are dropped (freed once
+// the device work that uses them has completed). Release: the mask is being destroyed;
+// DropStale: its current positions may have changed (only copies of older ones are dropped).
+void ReleaseMask(const scapeMask* mask);
+void DropStaleMaskPositions(const scapeMask* mask);
+
 // NCCL-backend communicators (made by scapeCommInitNccl; their scapeComm has no UCX impl).
 bool IsNcclComm(const scapeComm* comm);
 // Validates and issues a collective on an NCCL-backend communicator.
