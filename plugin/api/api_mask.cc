@@ -317,9 +317,10 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
     if (!(density > 0.0 && density <= 1.0))
       return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
     if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
-    std::vector<float> hostCopy;  // a device statistic is read through a host copy (host wait)
-    SCAPE_RETURN_IF_ERROR(
-        scape::device::HostReadable(statistic, mask->impl->n(), &hostCopy, &statistic));
+    // A device statistic: top-k on the device, only the selected positions come back.
+    bool onDevice = false;
+    Status dev = scape::device::MaskSelectTopkDevice(mask, statistic, density, &onDevice);
+    if (onDevice || !dev.ok()) return dev;
     return mask->impl->SelectNextTopk(statistic, density);
   });
 }

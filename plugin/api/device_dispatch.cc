@@ -4,8 +4,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "kernels/cpu/topk.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/core/comm.h"
 #include "plugin/device/nccl_backend.h"
@@ -289,6 +292,72 @@ Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t e
   RetireAfter(rt, nullptr, {pos});
   if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
   return st;
+}
+
+Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double density,
+                            bool* handled) {
+  *handled = false;
+  Runtime* rt = GetRuntime();
+  if (!statistic || rt->Kind(statistic) == PtrKind::kHost) return Status::Ok();
+  *handled = true;
+  ReapRetired();
+  Mask& m = *mask->impl;
+  if (m.SyncInFlight()) return InvalidUsage("a mask sync is in flight: wait for it first");
+  // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
+  std::vector<uint64_t> offs, k;
+  m.TopkPlan(density, &offs, &k);
+  if (k.empty()) return m.SetNextFromTopk(nullptr, 0);
+  std::vector<uint64_t> outOffs(k.size() + 1);
+  const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  kernels::TopkSegments segs;
+  segs.offsets = offs.data();
+  segs.k = k.data();
+  segs.out_offsets = outOffs.data();
+  segs.nseg = k.size();
+  kernels::TopkOptions opt;
+  std::shared_ptr<DevBuf> dOut, dCounts;
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, total * sizeof(uint64_t), &dOut));
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, k.size() * sizeof(uint64_t), &dCounts));
+  std::vector<uint64_t> sel(total);
+  // Legacy default stream: ordered after the caller's work on blocking streams.
+  Status st = rt->TopkAbs(statistic, segs, opt, static_cast<uint64_t*>(dOut->d),
+                          static_cast<uint64_t*>(dCounts->d), nullptr);
+  if (!st.ok()) {
+    RetireAfter(rt, nullptr, {dOut, dCounts});
+    return st.Prepend("top-k of the device statistic");
+  }
+  // Only the selected positions come back (a host wait on that copy, with a deadline).
+  auto host = std::make_shared<std::vector<uint64_t>>(total);
+  if (total) st = rt->CopyAsync(host->data(), dOut->d, total * sizeof(uint64_t), nullptr);
+  Event ev = nullptr;
+  if (st.ok()) st = rt->EventCreate(&ev);
+  if (st.ok()) st = rt->EventRecord(ev, nullptr);
+  const int timeoutMs =
+      mask->comm && mask->comm->impl ? mask->comm->impl->config().timeoutMs : kDefaultTimeoutMs;
+  bool done = false;
+  Deadline dl = Deadline::AfterMs(timeoutMs);
+  while (st.ok()) {
+    st = rt->EventQuery(ev, &done);
+    if (!st.ok() || done) break;
+    if (dl.Expired()) {
+      st = TimeoutError(StrFormat("the device top-k did not complete within %d ms", timeoutMs));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (!done) {
+    // Not known to be finished: the buffers (and the host copy's target) stay until it is.
+    std::vector<std::shared_ptr<void>> keep = {dOut, dCounts, host};
+    if (ev) {
+      std::lock_guard<std::mutex> lk(g_devMu);
+      g_retired.push_back({rt, ev, std::move(keep)});
+    } else {
+      RetireAfter(rt, nullptr, std::move(keep));
+    }
+    return st.Prepend("top-k of the device statistic");
+  }
+  rt->EventDestroy(ev);
+  return m.SetNextFromTopk(host->data(), host->size());
 }
 
 void ReleaseMask(const scapeMask* mask) {

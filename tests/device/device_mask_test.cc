@@ -73,9 +73,9 @@ scapeMask_t MakeMask(RankCtx& ctx, uint64_t n, int kind, unsigned seed, double d
   if (kind == 3) dense = {1, 1, 1};
   const scapeOwnership_t own = kind == 0 ? scapeOwnershipSegments : scapeOwnershipShards;
   scapeMask_t m = nullptr;
-  EXPECT_SCAPE_OK(scapeMaskCreate(&m, n, 3, offs.data(), dense.data(), own, scapeMaskEncodingAuto,
-                                  ctx.comm),
-                  ctx.comm);
+  EXPECT_SCAPE_OK(
+      scapeMaskCreate(&m, n, 3, offs.data(), dense.data(), own, scapeMaskEncodingAuto, ctx.comm),
+      ctx.comm);
   if (!m || kind == 2) return m;
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -92,9 +92,9 @@ scapeMask_t MakeMask(RankCtx& ctx, uint64_t n, int kind, unsigned seed, double d
 bool MaskCallsMatchHost(RankCtx& ctx, uint64_t n, int kind, scapeDataType_t t, scapeRedOp_t op,
                         bool inPlace, unsigned seed) {
   FakeRuntime& rt = Fake();
-  SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " type=" << t
-                                    << " op=" << op << " inPlace=" << inPlace
-                                    << " rank=" << ctx.rank << " seed=" << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " kind=" << kind << " type=" << t << " op=" << op
+               << " inPlace=" << inPlace << " rank=" << ctx.rank << " seed=" << seed);
   scapeMask_t m = MakeMask(ctx, n, kind, seed, 0.05 + (seed % 7) * 0.1);
   if (!m) return false;
   const size_t esz = scapeTypeSize(t);
@@ -120,8 +120,8 @@ bool MaskCallsMatchHost(RankCtx& ctx, uint64_t n, int kind, scapeDataType_t t, s
   {
     std::vector<char> in = RandomValues(rng, k, t), junk = RandomValues(rng, k, t);
     std::vector<char> hin = in, hout = inPlace ? in : junk;
-    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(inPlace ? hout.data() : hin.data(), hout.data(), t,
-                                             op, m, ctx.comm, nullptr),
+    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(inPlace ? hout.data() : hin.data(), hout.data(), t, op,
+                                             m, ctx.comm, nullptr),
                     ctx.comm);
     char* ds = ToDevice(rt, in, k * esz);
     char* dr = inPlace ? ds : ToDevice(rt, junk, k * esz);
@@ -168,8 +168,8 @@ bool MaskCallsMatchHost(RankCtx& ctx, uint64_t n, int kind, scapeDataType_t t, s
       ds = ToDevice(rt, in, mine * esz);
     }
     const uint64_t h2d0 = rt.h2dCopies;
-    EXPECT_SCAPE_OK(
-        scapeMaskAllGather(inPlace ? dr + off * esz : ds, dr, t, m, ctx.comm, s), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllGather(inPlace ? dr + off * esz : ds, dr, t, m, ctx.comm, s),
+                    ctx.comm);
     sync();
     if (k) {
       EXPECT_GT(rt.h2dCopies.load(), h2d0) << "the packed all-gather was not staged";
@@ -183,9 +183,9 @@ bool MaskCallsMatchHost(RankCtx& ctx, uint64_t n, int kind, scapeDataType_t t, s
   {
     std::vector<char> in = RandomValues(rng, n, t), junk = RandomValues(rng, n, t);
     std::vector<char> hs = in, hr = inPlace ? in : junk;
-    EXPECT_SCAPE_OK(scapeAllReduce(inPlace ? hr.data() : hs.data(), hr.data(), n, t, op, m,
-                                   ctx.comm, nullptr),
-                    ctx.comm);
+    EXPECT_SCAPE_OK(
+        scapeAllReduce(inPlace ? hr.data() : hs.data(), hr.data(), n, t, op, m, ctx.comm, nullptr),
+        ctx.comm);
     char* ds = ToDevice(rt, in, n * esz);
     char* dr = inPlace ? ds : ToDevice(rt, junk, n * esz);
     const uint64_t g0 = rt.gathers, s0 = rt.scatters, d2h0 = rt.d2hCopies;
@@ -279,8 +279,7 @@ TEST(DeviceMaskStream, CallsEnqueueAndReturn) {
     rt.HoldStream(s, &gate);
     EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, m, ctx.comm, s), ctx.comm);
     EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, m, ctx.comm, s), ctx.comm);
-    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(p, p, scapeInt32, scapeSum, m, ctx.comm, s),
-                    ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskAllReducePacked(p, p, scapeInt32, scapeSum, m, ctx.comm, s), ctx.comm);
     for (uint64_t i = 0; i < n; ++i)
       if (d[i] != static_cast<int32_t>(i % 11) + ctx.rank) {
         ADD_FAILURE() << "element " << i << " changed before the stream reached the call";
@@ -356,8 +355,7 @@ TEST(DeviceMaskStream, MixesAndAsyncAreClearErrors) {
       EXPECT_NE(msg.find("blocking form"), std::string::npos) << msg;
       EXPECT_EQ(req, nullptr);
     };
-    expectAsync(
-        scapeMaskAllReducePackedAsync(d, d, scapeFloat32, scapeSum, m, ctx.comm, s, &req));
+    expectAsync(scapeMaskAllReducePackedAsync(d, d, scapeFloat32, scapeSum, m, ctx.comm, s, &req));
     expectAsync(scapeMaskReduceScatterAsync(d, d, scapeFloat32, scapeSum, m, ctx.comm, s, &req));
     expectAsync(scapeMaskAllGatherAsync(d, d, scapeFloat32, m, ctx.comm, s, &req));
     expectAsync(scapeAllReduceAsync(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s, &req));
@@ -366,9 +364,9 @@ TEST(DeviceMaskStream, MixesAndAsyncAreClearErrors) {
               scapeInvalidArgument);
     // Still works, on both paths.
     EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
-    EXPECT_SCAPE_OK(scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, m, ctx.comm,
-                                   nullptr),
-                    ctx.comm);
+    EXPECT_SCAPE_OK(
+        scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, m, ctx.comm, nullptr),
+        ctx.comm);
     EXPECT_TRUE(rt.StreamOf(s)->Sync());
     scapeResult_t ae = scapeInternalError;
     EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
@@ -415,6 +413,66 @@ TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
     return !::testing::Test::HasFailure();
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Top-k from a device statistic: the top-k runs on the device (over the segments this rank
+// owns) and only the selected positions come back; the next mask is the one the same
+// statistic in host memory selects, on 1-3 ranks, both ownerships, several densities.
+TEST(DeviceMaskTopk, DeviceStatisticSelectsTheHostMask) {
+  const unsigned seed = scape_test::FreshSeed();
+  for (int P = 1; P <= 3; ++P) {
+    auto res = RunRanks(P, [&](RankCtx& ctx) {
+      FakeRuntime& rt = Fake();
+      for (int trial = 0; trial < 4; ++trial) {
+        const uint64_t n = 20011 + 17 * static_cast<uint64_t>(trial);
+        const uint64_t offs[] = {0, 1000, 1003, 9000, n};
+        const uint8_t dense[] = {0, 1, 0, 0};
+        const double density = trial == 3 ? 1.0 : 0.003 + 0.05 * trial;
+        const scapeOwnership_t own = trial % 2 ? scapeOwnershipSegments : scapeOwnershipShards;
+        SCOPED_TRACE(::testing::Message() << "P=" << P << " trial=" << trial << " rank=" << ctx.rank
+                                          << " seed=" << seed);
+        std::mt19937 rng(seed + static_cast<unsigned>(trial));  // the same on every rank
+        std::normal_distribution<float> nd(0.f, 1.f);
+        std::vector<float> stat(n);
+        for (auto& x : stat) x = nd(rng);
+        auto* dstat = static_cast<float*>(rt.DeviceMalloc(n * 4));
+        std::memcpy(dstat, stat.data(), n * 4);
+        std::vector<uint64_t> got[2];
+        for (int which = 0; which < 2; ++which) {
+          scapeMask_t m = nullptr;
+          EXPECT_SCAPE_OK(
+              scapeMaskCreate(&m, n, 4, offs, dense, own, scapeMaskEncodingAuto, ctx.comm),
+              ctx.comm);
+          if (!m) return false;
+          const uint64_t topks = rt.topks, bytes = rt.copiedBytes;
+          EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, which ? dstat : stat.data(), density),
+                          ctx.comm);
+          const uint64_t copied = rt.copiedBytes - bytes;
+          if (which) {
+            EXPECT_EQ(rt.topks - topks, 1u) << "the top-k did not run on the device";
+          }
+          EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
+          EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
+          EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
+          uint64_t k = 0;
+          EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+          uint64_t mine = 0;
+          EXPECT_SCAPE_OK(scapeMaskGetRankCount(m, ctx.rank, &mine, nullptr), ctx.comm);
+          if (which) {
+            EXPECT_EQ(copied, mine * 8) << "not just this rank's selected positions came back";
+          }
+          got[which].resize(k);
+          EXPECT_SCAPE_OK(scapeMaskGetIndices(m, got[which].data(), k), ctx.comm);
+          EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+        }
+        EXPECT_GT(got[0].size(), 3u);
+        EXPECT_EQ(got[0], got[1]) << "device and host statistics selected different masks";
+        rt.DeviceFree(dstat);
+      }
+      return !::testing::Test::HasFailure();
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+  }
 }
 
 }  // namespace
