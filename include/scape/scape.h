@@ -1002,6 +1002,9 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    once the mask advances or is destroyed and the work using it has completed); each call
  *    allocates its packed temporary (cudaMalloc, which may synchronise the device) and frees
  *    it after the work completes. A mask advanced after a call does not affect that call.
+ *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
+ *    their values but its masked positions may have been overwritten (the scatter runs on
+ *    the stream regardless); the error is reported as for the other device collectives.
  *  - scapeMaskPack / scapeMaskUnpack take no stream: with device buffers they run on the
  *    default (legacy) stream, enqueued, and return.
  *  - scapeMaskSelectNextTopk with a device statistic runs the top-k on the device, on the

@@ -479,22 +479,9 @@ Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args)
       return Unsupported(
           StrFormat("%s is %s: this call takes host buffers only in this release "
                     "(device buffers: scapeAllReduce, scapeReduceScatter, "
-                    "scapeAllGather, scapeBroadcast)",
+                    "scapeAllGather, scapeBroadcast and the scapeMask* calls)",
                     a.first, PtrKindName(k)));
   }
-  return Status::Ok();
-}
-
-Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view) {
-  *view = p;
-  if (!p || count == 0) return Status::Ok();
-  Runtime* rt = GetRuntime();
-  if (rt->Kind(p) == PtrKind::kHost) return Status::Ok();
-  copy->resize(count);
-  Status st = rt->CopyAsync(copy->data(), p, count * sizeof(float), nullptr);
-  if (st.ok()) st = rt->StreamSynchronize(nullptr);
-  if (!st.ok()) return st.Prepend("copying the device statistic to the host");
-  *view = copy->data();
   return Status::Ok();
 }
 
@@ -508,6 +495,7 @@ void ReleaseComm(scapeComm* comm) {
     if (!st.ok()) SCAPE_WARN("scapeCommDestroy: %s", st.message().c_str());
   }
   // The channel (its worker and child communicator) goes with the entry, before the parent.
+  ReapRetired();  // device temporaries of mask calls whose work has completed
 }
 
 void AbortComm(scapeComm* comm) {

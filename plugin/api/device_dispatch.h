@@ -6,7 +6,9 @@
 // - Host buffers with a non-NULL stream (UCX backend): the call first waits for the stream
 //   (work queued on it before the call, a host wait), then runs as with stream = NULL.
 // - Device buffers on the UCX backend: staged through page-locked host buffers
-//   (plugin/device/staging.h), enqueued on the stream; the call returns at once.
+//   (plugin/device/staging.h), enqueued on the stream; the call returns at once. Masks: the
+//   packed values are staged as one V collective (a.counts); the masked all-reduce and
+//   pack/unpack gather/scatter on the device with a per-mask device copy of the positions.
 // - NCCL backend (scapeCommInitNccl): device buffers only, issued to NCCL on the stream.
 #ifndef SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
 #define SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
@@ -67,12 +69,6 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
 // rank / nranks of an NCCL-backend communicator (false if `comm` is not one).
 bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
-
-// For calls that read a whole buffer on the host (scapeMaskSelectNextTopk's statistic): when
-// `p` is device memory, copies its `count` floats to *copy (a host wait: the copy runs on the
-// default stream and is waited for; the caller must have finished writing p) and points *view
-// at the copy; host memory is left as it is (*view = p).
-Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view);
 
 // For calls that take host buffers only: scapeUnsupported naming the first argument that is
 // device (or managed) memory, instead of the host dereferencing it.
