@@ -9,6 +9,9 @@
 //    give the same bits as the same collective on host buffers; the call
 //    must return before its stream completes (it enqueues); then the staged all-reduce of N
 //    floats is timed against the host all-reduce of the same bytes.
+//    Masks on device buffers: top-k of a device statistic, the masked all-reduce, the packed
+//    all-reduce and pack/unpack against the host calls, bit for bit; the masked all-reduce
+//    enqueues.
 // 2. NCCL backend (scapeCommInitNccl on a real ncclComm_t, NCCL going through whatever net
 //    NCCL picked: the script forces our plugin with distinct NCCL_HOSTIDs): every collective
 //    on integer-valued floats (exact in any order) checked element by element; then a dense
@@ -180,6 +183,105 @@ void CheckColl(Coll c, size_t n, int P, scapeComm_t comm, cudaStream_t stream, b
   CUDA_OK(cudaFree(dr));
 }
 
+// Masks on device buffers (UCX backend): top-k of a device statistic selects the host's mask;
+// the masked all-reduce, the packed all-reduce and pack/unpack give the host calls' bits; the
+// masked all-reduce enqueues (returns while its stream is held).
+void CheckMasks(scapeComm_t comm, cudaStream_t stream) {
+  const uint64_t n = 1000003;
+  const uint64_t offs[] = {0, n / 3, n / 3 + 1, n};
+  const uint8_t dense[] = {0, 1, 0};
+  std::mt19937 rng(4321u);  // the same statistic on every rank
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> stat(n);
+  for (auto& x : stat) x = nd(rng);
+  float* dstat = nullptr;
+  CUDA_OK(cudaMalloc(&dstat, n * 4));
+  CUDA_OK(cudaMemcpy(dstat, stat.data(), n * 4, cudaMemcpyHostToDevice));
+  scapeMask_t m[2] = {nullptr, nullptr};
+  std::vector<uint64_t> idx[2];
+  for (int which = 0; which < 2; ++which) {
+    SCAPE_OK(scapeMaskCreate(&m[which], n, 3, offs, dense, scapeOwnershipShards,
+                             scapeMaskEncodingAuto, comm),
+             comm);
+    SCAPE_OK(scapeMaskSelectNextTopk(m[which], which ? dstat : stat.data(), 0.01), comm);
+    SCAPE_OK(scapeMaskSyncStart(m[which]), comm);
+    SCAPE_OK(scapeMaskSyncWait(m[which]), comm);
+    SCAPE_OK(scapeMaskAdvance(m[which]), comm);
+    uint64_t k = 0;
+    SCAPE_OK(scapeMaskGetCount(m[which], &k), comm);
+    idx[which].resize(k);
+    SCAPE_OK(scapeMaskGetIndices(m[which], idx[which].data(), k), comm);
+  }
+  Check(idx[0] == idx[1] && !idx[0].empty(),
+        "UCX masks: top-k of a device statistic selects the host statistic's mask");
+  SCAPE_OK(scapeMaskDestroy(m[0]), comm);
+  scapeMask_t mask = m[1];
+  const size_t k = idx[1].size();
+  std::mt19937 vr(99u + static_cast<unsigned>(g_rank));
+  std::vector<float> in(n), junk(n), hr(n), got(n);
+  for (auto& x : in) x = nd(vr);
+  for (auto& x : junk) x = nd(vr);
+  float *ds = nullptr, *dr = nullptr, *dp = nullptr;
+  CUDA_OK(cudaMalloc(&ds, n * 4));
+  CUDA_OK(cudaMalloc(&dr, n * 4));
+  CUDA_OK(cudaMalloc(&dp, k * 4 + 4));
+  // The masked (dense-in/out) all-reduce: recvbuf starts as junk; outside the mask it stays.
+  hr = junk;
+  SCAPE_OK(scapeAllReduce(in.data(), hr.data(), n, scapeFloat32, scapeSum, mask, comm, nullptr),
+           comm);
+  CUDA_OK(cudaMemcpy(ds, in.data(), n * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dr, junk.data(), n * 4, cudaMemcpyHostToDevice));
+  SCAPE_OK(scapeAllReduce(ds, dr, n, scapeFloat32, scapeSum, mask, comm, stream), comm);
+  StreamWait(stream, comm, "masked all-reduce");
+  CUDA_OK(cudaMemcpy(got.data(), dr, n * 4, cudaMemcpyDeviceToHost));
+  Check(std::memcmp(got.data(), hr.data(), n * 4) == 0,
+        "UCX masks: masked all-reduce on device buffers gives the host call's bits");
+  // The packed all-reduce of k values (the first k of `in`), in place.
+  std::vector<float> hp(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(k)), gp(k);
+  SCAPE_OK(
+      scapeMaskAllReducePacked(hp.data(), hp.data(), scapeFloat32, scapeSum, mask, comm, nullptr),
+      comm);
+  CUDA_OK(cudaMemcpy(dp, in.data(), k * 4, cudaMemcpyHostToDevice));
+  SCAPE_OK(scapeMaskAllReducePacked(dp, dp, scapeFloat32, scapeSum, mask, comm, stream), comm);
+  StreamWait(stream, comm, "packed all-reduce");
+  CUDA_OK(cudaMemcpy(gp.data(), dp, k * 4, cudaMemcpyDeviceToHost));
+  Check(std::memcmp(gp.data(), hp.data(), k * 4) == 0,
+        "UCX masks: packed all-reduce on device buffers gives the host call's bits");
+  // Pack / unpack on the default stream (cudaMemcpy on the legacy stream waits for them).
+  SCAPE_OK(scapeMaskPack(mask, in.data(), hp.data(), scapeFloat32), comm);
+  SCAPE_OK(scapeMaskPack(mask, ds, dp, scapeFloat32), comm);
+  CUDA_OK(cudaMemcpy(gp.data(), dp, k * 4, cudaMemcpyDeviceToHost));
+  bool same = std::memcmp(gp.data(), hp.data(), k * 4) == 0;
+  hr = junk;
+  SCAPE_OK(scapeMaskUnpack(mask, hp.data(), hr.data(), scapeFloat32), comm);
+  CUDA_OK(cudaMemcpy(dr, junk.data(), n * 4, cudaMemcpyHostToDevice));
+  SCAPE_OK(scapeMaskUnpack(mask, dp, dr, scapeFloat32), comm);
+  CUDA_OK(cudaMemcpy(got.data(), dr, n * 4, cudaMemcpyDeviceToHost));
+  same = same && std::memcmp(got.data(), hr.data(), n * 4) == 0;
+  Check(same, "UCX masks: pack / unpack on device buffers give the host calls' bits");
+  // Enqueue and return: the masked all-reduce returns while a host function holds the stream.
+  volatile int* flag = nullptr;
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(const_cast<int**>(&flag)), 4, 0));
+  *flag = 0;
+  CUDA_OK(cudaLaunchHostFunc(
+      stream,
+      [](void* f) {
+        while (!*static_cast<volatile int*>(f)) usleep(100);
+      },
+      const_cast<int*>(flag)));
+  SCAPE_OK(scapeAllReduce(ds, dr, n, scapeFloat32, scapeSum, mask, comm, stream), comm);
+  Check(cudaStreamQuery(stream) == cudaErrorNotReady,
+        "UCX masks: a masked all-reduce on device buffers returns before its stream has run");
+  *flag = 1;
+  StreamWait(stream, comm, "held masked all-reduce");
+  CUDA_OK(cudaFreeHost(const_cast<int*>(flag)));
+  SCAPE_OK(scapeMaskDestroy(mask), comm);
+  CUDA_OK(cudaFree(ds));
+  CUDA_OK(cudaFree(dr));
+  CUDA_OK(cudaFree(dp));
+  CUDA_OK(cudaFree(dstat));
+}
+
 // Mean ms per call of `iters` calls enqueued back to back on the stream (device), or blocking
 // calls (host).
 double TimeColl(const void* s, void* r, size_t n, scapeComm_t comm, cudaStream_t stream, int iters,
@@ -231,6 +333,7 @@ int main(int argc, char** argv) {
   for (Coll c : {kAR, kRS, kAG, kBC})
     for (size_t n : {size_t{1}, size_t{1000003}})
       CheckColl(c, n, P, ucx, stream, false, true, "UCX");
+  CheckMasks(ucx, stream);
   {
     // The call enqueues: it returns while a long kernel-free wait holds the stream.
     float* d = nullptr;
