@@ -328,9 +328,7 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
 SCAPE_API scapeResult_t scapeMaskSyncStart(scapeMask_t mask) {
   return Guard(CommOf(mask), "scapeMaskSyncStart", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    Status st = mask->impl->SyncStart();
-    scape::device::DropStaleMaskPositions(mask);
-    return st;
+    return mask->impl->SyncStart();
   });
 }
 

@@ -106,11 +106,13 @@ struct DevBuf {
 };
 
 // A device copy of a mask's current positions (for one stream), uploaded from `host`, which
-// stays alive with it (so the stream-ordered upload always reads live memory).
+// stays alive with it (so the stream-ordered upload always reads live memory). Holding `host`
+// also keeps the mask from decoding a later mask into that buffer (Mask::SyncStart replaces a
+// buffer someone still holds), so "host is the mask's current list" means the copy is current:
+// a new mask generation (scapeMaskAdvance) makes a new current list.
 struct DevPositions {
   std::shared_ptr<DevBuf> buf;
   std::shared_ptr<const std::vector<uint64_t>> host;
-  uint64_t generation = 0;
   const uint64_t* d() const { return static_cast<const uint64_t*>(buf->d); }
 };
 
@@ -179,15 +181,13 @@ Status MaskPositions(Runtime* rt, const scapeMask* mask, Stream stream,
   {
     std::lock_guard<std::mutex> lk(g_devMu);
     auto it = g_positions.find(key);
-    if (it != g_positions.end() && it->second->host == cur &&
-        it->second->generation == m.Generation() && it->second->buf->rt == rt) {
+    if (it != g_positions.end() && it->second->host == cur && it->second->buf->rt == rt) {
       *out = it->second;
       return Status::Ok();
     }
   }
   auto p = std::make_shared<DevPositions>();
   p->host = cur;
-  p->generation = m.Generation();
   const size_t bytes = cur->size() * sizeof(uint64_t);
   Status st = AllocDev(rt, bytes, &p->buf);
   if (st.ok() && bytes) st = rt->CopyAsync(p->buf->d, cur->data(), bytes, stream);
@@ -380,12 +380,11 @@ void ReleaseMask(const scapeMask* mask) {
 void DropStaleMaskPositions(const scapeMask* mask) {
   if (!mask || !mask->impl) return;
   std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
-  const uint64_t gen = mask->impl->Generation();
   std::vector<std::shared_ptr<DevPositions>> drop;
   {
     std::lock_guard<std::mutex> lk(g_devMu);
     for (auto it = g_positions.begin(); it != g_positions.end();) {
-      if (it->first.first == mask && (it->second->host != cur || it->second->generation != gen)) {
+      if (it->first.first == mask && it->second->host != cur) {
         drop.push_back(std::move(it->second));
         it = g_positions.erase(it);
       } else {

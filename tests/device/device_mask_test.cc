@@ -425,6 +425,10 @@ TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
     for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 7919) % 1000);
     EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, stat.data(), 0.3), ctx.comm);
     EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
+    // While the next mask syncs, the current one is unchanged: no new upload.
+    const uint64_t allocsSync = rt.deviceAllocs;
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
+    EXPECT_EQ(rt.deviceAllocs - allocsSync, 1u) << "the positions were uploaded again";
     EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
     EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
     const uint64_t allocs1 = rt.deviceAllocs;
