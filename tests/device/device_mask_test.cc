@@ -403,6 +403,68 @@ TEST(DeviceMaskStream, MixesAndAsyncAreClearErrors) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// Device memory of a call in flight (the positions, the packed temporary) is not freed under it:
+// the mask destroyed right after the call, with the stream still held, and the work then runs
+// (the fake fails the stream if an op finds one of its buffers freed). Pack on the default
+// stream the same way.
+TEST(DeviceMaskStream, DestroyingTheMaskDoesNotFreeMemoryInFlight) {
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const uint64_t n = 4001;
+    scapeMask_t m = MakeMask(ctx, n, 0, 31, 0.2);
+    if (!m) return false;
+    uint64_t k = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+    std::vector<uint64_t> idx(k);
+    EXPECT_SCAPE_OK(scapeMaskGetIndices(m, idx.data(), k), ctx.comm);
+    auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+    for (uint64_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(i % 5);
+    auto* p = static_cast<int32_t*>(rt.DeviceMalloc(k * 4 + 4));
+    void* s = rt.NewStream();
+    Gate gate, gate0;
+    rt.HoldStream(s, &gate);
+    rt.HoldStream(nullptr, &gate0);
+    const uint64_t live0 = rt.deviceLive;
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, m, ctx.comm, s), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskPack(m, d, p, scapeInt32), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+    EXPECT_GT(rt.deviceLive.load(), live0) << "memory of the calls in flight was freed";
+    gate.Open();
+    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    EXPECT_TRUE(rt.StreamError(s).ok()) << rt.StreamError(s).message();
+    gate0.Open();  // the pack runs after the all-reduce (it was queued on the default stream)
+    EXPECT_TRUE(rt.StreamOf(nullptr)->Sync());
+    EXPECT_TRUE(rt.StreamError(nullptr).ok()) << rt.StreamError(nullptr).message();
+    std::vector<char> inMask(n, 0);
+    for (uint64_t i : idx) inMask[i] = 1;
+    for (uint64_t i = 0; i < n; ++i) {
+      const int32_t want = static_cast<int32_t>(i % 5) * (inMask[i] ? 2 : 1);
+      if (d[i] != want) {
+        ADD_FAILURE() << "element " << i << " = " << d[i] << ", want " << want;
+        break;
+      }
+    }
+    // The pack read d either before or after the all-reduce (streams are independent): each
+    // packed value is the element's value before or after.
+    for (uint64_t i = 0; i < k; ++i) {
+      const int32_t v = static_cast<int32_t>(idx[i] % 5);
+      if (p[i] != v && p[i] != 2 * v) {
+        ADD_FAILURE() << "packed element " << i << " = " << p[i];
+        break;
+      }
+    }
+    // A later mask call reaps what the finished work held.
+    scapeMask_t m2 = MakeMask(ctx, n, 1, 32, 0.2);
+    if (!m2) return false;
+    EXPECT_SCAPE_OK(scapeMaskDestroy(m2), ctx.comm);
+    EXPECT_EQ(rt.deviceLive.load(), live0) << "the finished calls' device memory was not freed";
+    rt.DeviceFree(d);
+    rt.DeviceFree(p);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 // The device copy of the mask's positions is made once per mask generation (one upload for
 // several calls), replaced when the mask advances, and freed when the mask is destroyed.
 TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
