@@ -998,10 +998,11 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    of sendbuf into a device temporary, the staged all-reduce of the packed values, a device
  *    scatter into recvbuf; recvbuf's positions outside the mask keep their values, in place or
  *    not, as on the host (same bits). The mask's current positions are uploaded to the device
- *    once per mask generation and stream (a device allocation the size of k positions, freed
- *    once the mask advances or is destroyed and the work using it has completed); each call
- *    allocates its packed temporary (cudaMalloc, which may synchronise the device) and frees
- *    it after the work completes. A mask advanced after a call does not affect that call.
+ *    once per mask generation and stream, into a device buffer kept per mask and stream with
+ *    the packed temporary; both are reused by later calls on that stream and reallocated
+ *    (cudaMalloc, which may synchronise the device) only when k outgrows them; they are freed
+ *    when the mask is destroyed, once the work that uses them has completed. A mask advanced
+ *    after a call does not affect that call.
  *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
  *    their values but its masked positions may have been overwritten (the scatter runs on
  *    the stream regardless); the error is reported as for the other device collectives.

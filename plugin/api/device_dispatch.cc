@@ -105,15 +105,19 @@ struct DevBuf {
   }
 };
 
-// A device copy of a mask's current positions (for one stream), uploaded from `host`, which
-// stays alive with it (so the stream-ordered upload always reads live memory). Holding `host`
-// also keeps the mask from decoding a later mask into that buffer (Mask::SyncStart replaces a
-// buffer someone still holds), so "host is the mask's current list" means the copy is current:
-// a new mask generation (scapeMaskAdvance) makes a new current list.
-struct DevPositions {
-  std::shared_ptr<DevBuf> buf;
-  std::shared_ptr<const std::vector<uint64_t>> host;
-  const uint64_t* d() const { return static_cast<const uint64_t*>(buf->d); }
+// What the mask calls keep on the device per (mask, stream): the mask's current positions
+// (uploaded from `host`) and a packed temporary, both reused by later calls on that stream
+// (stream order makes that safe) and grown when too small. Every call hands the buffers it
+// used (and the host list of an upload) to RetireAfter on its stream, so dropping them here (a
+// larger buffer, the mask destroyed) never frees memory that queued work still uses. Holding
+// `host` also keeps the mask from decoding a later mask into that list (Mask::SyncStart
+// replaces a buffer someone still holds), so "host is the mask's current list" means the
+// device copy is current; scapeMaskAdvance makes a new current list.
+struct MaskCache {
+  Runtime* rt = nullptr;
+  std::shared_ptr<DevBuf> pos, packed;
+  size_t posCap = 0, packedCap = 0;
+  std::shared_ptr<const std::vector<uint64_t>> host;  // the list in `pos`; null: none
 };
 
 struct Retired {
@@ -122,9 +126,10 @@ struct Retired {
   std::vector<std::shared_ptr<void>> keep;
 };
 
-std::mutex g_devMu;
-std::map<std::pair<const scapeMask*, Stream>, std::shared_ptr<DevPositions>> g_positions;
+std::mutex g_devMu;  // g_retired
 std::vector<Retired> g_retired;
+std::mutex g_cacheMu;  // g_masks (taken before g_devMu, never after)
+std::map<std::pair<const scapeMask*, Stream>, std::shared_ptr<MaskCache>> g_masks;
 
 // Frees what the streams have finished with.
 void ReapRetired() {
@@ -170,39 +175,50 @@ Status AllocDev(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* out) {
   return Status::Ok();
 }
 
-// The mask's current positions on the device, for work on `stream` (uploaded there once per
-// mask generation; a copy for another stream is uploaded on that stream, so no cross-stream
-// ordering is needed).
-Status MaskPositions(Runtime* rt, const scapeMask* mask, Stream stream,
-                     std::shared_ptr<DevPositions>* out) {
-  const Mask& m = *mask->impl;
-  std::shared_ptr<const std::vector<uint64_t>> cur = m.CurrentShared();
-  const auto key = std::make_pair(mask, stream);
-  {
-    std::lock_guard<std::mutex> lk(g_devMu);
-    auto it = g_positions.find(key);
-    if (it != g_positions.end() && it->second->host == cur && it->second->buf->rt == rt) {
-      *out = it->second;
-      return Status::Ok();
-    }
-  }
-  auto p = std::make_shared<DevPositions>();
-  p->host = cur;
+// Grows *buf to at least `bytes` (with a quarter to spare, so a mask whose k varies a little
+// does not reallocate every step); the old buffer goes when the calls holding it are done.
+Status Reserve(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* buf, size_t* cap) {
+  if (*buf && *cap >= bytes) return Status::Ok();
+  const size_t want = bytes + bytes / 4;
+  std::shared_ptr<DevBuf> b;
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, want, &b));
+  *buf = std::move(b);
+  *cap = want;
+  return Status::Ok();
+}
+
+// For work enqueued now on `stream`: the mask's current positions on the device (uploaded on
+// that stream when they changed) and, if packedBytes > 0, a packed temporary of that size.
+// *keep: what the caller hands to RetireAfter once its work is enqueued.
+Status MaskBuffers(Runtime* rt, const scapeMask* mask, Stream stream, size_t packedBytes,
+                   const uint64_t** dPos, void** dPacked,
+                   std::vector<std::shared_ptr<void>>* keep) {
+  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
   const size_t bytes = cur->size() * sizeof(uint64_t);
-  Status st = AllocDev(rt, bytes, &p->buf);
-  if (st.ok() && bytes) st = rt->CopyAsync(p->buf->d, cur->data(), bytes, stream);
-  if (!st.ok()) {
-    if (p->buf) RetireAfter(rt, stream, {p});
-    return st.Prepend("uploading the mask's positions to the device");
+  std::lock_guard<std::mutex> lk(g_cacheMu);
+  std::shared_ptr<MaskCache>& e = g_masks[std::make_pair(mask, stream)];
+  if (!e || e->rt != rt) {
+    e = std::make_shared<MaskCache>();
+    e->rt = rt;
   }
-  std::shared_ptr<DevPositions> old;
-  {
-    std::lock_guard<std::mutex> lk(g_devMu);
-    std::shared_ptr<DevPositions>& slot = g_positions[key];
-    old = std::move(slot);  // released below (freed now unless stream work still holds it)
-    slot = p;
+  if (e->host != cur) {
+    e->host = nullptr;  // until the new list is enqueued
+    Status st = Reserve(rt, bytes, &e->pos, &e->posCap);
+    if (st.ok() && bytes) st = rt->CopyAsync(e->pos->d, cur->data(), bytes, stream);
+    if (!st.ok()) return st.Prepend("uploading the mask's positions to the device");
+    e->host = cur;
   }
-  *out = std::move(p);
+  keep->push_back(e->pos);
+  // The list stays alive until the upload (and every use) has run.
+  keep->push_back(std::const_pointer_cast<std::vector<uint64_t>>(e->host));
+  *dPos = static_cast<const uint64_t*>(e->pos->d);
+  if (packedBytes) {
+    Status st = Reserve(rt, packedBytes, &e->packed, &e->packedCap);
+    if (!st.ok())
+      return st.Prepend(StrFormat("allocating %zu bytes of packed values", packedBytes));
+    keep->push_back(e->packed);
+    *dPacked = e->packed->d;
+  }
   return Status::Ok();
 }
 
@@ -242,30 +258,28 @@ Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& dense, scapeMas
   a.count = k;
   a.counts = m.RankCounts();  // owner blocks: the bits of the host masked all-reduce
   if (m.CurrentIsIdentity()) return EnqueueStaged(comm, rt, a, stream);  // as the host path
-  std::shared_ptr<DevPositions> pos;
-  std::shared_ptr<DevBuf> packed;
+  const uint64_t* dPos = nullptr;
+  void* dPacked = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
   if (k > 0) {
-    SCAPE_RETURN_IF_ERROR(MaskPositions(rt, mask, stream, &pos));
-    Status st = AllocDev(rt, k * esz, &packed);
-    if (!st.ok())
-      return st.Prepend(
-          StrFormat("rank %d: allocating the packed values (%zu bytes)", c.rank(), k * esz));
-    st = rt->Gather(dense.send, pos->d(), k, esz, packed->d, stream);
+    Status st = MaskBuffers(rt, mask, stream, k * esz, &dPos, &dPacked, &keep);
+    if (st.ok()) st = rt->Gather(dense.send, dPos, k, esz, dPacked, stream);
     if (!st.ok()) {
-      RetireAfter(rt, stream, {pos, packed});
-      return st.Prepend("gathering the mask's positions on the device");
+      RetireAfter(rt, stream, std::move(keep));
+      return st.Prepend(
+          StrFormat("rank %d: gathering the mask's positions on the device", c.rank()));
     }
-    a.send = a.recv = packed->d;
+    a.send = a.recv = dPacked;
   } else {
     a.send = a.recv = nullptr;  // the rank still takes part (count 0)
   }
   Status st = EnqueueStaged(comm, rt, a, stream);
   if (st.ok() && k > 0) {
     // Only the mask's positions of recvbuf are written: the others keep their values.
-    st = rt->Scatter(packed->d, pos->d(), k, esz, dense.recv, stream);
+    st = rt->Scatter(dPacked, dPos, k, esz, dense.recv, stream);
     if (!st.ok()) st.Prepend("scattering the reduced values on the device");
   }
-  if (k > 0) RetireAfter(rt, stream, {pos, packed});
+  if (k > 0) RetireAfter(rt, stream, std::move(keep));
   return st;
 }
 
@@ -285,11 +299,13 @@ Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t e
   const size_t k = mask->impl->Current().size();
   if (k == 0) return Status::Ok();
   if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
-  std::shared_ptr<DevPositions> pos;
-  SCAPE_RETURN_IF_ERROR(MaskPositions(rt, mask, nullptr, &pos));
-  Status st = unpack ? rt->Scatter(packed, pos->d(), k, esz, const_cast<void*>(dense), nullptr)
-                     : rt->Gather(dense, pos->d(), k, esz, packed, nullptr);
-  RetireAfter(rt, nullptr, {pos});
+  const uint64_t* dPos = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
+  Status st = MaskBuffers(rt, mask, nullptr, 0, &dPos, nullptr, &keep);
+  if (st.ok())
+    st = unpack ? rt->Scatter(packed, dPos, k, esz, const_cast<void*>(dense), nullptr)
+                : rt->Gather(dense, dPos, k, esz, packed, nullptr);
+  RetireAfter(rt, nullptr, std::move(keep));
   if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
   return st;
 }
@@ -361,36 +377,35 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
 }
 
 void ReleaseMask(const scapeMask* mask) {
-  std::vector<std::shared_ptr<DevPositions>> drop;  // freed outside the lock
+  std::vector<std::shared_ptr<MaskCache>> drop;  // released outside the lock
   {
-    std::lock_guard<std::mutex> lk(g_devMu);
-    for (auto it = g_positions.begin(); it != g_positions.end();) {
+    std::lock_guard<std::mutex> lk(g_cacheMu);
+    for (auto it = g_masks.begin(); it != g_masks.end();) {
       if (it->first.first == mask) {
         drop.push_back(std::move(it->second));
-        it = g_positions.erase(it);
+        it = g_masks.erase(it);
       } else {
         ++it;
       }
     }
   }
-  drop.clear();
+  drop.clear();  // the buffers go once the calls that used them are done (RetireAfter)
   ReapRetired();
 }
 
 void DropStaleMaskPositions(const scapeMask* mask) {
   if (!mask || !mask->impl) return;
   std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
-  std::vector<std::shared_ptr<DevPositions>> drop;
+  std::vector<std::shared_ptr<const std::vector<uint64_t>>> drop;
   {
-    std::lock_guard<std::mutex> lk(g_devMu);
-    for (auto it = g_positions.begin(); it != g_positions.end();) {
-      if (it->first.first == mask && it->second->host != cur) {
-        drop.push_back(std::move(it->second));
-        it = g_positions.erase(it);
-      } else {
-        ++it;
+    std::lock_guard<std::mutex> lk(g_cacheMu);
+    for (auto& kv : g_masks)
+      if (kv.first.first == mask && kv.second->host && kv.second->host != cur) {
+        // Let go of the old list (the mask may then reuse it); the device buffer stays for
+        // the next upload.
+        drop.push_back(std::move(kv.second->host));
+        kv.second->host = nullptr;
       }
-    }
   }
   drop.clear();
   ReapRetired();

@@ -465,8 +465,10 @@ TEST(DeviceMaskStream, DestroyingTheMaskDoesNotFreeMemoryInFlight) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
-// The device copy of the mask's positions is made once per mask generation (one upload for
-// several calls), replaced when the mask advances, and freed when the mask is destroyed.
+// The device copy of the mask's positions is uploaded once per mask generation (several calls,
+// a sync in flight: no upload), into device buffers reused while they are large enough; after
+// each advance (k up, then down) the results are still the host call's; destroying the mask
+// frees everything.
 TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
   auto res = RunRanks(2, [&](RankCtx& ctx) {
     FakeRuntime& rt = Fake();
@@ -476,27 +478,43 @@ TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
     const uint64_t live0 = rt.deviceLive;
     scapeMask_t m = MakeMask(ctx, n, 1, 9, 0.1);
     if (!m) return false;
-    const uint64_t allocs0 = rt.deviceAllocs;
-    for (int i = 0; i < 3; ++i)
+    std::mt19937 rng(5u + static_cast<unsigned>(ctx.rank));
+    // One masked all-reduce on the device against the host call.
+    auto matchesHost = [&](const char* what) {
+      std::vector<char> in = RandomValues(rng, n, scapeFloat32), h = in;
+      EXPECT_SCAPE_OK(
+          scapeAllReduce(h.data(), h.data(), n, scapeFloat32, scapeSum, m, ctx.comm, nullptr),
+          ctx.comm);
+      std::memcpy(d, in.data(), n * 4);
       EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
-    EXPECT_TRUE(rt.StreamOf(s)->Sync());
-    // One positions upload, one packed temporary per call.
-    EXPECT_EQ(rt.deviceAllocs - allocs0, 4u);
-    // A new mask generation: a new upload.
-    std::vector<float> stat(n);
-    for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 7919) % 1000);
-    EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, stat.data(), 0.3), ctx.comm);
-    EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
-    // While the next mask syncs, the current one is unchanged: no new upload.
-    const uint64_t allocsSync = rt.deviceAllocs;
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
-    EXPECT_EQ(rt.deviceAllocs - allocsSync, 1u) << "the positions were uploaded again";
-    EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
-    EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
+      EXPECT_TRUE(rt.StreamOf(s)->Sync());
+      EXPECT_EQ(std::memcmp(d, h.data(), n * 4), 0) << what << ": differs from the host call";
+    };
+    auto advance = [&](double density) {
+      std::vector<float> stat(n);
+      for (uint64_t i = 0; i < n; ++i) stat[i] = static_cast<float>((i * 7919 + 13) % 1000);
+      EXPECT_SCAPE_OK(scapeMaskSelectNextTopk(m, stat.data(), density), ctx.comm);
+      EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
+      // While the next mask syncs, the current one is unchanged: nothing is allocated.
+      const uint64_t a = rt.deviceAllocs;
+      EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
+      EXPECT_EQ(rt.deviceAllocs - a, 0u) << "device memory was allocated again";
+      EXPECT_TRUE(rt.StreamOf(s)->Sync());  // before the next test writes d
+      EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
+      EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
+    };
+    const uint64_t allocs0 = rt.deviceAllocs;
+    for (int i = 0; i < 3; ++i) matchesHost("first mask");
+    // One positions buffer and one packed temporary, reused by the three calls.
+    EXPECT_EQ(rt.deviceAllocs - allocs0, 2u);
+    advance(0.3);  // k grows: both buffers grow
     const uint64_t allocs1 = rt.deviceAllocs;
-    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeFloat32, scapeSum, m, ctx.comm, s), ctx.comm);
+    matchesHost("second mask (larger)");
     EXPECT_EQ(rt.deviceAllocs - allocs1, 2u);
-    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    advance(0.02);  // k shrinks: the buffers are reused, the new positions uploaded into them
+    const uint64_t allocs2 = rt.deviceAllocs;
+    matchesHost("third mask (smaller)");
+    EXPECT_EQ(rt.deviceAllocs - allocs2, 0u);
     EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
     // Destroying the mask (its work done) frees everything it had on the device.
     EXPECT_EQ(rt.deviceLive.load(), live0) << "device memory of the mask calls was not freed";
