@@ -13,7 +13,8 @@
 #     skipped test is a failure here: the GPU was not visible.
 #  4. The device data path with the real CUDA runtime (perf/gpu_device_check.cc), at 2 and at 4
 #     ranks sharing the one GPU: UCX backend (device buffers staged through pinned memory on
-#     the stream, bit-identical to the host collectives, enqueue-and-return checked) and NCCL
+#     the stream, bit-identical to the host collectives, enqueue-and-return checked; the mask
+#     calls on device buffers and top-k of a device statistic against the host calls) and NCCL
 #     backend (scapeCommInitNccl on a real ncclComm_t) with NCCL forced through our net plugin
 #     (NCCL_NET_PLUGIN = the built .so, NCCL_NET=SCAPE, a distinct NCCL_HOSTID per rank so
 #     NCCL must take the network path; the NCCL log must show "via NET/SCAPE"): a dense

@@ -386,11 +386,13 @@ SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* 
  *              the unpack into recvbuf runs when the exchange completes (inside the call on
  *              this communicator that completes it); the request keeps its own packing
  *              buffer and the positions it packed, so the mask may be advanced or destroyed
- *              before the request completes.
+ *              before the request completes. Device buffers (UCX communicator, blocking form):
+ *              gather, staged exchange and scatter are enqueued on `stream` and the call
+ *              returns (see "GPU data path"); the same bits as on host buffers.
  * @return scapeSuccess; scapeInvalidArgument (NULL buffer with count > 0, bad dtype/op, bad
  *         overlap, NULL comm, count != the mask's n, host and device buffers mixed);
  *         scapeUnsupported (a stream in a build or on a machine without CUDA, device
- *         buffers with a mask or with the *Async form);
+ *         buffers with the *Async form);
  *         scapeInvalidUsage
  *         (communicator in error state, ranks disagree on count/dtype/op); scapeRemoteError;
  *         scapeTimeout; scapeSystemError.
@@ -562,8 +564,10 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
  * NaNs order among themselves by their payload bits (as the CPU and CUDA kernels do).
  *
  * @param statistic  the full flat buffer (n floats); only the owned part is read. Host or
- *                   device memory: a device statistic is copied to the host first (a host
- *                   wait on the default stream: finish writing it before the call).
+ *                   device memory: with a device statistic the top-k runs on the device (the
+ *                   default stream: finish writing it before the call) and only the selected
+ *                   positions are copied back, a host wait for that copy (within the
+ *                   communicator's timeout). The same selection as from host memory.
  * @param density    0 < density <= 1.
  */
 SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
@@ -620,7 +624,11 @@ SCAPE_API scapeResult_t scapeMaskGetSyncInfo(scapeMask_t mask, scapeMaskSyncInfo
 /**
  * Packs `dense` (n elements of dtype) at the current mask's positions into `packed` (k
  * elements, mask order); Unpack writes packed values back to their positions and leaves every
- * other element of `dense` untouched. Local.
+ * other element of `dense` untouched. Local. Both buffers host memory, or both device memory
+ * (a mix is scapeInvalidArgument naming both): with device buffers, there being no stream
+ * argument, the gather / scatter is enqueued on the default (legacy) stream and the call
+ * returns without waiting for it (synchronise the default stream, or use a blocking stream,
+ * before reading the result on the host or on a non-blocking stream).
  */
 SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void* packed,
                                       scapeDataType_t dtype);
@@ -628,17 +636,21 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
                                         scapeDataType_t dtype);
 
 /*
- * Values-only collectives on the current mask (host memory). Wire traffic is proportional to
- * the mask's k, never to n; results are bit-identical on every rank. scapeAllReduce with a
+ * Values-only collectives on the current mask (host or device memory). Wire traffic is proportional
+ * to the mask's k, never to n; results are bit-identical on every rank. scapeAllReduce with a
  * non-NULL mask (count must equal the mask's n) is the dense-in / dense-out form: only masked
  * positions are packed, reduced and unpacked; the other elements of recvbuf are left untouched.
  * In-place (sendbuf == recvbuf) is allowed. The blocking form packs into a k-element buffer
  * the mask keeps between calls; scapeAllReduceAsync allocates one per request. Every form has
  * a non-blocking *Async variant completed with scapeTest / scapeWait, with the rules of the
  * dense *Async collectives (buffers untouched until completion; operations on a communicator
- * complete in issue order). Errors: scapeInvalidArgument (NULL mask, comm or buffer where k or
- * this rank's part is non-zero, a mask of another communicator, bad dtype/op, NULL request);
- * scapeUnsupported (stream non-NULL); then as for the dense collectives.
+ * complete in issue order). Device buffers and `stream` as for the dense collectives: on a UCX
+ * communicator the blocking forms enqueue on the stream and return (the packed values staged
+ * as one collective: the bits of the host call); host buffers with a stream wait for it
+ * first; the *Async forms take host buffers only (scapeUnsupported with device buffers); see
+ * "GPU data path". Errors: scapeInvalidArgument (NULL mask, comm or buffer where k or this
+ * rank's part is non-zero, a mask of another communicator, bad dtype/op, NULL request, host
+ * and device buffers mixed); then as for the dense collectives.
  * The dense-in/out form's pack and unpack touch one cache line per masked position of a
  * buffer of n elements: at low density that costs several times the exchange (memory latency,
  * see perf/RESULTS.md), so a step that already produces packed values (the SCAPE step does:
@@ -983,11 +995,30 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    scapeCommGetAsyncError.
  *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
  *    to reach the end of their streams.
- *  - scapeMaskSelectNextTopk accepts a device statistic (copied to the host: a host wait).
- *  - Not available with device buffers on a UCX communicator in this release
- *    (scapeUnsupported): the *Async forms (the blocking forms are already asynchronous), a
- *    non-NULL mask, the scapeMask* packed collectives, scapeSparseAllReduce and the optimizer
- *    step. (The NCCL backend takes a mask and packed values: below.)
+ *  - Masks: the packed collectives (scapeMaskAllReducePacked, scapeMaskReduceScatter,
+ *    scapeMaskAllGather) enqueue on `stream` and return; the packed values are staged whole
+ *    as one V collective (not chunked), so the bits equal the same call on host buffers.
+ *    scapeAllReduce with a mask enqueues, on `stream`: a device gather of the mask's positions
+ *    of sendbuf into a device temporary, the staged all-reduce of the packed values, a device
+ *    scatter into recvbuf; recvbuf's positions outside the mask keep their values, in place or
+ *    not, as on the host (same bits). The mask's current positions are uploaded to the device
+ *    once per mask generation and stream, into a device buffer kept per mask and stream with
+ *    the packed temporary; both are reused by later calls on that stream and reallocated
+ *    (cudaMalloc, which may synchronise the device) only when k outgrows them; they are freed
+ *    when the mask is destroyed, once the work that uses them has completed. A mask advanced
+ *    after a call does not affect that call.
+ *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
+ *    their values but its masked positions may have been overwritten (the scatter runs on
+ *    the stream regardless); the error is reported as for the other device collectives.
+ *  - scapeMaskPack / scapeMaskUnpack take no stream: with device buffers they run on the
+ *    default (legacy) stream, enqueued, and return.
+ *  - scapeMaskSelectNextTopk with a device statistic runs the top-k on the device, on the
+ *    default stream, over the segments this rank owns (the same selection as from host
+ *    memory) and copies back only the selected positions: a host wait for that copy (bounded
+ *    by the communicator's timeout). The caller must have finished writing the statistic.
+ *  - scapeSparseAllReduce takes device buffers through host copies (host waits; see it).
+ *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
+ *    (the blocking forms are already asynchronous) and the optimizer step.
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream

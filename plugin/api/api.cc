@@ -87,15 +87,18 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
             "rank %d: sendbuf and recvbuf overlap without being the in-place layout", rank));
     }
   }
-  // Device buffers are staged on the stream; host buffers with a stream wait for it first.
-  bool onDevice = false;
-  Status dev = scape::device::UcxCollective(comm, a, mask, stream, !blocking, &onDevice);
-  if (onDevice || !dev.ok()) return dev;
   if (mask) {
     if (a.type != CollType::kAllReduce)
       return scape::Unsupported(
           "a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
           "only (use scapeMaskReduceScatter and friends for the others)");
+    SCAPE_RETURN_IF_ERROR(scape::api::CheckMaskedAllReduce(comm, a.count, mask));
+  }
+  // Device buffers are staged on the stream; host buffers with a stream wait for it first.
+  bool onDevice = false;
+  Status dev = scape::device::UcxCollective(comm, a, mask, stream, !blocking, &onDevice);
+  if (onDevice || !dev.ok()) return dev;
+  if (mask) {
     return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask,
                                        blocking ? nullptr : request);
   }

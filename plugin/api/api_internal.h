@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "plugin/api/device_dispatch.h"
 #include "plugin/core/comm.h"
 #include "plugin/mask/mask.h"
 #include "scape/scape.h"
@@ -74,7 +75,10 @@ struct scapeMask {
   scapeMask(std::unique_ptr<scape::Mask> m, scapeComm* c) : impl(std::move(m)), comm(c) {
     scape::api::RegisterHandle(this, scape::api::HandleKind::kMask);
   }
-  ~scapeMask() { scape::api::UnregisterHandle(this); }
+  ~scapeMask() {
+    scape::device::ReleaseMask(this);  // its device positions (freed once unused)
+    scape::api::UnregisterHandle(this);
+  }
   static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
   static void operator delete(void* p) {
     scape::api::QuarantineFree(p, scape::api::HandleKind::kMask);
@@ -180,6 +184,10 @@ void DeleteOptimOnAbort(scapeOptim* optim);
 Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
                        scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
                        scapeRequest_t* request);
+
+// The mask checks of scapeAllReduce with a mask (any buffers): a live mask of `comm`, count
+// equal to the mask's n (api_mask.cc).
+Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask);
 
 // Queues a validated collective: blocking (request NULL) waits for it; otherwise *request
 // receives a new handle registered with the communicator.

@@ -50,12 +50,7 @@ Status CheckMaskComm(scapeMask* mask, scapeComm* comm) {
   return CheckMask(mask);
 }
 
-Status CheckValues(scapeComm* comm, scapeDataType_t dtype, const scapeRedOp_t* op, void* stream) {
-  const int rank = comm->impl->rank();
-  if (stream)
-    return scape::Unsupported(
-        "stream must be NULL: the scapeMask* packed collectives take host "
-        "buffers only in this release");
+Status CheckValues(int rank, scapeDataType_t dtype, const scapeRedOp_t* op) {
   if (!ValidType(dtype))
     return scape::InvalidArgument(
         StrFormat("rank %d: datatype %d is not a scapeDataType_t", rank, static_cast<int>(dtype)));
@@ -69,63 +64,84 @@ scapeComm* CommOf(scapeMask* m) {
   return scape::api::HandleLive(m, scape::api::HandleKind::kMask) && m->impl ? m->comm : nullptr;
 }
 
+// A mask of an NCCL-backend communicator (no UCX communicator: checked against its live masks).
+Status CheckMaskNcclComm(scapeMask* mask, scapeComm* comm, int rank) {
+  if (!mask) return scape::InvalidArgument("mask is NULL");
+  if (!scape::api::HandleLive(mask, scape::api::HandleKind::kMask) ||
+      comm->masks.count(mask) == 0 || !mask->impl)
+    return scape::InvalidArgument(
+        StrFormat("rank %d: mask is not a live mask of this communicator (destroyed, or created "
+                  "on another communicator)",
+                  rank));
+  return Status::Ok();
+}
+
 // The packed values-only collectives; request NULL = blocking. Counts are copied from the
 // current mask when the call is made, so advancing the mask afterwards does not affect an
 // operation in flight (its buffers are the caller's, sized for the mask it was called with).
-Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeRedOp_t op,
-                       scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
-  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
-  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
-  const size_t k = mask->impl->Current().size();
-  if (k > 0 && (!sendbuf || !recvbuf)) return scape::InvalidArgument("sendbuf or recvbuf is NULL");
+// Host buffers run on the host (a non-NULL stream is waited for first, as for the dense
+// collectives); device buffers go through the device dispatch: staged on the stream on a UCX
+// communicator, issued to NCCL on an NCCL-backend one.
+Status RunPacked(scape::coll::CollType type, const void* sendbuf, void* recvbuf,
+                 scapeDataType_t dtype, const scapeRedOp_t* op, scapeMask* mask, scapeComm* comm,
+                 void* stream, scapeRequest_t* request) {
+  using scape::coll::CollType;
+  const bool nccl = scape::device::IsNcclComm(comm);
+  int rank = 0;
+  if (nccl) {
+    scape::device::NcclCommInfo(comm, nullptr, &rank);
+    SCAPE_RETURN_IF_ERROR(CheckMaskNcclComm(mask, comm, rank));
+  } else {
+    SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+    rank = comm->impl->rank();
+  }
+  SCAPE_RETURN_IF_ERROR(CheckValues(rank, dtype, op));
+  const scape::Mask& m = *mask->impl;
+  const size_t k = m.Current().size(), mine = m.RankCount(rank);
+  // Which buffers must be non-NULL: all-reduce both (k > 0); reduce-scatter sendbuf (k > 0)
+  // and recvbuf (own block); all-gather recvbuf (k > 0) and sendbuf (own block).
+  const bool needSend = type == CollType::kAllGather ? mine > 0 : k > 0;
+  const bool needRecv = type == CollType::kReduceScatter ? mine > 0 : k > 0;
+  if (needSend && !sendbuf)
+    return scape::InvalidArgument(StrFormat("rank %d: sendbuf is NULL", rank));
+  if (needRecv && !recvbuf)
+    return scape::InvalidArgument(StrFormat("rank %d: recvbuf is NULL", rank));
   scape::coll::CollArgs a;
-  a.type = scape::coll::CollType::kAllReduce;
+  a.type = type;
   a.send = sendbuf;
   a.recv = recvbuf;
-  a.count = k;
-  a.counts = mask->impl->RankCounts();
+  a.count = type == CollType::kAllReduce ? k : 0;
+  a.counts = m.RankCounts();
   a.dtype = dtype;
-  a.op = op;
+  if (op) a.op = *op;
+  // NCCL backend: device buffers go to NCCL; host buffers run on its host communicator (as on
+  // a UCX communicator, below).
+  if (nccl && !scape::device::NcclOnHost(comm, a))
+    return scape::device::NcclCollective(comm, a, nullptr, stream, request != nullptr);
+  bool onDevice = false;
+  Status dev =
+      scape::device::UcxCollective(comm, a, nullptr, stream, request != nullptr, &onDevice);
+  if (onDevice || !dev.ok()) return dev;
   return scape::api::SubmitOrRun(comm, a, request);
+}
+
+Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeRedOp_t op,
+                       scapeMask* mask, scapeComm* comm, void* stream, scapeRequest_t* request) {
+  return RunPacked(scape::coll::CollType::kAllReduce, sendbuf, recvbuf, dtype, &op, mask, comm,
+                   stream, request);
 }
 
 Status PackedReduceScatter(const void* sendbuf, void* recvbuf, scapeDataType_t dtype,
                            scapeRedOp_t op, scapeMask* mask, scapeComm* comm, void* stream,
                            scapeRequest_t* request) {
-  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
-  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, &op, stream));
-  const scape::Mask& m = *mask->impl;
-  if (!m.Current().empty() && !sendbuf) return scape::InvalidArgument("sendbuf is NULL");
-  if (m.RankCount(comm->impl->rank()) > 0 && !recvbuf)
-    return scape::InvalidArgument("recvbuf is NULL");
-  scape::coll::CollArgs a;
-  a.type = scape::coll::CollType::kReduceScatter;
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.dtype = dtype;
-  a.op = op;
-  a.counts = m.RankCounts();
-  return scape::api::SubmitOrRun(comm, a, request);
+  return RunPacked(scape::coll::CollType::kReduceScatter, sendbuf, recvbuf, dtype, &op, mask, comm,
+                   stream, request);
 }
 
 Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeMask* mask,
                        scapeComm* comm, void* stream, scapeRequest_t* request) {
-  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-  SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"sendbuf", sendbuf}, {"recvbuf", recvbuf}}));
-  SCAPE_RETURN_IF_ERROR(CheckValues(comm, dtype, nullptr, stream));
-  const scape::Mask& m = *mask->impl;
-  if (!m.Current().empty() && !recvbuf) return scape::InvalidArgument("recvbuf is NULL");
-  if (m.RankCount(comm->impl->rank()) > 0 && !sendbuf)
-    return scape::InvalidArgument("sendbuf is NULL");
-  scape::coll::CollArgs a;
-  a.type = scape::coll::CollType::kAllGather;
-  a.send = sendbuf;
-  a.recv = recvbuf;
-  a.dtype = dtype;
-  a.counts = m.RankCounts();
-  return scape::api::SubmitOrRun(comm, a, request);
+  return RunPacked(scape::coll::CollType::kAllGather, sendbuf, recvbuf, dtype, nullptr, mask, comm,
+                   stream, request);
 }
 
 }  // namespace
@@ -133,15 +149,21 @@ Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype
 namespace scape {
 namespace api {
 
-Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
-                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
-                       scapeRequest_t* request) {
+Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask) {
   SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
-  Mask& m = *mask->impl;
+  const Mask& m = *mask->impl;
   if (count != m.n())
     return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu",
                                      comm->impl->rank(), count,
                                      static_cast<unsigned long long>(m.n())));
+  return Status::Ok();
+}
+
+Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
+                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
+                       scapeRequest_t* request) {
+  SCAPE_RETURN_IF_ERROR(CheckMaskedAllReduce(comm, count, mask));
+  Mask& m = *mask->impl;
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))
     return InvalidArgument(
@@ -299,9 +321,10 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
     if (!(density > 0.0 && density <= 1.0))
       return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
     if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
-    std::vector<float> hostCopy;  // a device statistic is read through a host copy (host wait)
-    SCAPE_RETURN_IF_ERROR(
-        scape::device::HostReadable(statistic, mask->impl->n(), &hostCopy, &statistic));
+    // A device statistic: top-k on the device, only the selected positions come back.
+    bool onDevice = false;
+    Status dev = scape::device::MaskSelectTopkDevice(mask, statistic, density, &onDevice);
+    if (onDevice || !dev.ok()) return dev;
     return mask->impl->SelectNextTopk(statistic, density);
   });
 }
@@ -335,7 +358,9 @@ SCAPE_API scapeResult_t scapeMaskSyncWait(scapeMask_t mask) {
 SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask) {
   return Guard(CommOf(mask), "scapeMaskAdvance", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    return mask->impl->Advance();
+    Status st = mask->impl->Advance();
+    scape::device::DropStaleMaskPositions(mask);
+    return st;
   });
 }
 
@@ -386,8 +411,11 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
                                       scapeDataType_t dtype) {
   return Guard(CommOf(mask), "scapeMaskPack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"dense", dense}, {"packed", packed}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
+    bool onDevice = false;
+    Status dev =
+        scape::device::MaskPackDevice(mask, dense, packed, scapeTypeSize(dtype), false, &onDevice);
+    if (onDevice || !dev.ok()) return dev;
     if (mask->impl->Current().empty()) return Status::Ok();
     if (!dense || !packed)
       return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
@@ -400,8 +428,11 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
                                         scapeDataType_t dtype) {
   return Guard(CommOf(mask), "scapeMaskUnpack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"packed", packed}, {"dense", dense}}));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
+    bool onDevice = false;
+    Status dev = scape::device::MaskPackDevice(mask, dense, const_cast<void*>(packed),
+                                               scapeTypeSize(dtype), true, &onDevice);
+    if (onDevice || !dev.ok()) return dev;
     if (mask->impl->Current().empty()) return Status::Ok();
     if (!dense || !packed)
       return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");

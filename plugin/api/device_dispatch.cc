@@ -5,15 +5,19 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/param.h"
+#include "kernels/cpu/topk.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/core/comm.h"
 #include "plugin/device/nccl_backend.h"
 #include "plugin/device/nccl_masked.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
+#include "plugin/mask/mask.h"
 #include "transport/bootstrap/bootstrap.h"
 #include "transport/bootstrap/socket.h"
 
@@ -70,6 +74,160 @@ Status AsyncWithDevice(const char* what) {
                 what));
 }
 
+// Enqueues a validated collective on device buffers through the communicator's staging
+// channel (made at the first device collective).
+Status EnqueueStaged(scapeComm* comm, Runtime* rt, const coll::CollArgs& a, Stream stream) {
+  Comm& c = *comm->impl;
+  if (!c.error().ok()) return c.error();
+  std::shared_ptr<Entry> e = Find(comm);
+  if (!e || !e->staging) {
+    // The first device collective: the staging channel (collective: every rank makes its
+    // first device collective at the same call, as every rank passes the same buffer kinds).
+    std::unique_ptr<StagingChannel> ch;
+    Status st = StagingChannel::Create(&c, rt, &ch);
+    if (!st.ok()) return st.Prepend("setting up the device staging channel");
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto& slot = g_entries[comm];
+    if (!slot) slot = std::make_shared<Entry>();
+    slot->staging = std::move(ch);
+    e = slot;
+  }
+  if (e->staging->runtime() != rt)
+    return InvalidUsage("the device runtime changed while device work was in flight");
+  return e->staging->Enqueue(a, stream);
+}
+
+// ---- device memory of the mask calls -------------------------------------------------------
+// Device memory that stream work still reads or writes is kept (shared_ptr) until an event
+// recorded after that work has completed; it is then freed on the thread of a later call
+// (never from a stream callback, which must not call the runtime).
+
+// A device allocation, freed when the last holder lets go.
+struct DevBuf {
+  Runtime* rt = nullptr;
+  void* d = nullptr;
+  ~DevBuf() {
+    if (d) rt->DeviceFree(d);
+  }
+};
+
+// What the mask calls keep on the device per (mask, stream): the mask's current positions
+// (uploaded from `host`) and a packed temporary, both reused by later calls on that stream
+// (stream order makes that safe) and grown when too small. Every call hands the buffers it
+// used (and the host list of an upload) to RetireAfter on its stream, so dropping them here (a
+// larger buffer, the mask destroyed) never frees memory that queued work still uses. Holding
+// `host` also keeps the mask from decoding a later mask into that list (Mask::SyncStart
+// replaces a buffer someone still holds), so "host is the mask's current list" means the
+// device copy is current; scapeMaskAdvance makes a new current list.
+struct MaskCache {
+  Runtime* rt = nullptr;
+  std::shared_ptr<DevBuf> pos, packed;
+  size_t posCap = 0, packedCap = 0;
+  std::shared_ptr<const std::vector<uint64_t>> host;  // the list in `pos`; null: none
+};
+
+struct Retired {
+  Runtime* rt;
+  Event ev;
+  std::vector<std::shared_ptr<void>> keep;
+};
+
+std::mutex g_devMu;  // g_retired
+std::vector<Retired> g_retired;
+std::mutex g_cacheMu;  // g_masks (taken before g_devMu, never after)
+std::map<std::pair<const scapeMask*, Stream>, std::shared_ptr<MaskCache>> g_masks;
+
+// Frees what the streams have finished with.
+void ReapRetired() {
+  std::vector<Retired> done;
+  {
+    std::lock_guard<std::mutex> lk(g_devMu);
+    for (size_t i = 0; i < g_retired.size();) {
+      bool fin = false;
+      Status st = g_retired[i].rt->EventQuery(g_retired[i].ev, &fin);
+      if (fin || !st.ok()) {  // a failed stream runs nothing more
+        done.push_back(std::move(g_retired[i]));
+        g_retired.erase(g_retired.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (Retired& r : done) r.rt->EventDestroy(r.ev);
+  // `done` goes out of scope here, outside the lock: the device memory is freed.
+}
+
+// Keeps `keep` alive until the stream has passed everything enqueued on it so far. If no event
+// can be recorded, waits for the stream instead (a host wait, bounded by the runtime's).
+void RetireAfter(Runtime* rt, Stream stream, std::vector<std::shared_ptr<void>> keep) {
+  Event ev = nullptr;
+  Status st = rt->EventCreate(&ev);
+  if (st.ok()) st = rt->EventRecord(ev, stream);
+  if (!st.ok()) {
+    if (ev) rt->EventDestroy(ev);
+    Status w = rt->StreamSynchronize(stream);
+    if (!w.ok()) SCAPE_WARN("device mask call: %s", w.message().c_str());
+    return;  // keep is released here, after the stream has finished with it
+  }
+  std::lock_guard<std::mutex> lk(g_devMu);
+  g_retired.push_back({rt, ev, std::move(keep)});
+}
+
+Status AllocDev(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* out) {
+  auto b = std::make_shared<DevBuf>();
+  b->rt = rt;
+  SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(bytes, &b->d));
+  *out = std::move(b);
+  return Status::Ok();
+}
+
+// Grows *buf to at least `bytes` (with a quarter to spare, so a mask whose k varies a little
+// does not reallocate every step); the old buffer goes when the calls holding it are done.
+Status Reserve(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* buf, size_t* cap) {
+  if (*buf && *cap >= bytes) return Status::Ok();
+  const size_t want = bytes + bytes / 4;
+  std::shared_ptr<DevBuf> b;
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, want, &b));
+  *buf = std::move(b);
+  *cap = want;
+  return Status::Ok();
+}
+
+// For work enqueued now on `stream`: the mask's current positions on the device (uploaded on
+// that stream when they changed) and, if packedBytes > 0, a packed temporary of that size.
+// *keep: what the caller hands to RetireAfter once its work is enqueued.
+Status MaskBuffers(Runtime* rt, const scapeMask* mask, Stream stream, size_t packedBytes,
+                   const uint64_t** dPos, void** dPacked,
+                   std::vector<std::shared_ptr<void>>* keep) {
+  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
+  const size_t bytes = cur->size() * sizeof(uint64_t);
+  std::lock_guard<std::mutex> lk(g_cacheMu);
+  std::shared_ptr<MaskCache>& e = g_masks[std::make_pair(mask, stream)];
+  if (!e || e->rt != rt) {
+    e = std::make_shared<MaskCache>();
+    e->rt = rt;
+  }
+  if (e->host != cur) {
+    e->host = nullptr;  // until the new list is enqueued
+    Status st = Reserve(rt, bytes, &e->pos, &e->posCap);
+    if (st.ok() && bytes) st = rt->CopyAsync(e->pos->d, cur->data(), bytes, stream);
+    if (!st.ok()) return st.Prepend("uploading the mask's positions to the device");
+    e->host = cur;
+  }
+  keep->push_back(e->pos);
+  // The list stays alive until the upload (and every use) has run.
+  keep->push_back(std::const_pointer_cast<std::vector<uint64_t>>(e->host));
+  *dPos = static_cast<const uint64_t*>(e->pos->d);
+  if (packedBytes) {
+    Status st = Reserve(rt, packedBytes, &e->packed, &e->packedCap);
+    if (!st.ok())
+      return st.Prepend(StrFormat("allocating %zu bytes of packed values", packedBytes));
+    keep->push_back(e->packed);
+    *dPacked = e->packed->d;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
@@ -89,27 +247,174 @@ Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, 
   }
   *handled = true;
   if (async) return AsyncWithDevice("*Async");
-  if (mask)
-    return Unsupported(
-        "the masked (dense-in/out) all-reduce takes host buffers in this release; "
-        "with device buffers, pack on the device and all-reduce the packed values");
+  if (mask) return UcxMaskedAllReduce(comm, a, mask, stream);
+  return EnqueueStaged(comm, rt, a, stream);
+}
+
+Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& dense, scapeMask* mask,
+                          void* stream) {
+  Runtime* rt = GetRuntime();
+  Comm& c = *comm->impl;
   if (!c.error().ok()) return c.error();
-  std::shared_ptr<Entry> e = Find(comm);
-  if (!e || !e->staging) {
-    // The first device collective: the staging channel (collective: every rank makes its
-    // first device collective at the same call, as every rank passes the same buffer kinds).
-    std::unique_ptr<StagingChannel> ch;
-    Status st = StagingChannel::Create(&c, rt, &ch);
-    if (!st.ok()) return st.Prepend("setting up the device staging channel");
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto& slot = g_entries[comm];
-    if (!slot) slot = std::make_shared<Entry>();
-    slot->staging = std::move(ch);
-    e = slot;
+  ReapRetired();
+  const Mask& m = *mask->impl;
+  const size_t k = m.Current().size(), esz = scapeTypeSize(dense.dtype);
+  coll::CollArgs a = dense;
+  a.type = coll::CollType::kAllReduce;
+  a.count = k;
+  a.counts = m.RankCounts();  // owner blocks: the bits of the host masked all-reduce
+  if (m.CurrentIsIdentity()) return EnqueueStaged(comm, rt, a, stream);  // as the host path
+  const uint64_t* dPos = nullptr;
+  void* dPacked = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
+  if (k > 0) {
+    Status st = MaskBuffers(rt, mask, stream, k * esz, &dPos, &dPacked, &keep);
+    if (st.ok()) st = rt->Gather(dense.send, dPos, k, esz, dPacked, stream);
+    if (!st.ok()) {
+      RetireAfter(rt, stream, std::move(keep));
+      return st.Prepend(
+          StrFormat("rank %d: gathering the mask's positions on the device", c.rank()));
+    }
+    a.send = a.recv = dPacked;
+  } else {
+    a.send = a.recv = nullptr;  // the rank still takes part (count 0)
   }
-  if (e->staging->runtime() != rt)
-    return InvalidUsage("the device runtime changed while device work was in flight");
-  return e->staging->Enqueue(a, stream);
+  Status st = EnqueueStaged(comm, rt, a, stream);
+  if (st.ok() && k > 0) {
+    // Only the mask's positions of recvbuf are written: the others keep their values.
+    st = rt->Scatter(dPacked, dPos, k, esz, dense.recv, stream);
+    if (!st.ok()) st.Prepend("scattering the reduced values on the device");
+  }
+  if (k > 0) RetireAfter(rt, stream, std::move(keep));
+  return st;
+}
+
+Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t esz, bool unpack,
+                      bool* handled) {
+  *handled = false;
+  Runtime* rt = GetRuntime();
+  const PtrKind kd = dense ? rt->Kind(dense) : PtrKind::kHost;
+  const PtrKind kp = packed ? rt->Kind(packed) : PtrKind::kHost;
+  if (dense && packed && IsDev(kd) != IsDev(kp))
+    return InvalidArgument(
+        StrFormat("dense is %s but packed is %s: both must be host memory or both device memory",
+                  PtrKindName(kd), PtrKindName(kp)));
+  if (!IsDev(kd) && !IsDev(kp)) return Status::Ok();
+  *handled = true;
+  ReapRetired();
+  const size_t k = mask->impl->Current().size();
+  if (k == 0) return Status::Ok();
+  if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+  const uint64_t* dPos = nullptr;
+  std::vector<std::shared_ptr<void>> keep;
+  Status st = MaskBuffers(rt, mask, nullptr, 0, &dPos, nullptr, &keep);
+  if (st.ok())
+    st = unpack ? rt->Scatter(packed, dPos, k, esz, const_cast<void*>(dense), nullptr)
+                : rt->Gather(dense, dPos, k, esz, packed, nullptr);
+  RetireAfter(rt, nullptr, std::move(keep));
+  if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
+  return st;
+}
+
+Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double density,
+                            bool* handled) {
+  *handled = false;
+  Runtime* rt = GetRuntime();
+  if (!statistic || rt->Kind(statistic) == PtrKind::kHost) return Status::Ok();
+  *handled = true;
+  ReapRetired();
+  Mask& m = *mask->impl;
+  if (m.SyncInFlight()) return InvalidUsage("a mask sync is in flight: wait for it first");
+  // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
+  std::vector<uint64_t> offs, k;
+  m.TopkPlan(density, &offs, &k);
+  if (k.empty()) return m.SetNextFromTopk(nullptr, 0);
+  std::vector<uint64_t> outOffs(k.size() + 1);
+  const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  kernels::TopkSegments segs;
+  segs.offsets = offs.data();
+  segs.k = k.data();
+  segs.out_offsets = outOffs.data();
+  segs.nseg = k.size();
+  kernels::TopkOptions opt;
+  std::shared_ptr<DevBuf> dOut, dCounts;
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, total * sizeof(uint64_t), &dOut));
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, k.size() * sizeof(uint64_t), &dCounts));
+  std::vector<uint64_t> sel(total);
+  // Legacy default stream: ordered after the caller's work on blocking streams.
+  Status st = rt->TopkAbs(statistic, segs, opt, static_cast<uint64_t*>(dOut->d),
+                          static_cast<uint64_t*>(dCounts->d), nullptr);
+  if (!st.ok()) {
+    RetireAfter(rt, nullptr, {dOut, dCounts});
+    return st.Prepend("top-k of the device statistic");
+  }
+  // Only the selected positions come back (a host wait on that copy, with a deadline).
+  auto host = std::make_shared<std::vector<uint64_t>>(total);
+  if (total) st = rt->CopyAsync(host->data(), dOut->d, total * sizeof(uint64_t), nullptr);
+  Event ev = nullptr;
+  if (st.ok()) st = rt->EventCreate(&ev);
+  if (st.ok()) st = rt->EventRecord(ev, nullptr);
+  const int timeoutMs =
+      mask->comm && mask->comm->impl ? mask->comm->impl->config().timeoutMs : kDefaultTimeoutMs;
+  bool done = false;
+  Deadline dl = Deadline::AfterMs(timeoutMs);
+  while (st.ok()) {
+    st = rt->EventQuery(ev, &done);
+    if (!st.ok() || done) break;
+    if (dl.Expired()) {
+      st = TimeoutError(StrFormat("the device top-k did not complete within %d ms", timeoutMs));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (!done) {
+    // Not known to be finished: the buffers (and the host copy's target) stay until it is.
+    std::vector<std::shared_ptr<void>> keep = {dOut, dCounts, host};
+    if (ev) {
+      std::lock_guard<std::mutex> lk(g_devMu);
+      g_retired.push_back({rt, ev, std::move(keep)});
+    } else {
+      RetireAfter(rt, nullptr, std::move(keep));
+    }
+    return st.Prepend("top-k of the device statistic");
+  }
+  rt->EventDestroy(ev);
+  return m.SetNextFromTopk(host->data(), host->size());
+}
+
+void ReleaseMask(const scapeMask* mask) {
+  std::vector<std::shared_ptr<MaskCache>> drop;  // released outside the lock
+  {
+    std::lock_guard<std::mutex> lk(g_cacheMu);
+    for (auto it = g_masks.begin(); it != g_masks.end();) {
+      if (it->first.first == mask) {
+        drop.push_back(std::move(it->second));
+        it = g_masks.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  drop.clear();  // the buffers go once the calls that used them are done (RetireAfter)
+  ReapRetired();
+}
+
+void DropStaleMaskPositions(const scapeMask* mask) {
+  if (!mask || !mask->impl) return;
+  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
+  std::vector<std::shared_ptr<const std::vector<uint64_t>>> drop;
+  {
+    std::lock_guard<std::mutex> lk(g_cacheMu);
+    for (auto& kv : g_masks)
+      if (kv.first.first == mask && kv.second->host && kv.second->host != cur) {
+        // Let go of the old list (the mask may then reuse it); the device buffer stays for
+        // the next upload.
+        drop.push_back(std::move(kv.second->host));
+        kv.second->host = nullptr;
+      }
+  }
+  drop.clear();
+  ReapRetired();
 }
 
 bool IsNcclComm(const scapeComm* comm) {
@@ -270,22 +575,9 @@ Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args)
       return Unsupported(
           StrFormat("%s is %s: this call takes host buffers only in this release "
                     "(device buffers: scapeAllReduce, scapeReduceScatter, "
-                    "scapeAllGather, scapeBroadcast)",
+                    "scapeAllGather, scapeBroadcast and the scapeMask* calls)",
                     a.first, PtrKindName(k)));
   }
-  return Status::Ok();
-}
-
-Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view) {
-  *view = p;
-  if (!p || count == 0) return Status::Ok();
-  Runtime* rt = GetRuntime();
-  if (rt->Kind(p) == PtrKind::kHost) return Status::Ok();
-  copy->resize(count);
-  Status st = rt->CopyAsync(copy->data(), p, count * sizeof(float), nullptr);
-  if (st.ok()) st = rt->StreamSynchronize(nullptr);
-  if (!st.ok()) return st.Prepend("copying the device statistic to the host");
-  *view = copy->data();
   return Status::Ok();
 }
 
@@ -328,6 +620,7 @@ void ReleaseComm(scapeComm* comm) {
     if (!st.ok()) SCAPE_WARN("scapeCommDestroy: %s", st.message().c_str());
   }
   // The channel (its worker and child communicator) goes with the entry, before the parent.
+  ReapRetired();  // device temporaries of mask calls whose work has completed
 }
 
 void AbortComm(scapeComm* comm) {

@@ -6,7 +6,9 @@
 // - Host buffers with a non-NULL stream (UCX backend): the call first waits for the stream
 //   (work queued on it before the call, a host wait), then runs as with stream = NULL.
 // - Device buffers on the UCX backend: staged through page-locked host buffers
-//   (plugin/device/staging.h), enqueued on the stream; the call returns at once.
+//   (plugin/device/staging.h), enqueued on the stream; the call returns at once. Masks: the
+//   packed values are staged as one V collective (a.counts); the masked all-reduce and
+//   pack/unpack gather/scatter on the device with a per-mask device copy of the positions.
 // - NCCL backend (scapeCommInitNccl): device buffers are issued to NCCL on the stream; host
 //   buffers (and barriers) run on its host communicator when it has one (as on a UCX
 //   communicator: a non-NULL stream is waited for first), else they are an error.
@@ -34,6 +36,33 @@ namespace device {
 Status UcxCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                      bool async, bool* handled);
 
+// The masked (dense-in/dense-out) all-reduce on device buffers, on a UCX communicator: `a` is
+// the validated dense call (count = the mask's n), `mask` a live mask of `comm` (validated).
+// Enqueued on the stream: gather the mask's positions into a device packed temporary, the
+// staged V all-reduce of the packed values (the mask's per-rank counts), scatter into recv;
+// positions not in the mask are left as they are (the host path's semantics, same bits). A
+// full mask with shard ownership runs the staged V all-reduce on the dense buffers directly.
+Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream);
+
+// scapeMaskPack / scapeMaskUnpack: *handled = false for two host buffers (the host path runs);
+// device buffers are gathered / scattered on the default stream (stream-ordered: the call
+// returns once enqueued); a host/device mix is scapeInvalidArgument naming both arguments.
+// `mask` is live (validated); unpack: packed -> dense.
+Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t esz, bool unpack,
+                      bool* handled);
+
+// scapeMaskSelectNextTopk with a device statistic: *handled = false for host memory (the host
+// path runs). Otherwise runs the top-k of |statistic| on the device over the segments this
+// rank owns (the host path's segments and options), copies only the selected positions back
+// (a host wait on that copy; the statistic is read on the default stream) and selects them.
+Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double density, bool* handled);
+
+// Hooks of the mask's lifecycle: the device copies of its positions are dropped (freed once
+// the device work that uses them has completed). Release: the mask is being destroyed;
+// DropStale: its current positions may have changed (only copies of older ones are dropped).
+void ReleaseMask(const scapeMask* mask);
+void DropStaleMaskPositions(const scapeMask* mask);
+
 // NCCL-backend communicators (made by scapeCommInitNccl). Their scapeComm's impl is the host
 // (UCX) communicator that scapeCommInitNccl joins (SCAPE_NCCL_HOST_COMM=1), or NULL (0).
 bool IsNcclComm(const scapeComm* comm);
@@ -48,12 +77,6 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
 // rank / nranks of an NCCL-backend communicator (false if `comm` is not one).
 bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
-
-// For calls that read a whole buffer on the host (scapeMaskSelectNextTopk's statistic): when
-// `p` is device memory, copies its `count` floats to *copy (a host wait: the copy runs on the
-// default stream and is waited for; the caller must have finished writing p) and points *view
-// at the copy; host memory is left as it is (*view = p).
-Status HostReadable(const float* p, size_t count, std::vector<float>* copy, const float** view);
 
 // Calls with no stream that take device buffers through host copies (scapeSparseAllReduce):
 // StageIn copies `bytes` of a device `p` to *copy and points *view at it (host memory: *view

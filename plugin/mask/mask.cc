@@ -201,14 +201,16 @@ Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
   return Status::Ok();
 }
 
-Status Mask::SelectNextTopk(const float* stat, double density) {
-  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
+void Mask::TopkPlan(double density, std::vector<uint64_t>* offsets,
+                    std::vector<uint64_t>* k) const {
   const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
   // One kernel call over this rank's pieces; the gaps between them are segments with k = 0.
-  std::vector<uint64_t> offs, k;
+  std::vector<uint64_t>& offs = *offsets;
+  offs.clear();
+  k->clear();
   for (const Piece& p : mine) {
     if (!offs.empty() && offs.back() < p.begin) {
-      k.push_back(0);
+      k->push_back(0);
       offs.push_back(p.begin);
     }
     if (offs.empty()) offs.push_back(p.begin);
@@ -216,14 +218,46 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
     uint64_t kk =
         p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
     if (!p.dense && len > 0) kk = std::max<uint64_t>(1, std::min(kk, len));
-    k.push_back(kk);
+    k->push_back(kk);
     offs.push_back(p.end);
   }
+}
+
+Status Mask::SetNextFromTopk(const uint64_t* sel, size_t total) {
+  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
+  const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
   std::vector<uint64_t> local;
+  local.reserve(total);
+  size_t pi = 0;
+  uint64_t base = 0, last = 0;
+  for (size_t i = 0; i < total; ++i) {  // global positions, increasing: map to the owned space
+    const uint64_t g = sel[i];
+    if ((i > 0 && g <= last) || mine.empty() || g >= mine.back().end)
+      return InternalError(
+          StrFormat("top-k selection: position %llu (entry %zu) is not "
+                    "increasing or not owned by this rank",
+                    static_cast<unsigned long long>(g), i));
+    last = g;
+    while (g >= mine[pi].end) base += mine[pi].end - mine[pi].begin, ++pi;
+    if (g < mine[pi].begin)
+      return InternalError(StrFormat("top-k selection: position %llu is not owned by this rank",
+                                     static_cast<unsigned long long>(g)));
+    local.push_back(base + (g - mine[pi].begin));
+  }
+  nextLocal_ = std::move(local);
+  nextSet_ = true;
+  return Status::Ok();
+}
+
+Status Mask::SelectNextTopk(const float* stat, double density) {
+  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
+  std::vector<uint64_t> offs, k;
+  TopkPlan(density, &offs, &k);
+  std::vector<uint64_t> sel;
   if (!k.empty()) {
     std::vector<uint64_t> outOffs(k.size() + 1);
     const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
-    std::vector<uint64_t> sel(total);
+    sel.resize(total);
     kernels::TopkSegments segs;
     segs.offsets = offs.data();
     segs.k = k.data();
@@ -234,17 +268,8 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
     if (ks != kernels::KernelStatus::kOk)
       return Status(kernels::ToResult(ks),
                     StrFormat("top-k selection failed: %s", kernels::KernelStatusString(ks)));
-    local.reserve(total);
-    size_t pi = 0;
-    uint64_t base = 0;
-    for (uint64_t g : sel) {  // global positions, increasing: map to the owned space
-      while (g >= mine[pi].end) base += mine[pi].end - mine[pi].begin, ++pi;
-      local.push_back(base + (g - mine[pi].begin));
-    }
   }
-  nextLocal_ = std::move(local);
-  nextSet_ = true;
-  return Status::Ok();
+  return SetNextFromTopk(sel.data(), sel.size());
 }
 
 Status Mask::Encode(std::vector<uint8_t>* out) {

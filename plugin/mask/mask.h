@@ -37,6 +37,11 @@ class Mask {
 
   Status SetNextIndices(const uint64_t* idx, size_t k);
   Status SelectNextTopk(const float* stat, double density);
+  // SelectNextTopk in two halves, for a top-k run elsewhere (the device): the kernel's segment
+  // table of this rank's owned pieces (kernels/cpu/topk.h: offsets, k per segment) for
+  // `density`, and the next mask from the kernel's selected global positions (increasing).
+  void TopkPlan(double density, std::vector<uint64_t>* offsets, std::vector<uint64_t>* k) const;
+  Status SetNextFromTopk(const uint64_t* selected, size_t count);
   Status SyncStart();
   Status SyncTest(bool* done);
   Status SyncWait();
