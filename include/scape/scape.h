@@ -876,6 +876,44 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
 SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const float* grads,
                                        uint64_t count);
 
+/**
+ * @brief The optimizer step on CUDA device buffers, enqueued on a stream (GPU data path).
+ *
+ * params and grads are n floats of device (or managed) memory; the step is enqueued on
+ * `stream` (a cudaStream_t; NULL: the default stream) and the call returns; the work is
+ * ordered on the stream after what the caller queued there. The optimizer's state (momentum,
+ * residual) moves to device memory at the first device step (the host state is copied there).
+ * Mixing is allowed: a later scapeOptimStep on host buffers waits for the device work and
+ * moves the state back to the host (a host wait).
+ *
+ * Host waits, where unavoidable:
+ *  - the next mask's positions (this rank's top-k, a few positions) are copied to the host
+ *    and its mask sync is started from the host: at the end of the call when the copy has
+ *    already completed, else at the next optimizer call (step, checkpoint, destroy), which
+ *    waits for that copy;
+ *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
+ *    of the update), so the update is enqueued after that wait; without clipping,
+ *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
+ *  - a step on another stream than the last device step first waits for that stream.
+ * The caller must not change params or grads until the stream has run the step.
+ *
+ * Bits: the same params, state and masks as scapeOptimStep on the same inputs (fp32 payloads;
+ * bf16/fp16 payloads are scapeUnsupported on device: the device pack kernel does not feed the
+ * rounding error back into the residual as the host step does). Sharded ownership: every rank
+ * applies the update from the all-gathered reduced payload, the same bits as the host step when
+ * the ranks' params agree (data-parallel replicas).
+ *
+ * scapeOptimStep with device buffers behaves as this call with stream = NULL.
+ * UCX-backend communicators only: NCCL-backend communicators (scapeCommInitNccl) return
+ * scapeUnsupported.
+ *
+ * @return scapeSuccess; scapeInvalidArgument (as scapeOptimStep; params and grads of different
+ *         kinds (host / device); a non-NULL stream with host buffers); scapeUnsupported (bf16 or
+ *         fp16 payloads; NCCL backend); errors of earlier device work on the stream.
+ */
+SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
+                                             uint64_t count, void* stream);
+
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
   scapeOptimPhaseSyncWait = 0,  /**< waiting for the mask sync of the previous step, advance */
