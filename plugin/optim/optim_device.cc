@@ -208,8 +208,9 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   d.hInv.resize(k);
   {
     std::vector<kernels::MaskRun> byPos = runs_;
-    std::sort(byPos.begin(), byPos.end(),
-              [](const kernels::MaskRun& a, const kernels::MaskRun& b) { return a.begin < b.begin; });
+    std::sort(byPos.begin(), byPos.end(), [](const kernels::MaskRun& a, const kernels::MaskRun& b) {
+      return a.begin < b.begin;
+    });
     uint64_t s = 0;
     for (const kernels::MaskRun& r : byPos)
       for (uint64_t j = r.jb; j < r.je; ++j, ++s) {
@@ -217,9 +218,10 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
         d.hPerm[s] = j;
         d.hInv[j] = s;
       }
-    if (s != k) return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", rank_,
-                                          static_cast<unsigned long long>(s),
-                                          static_cast<unsigned long long>(k)));
+    if (s != k)
+      return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", rank_,
+                                     static_cast<unsigned long long>(s),
+                                     static_cast<unsigned long long>(k)));
   }
   bool identity = true;
   for (uint64_t s = 0; s < k && identity; ++s) identity = d.hPerm[s] == s;
@@ -240,8 +242,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
                                                   pt, paySorted, d.dStat, st)
                             .Prepend("candidate"));
-  if (!identity && k)
-    SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
+  if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
   phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
 
   // The next mask: top-k over this rank's owned pieces, as Mask::SelectNextTopk does it.

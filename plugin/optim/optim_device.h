@@ -24,8 +24,8 @@ struct Optimizer::DeviceState {
   size_t countsCap = 0;
   // Host side (pinned where the runtime gives it): the uploads and the selected positions.
   std::vector<uint64_t> hMaskOrder, hSorted, hPerm, hInv;
-  uint64_t* hTop = nullptr;  // pinned, owned size
-  double* hSq = nullptr;     // pinned, nranks
+  uint64_t* hTop = nullptr;         // pinned, owned size
+  double* hSq = nullptr;            // pinned, nranks
   device::Event selDone = nullptr;  // recorded after the copy of the selected positions
   bool selPending = false;          // a selection waits to be handed to the mask sync
   uint64_t selCount = 0;
