@@ -191,8 +191,9 @@ int main(int argc, char** argv) {
       std::printf("RESULT %s_step_ms %.4f\n", d < 1.0 ? "scape" : "dense", ms[ms.size() / 2]);
     SCAPE_OK(scapeOptimDestroy(o), comm);
   }
-  if (g_rank == 0) std::printf("RESULT n %llu\nRESULT nranks %d\nRESULT density %g\n",
-                               static_cast<unsigned long long>(n), P, density);
+  if (g_rank == 0)
+    std::printf("RESULT n %llu\nRESULT nranks %d\nRESULT density %g\n",
+                static_cast<unsigned long long>(n), P, density);
   CUDA_OK(cudaFree(dp));
   CUDA_OK(cudaFree(dg));
   SCAPE_OK(scapeCommDestroy(comm), comm);

@@ -55,8 +55,8 @@
  *
  * Memory
  * ------
- * Buffers are owned by the caller: host memory, or device memory for the collectives that
- * say so (see "GPU data path"). The library never keeps a pointer to a
+ * Buffers are owned by the caller: host memory, or device memory for the collectives and the
+ * optimizer step that say so (see "GPU data path"). The library never keeps a pointer to a
  * caller buffer after the operation that uses it has completed. For non-blocking calls the
  * buffers must stay valid and untouched (send buffers unmodified, receive buffers unread) until
  * scapeTest reports completion or scapeWait returns.
@@ -868,6 +868,10 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
  *                first step (they stay so). 4-byte aligned, not overlapping grads.
  * @param grads   n fp32 gradients of this rank (read only). 4-byte aligned.
  * @param count   must equal the layout's n.
+ * Device pointers (both params and grads; a mix is scapeInvalidArgument): the call is
+ * scapeOptimStepStream with stream = NULL (the default stream); it enqueues and returns.
+ * After device steps, a step on host buffers first waits for the device work and moves the
+ * optimizer state back to the host.
  * @return scapeSuccess; scapeInvalidArgument (NULL or misaligned buffer, overlapping buffers,
  *         count != n; nothing was changed); scapeInvalidUsage (a sync of the optimizer's mask
  *         started by another user of the mask is in flight, or that user advanced the mask;
@@ -975,6 +979,13 @@ SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask)
  * success the hyperparameters are the checkpoint's and the run continues bit-identical to one
  * that was never interrupted. A checkpoint from another rank count is refused (no
  * re-sharding).
+ *
+ * State on the device (after scapeOptimStepStream): scapeOptimCheckpointSize waits for the
+ * last step's next-mask selection; scapeOptimSave waits for the device work of the last step
+ * (a host wait on its stream) and copies the device state into the checkpoint;
+ * scapeOptimLoad waits likewise and restores the state to the device. Checkpoints are the
+ * same bytes either way: one saved with device state loads into a host optimizer and the
+ * reverse.
  */
 SCAPE_API scapeResult_t scapeOptimCheckpointSize(scapeOptim_t optim, size_t* bytes);
 SCAPE_API scapeResult_t scapeOptimSave(scapeOptim_t optim, void* buf, size_t capacity,
@@ -1018,9 +1029,13 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *  - scapeCommDestroy waits (host wait, within the timeout) for device collectives in flight
  *    to reach the end of their streams.
  *  - scapeMaskSelectNextTopk accepts a device statistic (copied to the host: a host wait).
+ *  - The optimizer step takes device params and grads: scapeOptimStepStream (and
+ *    scapeOptimStep on the default stream), UCX communicators, fp32 payloads; its host waits
+ *    are listed at scapeOptimStepStream.
  *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
  *    (the blocking forms are already asynchronous), a non-NULL mask, the scapeMask* packed
- *    collectives, scapeSparseAllReduce and the optimizer step.
+ *    collectives, scapeSparseAllReduce, and the optimizer step on NCCL-backend communicators
+ *    or with bf16/fp16 payloads.
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream
