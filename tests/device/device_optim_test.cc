@@ -214,10 +214,10 @@ TEST_P(DeviceOptim, CheckpointsMoveBetweenDeviceAndHost) {
         std::memcpy(dg2, g.data(), 4 * n);
         EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
         EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
-        if (!SameBits(hp2.data(), p.hp.data(), n, "host from device checkpoint, step " +
-                                                      std::to_string(t)) ||
-            !SameBits(dp2, p.hp.data(), n, "device from host checkpoint, step " +
-                                               std::to_string(t)))
+        if (!SameBits(hp2.data(), p.hp.data(), n,
+                      "host from device checkpoint, step " + std::to_string(t)) ||
+            !SameBits(dp2, p.hp.data(), n,
+                      "device from host checkpoint, step " + std::to_string(t)))
           return false;
       }
       std::vector<uint8_t> end = Save(p.host, ctx.comm);
@@ -259,8 +259,7 @@ TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
       EXPECT_TRUE(SameBits(p.dp, before.data(), p.n, "params before the stream ran"));
       gate.Open();
       EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
-      if (!SameBits(p.dp, p.hp.data(), p.n, "params after step " + std::to_string(t)))
-        return false;
+      if (!SameBits(p.dp, p.hp.data(), p.n, "params after step " + std::to_string(t))) return false;
     }
     EXPECT_EQ(Save(p.dev, ctx.comm), Save(p.host, ctx.comm));
     return !::testing::Test::HasFailure();
@@ -286,8 +285,7 @@ TEST(DeviceOptimErrors, BadArgumentsAreRefused) {
       const std::string msg = scapeGetLastError(ctx.comm);
       EXPECT_NE(msg.find(needle), std::string::npos) << msg;
     };
-    fails(scapeOptimStepStream(p.dev, p.dp, p.dg, n + 1, p.s), scapeInvalidArgument,
-          "count = ");
+    fails(scapeOptimStepStream(p.dev, p.dp, p.dg, n + 1, p.s), scapeInvalidArgument, "count = ");
     fails(scapeOptimStepStream(p.dev, p.dp, hostG.data(), n, p.s), scapeInvalidArgument,
           "params is device");
     fails(scapeOptimStepStream(p.dev, hostP.data(), p.dg, n, p.s), scapeInvalidArgument,
@@ -323,6 +321,5 @@ TEST(DeviceOptimErrors, BadArgumentsAreRefused) {
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
-
 
 }  // namespace
