@@ -899,7 +899,10 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
  *  - a step on another stream than the last device step first waits for that stream.
- * The caller must not change params or grads until the stream has run the step.
+ * The caller must not change params or grads until the stream has run the step, and must
+ * keep the stream of the last device step alive until the optimizer is destroyed (destroy
+ * waits for it). A host wait for the selected positions fails with scapeTimeout after the
+ * communicator's timeout.
  *
  * Bits: the same params, state and masks as scapeOptimStep on the same inputs (fp32 payloads;
  * bf16/fp16 payloads are scapeUnsupported on device: the device pack kernel does not feed the

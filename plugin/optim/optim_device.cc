@@ -53,12 +53,21 @@ Status Alloc(device::Runtime* rt, size_t count, T** p) {
   return Status::Ok();
 }
 
-// Waits for an event (the runtime has no blocking wait: poll). Fails with the stream's error.
-Status WaitEvent(device::Runtime* rt, device::Event e) {
+// Waits for an event (the runtime has no blocking wait: poll). Fails with the stream's error,
+// or scapeTimeout after timeoutMs (the communicator's timeout), so a stuck stream never hangs
+// the host.
+Status WaitEvent(device::Runtime* rt, device::Event e, int timeoutMs) {
+  const int64_t deadline = NowNs() + static_cast<int64_t>(timeoutMs) * 1000000;
   for (int spin = 0;; ++spin) {
     bool done = false;
     SCAPE_RETURN_IF_ERROR(rt->EventQuery(e, &done));
     if (done) return Status::Ok();
+    if (NowNs() > deadline)
+      return TimeoutError(
+          StrFormat("the stream did not reach the step's selected positions "
+                    "within %d ms (work queued ahead of the step, or a held "
+                    "stream)",
+                    timeoutMs));
     if (spin < 100)
       std::this_thread::yield();
     else
@@ -90,7 +99,8 @@ Status Optimizer::DeviceFinishSelect() {
   if (!dev_ || !dev_->selPending) return Status::Ok();
   DeviceState& d = *dev_;
   d.selPending = false;
-  SCAPE_RETURN_IF_ERROR(WaitEvent(d.rt, d.selDone).Prepend("next-mask selection on the device"));
+  SCAPE_RETURN_IF_ERROR(WaitEvent(d.rt, d.selDone, comm_->config().timeoutMs)
+                            .Prepend("next-mask selection on the device"));
   if (mask_->SyncInFlight()) SCAPE_RETURN_IF_ERROR(mask_->SyncWait());
   SCAPE_RETURN_IF_ERROR(mask_->SetNextIndices(d.hTop, d.selCount));
   SCAPE_RETURN_IF_ERROR(mask_->SyncStart());
