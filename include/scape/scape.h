@@ -55,8 +55,8 @@
  *
  * Memory
  * ------
- * Buffers are owned by the caller: host memory, or device memory for the collectives that
- * say so (see "GPU data path"). The library never keeps a pointer to a
+ * Buffers are owned by the caller: host memory, or device memory for the collectives and the
+ * optimizer step that say so (see "GPU data path"). The library never keeps a pointer to a
  * caller buffer after the operation that uses it has completed. For non-blocking calls the
  * buffers must stay valid and untouched (send buffers unmodified, receive buffers unread) until
  * scapeTest reports completion or scapeWait returns.
@@ -884,6 +884,10 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
  *                first step (they stay so). 4-byte aligned, not overlapping grads.
  * @param grads   n fp32 gradients of this rank (read only). 4-byte aligned.
  * @param count   must equal the layout's n.
+ * Device pointers (both params and grads; a mix is scapeInvalidArgument): the call is
+ * scapeOptimStepStream with stream = NULL (the default stream); it enqueues and returns.
+ * After device steps, a step on host buffers first waits for the device work and moves the
+ * optimizer state back to the host.
  * @return scapeSuccess; scapeInvalidArgument (NULL or misaligned buffer, overlapping buffers,
  *         count != n; nothing was changed); scapeInvalidUsage (a sync of the optimizer's mask
  *         started by another user of the mask is in flight, or that user advanced the mask;
@@ -891,6 +895,47 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
  */
 SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const float* grads,
                                        uint64_t count);
+
+/**
+ * @brief The optimizer step on CUDA device buffers, enqueued on a stream (GPU data path).
+ *
+ * params and grads are n floats of device (or managed) memory; the step is enqueued on
+ * `stream` (a cudaStream_t; NULL: the default stream) and the call returns; the work is
+ * ordered on the stream after what the caller queued there. The optimizer's state (momentum,
+ * residual) moves to device memory at the first device step (the host state is copied there).
+ * Mixing is allowed: a later scapeOptimStep on host buffers waits for the device work and
+ * moves the state back to the host (a host wait).
+ *
+ * Host waits, where unavoidable:
+ *  - the next mask's positions (this rank's top-k, a few positions) are copied to the host
+ *    and its mask sync is started from the host: at the end of the call when the copy has
+ *    already completed, else at the next optimizer call (step, checkpoint, destroy), which
+ *    waits for that copy;
+ *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
+ *    of the update), so the update is enqueued after that wait; without clipping,
+ *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
+ *  - a step on another stream than the last device step first waits for that stream.
+ * The caller must not change params or grads until the stream has run the step, and must
+ * keep the stream of the last device step alive until the optimizer is destroyed (destroy
+ * waits for it). A host wait for the selected positions fails with scapeTimeout after the
+ * communicator's timeout.
+ *
+ * Bits: the same params, state and masks as scapeOptimStep on the same inputs (fp32 payloads;
+ * bf16/fp16 payloads are scapeUnsupported on device: the device pack kernel does not feed the
+ * rounding error back into the residual as the host step does). Sharded ownership: every rank
+ * applies the update from the all-gathered reduced payload, the same bits as the host step when
+ * the ranks' params agree (data-parallel replicas).
+ *
+ * scapeOptimStep with device buffers behaves as this call with stream = NULL.
+ * UCX-backend communicators only: NCCL-backend communicators (scapeCommInitNccl) return
+ * scapeUnsupported.
+ *
+ * @return scapeSuccess; scapeInvalidArgument (as scapeOptimStep; params and grads of different
+ *         kinds (host / device); a non-NULL stream with host buffers); scapeUnsupported (bf16 or
+ *         fp16 payloads; NCCL backend); errors of earlier device work on the stream.
+ */
+SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
+                                             uint64_t count, void* stream);
 
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
@@ -953,6 +998,13 @@ SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask)
  * success the hyperparameters are the checkpoint's and the run continues bit-identical to one
  * that was never interrupted. A checkpoint from another rank count is refused (no
  * re-sharding).
+ *
+ * State on the device (after scapeOptimStepStream): scapeOptimCheckpointSize waits for the
+ * last step's next-mask selection; scapeOptimSave waits for the device work of the last step
+ * (a host wait on its stream) and copies the device state into the checkpoint;
+ * scapeOptimLoad waits likewise and restores the state to the device. Checkpoints are the
+ * same bytes either way: one saved with device state loads into a host optimizer and the
+ * reverse.
  */
 SCAPE_API scapeResult_t scapeOptimCheckpointSize(scapeOptim_t optim, size_t* bytes);
 SCAPE_API scapeResult_t scapeOptimSave(scapeOptim_t optim, void* buf, size_t capacity,
@@ -1017,8 +1069,12 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    memory) and copies back only the selected positions: a host wait for that copy (bounded
  *    by the communicator's timeout). The caller must have finished writing the statistic.
  *  - scapeSparseAllReduce takes device buffers through host copies (host waits; see it).
+ *  - The optimizer step takes device params and grads: scapeOptimStepStream (and
+ *    scapeOptimStep on the default stream), UCX communicators, fp32 payloads; its host waits
+ *    are listed at scapeOptimStepStream.
  *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
- *    (the blocking forms are already asynchronous) and the optimizer step.
+ *    (the blocking forms are already asynchronous), and the optimizer step on NCCL-backend
+ *    communicators or with bf16/fp16 payloads.
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream

@@ -8,6 +8,7 @@
 
 #include "plugin/api/api_internal.h"
 #include "plugin/api/device_dispatch.h"
+#include "plugin/device/runtime.h"
 #include "plugin/mask/mask.h"
 #include "plugin/optim/optim.h"
 
@@ -199,29 +200,86 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr) {
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+// The checks every step form makes; *device: the buffers are device (or managed) memory.
+Status CheckStepArgs(scapeOptim_t optim, float* params, const float* grads, uint64_t count,
+                     bool* device) {
+  SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+  const int rank = optim->comm->impl->rank();
+  const uint64_t n = optim->impl->n();
+  if (count != n)
+    return scape::InvalidArgument(StrFormat(
+        "rank %d: count = %llu differs from the layout's "
+        "n = %llu",
+        rank, static_cast<unsigned long long>(count), static_cast<unsigned long long>(n)));
+  if (!params) return scape::InvalidArgument(StrFormat("rank %d: params is NULL", rank));
+  if (!grads) return scape::InvalidArgument(StrFormat("rank %d: grads is NULL", rank));
+  if (Misaligned(params))
+    return scape::InvalidArgument(
+        StrFormat("rank %d: params = %p is not 4-byte aligned", rank, static_cast<void*>(params)));
+  if (Misaligned(grads))
+    return scape::InvalidArgument(StrFormat("rank %d: grads = %p is not 4-byte aligned", rank,
+                                            static_cast<const void*>(grads)));
+  const uintptr_t p = reinterpret_cast<uintptr_t>(params), g = reinterpret_cast<uintptr_t>(grads);
+  if (p < g + 4 * n && g < p + 4 * n)
+    return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
+  scape::device::Runtime* rt = scape::device::GetRuntime();
+  const scape::device::PtrKind kp = rt->Kind(params), kg = rt->Kind(grads);
+  const bool dp = kp != scape::device::PtrKind::kHost, dg = kg != scape::device::PtrKind::kHost;
+  if (dp != dg)
+    return scape::InvalidArgument(
+        StrFormat("rank %d: params is %s but grads is %s: both must be host memory or both "
+                  "device memory",
+                  rank, scape::device::PtrKindName(kp), scape::device::PtrKindName(kg)));
+  *device = dp;
+  return Status::Ok();
+}
+
+Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* stream) {
+  scapeComm* comm = optim->comm;
+  if (scape::device::IsNcclComm(comm))
+    return scape::Unsupported(
+        "the optimizer step on device buffers runs on UCX-backend communicators in this "
+        "release; NCCL-backend communicators (scapeCommInitNccl) are not supported yet");
+  auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
+    bool handled = false;
+    SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
+    if (!handled)
+      return scape::InternalError("the device dispatch did not take the device exchange");
+    return Status::Ok();
+  };
+  return optim->impl->StepDevice(params, grads, stream, exchange);
+}
+
+}  // namespace
+
+extern "C" {
+
 SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const float* grads,
                                        uint64_t count) {
   return Guard(CommOf(optim), "scapeOptimStep", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
-    SCAPE_RETURN_IF_ERROR(scape::device::HostOnly({{"params", params}, {"grads", grads}}));
-    const int rank = optim->comm->impl->rank();
-    const uint64_t n = optim->impl->n();
-    if (count != n)
-      return scape::InvalidArgument(StrFormat(
-          "rank %d: count = %llu differs from the layout's "
-          "n = %llu",
-          rank, static_cast<unsigned long long>(count), static_cast<unsigned long long>(n)));
-    if (!params) return scape::InvalidArgument(StrFormat("rank %d: params is NULL", rank));
-    if (!grads) return scape::InvalidArgument(StrFormat("rank %d: grads is NULL", rank));
-    if (Misaligned(params))
-      return scape::InvalidArgument(StrFormat("rank %d: params = %p is not 4-byte aligned", rank,
-                                              static_cast<void*>(params)));
-    if (Misaligned(grads))
-      return scape::InvalidArgument(StrFormat("rank %d: grads = %p is not 4-byte aligned", rank,
-                                              static_cast<const void*>(grads)));
-    const uintptr_t p = reinterpret_cast<uintptr_t>(params), g = reinterpret_cast<uintptr_t>(grads);
-    if (p < g + 4 * n && g < p + 4 * n)
-      return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
+    bool device = false;
+    SCAPE_RETURN_IF_ERROR(CheckStepArgs(optim, params, grads, count, &device));
+    // Device buffers: scapeOptimStepStream on the default stream.
+    if (device) return DeviceStep(optim, params, grads, nullptr);
+    return optim->impl->Step(params, grads);
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
+                                             uint64_t count, void* stream) {
+  return Guard(CommOf(optim), "scapeOptimStepStream", [&]() -> Status {
+    bool device = false;
+    SCAPE_RETURN_IF_ERROR(CheckStepArgs(optim, params, grads, count, &device));
+    if (device) return DeviceStep(optim, params, grads, stream);
+    if (stream)
+      return scape::InvalidArgument(
+          StrFormat("rank %d: stream = %p with host params and grads: a stream orders device "
+                    "work only (pass device buffers, or call scapeOptimStep for host buffers)",
+                    optim->comm->impl->rank(), stream));
     return optim->impl->Step(params, grads);
   });
 }

@@ -566,21 +566,6 @@ bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
   return !dev;
 }
 
-Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args) {
-  Runtime* rt = GetRuntime();
-  for (const auto& a : args) {
-    if (!a.second) continue;
-    const PtrKind k = rt->Kind(a.second);
-    if (k != PtrKind::kHost)
-      return Unsupported(
-          StrFormat("%s is %s: this call takes host buffers only in this release "
-                    "(device buffers: scapeAllReduce, scapeReduceScatter, "
-                    "scapeAllGather, scapeBroadcast and the scapeMask* calls)",
-                    a.first, PtrKindName(k)));
-  }
-  return Status::Ok();
-}
-
 Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view) {
   *view = p;
   if (!p || bytes == 0) return Status::Ok();

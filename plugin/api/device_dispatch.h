@@ -16,7 +16,6 @@
 #define SCAPE_PLUGIN_API_DEVICE_DISPATCH_H_
 
 #include <cstddef>
-#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -86,10 +85,6 @@ bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
 Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view);
 void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view);
 Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes);
-
-// For calls that take host buffers only: scapeUnsupported naming the first argument that is
-// device (or managed) memory, instead of the host dereferencing it.
-Status HostOnly(std::initializer_list<std::pair<const char*, const void*>> args);
 
 // Lifecycle hooks of scapeCommDestroy / scapeCommAbort (any communicator; no-ops when it
 // never made a device call): release drains the device work in flight (within the timeout),

@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "kernels/cpu/kernel_status.h"
 #include "plugin/coll/coll.h"
+#include "plugin/optim/optim_device.h"
 
 namespace scape {
 namespace {
@@ -199,6 +200,10 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
 }
 
 Optimizer::~Optimizer() {
+  if (dev_) {
+    (void)DeviceFinishSelect();
+    DeviceRelease();
+  }
   if (mask_ && pending_) (void)mask_->SyncWait();
 }
 
@@ -280,6 +285,8 @@ kernels::MaskView Optimizer::View() const {
 
 Status Optimizer::Step(float* theta, const float* g) {
   if (!comm_->error().ok()) return comm_->error();
+  // State left on the device by device steps comes back to the host (a host wait).
+  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceToHost().Prepend("moving the state to the host"));
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
   for (double& p : phase_) p = 0.0;
   const uint64_t n = layout_.n;
@@ -484,6 +491,7 @@ uint64_t Optimizer::LayoutFingerprint() const {
 }
 
 Status Optimizer::CheckpointSize(size_t* bytes) {
+  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
   if (pending_ && mask_->SyncInFlight())
     SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the last step"));
   const uint64_t kc = mask_->RankCount(rank_);
@@ -493,6 +501,7 @@ Status Optimizer::CheckpointSize(size_t* bytes) {
 }
 
 Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
+  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("copying the device state"));
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
   size_t total = 0;
   SCAPE_RETURN_IF_ERROR(CheckpointSize(&total));
@@ -639,6 +648,9 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
 }
 
 Status Optimizer::Load(const void* buf, size_t size) {
+  // The device work of the last step finishes first (a host wait); the state is restored to
+  // where it lives.
+  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("finishing the device step"));
   const uint8_t* b = static_cast<const uint8_t*>(buf);
   OptimHyper h;
   int64_t st = 0;
@@ -687,6 +699,7 @@ Status Optimizer::Load(const void* buf, size_t size) {
   // the full mask of step 0 when no step ran), which is current again now.
   BuildRuns();
   KeepSupport();
+  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePush().Prepend("restoring the device state"));
   return Status::Ok();
 }
 

@@ -6,11 +6,13 @@
 #define SCAPE_PLUGIN_OPTIM_OPTIM_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/scape_step.h"
+#include "plugin/coll/coll.h"
 #include "plugin/core/comm.h"
 #include "plugin/mask/mask.h"
 #include "scape/scape.h"
@@ -55,6 +57,12 @@ class Optimizer {
   Status SetLr(float lr);
   // theta and g: n floats each, validated by the caller.
   Status Step(float* theta, const float* g);
+  // The device step (optim_device.cc): dTheta and dG are n floats of device memory, validated
+  // by the caller; the work is enqueued on `stream`. `exchange` runs a packed collective on
+  // device buffers, stream-ordered (the API layer's device dispatch).
+  using DeviceExchange = std::function<Status(const coll::CollArgs&, void* stream)>;
+  Status StepDevice(float* dTheta, const float* dG, void* stream, const DeviceExchange& exchange);
+  bool OnDevice() const { return dev_ != nullptr; }
   void GetInfo(scapeOptimInfo_t* info) const;
 
   Status CheckpointSize(size_t* bytes);
@@ -73,6 +81,16 @@ class Optimizer {
                             bool* hasNext, uint64_t* kc, uint64_t* kn) const;
   Status ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const;
   uint64_t LayoutFingerprint() const;
+  // Device state (optim_device.cc). Finish: the host part of the last device step that waits
+  // for the device (the selected positions; the mask sync start). ToHost: waits for the
+  // device work, copies m and e back into m_, e_ and frees the device state.
+  struct DeviceState;
+  Status DeviceFinishSelect();
+  Status DevicePull();  // finish, wait, copy the device m and e into m_, e_ (state stays)
+  Status DevicePush();  // copy m_, e_ to the device state and wait
+  Status DeviceToHost();
+  void DeviceRelease();
+  std::unique_ptr<DeviceState> dev_;
 
   Comm* comm_ = nullptr;
   Mask* mask_ = nullptr;

@@ -1,0 +1,201 @@
+// One rank of the optimizer-step check on a real GPU: scapeOptimStepStream (the SCAPE-AdamS
+// step on CUDA device buffers, enqueued on a stream) against scapeOptimStep on host buffers.
+//
+//   gpu_optim_check RANK NRANKS DIR N [DENSITY [STEPS [TIMED]]]
+//
+// 1. Bits: a host optimizer and a device optimizer with the same config take STEPS (default 20)
+//    steps on the same fresh random gradients (per rank and step; params the same on every
+//    rank); after each step the device params are copied back and compared with the host
+//    params bit for bit, and at the end the whole checkpoints (momentum, residual, this rank's
+//    current and next mask). Prints RESULT optim_bits_match 0|1 and optim_max_abs_diff.
+// 2. Time: TIMED (default 20) device steps of the SCAPE step at DENSITY (default 0.01) and of a
+//    dense AdamS step (the same call with density 1.0: the same kernels on every element and
+//    a dense exchange), each timed to stream completion. RESULT scape_step_ms, dense_step_ms.
+// Rank 0 prints the RESULT lines; exit status 0 only if the bits matched. Ids travel through
+// files in DIR (rank 0 writes, the others poll, 60 s). Build (as perf/gpu_check.sh builds its
+// checks):
+//   g++ -std=c++17 -O2 -o gpu_optim_check perf/gpu_optim_check.cc -Iinclude -Ibuild/include
+//     -I$CUDA/include -Lbuild/lib -lnccl-net-scape -L$CUDA/lib64 -lcudart -Wl,-rpath,build/lib
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "scape/scape.h"
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+int g_rank = 0;
+
+#define CUDA_OK(x)                                                                     \
+  do {                                                                                 \
+    cudaError_t _e = (x);                                                              \
+    if (_e != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #x, \
+                   cudaGetErrorString(_e));                                            \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+#define SCAPE_OK(x, comm)                                                                \
+  do {                                                                                   \
+    scapeResult_t _r = (x);                                                              \
+    if (_r != scapeSuccess) {                                                            \
+      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #x, scapeGetErrorString(_r), \
+                   scapeGetLastError(comm));                                             \
+      std::exit(3);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+void PublishOrRead(const std::string& path, scapeUniqueId* v) {
+  if (g_rank == 0) {
+    const std::string tmp = path + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f || std::fwrite(v, sizeof(*v), 1, f) != 1 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      std::exit(2);
+    }
+    return;
+  }
+  const double deadline = Now() + 60;
+  for (;;) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (f) {
+      const size_t got = std::fread(v, sizeof(*v), 1, f);
+      std::fclose(f);
+      if (got == 1) return;
+    }
+    if (Now() > deadline) {
+      std::fprintf(stderr, "rank %d: nothing in %s\n", g_rank, path.c_str());
+      std::exit(2);
+    }
+    usleep(10000);
+  }
+}
+
+scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& offs,
+                    double density) {
+  scapeOptimConfig_t c;
+  SCAPE_OK(scapeOptimConfigInit(&c), comm);
+  c.n = n;
+  c.nsegments = static_cast<int>(offs.size() - 1);
+  c.segOffsets = offs.data();
+  c.lr = 1e-3f;
+  c.weightDecay = 0.1f;
+  c.biasCorrection = scapeBiasCorrectionAdamS;
+  c.density = density;
+  scapeOptim_t o = nullptr;
+  SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
+  return o;
+}
+
+std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
+  size_t bytes = 0, written = 0;
+  SCAPE_OK(scapeOptimCheckpointSize(o, &bytes), comm);
+  std::vector<uint8_t> b(bytes);
+  SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED]]]\n", argv[0]);
+    return 1;
+  }
+  g_rank = std::atoi(argv[1]);
+  const int P = std::atoi(argv[2]);
+  const std::string dir = argv[3];
+  const uint64_t n = std::strtoull(argv[4], nullptr, 10);
+  const double density = argc > 5 ? std::atof(argv[5]) : 0.01;
+  const int steps = argc > 6 ? std::atoi(argv[6]) : 20;
+  const int timed = argc > 7 ? std::atoi(argv[7]) : 20;
+  if (n == 0 || P < 1 || g_rank < 0 || g_rank >= P) return 1;
+
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  scapeUniqueId sid;
+  if (g_rank == 0) SCAPE_OK(scapeGetUniqueId(&sid), nullptr);
+  PublishOrRead(dir + "/scape_optim_id", &sid);
+  scapeComm_t comm = nullptr;
+  SCAPE_OK(scapeCommInitRank(&comm, P, sid, g_rank), nullptr);
+
+  // Four segments of uneven sizes.
+  std::vector<uint64_t> offs{0, n / 7, n / 2, n - n / 5, n};
+
+  // ---- 1. bits ----------------------------------------------------------------------------
+  scapeOptim_t host = Create(comm, n, offs, density), dev = Create(comm, n, offs, density);
+  std::vector<float> hp(n), g(n), back(n);
+  std::mt19937 prng(12345);
+  std::uniform_real_distribution<float> pu(-1.0f, 1.0f);
+  for (float& x : hp) x = pu(prng);
+  float *dp = nullptr, *dg = nullptr;
+  CUDA_OK(cudaMalloc(&dp, 4 * n));
+  CUDA_OK(cudaMalloc(&dg, 4 * n));
+  CUDA_OK(cudaMemcpy(dp, hp.data(), 4 * n, cudaMemcpyHostToDevice));
+  bool match = true;
+  double maxDiff = 0.0;
+  for (int t = 0; t < steps; ++t) {
+    std::mt19937 rng(1000u * static_cast<unsigned>(t) + static_cast<unsigned>(g_rank));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : g) x = nd(rng);
+    SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), comm);
+    CUDA_OK(cudaMemcpyAsync(dg, g.data(), 4 * n, cudaMemcpyHostToDevice, stream));
+    SCAPE_OK(scapeOptimStepStream(dev, dp, dg, n, stream), comm);
+    CUDA_OK(cudaMemcpyAsync(back.data(), dp, 4 * n, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    if (std::memcmp(back.data(), hp.data(), 4 * n) != 0) {
+      if (match && g_rank == 0) std::printf("step %d: params differ\n", t);
+      match = false;
+    }
+    for (uint64_t i = 0; i < n; ++i)
+      maxDiff = std::max(maxDiff, std::fabs(static_cast<double>(back[i]) - hp[i]));
+  }
+  const bool stateMatch = Save(host, comm) == Save(dev, comm);
+  match = match && stateMatch;
+  if (g_rank == 0) {
+    std::printf("RESULT optim_bits_match %d\n", match ? 1 : 0);
+    std::printf("RESULT optim_state_match %d\n", stateMatch ? 1 : 0);
+    std::printf("RESULT optim_max_abs_diff %.9g\n", maxDiff);
+  }
+  SCAPE_OK(scapeOptimDestroy(host), comm);
+  SCAPE_OK(scapeOptimDestroy(dev), comm);
+
+  // ---- 2. time: SCAPE step vs dense AdamS step (density 1.0), on device ---------------------
+  for (double d : {density, 1.0}) {
+    scapeOptim_t o = Create(comm, n, offs, d);
+    for (int w = 0; w < 3; ++w) SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<double> ms;
+    for (int i = 0; i < timed; ++i) {
+      const double t0 = Now();
+      SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      ms.push_back((Now() - t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    if (g_rank == 0 && !ms.empty())
+      std::printf("RESULT %s_step_ms %.4f\n", d < 1.0 ? "scape" : "dense", ms[ms.size() / 2]);
+    SCAPE_OK(scapeOptimDestroy(o), comm);
+  }
+  if (g_rank == 0)
+    std::printf("RESULT n %llu\nRESULT nranks %d\nRESULT density %g\n",
+                static_cast<unsigned long long>(n), P, density);
+  CUDA_OK(cudaFree(dp));
+  CUDA_OK(cudaFree(dg));
+  SCAPE_OK(scapeCommDestroy(comm), comm);
+  return match ? 0 : 1;
+}

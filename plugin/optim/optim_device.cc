@@ -1,0 +1,394 @@
+// The SCAPE-AdamS step on device buffers (scapeOptimStepStream): the host step of optim.cc
+// made of the stream-ordered device ops of plugin/device/runtime.h, with the same bits.
+//
+// Per step, on the caller's stream:
+//   upload the current mask (mask order, sorted, and the permutations between them) |
+//   CandidatePackResidual at the sorted mask (payload, residual, the candidate as statistic) |
+//   Gather the payload into mask order | TopkAbs over this rank's owned pieces (the segments
+//   and options of Mask::SelectNextTopk) | copy the selected positions to pinned host memory,
+//   record an event | the packed exchange (replicated: all-reduce, per-rank counts; sharded:
+//   reduce-scatter then all-gather of the reduced payload, per-rank counts) through the device
+//   dispatch | [maxGradNorm > 0: RecoveredGradSqNorm per owner block, copied to the host: a
+//   HOST WAIT, the clip scale is an argument of the update] | Gather the payload back into
+//   sorted order | UnpackAdamSUpdate at the sorted mask.
+// The next mask's sync starts from the host with the positions of the event: at the end of the
+// call when the event has completed, else at the next optimizer call (step, checkpoint,
+// destroy), which waits for that event (a host wait on the small copy).
+//
+// Bits: the flat device kernels at the sorted mask compute what the host's view kernels
+// compute at the mask order, entry by entry (fp32 payloads: the residual inside the mask is
+// +0 in both forms). With sharded ownership every rank applies the update from the gathered
+// reduced payload instead of gathering the owner's (theta, m) pairs: the same bits when the
+// ranks' params are the same (data-parallel replicas), which the host step also assumes for m.
+#include <algorithm>
+#include <cfloat>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "base/clock.h"
+#include "plugin/optim/optim.h"
+#include "plugin/optim/optim_device.h"
+
+namespace scape {
+namespace {
+
+kernels::BiasCorrection KernelBiasDev(int b) {
+  switch (b) {
+    case scapeBiasCorrectionAdamS:
+      return kernels::BiasCorrection::kAdamSReference;
+    case scapeBiasCorrectionArtifact:
+      return kernels::BiasCorrection::kScapeArtifact;
+    default:
+      return kernels::BiasCorrection::kNone;
+  }
+}
+
+template <typename T>
+Status Alloc(device::Runtime* rt, size_t count, T** p) {
+  void* v = nullptr;
+  SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(sizeof(T) * std::max<size_t>(count, 1), &v));
+  *p = static_cast<T*>(v);
+  return Status::Ok();
+}
+
+// Waits for an event (the runtime has no blocking wait: poll). Fails with the stream's error,
+// or scapeTimeout after timeoutMs (the communicator's timeout), so a stuck stream never hangs
+// the host.
+Status WaitEvent(device::Runtime* rt, device::Event e, int timeoutMs) {
+  const int64_t deadline = NowNs() + static_cast<int64_t>(timeoutMs) * 1000000;
+  for (int spin = 0;; ++spin) {
+    bool done = false;
+    SCAPE_RETURN_IF_ERROR(rt->EventQuery(e, &done));
+    if (done) return Status::Ok();
+    if (NowNs() > deadline)
+      return TimeoutError(
+          StrFormat("the stream did not reach the step's selected positions "
+                    "within %d ms (work queued ahead of the step, or a held "
+                    "stream)",
+                    timeoutMs));
+    if (spin < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+Optimizer::DeviceState::~DeviceState() {
+  if (!rt) return;
+  for (void* p : {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat),
+                  dPaySorted, dSend, dRecv, static_cast<void*>(dMaskOrder),
+                  static_cast<void*>(dSorted), static_cast<void*>(dPerm), static_cast<void*>(dInv),
+                  static_cast<void*>(dTop), static_cast<void*>(dCounts), static_cast<void*>(dSq)})
+    rt->DeviceFree(p);
+  if (hTop) rt->HostFree(hTop);
+  if (hSq) rt->HostFree(hSq);
+  if (selDone) rt->EventDestroy(selDone);
+}
+
+void Optimizer::DeviceRelease() {
+  if (!dev_) return;
+  if (dev_->rt) (void)dev_->rt->StreamSynchronize(dev_->stream);
+  dev_.reset();
+}
+
+Status Optimizer::DeviceFinishSelect() {
+  if (!dev_ || !dev_->selPending) return Status::Ok();
+  DeviceState& d = *dev_;
+  d.selPending = false;
+  SCAPE_RETURN_IF_ERROR(WaitEvent(d.rt, d.selDone, comm_->config().timeoutMs)
+                            .Prepend("next-mask selection on the device"));
+  if (mask_->SyncInFlight()) SCAPE_RETURN_IF_ERROR(mask_->SyncWait());
+  SCAPE_RETURN_IF_ERROR(mask_->SetNextIndices(d.hTop, d.selCount));
+  SCAPE_RETURN_IF_ERROR(mask_->SyncStart());
+  pending_ = true;
+  gen_ = mask_->Generation();
+  return Status::Ok();
+}
+
+Status Optimizer::DevicePull() {
+  SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
+  DeviceState& d = *dev_;
+  const size_t n = layout_.n;
+  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(m_.data(), d.dM, 4 * n, d.stream));
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(e_.data(), d.dE, 4 * n, d.stream));
+  return d.rt->StreamSynchronize(d.stream);
+}
+
+Status Optimizer::DevicePush() {
+  DeviceState& d = *dev_;
+  const size_t n = layout_.n;
+  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dM, m_.data(), 4 * n, d.stream));
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
+  return d.rt->StreamSynchronize(d.stream);
+}
+
+Status Optimizer::DeviceToHost() {
+  SCAPE_RETURN_IF_ERROR(DevicePull());
+  DeviceRelease();
+  return Status::Ok();
+}
+
+Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
+                             const DeviceExchange& exchange) {
+  if (!comm_->error().ok()) return comm_->error();
+  if (hyper_.payload != scapeFloat32)
+    return Unsupported(
+        StrFormat("rank %d: payloadType = %d: the device step takes scapeFloat32 payloads in "
+                  "this release (the device pack kernel zeroes the residual inside the mask, "
+                  "so a bf16/fp16 payload's rounding error would not be fed back as the host "
+                  "step does)",
+                  rank_, hyper_.payload));
+  device::Runtime* rt = device::GetRuntime();
+  const uint64_t n = layout_.n;
+  if (!dev_) {
+    // The first device step: the state moves to device memory.
+    std::unique_ptr<DeviceState> d(new DeviceState());
+    d->rt = rt;
+    d->stream = stream;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dM));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dE));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dStat));
+    float* f = nullptr;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
+    d->dPaySorted = f;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
+    d->dSend = f;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
+    d->dRecv = f;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dMaskOrder));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dSorted));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dPerm));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dInv));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, std::max<uint64_t>(ownedSize_, 1), &d->dTop));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(nranks_), &d->dSq));
+    void* h = nullptr;
+    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * std::max<uint64_t>(ownedSize_, 1), &h));
+    d->hTop = static_cast<uint64_t*>(h);
+    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(nranks_), &h));
+    d->hSq = static_cast<double*>(h);
+    SCAPE_RETURN_IF_ERROR(rt->EventCreate(&d->selDone));
+    dev_ = std::move(d);
+    Status st = DevicePush();
+    if (!st.ok()) {
+      dev_.reset();
+      return st.Prepend("moving the optimizer state to the device");
+    }
+  }
+  DeviceState& d = *dev_;
+  if (d.rt != rt) return InvalidUsage("the device runtime changed since the last device step");
+  // The previous step's selection starts its mask sync now, at the latest.
+  SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
+  if (stream != d.stream) {
+    // The state and scratch are ordered on the last step's stream: finish it first.
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d.stream).Prepend("the previous step's stream"));
+    d.stream = stream;
+  }
+  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
+  for (double& p : phase_) p = 0.0;
+  const scapeDataType_t pt = scapeFloat32;
+  const size_t esz = 4;
+
+  int64_t t0 = NowNs();
+  if (pending_) {
+    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
+    SCAPE_RETURN_IF_ERROR(mask_->Advance());
+    pending_ = false;
+    gen_ = mask_->Generation();
+    maskBytes_ = mask_->Info().sentBytes;
+  } else {
+    maskBytes_ = 0;
+  }
+  BuildRuns();
+  phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  // The mask in mask order, sorted (the runs in position order), and the permutations:
+  // sorted slot s holds mask entry perm[s]; mask slot j is sorted slot inv[j].
+  const std::vector<uint64_t>& cur = mask_->Current();
+  const uint64_t k = cur.size();
+  const bool sharded = layout_.ownership == scapeOptimSharded;
+  d.hMaskOrder.assign(cur.begin(), cur.end());
+  d.hSorted.resize(k);
+  d.hPerm.resize(k);
+  d.hInv.resize(k);
+  {
+    std::vector<kernels::MaskRun> byPos = runs_;
+    std::sort(byPos.begin(), byPos.end(), [](const kernels::MaskRun& a, const kernels::MaskRun& b) {
+      return a.begin < b.begin;
+    });
+    uint64_t s = 0;
+    for (const kernels::MaskRun& r : byPos)
+      for (uint64_t j = r.jb; j < r.je; ++j, ++s) {
+        d.hSorted[s] = cur[j];
+        d.hPerm[s] = j;
+        d.hInv[j] = s;
+      }
+    if (s != k)
+      return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", rank_,
+                                     static_cast<unsigned long long>(s),
+                                     static_cast<unsigned long long>(k)));
+  }
+  bool identity = true;
+  for (uint64_t s = 0; s < k && identity; ++s) identity = d.hPerm[s] == s;
+  void* st = stream;
+  if (k) {
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dMaskOrder, d.hMaskOrder.data(), 8 * k, st));
+    if (!identity) {
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dSorted, d.hSorted.data(), 8 * k, st));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dPerm, d.hPerm.data(), 8 * k, st));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dInv, d.hInv.data(), 8 * k, st));
+    }
+  }
+  const uint64_t* dSortedMask = identity ? d.dMaskOrder : d.dSorted;
+
+  // Candidate + pack + residual; the candidate is the statistic.
+  t0 = NowNs();
+  void* paySorted = identity ? d.dSend : d.dPaySorted;
+  SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
+                                                  pt, paySorted, d.dStat, st)
+                            .Prepend("candidate"));
+  if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
+  phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  // The next mask: top-k over this rank's owned pieces, as Mask::SelectNextTopk does it.
+  t0 = NowNs();
+  {
+    const double density = Density(step_ + 1);
+    const std::vector<Mask::Piece>& mine = mask_->Owned(rank_);
+    std::vector<uint64_t> offs, kk;
+    for (const Mask::Piece& p : mine) {
+      if (!offs.empty() && offs.back() < p.begin) {
+        kk.push_back(0);
+        offs.push_back(p.begin);
+      }
+      if (offs.empty()) offs.push_back(p.begin);
+      const uint64_t len = p.end - p.begin;
+      uint64_t x =
+          p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
+      if (!p.dense && len > 0) x = std::max<uint64_t>(1, std::min(x, len));
+      kk.push_back(x);
+      offs.push_back(p.end);
+    }
+    uint64_t total = 0;
+    if (!kk.empty()) {
+      std::vector<uint64_t> outOffs(kk.size() + 1);
+      total = kernels::TopkOutOffsets(kk.data(), kk.size(), outOffs.data());
+      if (kk.size() > d.countsCap) {
+        d.rt->DeviceFree(d.dCounts);
+        d.dCounts = nullptr;
+        SCAPE_RETURN_IF_ERROR(Alloc(rt, kk.size(), &d.dCounts));
+        d.countsCap = kk.size();
+      }
+      kernels::TopkSegments segs;
+      segs.offsets = offs.data();
+      segs.k = kk.data();
+      segs.out_offsets = outOffs.data();
+      segs.nseg = kk.size();
+      kernels::TopkOptions opt;
+      SCAPE_RETURN_IF_ERROR(
+          rt->TopkAbs(d.dStat, segs, opt, d.dTop, d.dCounts, st).Prepend("top-k selection"));
+      if (total) SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * total, st));
+    }
+    SCAPE_RETURN_IF_ERROR(rt->EventRecord(d.selDone, st));
+    d.selCount = total;
+    d.selPending = true;
+  }
+  phase_[scapeOptimPhaseSelect] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  // The values-only exchange (average over ranks).
+  t0 = NowNs();
+  coll::CollArgs a;
+  a.type = sharded ? coll::CollType::kReduceScatter : coll::CollType::kAllReduce;
+  a.send = d.dSend;
+  a.recv = d.dRecv;
+  a.count = k;
+  a.counts = mask_->RankCounts();
+  a.dtype = pt;
+  a.op = scapeAvg;
+  if (sharded) {
+    // The reduced own block lands in place in the full payload (dRecv) via the all-gather;
+    // reduce-scatter into dStat's storage (free again: the top-k read it before, in order).
+    a.recv = d.dStat;
+  }
+  SCAPE_RETURN_IF_ERROR(exchange(a, st).Prepend("payload exchange"));
+  if (sharded) {
+    coll::CollArgs g;
+    g.type = coll::CollType::kAllGather;
+    g.send = d.dStat;
+    g.recv = d.dRecv;
+    g.dtype = pt;
+    g.counts = mask_->RankCounts();
+    SCAPE_RETURN_IF_ERROR(exchange(g, st).Prepend("reduced payload all-gather"));
+  }
+  phase_[scapeOptimPhaseExchange] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  // Global norm of the recovered gradient (clipping only): per owner block, summed in rank
+  // order on the host, as the host step sums its partials.
+  t0 = NowNs();
+  gradNorm_ = 0.0;
+  clipScale_ = 1.0f;
+  if (hyper_.maxGradNorm > 0.0f) {
+    for (int r = 0; r < nranks_; ++r) {
+      const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
+      SCAPE_RETURN_IF_ERROR(rt->RecoveredGradSqNorm(static_cast<float*>(d.dRecv) + o, pt,
+                                                    d.dMaskOrder + o, c, d.dM, n, hyper_.beta1,
+                                                    d.dSq + r, st)
+                                .Prepend("gradient norm"));
+    }
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hSq, d.dSq, 8 * static_cast<size_t>(nranks_), st));
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("gradient norm (host wait)"));
+    double sq = 0.0;
+    for (int r = 0; r < nranks_; ++r) sq += d.hSq[r];
+    gradNorm_ = std::sqrt(sq);
+    if (std::isfinite(gradNorm_)) {
+      const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
+      if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
+    }
+  }
+  phase_[scapeOptimPhaseNorm] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  kernels::AdamSParams ap;
+  ap.lr = hyper_.lr;
+  ap.beta1 = hyper_.beta1;
+  ap.beta2 = hyper_.beta2;
+  ap.eps = hyper_.eps;
+  ap.weight_decay = hyper_.weightDecay;
+  ap.clip_scale = clipScale_;
+  ap.clip_momentum = true;
+  ap.bias_correction = KernelBiasDev(hyper_.bias);
+  ap.step = step_ + 1;
+
+  t0 = NowNs();
+  const void* recvSorted = d.dRecv;
+  if (!identity && k) {
+    SCAPE_RETURN_IF_ERROR(rt->Gather(d.dRecv, d.dPerm, k, esz, d.dPaySorted, st));
+    recvSorted = d.dPaySorted;
+  }
+  SCAPE_RETURN_IF_ERROR(
+      rt->UnpackAdamSUpdate(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n, ap, st)
+          .Prepend("AdamS update"));
+  phase_[scapeOptimPhaseUpdate] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
+  auto ring = [&](uint64_t b) { return nranks_ <= 1 ? 0 : b * (nranks_ - 1) / nranks_; };
+  if (!sharded) {
+    payloadBytes_ = 2 * ring(ks_ * esz);
+    denseBytes_ = 2 * ring(kd * esz);
+  } else {
+    payloadBytes_ = 2 * ring(ks_ * esz);
+    denseBytes_ = 2 * ring(kd * esz);
+  }
+  KeepSupport();
+  ++step_;
+  // Start the next mask's sync now if the selection is already done (no wait).
+  bool done = false;
+  if (rt->EventQuery(d.selDone, &done).ok() && done) SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
+  return Status::Ok();
+}
+
+}  // namespace scape

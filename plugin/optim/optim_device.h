@@ -1,0 +1,37 @@
+// The device step's state (optim_device.cc): the optimizer's per-element state and scratch in
+// device memory, owned by Optimizer::dev_ once the optimizer has stepped on the device.
+#ifndef SCAPE_PLUGIN_OPTIM_OPTIM_DEVICE_H_
+#define SCAPE_PLUGIN_OPTIM_OPTIM_DEVICE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "plugin/device/runtime.h"
+#include "plugin/optim/optim.h"
+
+namespace scape {
+
+struct Optimizer::DeviceState {
+  device::Runtime* rt = nullptr;
+  void* stream = nullptr;  // the stream of the last device step
+  // n floats each: momentum, residual, the candidate (statistic), the packed payloads.
+  float *dM = nullptr, *dE = nullptr, *dStat = nullptr;
+  void *dPaySorted = nullptr, *dSend = nullptr, *dRecv = nullptr;
+  // n positions each: the mask in mask order, sorted, and the two permutations between them.
+  uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
+  uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (owned size), its counts
+  double* dSq = nullptr;                         // nranks partial squared norms
+  size_t countsCap = 0;
+  // Host side (pinned where the runtime gives it): the uploads and the selected positions.
+  std::vector<uint64_t> hMaskOrder, hSorted, hPerm, hInv;
+  uint64_t* hTop = nullptr;         // pinned, owned size
+  double* hSq = nullptr;            // pinned, nranks
+  device::Event selDone = nullptr;  // recorded after the copy of the selected positions
+  bool selPending = false;          // a selection waits to be handed to the mask sync
+  uint64_t selCount = 0;
+  ~DeviceState();
+};
+
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_OPTIM_OPTIM_DEVICE_H_

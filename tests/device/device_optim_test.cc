@@ -1,0 +1,325 @@
+// The optimizer step on device buffers (scapeOptimStepStream) with the CPU fake device
+// (tests/device/fake_device.h): real ranks over UCX, the library's real device step (device ops
+// run the CPU kernels on the fake's stream threads, the packed exchange is staged through
+// pinned memory). Every step is compared bit for bit with the host step on the same inputs:
+// the params, and the whole checkpoint (momentum, residual, the current and the next mask).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plugin/device/runtime.h"
+#include "scape/scape.h"
+#include "tests/device/fake_device.h"
+#include "tests/harness.h"
+
+namespace {
+
+using fake_device::FakeRuntime;
+using fake_device::Gate;
+using scape_test::RankCtx;
+using scape_test::RunRanks;
+
+FakeRuntime& Fake() {
+  static FakeRuntime* rt = [] {
+    auto* f = new FakeRuntime();
+    scape::device::SetRuntimeForTesting(f);
+    return f;
+  }();
+  return *rt;
+}
+
+// Odd n, an empty segment, a one-element segment, a dense segment.
+struct Layout {
+  std::vector<uint64_t> offs{0, 0, 1, 400, 413, 1200, 2001};
+  std::vector<uint8_t> dense{0, 0, 0, 1, 0, 0};
+  uint64_t n() const { return offs.back(); }
+};
+
+struct Cfg {
+  int ownership = scapeOptimReplicated;
+  float clip = 0.0f;
+  int payload = scapeFloat32;
+};
+
+scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
+  scapeOptimConfig_t c;
+  EXPECT_EQ(scapeOptimConfigInit(&c), scapeSuccess);
+  c.n = l.n();
+  c.nsegments = static_cast<int>(l.offs.size() - 1);
+  c.segOffsets = l.offs.data();
+  c.denseFlags = l.dense.data();
+  c.ownership = k.ownership;
+  c.lr = 1e-2f;
+  c.weightDecay = 0.1f;
+  c.maxGradNorm = k.clip;
+  c.biasCorrection = scapeBiasCorrectionAdamS;
+  c.density = 0.05;
+  c.warmupSteps = 4;
+  c.payloadType = k.payload;
+  scapeOptim_t o = nullptr;
+  EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, ctx.comm), ctx.comm);
+  return o;
+}
+
+std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
+  size_t bytes = 0, written = 0;
+  EXPECT_SCAPE_OK(scapeOptimCheckpointSize(o, &bytes), comm);
+  std::vector<uint8_t> b(bytes);
+  EXPECT_SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
+  EXPECT_EQ(written, bytes);
+  return b;
+}
+
+// Fresh gradients per rank and step; params the same on every rank.
+std::vector<float> Grads(unsigned seed, int rank, int step, size_t n) {
+  std::mt19937 rng(seed * 7919u + static_cast<unsigned>(rank) * 104729u +
+                   static_cast<unsigned>(step));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> g(n);
+  for (float& x : g) x = d(rng);
+  return g;
+}
+std::vector<float> Params(unsigned seed, size_t n) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> p(n);
+  for (float& x : p) x = d(rng);
+  return p;
+}
+
+bool SameBits(const float* a, const float* b, size_t n, const std::string& what) {
+  if (std::memcmp(a, b, 4 * n) == 0) return true;
+  for (size_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i, b + i, 4) != 0) {
+      ADD_FAILURE() << what << ": first difference at " << i << ": " << a[i] << " vs " << b[i];
+      return false;
+    }
+  return false;
+}
+
+// A host optimizer and a device optimizer, stepped side by side on the same inputs.
+struct Pair {
+  RankCtx& ctx;
+  Layout l;
+  size_t n;
+  scapeOptim_t host = nullptr, dev = nullptr;
+  std::vector<float> hp;
+  float *dp = nullptr, *dg = nullptr;
+  void* s = nullptr;
+  Pair(RankCtx& c, const Cfg& k, unsigned seed) : ctx(c), n(l.n()) {
+    host = Create(ctx, l, k);
+    dev = Create(ctx, l, k);
+    hp = Params(seed, n);
+    dp = static_cast<float*>(Fake().DeviceMalloc(4 * n));
+    dg = static_cast<float*>(Fake().DeviceMalloc(4 * n));
+    std::memcpy(dp, hp.data(), 4 * n);
+    s = Fake().NewStream();
+  }
+  ~Pair() {
+    EXPECT_SCAPE_OK(scapeOptimDestroy(dev), ctx.comm);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(host), ctx.comm);
+    Fake().DeviceFree(dp);
+    Fake().DeviceFree(dg);
+  }
+  bool Step(unsigned seed, int t, bool compareState) {
+    std::vector<float> g = Grads(seed, ctx.rank, t, n);
+    EXPECT_SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), ctx.comm);
+    std::memcpy(dg, g.data(), 4 * n);  // the last device step has finished (synchronised)
+    EXPECT_SCAPE_OK(scapeOptimStepStream(dev, dp, dg, n, s), ctx.comm);
+    EXPECT_TRUE(Fake().StreamSynchronize(s).ok());
+    bool ok = SameBits(dp, hp.data(), n, "params after step " + std::to_string(t));
+    if (compareState) {
+      // The whole state: step, m, e, this rank's current and next mask.
+      std::vector<uint8_t> a = Save(host, ctx.comm), b = Save(dev, ctx.comm);
+      EXPECT_EQ(a, b) << "checkpoint after step " << t;
+      ok = ok && a == b;
+    }
+    return ok && !::testing::Test::HasFailure();
+  }
+};
+
+class DeviceOptim : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceOptim, TwentyStepsMatchTheHostStepBitForBit) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (int own : {scapeOptimReplicated, scapeOptimSharded})
+    for (float clip : {0.0f, 1.0f}) {
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        Fake();
+        Cfg k;
+        k.ownership = own;
+        k.clip = clip;
+        Pair p(ctx, k, seed);
+        for (int t = 0; t < 20; ++t)
+          if (!p.Step(seed, t, true)) return false;
+        if (clip > 0) {
+          // The norm and the clip scale are reported as the host step reports them.
+          scapeOptimInfo_t a, b;
+          EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
+          EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
+          EXPECT_EQ(a.gradNorm, b.gradNorm);
+          EXPECT_EQ(a.clipScale, b.clipScale);
+          EXPECT_LT(a.clipScale, 1.0f);  // the clipping ran
+        }
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << " clip=" << clip << ": "
+                               << res.Describe();
+    }
+}
+
+// A checkpoint saved with device state, loaded into a host optimizer, continues identically;
+// and the reverse: a host checkpoint loaded into an optimizer whose state is on the device.
+TEST_P(DeviceOptim, CheckpointsMoveBetweenDeviceAndHost) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+    auto res = RunRanks(P, [&](RankCtx& ctx) {
+      FakeRuntime& rt = Fake();
+      Cfg k;
+      k.ownership = own;
+      Pair p(ctx, k, seed);
+      const size_t n = p.n;
+      // A second device optimizer whose state is on the device before it loads (one step on
+      // other data, then the host optimizer's checkpoint replaces everything).
+      scapeOptim_t d2 = Create(ctx, p.l, k);
+      float* dp2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
+      float* dg2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
+      std::vector<float> junk = Grads(seed + 1, ctx.rank, 0, n);
+      std::memcpy(dg2, junk.data(), 4 * n);
+      EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
+      for (int t = 0; t < 8; ++t)
+        if (!p.Step(seed, t, false)) return false;
+      // Device -> host.
+      std::vector<uint8_t> ckDev = Save(p.dev, ctx.comm);
+      scapeOptim_t h2 = Create(ctx, p.l, k);
+      EXPECT_SCAPE_OK(scapeOptimLoad(h2, ckDev.data(), ckDev.size()), ctx.comm);
+      std::vector<float> hp2(p.dp, p.dp + n);
+      // Host -> device.
+      std::vector<uint8_t> ckHost = Save(p.host, ctx.comm);
+      EXPECT_EQ(ckHost, ckDev);
+      EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+      EXPECT_SCAPE_OK(scapeOptimLoad(d2, ckHost.data(), ckHost.size()), ctx.comm);
+      std::memcpy(dp2, p.hp.data(), 4 * n);
+      EXPECT_EQ(Save(d2, ctx.comm), ckHost);
+      for (int t = 8; t < 16; ++t) {
+        if (!p.Step(seed, t, false)) return false;
+        std::vector<float> g = Grads(seed, ctx.rank, t, n);
+        EXPECT_SCAPE_OK(scapeOptimStep(h2, hp2.data(), g.data(), n), ctx.comm);
+        std::memcpy(dg2, g.data(), 4 * n);
+        EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
+        EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+        if (!SameBits(hp2.data(), p.hp.data(), n,
+                      "host from device checkpoint, step " + std::to_string(t)) ||
+            !SameBits(dp2, p.hp.data(), n,
+                      "device from host checkpoint, step " + std::to_string(t)))
+          return false;
+      }
+      std::vector<uint8_t> end = Save(p.host, ctx.comm);
+      EXPECT_EQ(Save(p.dev, ctx.comm), end);
+      EXPECT_EQ(Save(h2, ctx.comm), end);
+      EXPECT_EQ(Save(d2, ctx.comm), end);
+      EXPECT_SCAPE_OK(scapeOptimDestroy(d2), ctx.comm);
+      EXPECT_SCAPE_OK(scapeOptimDestroy(h2), ctx.comm);
+      rt.DeviceFree(dp2);
+      rt.DeviceFree(dg2);
+      return !::testing::Test::HasFailure();
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << ": " << res.Describe();
+  }
+}
+
+// The call enqueues and returns while its stream is held: nothing is written until the stream
+// runs, and then the result is the host step's.
+TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(P, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    Pair p(ctx, Cfg(), seed);
+    for (int t = 0; t < 3; ++t)
+      if (!p.Step(seed, t, false)) return false;
+    for (int t = 3; t < 6; ++t) {
+      std::vector<float> g = Grads(seed, ctx.rank, t, p.n);
+      EXPECT_SCAPE_OK(scapeOptimStep(p.host, p.hp.data(), g.data(), p.n), ctx.comm);
+      std::memcpy(p.dg, g.data(), 4 * p.n);
+      std::vector<float> before(p.dp, p.dp + p.n);
+      Gate gate;
+      rt.HoldStream(p.s, &gate);
+      const uint64_t updates = rt.updates.load();
+      EXPECT_SCAPE_OK(scapeOptimStepStream(p.dev, p.dp, p.dg, p.n, p.s), ctx.comm);
+      // Returned with the stream held: the update is queued (counted when queued), and has not
+      // run: params untouched.
+      EXPECT_EQ(rt.updates.load(), updates + 1);
+      EXPECT_TRUE(SameBits(p.dp, before.data(), p.n, "params before the stream ran"));
+      gate.Open();
+      EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+      if (!SameBits(p.dp, p.hp.data(), p.n, "params after step " + std::to_string(t))) return false;
+    }
+    EXPECT_EQ(Save(p.dev, ctx.comm), Save(p.host, ctx.comm));
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceOptim, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
+
+// Bad input is refused with a clear error and changes nothing; the optimizer still steps.
+TEST(DeviceOptimErrors, BadArgumentsAreRefused) {
+  const unsigned seed = scape_test::FreshSeed();
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    Pair p(ctx, Cfg(), seed);
+    const size_t n = p.n;
+    std::vector<float> hostG(n, 0.5f), hostP(n, 0.0f);
+    auto fails = [&](scapeResult_t got, scapeResult_t want, const char* needle) {
+      EXPECT_EQ(got, want) << needle;
+      const std::string msg = scapeGetLastError(ctx.comm);
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    };
+    fails(scapeOptimStepStream(p.dev, p.dp, p.dg, n + 1, p.s), scapeInvalidArgument, "count = ");
+    fails(scapeOptimStepStream(p.dev, p.dp, hostG.data(), n, p.s), scapeInvalidArgument,
+          "params is device");
+    fails(scapeOptimStepStream(p.dev, hostP.data(), p.dg, n, p.s), scapeInvalidArgument,
+          "but grads is device");
+    fails(scapeOptimStep(p.dev, p.dp, hostG.data(), n), scapeInvalidArgument, "params is device");
+    fails(scapeOptimStepStream(p.host, hostP.data(), hostG.data(), n, p.s), scapeInvalidArgument,
+          "stream");
+    EXPECT_EQ(scapeOptimStepStream(nullptr, p.dp, p.dg, n, p.s), scapeInvalidArgument);
+    // bf16 payloads: refused on the device, with the reason.
+    Cfg bf;
+    bf.payload = scapeBfloat16;
+    scapeOptim_t o = Create(ctx, p.l, bf);
+    fails(scapeOptimStepStream(o, p.dp, p.dg, n, p.s), scapeUnsupported, "payloadType");
+    EXPECT_SCAPE_OK(scapeOptimDestroy(o), ctx.comm);
+    // Nothing was changed: the pair still steps identically.
+    for (int t = 0; t < 3; ++t)
+      if (!p.Step(seed, t, true)) return false;
+    // scapeOptimStep with device buffers: the stream form on the default stream.
+    std::vector<float> g = Grads(seed, ctx.rank, 3, n);
+    EXPECT_SCAPE_OK(scapeOptimStep(p.host, p.hp.data(), g.data(), n), ctx.comm);
+    std::memcpy(p.dg, g.data(), 4 * n);
+    EXPECT_SCAPE_OK(scapeOptimStep(p.dev, p.dp, p.dg, n), ctx.comm);
+    EXPECT_TRUE(rt.StreamSynchronize(nullptr).ok());
+    EXPECT_TRUE(SameBits(p.dp, p.hp.data(), n, "default-stream step"));
+    // A host step on an optimizer whose state is on the device moves the state back.
+    g = Grads(seed, ctx.rank, 4, n);
+    std::vector<float> hp2(p.dp, p.dp + n);
+    EXPECT_SCAPE_OK(scapeOptimStep(p.host, p.hp.data(), g.data(), n), ctx.comm);
+    EXPECT_SCAPE_OK(scapeOptimStep(p.dev, hp2.data(), g.data(), n), ctx.comm);
+    EXPECT_TRUE(SameBits(hp2.data(), p.hp.data(), n, "host step after device steps"));
+    EXPECT_EQ(Save(p.dev, ctx.comm), Save(p.host, ctx.comm));
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+}  // namespace
