@@ -167,8 +167,7 @@ TEST(Threads, TwoCommsOneContextPlusProxyStyleTestThread) {
     while (NowMs() < deadline) {
       {
         std::unique_lock<std::mutex> lk(mu);
-        cv.wait_for(lk, std::chrono::milliseconds(1),
-                    [&] { return !queue.empty() || posterDone; });
+        cv.wait_for(lk, std::chrono::milliseconds(1), [&] { return !queue.empty() || posterDone; });
         while (!queue.empty()) {
           pending.push_back(queue.front());
           queue.pop_front();
