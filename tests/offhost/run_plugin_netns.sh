@@ -36,6 +36,10 @@ done
 tag="sp$$"
 hub="${tag}h"
 cleanup() {
+  # Sides still running (an interrupted run): each job is `timeout` by then (every step of
+  # the launch line execs), which passes TERM on to the program.
+  local j
+  for j in $(jobs -p); do kill -TERM "$j" 2> /dev/null; done
   for r in 0 1; do ip netns del "${tag}r$r" 2> /dev/null; done
   ip netns del "$hub" 2> /dev/null
   rm -rf "$work"
