@@ -367,8 +367,11 @@ int main(int argc, char** argv) {
   ncclNetProperties_v11_t props;
   CHECK_OK(g_net->getProperties(0, &props));
   if (ndev != 1) Fail("%d devices, expected only the veth (SCAPE_NCCL_DEVICES)", ndev);
-  if (std::getenv("OFFHOST_VERBOSE"))
-    std::fprintf(stderr, "[%s] device 0: %s\n", g_role.c_str(), props.name);
+  const char* want = std::getenv("OFFHOST_DEVICE");  // the one device the plugin must show
+  if (want && (!props.name || std::strcmp(props.name, want) != 0))
+    Fail("device 0 is '%s', expected '%s'", props.name ? props.name : "(null)", want);
+  std::printf("offhost-plugin %s %s: the plugin's one device is %s\n", g_case.c_str(),
+              g_role.c_str(), props.name ? props.name : "(null)");
   int rc = g_role == "recv" ? Receiver(ctx, dir) : g_role == "send" ? Sender(ctx, dir) : 2;
   if (rc == 0 && g_case == "xfer") CHECK_OK(g_net->finalize(ctx));
   std::fflush(stdout);

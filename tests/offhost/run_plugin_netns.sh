@@ -70,7 +70,7 @@ launch() {  # role case dir
   [ "$1" = "send" ] && r=1
   ip netns exec "${tag}r$r" unshare --uts sh -c "hostname scape-plugin-host-$r && exec env \
     SCAPE_NCCL_DEVICES==eth0 SCAPE_SOCKET_IFNAME=eth0 UCX_TLS=tcp SCAPE_NCCL_UCX_TLS=tcp \
-    UCX_WARN_UNUSED_ENV_VARS=n timeout 60 '$bin' '$lib' '$1' '$2' '$3'" \
+    UCX_WARN_UNUSED_ENV_VARS=n OFFHOST_DEVICE=eth0 timeout 60 '$bin' '$lib' '$1' '$2' '$3'" \
     > "$3.$1.out" 2> "$3.$1.log" &
 }
 fail=0
