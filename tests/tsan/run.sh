@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # ThreadSanitizer pass over the tests where several threads touch one communicator or engine:
 # a call blocked in a collective or a mask sync and scapeCommAbort from another thread, the
-# mask's background sync thread, peer death during a sync. Built with clang-14 -fsanitize=thread in build-tsan/ (or $SCAPE_TSAN_DIR).
+# mask's background sync thread, peer death during a sync; and the NCCL net plugin driven from
+# several threads on one context (two comms on two threads, test() on requests another thread
+# posted, registration beside progress). Built with clang-14 -fsanitize=thread in build-tsan/
+# (or $SCAPE_TSAN_DIR).
 #   bash tests/tsan/run.sh
 # Clean means: every selected test passes and no "ThreadSanitizer" report appears (TSan also
 # fails the process that reports, exit code 66).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir="${SCAPE_TSAN_DIR:-build-tsan}"
-# The NCCL plugin's tests load it as a shared library, which clang 14's ThreadSanitizer
-# runtime does not support here (a .so needs -shared-libsan, whose executables crash at start
-# on this machine): the pass covers the library's own threads only (not the plugin's).
+# The NCCL plugin's fake-NCCL tests load it as a shared library, which clang 14's
+# ThreadSanitizer runtime does not support here (a .so needs -shared-libsan, whose executables
+# crash at start on this machine): the pass runs nccl_net_threads_test instead, which links the
+# plugin's entry points (net_v11.cc and the shims) and its UCX engine statically.
 CC=clang-14 CXX=clang++-14 cmake -B "$dir" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF -DSCAPE_SANITIZE=thread \
   -DCMAKE_EXE_LINKER_FLAGS= -DCMAKE_SHARED_LINKER_FLAGS= \
   > "$dir.cmake.log" 2>&1 || { cat "$dir.cmake.log"; exit 1; }
 rm -f "$dir.cmake.log"
-cmake --build "$dir" -j"${SCAPE_JOBS:-2}" --target errors_test mask_test reliability_test
+cmake --build "$dir" -j"${SCAPE_JOBS:-2}" --target errors_test mask_test reliability_test \
+  nccl_net_threads_test
 export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_WARN_UNUSED_ENV_VARS=n
 export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo
 export TSAN_OPTIONS="suppressions=$PWD/tests/tsan/tsan.supp halt_on_error=1 second_deadlock_stack=1"
@@ -34,6 +39,7 @@ run() {
 run errors_test 'Errors.AbortFromAnotherThread*:Errors.RankDeathDuringMaskSync*:Errors.AbortNotifiesPeers'
 run mask_test 'Mask.AsyncFormsP3:Mask.AbortWithALiveMask:Mask.RepeatedStepsWithChangingK'
 run reliability_test 'Abort.*:MaskArgs.SyncWithoutSelecting*:Mismatch.Broadcast*'
+run nccl/nccl_net_threads_test 'Threads.*'
 if grep -q "WARNING: ThreadSanitizer" "$log"; then
   grep -A30 "WARNING: ThreadSanitizer" "$log" | head -80
   echo "TSAN: reports in $log" >&2
