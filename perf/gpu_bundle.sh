@@ -22,8 +22,10 @@ targets=(nccl-net-scape scape_kernels_cuda_test scape_kernels_cpu_test scape_ker
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSCAPE_WITH_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" >/dev/null
 # Optional programs that only some versions of the tree have.
+# (The target list is read whole first: `grep -q` on a pipe can fail the writer under pipefail.)
+help=$(cmake --build "$build" --target help)
 for t in gpu_optim_check; do
-  cmake --build "$build" --target help | grep -q "\.\.\. $t\$" && targets+=("$t")
+  grep -q "\.\.\. $t\$" <<<"$help" && targets+=("$t")
 done
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 

@@ -126,7 +126,8 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSCAPE_WITH_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="$nvcc" >"$logs/configure.log" 2>&1 ||
   { tail -30 "$logs/configure.log"; fail "configure (log: $logs/configure.log)"; finish; }
 optim_target=""
-cmake --build "$build" --target help | grep -q '\.\.\. gpu_optim_check$' && optim_target=gpu_optim_check
+help=$(cmake --build "$build" --target help)
+grep -q '\.\.\. gpu_optim_check$' <<<"$help" && optim_target=gpu_optim_check
 timeout 300 cmake --build "$build" -j "$jobs" --target nccl-net-scape scape_kernels_cuda_test \
   scape_kernels_cpu_test scape_kernels_gpu_bench scape_fatbin_check device_coll_test \
   device_nccl_backend_test device_dlopen_test $optim_target >"$logs/build.log" 2>&1 ||
