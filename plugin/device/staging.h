@@ -66,7 +66,12 @@ struct StagePlan {
 // rank is the same host collective. Per-rank blocks (a.counts, the packed values of a mask:
 // all-reduce, reduce-scatter, all-gather) are one chunk: the V collective runs whole on the
 // stages, so its bits are those of the same call on host buffers.
-constexpr size_t kMaxStageChunks = 64;  // chunks grow past chunkBytes to stay within this
+// At most this many chunks per collective: chunks grow past chunkBytes to stay within it. A
+// chunk costs about 4 entries in the stream's queue of pending work (copies, an event, a host
+// function) and a CUDA stream's queue is bounded: on an H200, a job of 64 chunks (~257
+// entries) behind a stream held by the caller blocked the enqueueing call, while 16 chunks
+// (~65 entries) returned at once.
+constexpr size_t kMaxStageChunks = 16;
 Status MakeStagePlan(const coll::CollArgs& a, int rank, int nranks, size_t chunkBytes,
                      StagePlan* out);
 

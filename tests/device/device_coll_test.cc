@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/device/runtime.h"
@@ -317,6 +320,46 @@ TEST(DeviceStream, CallsEnqueueAndReturnAndFollowStreamOrder) {
         break;
       }
     }
+    rt.DeviceFree(d);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// A job with as many chunks as the plan allows, behind a stream the caller holds, with a
+// bounded stream queue (100 entries): the call must still enqueue and return. With up to 64
+// chunks per job (~257 queue entries) it blocked in the enqueueing on a real GPU; the watchdog
+// here opens the gate after 10 s so that a regression fails instead of hanging.
+TEST(DeviceStream, ALongJobBehindAHeldStreamStillEnqueuesAndReturns) {
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  auto res = RunRanks(2, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    fake_device::FakeStream::SetQueueDepth(100);
+    const size_t n = 400009;  // 4096-byte chunks would be ~98 of them: capped
+    auto* d = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(i % 7) + ctx.rank;
+    void* s = rt.NewStream();
+    Gate gate;
+    rt.HoldStream(s, &gate);
+    std::atomic<bool> returned{false};
+    std::thread watchdog([&] {
+      for (int i = 0; i < 100 && !returned.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      gate.Open();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_SCAPE_OK(scapeAllReduce(d, d, n, scapeInt32, scapeSum, nullptr, ctx.comm, s), ctx.comm);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    returned.store(true);
+    EXPECT_LT(sec, 3.0) << "the call blocked until the held stream moved";
+    watchdog.join();
+    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    for (size_t i = 0; i < n; ++i)
+      if (d[i] != 2 * static_cast<int32_t>(i % 7) + 1) {
+        ADD_FAILURE() << "element " << i << " = " << d[i];
+        break;
+      }
+    fake_device::FakeStream::SetQueueDepth(0);
     rt.DeviceFree(d);
     return !::testing::Test::HasFailure();
   });
