@@ -82,7 +82,8 @@ finish() {
 fig "# GPU check figures (written by perf/gpu_check.sh)"
 fig ""
 fig "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-fig "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [ -n "$bundle" ]; then fig "- commit: $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown) (the bundle's)"
+else fig "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi
 
 say "device"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L; then

@@ -1028,12 +1028,16 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  * at once, as NCCL's calls do: the buffers are read and written in stream order, so work
  * queued on the stream after the call sees the result. The bytes are staged through
  * page-locked host buffers (Debian's UCX moves no CUDA memory): copies to the host, the host
- * collective, copies back, in chunks of SCAPE_DEVICE_CHUNK_BYTES (default 4 MiB), so that the
- * copies of one chunk overlap the wire of the next. The host collective runs on a background
- * thread of the communicator, over a second, private UCX channel that the first device
- * collective creates (collectively, so every rank must make its first device collective at
- * the same call: a one-time host wait). Results are the same bits on every rank. Each chunk
- * is reduced as a collective of its own: integer results, max/min and 2-rank results equal a
+ * collective, copies back, in chunks of SCAPE_DEVICE_CHUNK_BYTES (default 4 MiB; at most 16
+ * chunks per call, larger chunks beyond that, so that a call adds a bounded number of entries
+ * to the stream's queue), so that the copies of one chunk overlap the wire of the next.
+ * Zero copy: when every rank's UCX moves CUDA memory (agreed at the first device collective)
+ * and SCAPE_DEVICE_ZERO_COPY is 1 (the default), all-gathers and broadcasts hand the device
+ * buffers to UCX directly, in stream order, without staging; reductions are always staged. The host
+ * collective runs on a background thread of the communicator, over a second, private UCX channel
+ * that the first device collective creates (collectively, so every rank must make its first device
+ * collective at the same call: a one-time host wait). Results are the same bits on every rank. Each
+ * chunk is reduced as a collective of its own: integer results, max/min and 2-rank results equal a
  * host collective on the whole buffer bit for bit; floating-point sums over 3 or more ranks
  * may differ from it in the last bits (another order of the additions). A chunk size at
  * least the buffer's size gives the whole-buffer host collective's exact bits.
