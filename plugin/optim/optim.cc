@@ -246,6 +246,20 @@ Status Optimizer::CheckMaskUse() const {
       "(nothing was changed; load a checkpoint or recreate the optimizer)");
 }
 
+Status Optimizer::AdvanceToAgreedMask() {
+  if (pending_) {
+    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
+    SCAPE_RETURN_IF_ERROR(mask_->Advance());
+    pending_ = false;
+    gen_ = mask_->Generation();
+    maskBytes_ = mask_->Info().sentBytes;
+  } else {
+    maskBytes_ = 0;
+  }
+  BuildRuns();
+  return Status::Ok();
+}
+
 void Optimizer::BuildRuns() {
   const std::vector<uint64_t>& cur = mask_->Current();
   runs_.clear();
@@ -294,16 +308,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   const size_t esz = scapeTypeSize(pt);
 
   int64_t t0 = NowNs();
-  if (pending_) {
-    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
-    SCAPE_RETURN_IF_ERROR(mask_->Advance());
-    pending_ = false;
-    gen_ = mask_->Generation();
-    maskBytes_ = mask_->Info().sentBytes;
-  } else {
-    maskBytes_ = 0;
-  }
-  BuildRuns();
+  SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
 
   const std::vector<uint64_t>& cur = mask_->Current();

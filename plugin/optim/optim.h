@@ -75,6 +75,9 @@ class Optimizer {
   double Density(int64_t t) const;  // scheduled density of step t
   Status CheckMaskUse() const;
   void BuildRuns();
+  // Start of a step (host or device): waits for the mask sync of the previous step, makes its
+  // mask current (counting its bytes) and rebuilds the runs.
+  Status AdvanceToAgreedMask();
   kernels::MaskView View() const;
   Status SyncOwnPart(const uint64_t* idx, size_t k);  // set + sync + wait (collective)
   Status ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper, int64_t* step,

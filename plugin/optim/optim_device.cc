@@ -195,16 +195,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   const size_t esz = 4;
 
   int64_t t0 = NowNs();
-  if (pending_) {
-    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
-    SCAPE_RETURN_IF_ERROR(mask_->Advance());
-    pending_ = false;
-    gen_ = mask_->Generation();
-    maskBytes_ = mask_->Info().sentBytes;
-  } else {
-    maskBytes_ = 0;
-  }
-  BuildRuns();
+  SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
   phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
 
   // The mask in mask order, sorted (the runs in position order), and the permutations:

@@ -27,16 +27,7 @@ using fake_device::Gate;
 using scape_test::RankCtx;
 using scape_test::RunRanks;
 
-// In a rank process: the fake runtime, installed once (leaked: it must outlive the
-// communicator, which the harness destroys after the body).
-FakeRuntime& Fake() {
-  static FakeRuntime* rt = [] {
-    auto* f = new FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
-  return *rt;
-}
+FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 enum class Coll { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 const char* Name(Coll c) {

@@ -25,14 +25,7 @@ using fake_device::Gate;
 using scape_test::RankCtx;
 using scape_test::RunRanks;
 
-FakeRuntime& Fake() {
-  static FakeRuntime* rt = [] {
-    auto* f = new FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
-  return *rt;
-}
+FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 // Random valid values of the type (finite floats).
 std::vector<char> RandomValues(std::mt19937& rng, size_t n, scapeDataType_t t) {

@@ -23,14 +23,7 @@ using fake_device::Gate;
 using scape_test::RankCtx;
 using scape_test::RunRanks;
 
-FakeRuntime& Fake() {
-  static FakeRuntime* rt = [] {
-    auto* f = new FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
-  return *rt;
-}
+FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 // Odd n, an empty segment, a one-element segment, a dense segment.
 struct Layout {

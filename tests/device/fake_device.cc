@@ -619,4 +619,13 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
   return Status::Ok();
 }
 
+FakeRuntime& InstalledFake() {
+  static FakeRuntime* rt = [] {
+    auto* f = new FakeRuntime();
+    scape::device::SetRuntimeForTesting(f);
+    return f;
+  }();
+  return *rt;
+}
+
 }  // namespace fake_device

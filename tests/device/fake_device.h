@@ -174,6 +174,12 @@ class FakeRuntime final : public scape::device::Runtime {
   std::unique_ptr<FakeStream> default_;
 };
 
+// The process's fake runtime, made and installed as the device runtime at the first call
+// (SetRuntimeForTesting) and leaked: it must outlive the communicators, which tests destroy
+// after their bodies. Call it in a rank process only: the parent must not start the fake's
+// stream threads before it forks.
+FakeRuntime& InstalledFake();
+
 }  // namespace fake_device
 
 #endif  // SCAPE_TESTS_DEVICE_FAKE_DEVICE_H_

@@ -62,14 +62,7 @@ struct FakeNcclCall {
   int calls;
 };
 
-fake_device::FakeRuntime& Fake() {
-  static fake_device::FakeRuntime* rt = [] {
-    auto* f = new fake_device::FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
-  return *rt;
-}
+fake_device::FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 const FakeNcclCall* LastCall() {
   void* h = dlopen(FAKE_NCCL_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);

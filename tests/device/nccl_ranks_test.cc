@@ -44,15 +44,7 @@ struct FakeNcclComm {
 };
 using FakeNcclFn = void (*)(void*);
 
-// In a rank process only (the parent must not start the fake's stream threads before forking).
-FakeRuntime& Fake() {
-  static FakeRuntime* rt = [] {
-    auto* f = new FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
-  return *rt;
-}
+FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 void* FakeLib(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 

@@ -31,13 +31,9 @@ using scape_test::RunRanks;
 // In a rank process: the fake runtime, installed once (leaked: it must outlive the
 // communicator) and the zero-copy mode chosen before the first device collective.
 FakeRuntime& Fake(int zeroCopy) {
-  static FakeRuntime* rt = [] {
-    auto* f = new FakeRuntime();
-    scape::device::SetRuntimeForTesting(f);
-    return f;
-  }();
+  FakeRuntime& rt = fake_device::InstalledFake();
   scape::device::SetZeroCopyForTesting(zeroCopy);
-  return *rt;
+  return rt;
 }
 
 TEST(ZeroCopyPlan, AllGatherPlacesTheOwnBlockAndMovesNothingElse) {
