@@ -57,7 +57,7 @@ const ParamInfo kParams[] = {
      nullptr, "`SCAPE_UCX_TLS`"},
     {"SCAPE_DEVICE_CHUNK_BYTES", "4194304",
      "chunk of the pipeline that stages device (GPU) buffers through pinned host memory "
-     "(4096 .. 1 GiB)",
+     "(4096 .. 1 GiB; chunks grow past it to keep a call within 16 chunks)",
      ParamType::kInt, 4096, INT64_C(1) << 30},
     {"SCAPE_DEVICE_ZERO_COPY", "1",
      "`1`: device buffers of all-gathers and broadcasts on a UCX communicator go to UCX "
