@@ -70,17 +70,6 @@ uint64_t Fnv(uint64_t h, uint64_t v) {
   return h;
 }
 
-kernels::BiasCorrection KernelBias(scapeBiasCorrection_t b) {
-  switch (b) {
-    case scapeBiasCorrectionAdamS:
-      return kernels::BiasCorrection::kAdamSReference;
-    case scapeBiasCorrectionArtifact:
-      return kernels::BiasCorrection::kScapeArtifact;
-    default:
-      return kernels::BiasCorrection::kNone;
-  }
-}
-
 Status KernelError(const char* what, kernels::KernelStatus ks) {
   return Status(
       ks == kernels::KernelStatus::kInvalidArgument ? scapeInternalError : kernels::ToResult(ks),
@@ -94,6 +83,17 @@ uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) /
 double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 
 }  // namespace
+
+kernels::BiasCorrection KernelBias(scapeBiasCorrection_t b) {
+  switch (b) {
+    case scapeBiasCorrectionAdamS:
+      return kernels::BiasCorrection::kAdamSReference;
+    case scapeBiasCorrectionArtifact:
+      return kernels::BiasCorrection::kScapeArtifact;
+    default:
+      return kernels::BiasCorrection::kNone;
+  }
+}
 
 Status ValidateHyper(const OptimHyper& h) {
   auto bad = [](const char* f, double v, const char* want) {

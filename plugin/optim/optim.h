@@ -33,6 +33,8 @@ struct OptimHyper {
 
 // Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
 Status ValidateHyper(const OptimHyper& h);
+// The kernels' bias correction for a scapeBiasCorrection_t (host and device steps).
+kernels::BiasCorrection KernelBias(scapeBiasCorrection_t b);
 
 // A resolved, validated configuration.
 struct OptimLayout {

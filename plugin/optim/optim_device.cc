@@ -34,17 +34,6 @@
 namespace scape {
 namespace {
 
-kernels::BiasCorrection KernelBiasDev(int b) {
-  switch (b) {
-    case scapeBiasCorrectionAdamS:
-      return kernels::BiasCorrection::kAdamSReference;
-    case scapeBiasCorrectionArtifact:
-      return kernels::BiasCorrection::kScapeArtifact;
-    default:
-      return kernels::BiasCorrection::kNone;
-  }
-}
-
 template <typename T>
 Status Alloc(device::Runtime* rt, size_t count, T** p) {
   void* v = nullptr;
@@ -351,7 +340,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   ap.weight_decay = hyper_.weightDecay;
   ap.clip_scale = clipScale_;
   ap.clip_momentum = true;
-  ap.bias_correction = KernelBiasDev(hyper_.bias);
+  ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
   ap.step = step_ + 1;
 
   t0 = NowNs();
