@@ -927,12 +927,17 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * the ranks' params agree (data-parallel replicas).
  *
  * scapeOptimStep with device buffers behaves as this call with stream = NULL.
- * UCX-backend communicators only: NCCL-backend communicators (scapeCommInitNccl) return
- * scapeUnsupported.
+ * Backends: on a UCX communicator the packed exchange is staged through page-locked host
+ * memory (or zero-copy); on an NCCL-backend communicator (scapeCommInitNccl, with its host
+ * communicator) it is NCCL's (ncclAllReduce with ncclAvg, or the grouped ncclReduce /
+ * ncclBroadcast of the sharded form) on `stream`, and the mask sync runs on the host
+ * communicator. NCCL's floating-point sums need not match the UCX backend's bits: the step
+ * gives every rank the same bits, and with 1 or 2 ranks the host step's bits (a sum of two
+ * values does not depend on its order).
  *
  * @return scapeSuccess; scapeInvalidArgument (as scapeOptimStep; params and grads of different
  *         kinds (host / device); a non-NULL stream with host buffers); scapeUnsupported (bf16 or
- *         fp16 payloads; NCCL backend); errors of earlier device work on the stream.
+ *         fp16 payloads); errors of earlier device work on the stream.
  */
 SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
                                              uint64_t count, void* stream);
@@ -1074,11 +1079,11 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    by the communicator's timeout). The caller must have finished writing the statistic.
  *  - scapeSparseAllReduce takes device buffers through host copies (host waits; see it).
  *  - The optimizer step takes device params and grads: scapeOptimStepStream (and
- *    scapeOptimStep on the default stream), UCX communicators, fp32 payloads; its host waits
+ *    scapeOptimStep on the default stream), on both backends, fp32 payloads; its host waits
  *    are listed at scapeOptimStepStream.
  *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
- *    (the blocking forms are already asynchronous), and the optimizer step on NCCL-backend
- *    communicators or with bf16/fp16 payloads.
+ *    (the blocking forms are already asynchronous), and the optimizer step with bf16/fp16
+ *    payloads.
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream
@@ -1097,7 +1102,8 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    values, as on the host); the positions are uploaded once per mask generation.
  *  - Host work: the host communicator that scapeCommInitNccl joins (SCAPE_NCCL_HOST_COMM=1,
  *    the default): masks (their sync all-gathers host memory on the mask's background
- *    thread), the optimizer, scapeBarrier, and collectives on host buffers (which first wait
+ *    thread), the optimizer's host-buffer steps and its masks (its device steps exchange
+ *    over NCCL, above), scapeBarrier, and collectives on host buffers (which first wait
  *    for a non-NULL stream, as on a UCX communicator). With SCAPE_NCCL_HOST_COMM=0 there is
  *    none: those calls fail (scapeInvalidUsage naming the knob; host buffers:
  *    scapeInvalidArgument), and so does scapeBarrier (scapeUnsupported).

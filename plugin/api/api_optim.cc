@@ -240,11 +240,12 @@ Status CheckStepArgs(scapeOptim_t optim, float* params, const float* grads, uint
 
 Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* stream) {
   scapeComm* comm = optim->comm;
-  if (scape::device::IsNcclComm(comm))
-    return scape::Unsupported(
-        "the optimizer step on device buffers runs on UCX-backend communicators in this "
-        "release; NCCL-backend communicators (scapeCommInitNccl) are not supported yet");
-  auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
+  // The packed exchange runs where the communicator moves device memory: NCCL for an
+  // NCCL-backend communicator (the mask's sync stays on its host communicator), else the UCX
+  // staged path.
+  const bool nccl = scape::device::IsNcclComm(comm);
+  auto exchange = [comm, nccl](const scape::coll::CollArgs& a, void* s) -> Status {
+    if (nccl) return scape::device::NcclCollective(comm, a, nullptr, s, false);
     bool handled = false;
     SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
     if (!handled)
