@@ -21,7 +21,9 @@
 #     all-reduce and a values-only exchange of 1% of the values, checked and timed; on both
 #     backends the mask calls on device buffers (top-k from a device statistic, pack/unpack,
 #     packed collectives, masked all-reduce) against the host calls, the masked all-reduce at
-#     density 0.01 timed against the dense one. Then 2 ranks again with 64 KiB chunks.
+#     density 0.01 timed against the dense one; and on both backends the optimizer step on
+#     device buffers against the host step (bit for bit; NCCL above 2 ranks: the same params
+#     on every rank), the SCAPE step timed. Then 2 ranks again with 64 KiB chunks.
 #  5. Kernel timings (perf/kernels/bench_kernels_gpu.cc, 64 Mi floats) with cudaMemcpy D2D in
 #     the same run: pack/unpack efficiency vs D2D (target >= 0.70) for the fused step kernels
 #     (candidate+pack+residual, unpack+AdamS) and for the masked collectives' gather (pack) and

@@ -17,12 +17,16 @@
 //    statistic, pack/unpack, the packed collectives and the masked dense-in/out all-reduce,
 //    each against the same call on host buffers; the masked all-reduce at density 0.01 timed
 //    against the dense one.
+// 4. On both backends, the optimizer step on device buffers against the host step
+//    (CheckOptim): bit for bit (NCCL: up to 2 ranks; the same params on every rank above);
+//    the SCAPE step timed (NCCL: also the density-1.0 step).
 // Rank 0 prints "RESULT key value" lines; the exit status is 0 only if every check passed.
 // Ids travel through files in DIR (rank 0 writes, the others poll, within TIMEOUT_S).
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -415,6 +419,111 @@ double TimeColl(const void* s, void* r, size_t n, scapeComm_t comm, cudaStream_t
   return (Now() - t0) * 1e3 / iters;
 }
 
+// The optimizer step on device buffers (scapeOptimStepStream) against the host step
+// (scapeOptimStep) on the same communicator, both ownerships, 10 steps of fresh gradients on
+// n = 2^20 + 3 floats in four segments (one dense). Up to 2 ranks the device params and the
+// whole checkpoint must be the host step's bits after every step (UCX at any rank count; NCCL
+// up to 2 ranks: a sum of two values does not depend on its order, and NCCL's fp average of
+// two is exact scaling); with more ranks NCCL's reduction order differs from the host ring's,
+// so there the check is that every rank holds the same params. Then the SCAPE step (density
+// 0.01) on N floats, timed to stream completion (median of up to 5), and on NCCL the
+// density-1.0 step (step 6 of gpu_check.sh times it on UCX).
+void CheckOptim(scapeComm_t comm, cudaStream_t stream, int P, size_t N, int iters,
+                const char* label, bool nccl) {
+  const bool exact = !nccl || P <= 2;
+  iters = std::min(iters, 5);
+  char what[160];
+  auto make = [&](uint64_t n, const std::vector<uint64_t>& offs, const std::vector<uint8_t>& dense,
+                  int own, double density) {
+    scapeOptimConfig_t c;
+    SCAPE_OK(scapeOptimConfigInit(&c), comm);
+    c.n = n;
+    c.nsegments = static_cast<int>(offs.size() - 1);
+    c.segOffsets = offs.data();
+    c.denseFlags = dense.empty() ? nullptr : dense.data();
+    c.ownership = own;
+    c.lr = 1e-3f;
+    c.weightDecay = 0.1f;
+    c.biasCorrection = scapeBiasCorrectionAdamS;
+    c.density = density;
+    scapeOptim_t o = nullptr;
+    SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
+    return o;
+  };
+  auto save = [&](scapeOptim_t o) {
+    size_t bytes = 0, written = 0;
+    SCAPE_OK(scapeOptimCheckpointSize(o, &bytes), comm);
+    std::vector<uint8_t> b(bytes);
+    SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
+    return b;
+  };
+  const uint64_t n = (uint64_t{1} << 20) + 3;
+  const std::vector<uint64_t> offs{0, n / 7, n / 7 + 4099, n / 2, n};
+  const std::vector<uint8_t> dense{0, 1, 0, 0};
+  float *dp = nullptr, *dg = nullptr;
+  CUDA_OK(cudaMalloc(&dp, 4 * std::max<size_t>(n, N)));
+  CUDA_OK(cudaMalloc(&dg, 4 * std::max<size_t>(n, N)));
+  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+    scapeOptim_t host = make(n, offs, dense, own, 0.01), dev = make(n, offs, dense, own, 0.01);
+    std::vector<float> hp(n), g(n), back(n), all(exact ? 0 : n * P);
+    std::mt19937 prng(4242);
+    std::uniform_real_distribution<float> pu(-1.0f, 1.0f);
+    for (float& x : hp) x = pu(prng);
+    CUDA_OK(cudaMemcpy(dp, hp.data(), 4 * n, cudaMemcpyHostToDevice));
+    bool ok = true;
+    for (int t = 0; t < 10 && ok; ++t) {
+      std::mt19937 rng(977u * static_cast<unsigned>(t) + static_cast<unsigned>(g_rank));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& x : g) x = nd(rng);
+      SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), comm);
+      CUDA_OK(cudaMemcpyAsync(dg, g.data(), 4 * n, cudaMemcpyHostToDevice, stream));
+      SCAPE_OK(scapeOptimStepStream(dev, dp, dg, n, stream), comm);
+      CUDA_OK(cudaMemcpyAsync(back.data(), dp, 4 * n, cudaMemcpyDeviceToHost, stream));
+      StreamWait(stream, comm, "optimizer step");
+      if (exact) {
+        ok = std::memcmp(back.data(), hp.data(), 4 * n) == 0 && save(dev) == save(host);
+      } else {
+        SCAPE_OK(scapeAllGather(back.data(), all.data(), n, scapeFloat32, comm, nullptr), comm);
+        for (int r = 1; r < P; ++r)
+          ok = ok && std::memcmp(all.data(), all.data() + n * r, 4 * n) == 0;
+      }
+    }
+    std::snprintf(what, sizeof(what), "%s: optimizer step on device, %s, 10 steps: %s", label,
+                  own == scapeOptimReplicated ? "replicated" : "sharded",
+                  exact ? "the host step's params and checkpoint, bit for bit"
+                        : "the same params on every rank");
+    Check(ok, what);
+    SCAPE_OK(scapeOptimDestroy(host), comm);
+    SCAPE_OK(scapeOptimDestroy(dev), comm);
+  }
+  // Timing on N floats: the SCAPE step against the density-1.0 step (the same kernels on every
+  // element and a dense exchange; an upper bound for a dense AdamS step).
+  CUDA_OK(cudaMemset(dg, 0, 4 * N));
+  CUDA_OK(cudaMemset(dp, 0, 4 * N));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint64_t> offsN{0, N / 7, N / 2, N - N / 5, N};
+  for (double d : {0.01, 1.0}) {
+    if (d == 1.0 && !nccl) break;
+    scapeOptim_t o = make(N, offsN, {}, scapeOptimReplicated, d);
+    for (int w = 0; w < 3; ++w) SCAPE_OK(scapeOptimStepStream(o, dp, dg, N, stream), comm);
+    StreamWait(stream, comm, "optimizer warm-up");
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i) {
+      const double t0 = Now();
+      SCAPE_OK(scapeOptimStepStream(o, dp, dg, N, stream), comm);
+      StreamWait(stream, comm, "optimizer timed");
+      ms.push_back((Now() - t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    if (g_rank == 0 && !ms.empty())
+      std::printf("RESULT %s_optim_%s_step_ms %.4f\n", label, d < 1.0 ? "scape_d0.01" : "d1.0",
+                  ms[ms.size() / 2]);
+    SCAPE_OK(scapeOptimDestroy(o), comm);
+  }
+  CUDA_OK(cudaFree(dp));
+  CUDA_OK(cudaFree(dg));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -493,6 +602,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaFree(dr));
   }
   CheckMasked(ucx, stream, P, N, iters, "UCX");
+  CheckOptim(ucx, stream, P, N, iters, "UCX", false);
   SCAPE_OK(scapeCommDestroy(ucx), ucx);
 
   // ---- 2. NCCL backend ------------------------------------------------------------------
@@ -515,6 +625,7 @@ int main(int argc, char** argv) {
     for (size_t n : {size_t{1}, size_t{1000003}})
       CheckColl(c, n, P, sc, stream, true, false, "NCCL");
   CheckMasked(sc, stream, P, N, iters, "NCCL");
+  CheckOptim(sc, stream, P, N, iters, "NCCL", true);
   {
     float *d = nullptr, *dr = nullptr;
     CUDA_OK(cudaMalloc(&d, N * 4));
