@@ -9,24 +9,29 @@
 //      exact:   3 radix digits (11, 11, 9 bits of the 31-bit key); after each digit one warp
 //               per segment picks the bin holding the rem-th largest key. Digit 0: a
 //               histogram pass over x (shared-memory histogram per tile, merged with global
-//               atomics into a per-segment histogram). Then the keys in the chosen bin (the
-//               candidates, a few per cent of the segment for smooth data) are copied once to
-//               a candidate buffer (CollectKernel, the second and last read of x before the
-//               write pass, which also counts the keys above the bin per tile), and digits 1
-//               and 2 are histogrammed over the candidates only. A segment whose candidates do
-//               not fit the buffer (len/8 + 4096 entries in all; heavy ties) instead runs
-//               digits 1 and 2 over x as before. After 3 digits, T is the k-th largest key and
-//               exactly k - #(> T) ties are needed; the same T either way.
+//               atomics into a per-segment histogram). Then one collecting read of x
+//               (CollectKernel) copies to a buffer, per tile and in index order, every key
+//               whose digit 0 is at or above the chosen bin, with its offset in the tile: the
+//               keys above the bin (all selected) and the bin's keys (the candidates, a few
+//               per cent of the segment for smooth data). Digits 1 and 2 are histogrammed over
+//               the candidates only. When these lists do not fit the buffer (len/8 + 4096
+//               entries in all; large k), only the candidates are copied (kModeCand), and when
+//               not even those fit (heavy ties), digits 1 and 2 run over x. After 3 digits, T
+//               is the k-th largest key and exactly k - #(> T) ties are needed; the same T
+//               every way.
 //      sampled: one block per segment runs the same radix select on the sampled keys
-//               (topk::SamplePosition) in shared memory, with rank topk::SampleRank.
-//   3. Per-tile counts of keys > T and == T: candidate segments from the candidates (tile of
-//      each candidate, atomics), the others by a counting pass over x.
+//               (topk::SamplePosition) in shared memory, with rank topk::SampleRank; then one
+//               collecting read of x (SampledCollectKernel) counts per tile the keys > T and
+//               == T and copies the keys >= T with their offsets to per-tile lists.
+//   3. Per-tile counts of keys > T and == T: from the lists or the candidates (tile of each
+//      entry, atomics), else by a counting pass over x (trivial segments, fallback).
 //   4. Scan (one block per segment): per-tile exclusive offsets, ties taken =
 //      topk::TiesTaken(k, gt, eq), count = min(gt + ties, capacity).
-//   5. Write pass: each tile writes its selected positions in index order (warp-owned chunks,
-//      ballot prefixes), so the output is sorted without any sort.
-// Reads of x, exact mode with smooth keys: 3 (histogram, collect, write); sampled: 2 (count,
-// write) plus the samples.
+//   5. Write: each tile writes its selected positions in index order, so the output is sorted
+//      without any sort: from its list (ListWriteKernel) when it has one, else by a pass over
+//      x (warp-owned chunks, ballot prefixes; WriteKernel).
+// Reads of x with smooth keys and small k: exact 2 (histogram, collect), sampled 1 (collect)
+// plus the samples. (Without lists: exact 3, sampled 2.)
 #include <cuda_runtime.h>
 
 #include "kernels/cpu/topk_common.h"
@@ -54,6 +59,7 @@ constexpr uint32_t kInvalidKey = 0xffffffffu;
 constexpr int kRounds = 32;
 constexpr uint64_t kWarpElems = 32 * kRounds;
 static_assert(kWarpElems * (kThreads / 32) == kTileElems, "a block's warps cover one tile");
+static_assert(kTileElems <= 65536, "a list entry's offset in its tile is 16 bits");
 
 struct TopkTemp {
   uint64_t* tile_begin;   // nseg + 1
@@ -72,51 +78,66 @@ struct TopkTemp {
   uint32_t* error;        // 1
   uint32_t* tile_seg;     // max_tiles: the segment of each tile
   // Exact mode, candidate path (see CandPlanKernel):
-  uint32_t* mode;            // nseg: kModeRadix / kModeCand / kModeFallback
-  uint64_t* ccount;          // nseg: keys in the threshold bin of digit 0
-  uint64_t* cand_cur;        // nseg: next free candidate slot while collecting
-  unsigned long long* misc;  // [0] any fallback segment, [1] candidates in all
-  uint32_t* cand_key;        // cand_cap
-  uint32_t* cand_tile;       // cand_cap
+  uint32_t* mode;      // nseg: kModeRadix / kModeCand / kModeFallback
+  uint64_t* ccount;    // nseg: keys in the threshold bin of digit 0
+  uint64_t* cand_cur;  // nseg: next free candidate slot while collecting
+  // [0] any fallback segment, [1] candidates in all (exact), [2] next free list entry and
+  // [3] list overflow (sampled)
+  unsigned long long* misc;
+  uint32_t* cand_key;    // cand_cap
+  uint32_t* cand_tile;   // cand_cap (exact)
+  uint16_t* cand_local;  // cand_cap: the element's offset in its tile (list entries)
+  uint64_t* tile_lbase;  // max_tiles: a kModeList tile's first list entry
+  uint32_t* tile_lcnt;   // max_tiles: its entries
 };
 
-// Per segment mode. kModeRadix: sampled mode, or a trivial segment (k == 0 or k == len): the
-// counting pass over x. kModeCand (exact): the keys in digit 0's threshold bin are copied to
-// the candidate buffer, digits 1 and 2 are histogrammed there and the per-tile counts come from
-// the candidates. kModeFallback (exact, candidate buffer too small): the histogram passes over
-// x for all three digits, as the radix select always did.
-constexpr uint32_t kModeRadix = 0, kModeCand = 1, kModeFallback = 2;
+// Per segment mode. kModeRadix: a trivial segment (k == 0 or k == len): the counting pass over
+// x. kModeList: every key that can be selected (exact: digit 0 at or above the threshold bin b0;
+// sampled: key >= the sampled threshold) is copied with its offset in the tile to a per-tile
+// list by the one collecting read of x (in index order inside the tile); digits 1 and 2
+// (exact), the per-tile counts and the write pass then read the lists, not x
+// (ListWriteKernel). Exact: when the lists of all active segments fit the candidate buffer;
+// sampled: every active segment, with the write pass over x as the fallback when the lists
+// overflow the buffer (misc[3]). kModeCand (exact, the lists do not fit): only the keys in bin
+// b0 are copied (the candidates), the counts come from them and the write pass reads x.
+// kModeFallback (exact, not even the candidates fit): the histogram passes over x for all
+// three digits, as the radix select always did.
+constexpr uint32_t kModeRadix = 0, kModeCand = 1, kModeFallback = 2, kModeList = 3;
 
+constexpr int kTempArrays = 24;
 struct TempLayout {
-  size_t off[21];
+  size_t off[kTempArrays];
   size_t total;
 };
 
 TempLayout Layout(size_t nseg, uint64_t max_tiles, uint64_t cand_cap, bool exact) {
-  const size_t sizes[21] = {(nseg + 1) * 8,
-                            nseg * 8,
-                            nseg * 8,
-                            nseg * 8,
-                            nseg * 4,
-                            nseg * 4,
-                            nseg * 4,
-                            nseg * 4,
-                            exact ? nseg * topk::kMaxBins * 4 : 0,
-                            max_tiles * 4,
-                            max_tiles * 4,
-                            max_tiles * 8,
-                            max_tiles * 8,
-                            4,
-                            max_tiles * 4,
-                            nseg * 4,
-                            nseg * 8,
-                            nseg * 8,
-                            16,
-                            exact ? cand_cap * 4 : 0,
-                            exact ? cand_cap * 4 : 0};
+  const size_t sizes[kTempArrays] = {(nseg + 1) * 8,
+                                     nseg * 8,
+                                     nseg * 8,
+                                     nseg * 8,
+                                     nseg * 4,
+                                     nseg * 4,
+                                     nseg * 4,
+                                     nseg * 4,
+                                     exact ? nseg * topk::kMaxBins * 4 : 0,
+                                     max_tiles * 4,
+                                     max_tiles * 4,
+                                     max_tiles * 8,
+                                     max_tiles * 8,
+                                     4,
+                                     max_tiles * 4,
+                                     nseg * 4,
+                                     nseg * 8,
+                                     nseg * 8,
+                                     32,
+                                     cand_cap * 4,
+                                     exact ? cand_cap * 4 : 0,
+                                     cand_cap * 2,
+                                     max_tiles * 8,
+                                     max_tiles * 4};
   TempLayout L;
   size_t o = 0;
-  for (int i = 0; i < 21; ++i) {
+  for (int i = 0; i < kTempArrays; ++i) {
     L.off[i] = o;
     o += dev::AlignUp(sizes[i]);
   }
@@ -148,6 +169,9 @@ TopkTemp Carve(void* base, const TempLayout& L) {
   t.misc = reinterpret_cast<unsigned long long*>(b + L.off[18]);
   t.cand_key = reinterpret_cast<uint32_t*>(b + L.off[19]);
   t.cand_tile = reinterpret_cast<uint32_t*>(b + L.off[20]);
+  t.cand_local = reinterpret_cast<uint16_t*>(b + L.off[21]);
+  t.tile_lbase = reinterpret_cast<uint64_t*>(b + L.off[22]);
+  t.tile_lcnt = reinterpret_cast<uint32_t*>(b + L.off[23]);
   return t;
 }
 
@@ -247,6 +271,8 @@ __global__ void __launch_bounds__(kSetupThreads)
     *tt.error = (bad || overflow) ? 1u : 0u;
     tt.misc[0] = 0;
     tt.misc[1] = 0;
+    tt.misc[2] = 0;
+    tt.misc[3] = 0;
   }
 }
 
@@ -425,7 +451,10 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) tt.thr[s] = prefix_sh;
+  if (threadIdx.x == 0) {
+    tt.thr[s] = prefix_sh;
+    tt.mode[s] = kModeList;
+  }
 }
 
 // The keys of warp w's share of a tile, [c0, c1) with c1 - c0 <= kWarpElems: key[r] is element
@@ -463,7 +492,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
-    if (tt.mode[s] == kModeCand) continue;  // counted from the candidates (CandCountKernel)
+    // Counted from the candidates or the lists (CandCountKernel, SampledCollectKernel).
+    if (tt.mode[s] == kModeCand || tt.mode[s] == kModeList) continue;
     const uint32_t T = tt.thr[s];
     uint32_t g = 0, e = 0;
     if (T != kAboveAllKeys) {  // uniform over the block
@@ -495,19 +525,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Exact mode, after digit 0: segment s's candidates (keys in its threshold bin, ccount[s] of
-// them) get the slots [base, base + ccount[s]) of the candidate buffer, bases ascending with s.
-// A segment whose candidates do not fit becomes kModeFallback (so do all after it).
+// Exact mode, after digit 0: when the lists of all active segments (the keys above the
+// threshold bin, keff - rem of them, plus the bin's ccount) fit the candidate buffer, every
+// active segment is kModeList and segment s's list gets the slots [base, base + its size),
+// bases ascending with s. Otherwise segment s's candidates (the keys in its threshold bin,
+// ccount[s] of them) get [base, base + ccount[s]) (kModeCand); a segment whose candidates do
+// not fit becomes kModeFallback (so do all after it).
 __global__ void __launch_bounds__(kSetupThreads)
     CandPlanKernel(uint64_t nseg, uint64_t cand_cap, TopkTemp tt) {
   __shared__ uint64_t ws[32];
   if (*tt.error) return;
+  uint64_t lists = 0;
+  for (uint64_t base = 0; base < nseg; base += blockDim.x) {
+    const uint64_t s = base + threadIdx.x;
+    const bool act = s < nseg && tt.active[s];
+    lists += dev::BlockSum(act ? tt.keff[s] - tt.rem[s] + tt.ccount[s] : 0, ws);
+  }
+  const bool list = lists <= cand_cap;  // uniform over the block
   uint64_t carry = 0, filled = 0;
   bool any_fallback = false;
   for (uint64_t base = 0; base < nseg; base += blockDim.x) {
     const uint64_t s = base + threadIdx.x;
     const bool act = s < nseg && tt.active[s];
-    const uint64_t c = act ? tt.ccount[s] : 0;
+    const uint64_t c = !act ? 0 : list ? tt.keff[s] - tt.rem[s] + tt.ccount[s] : tt.ccount[s];
     uint64_t total;
     const uint64_t excl = carry + dev::BlockExclusiveSum(c, ws, &total);
     // Once a region ends past cand_cap every later one does too, so the kModeCand regions are
@@ -515,7 +555,7 @@ __global__ void __launch_bounds__(kSetupThreads)
     const bool cand = act && excl + c <= cand_cap;
     if (act) {
       if (cand) {
-        tt.mode[s] = kModeCand;
+        tt.mode[s] = list ? kModeList : kModeCand;
         tt.cand_cur[s] = excl;
       } else {
         tt.mode[s] = kModeFallback;
@@ -532,9 +572,12 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
 }
 
-// Exact mode, kModeCand tiles: tile_gt[t] = keys above the threshold bin (digit 0 > b0),
-// tile_eq[t] = 0, and the keys in the bin are appended to the segment's candidate region with
-// their tile (one atomic per tile; the order inside a region does not matter).
+// Exact mode, after digit 0 (b0 = the threshold bin of the segment). kModeCand tiles:
+// tile_gt[t] = keys above the bin (digit 0 > b0), tile_eq[t] = 0, and the keys in the bin are
+// appended to the segment's candidate region with their tile (one atomic per tile; the order
+// of the tiles inside a region does not matter). kModeList tiles: tile_gt[t] = tile_eq[t] = 0
+// (CandCountKernel counts the list), and every key with digit 0 >= b0 is appended with its
+// tile and its offset in the tile, in index order; tile_lbase[t] / tile_lcnt[t] say where.
 __global__ void __launch_bounds__(kThreads)
     CollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
   constexpr int kWarps = kThreads / 32;
@@ -547,7 +590,9 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
-    if (tt.mode[s] != kModeCand) continue;  // uniform over the block
+    const uint32_t mode = tt.mode[s];
+    if (mode != kModeCand && mode != kModeList) continue;  // uniform over the block
+    const bool list = mode == kModeList;
     const uint32_t b0 = tt.prefix[s] >> shift0;
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
@@ -560,8 +605,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
         const uint32_t hi = key[r] >> shift0;  // kInvalidKey gives 4095 > every bin
-        g += __popc(__ballot_sync(0xffffffffu, key[r] != kInvalidKey && hi > b0));
-        c += __popc(__ballot_sync(0xffffffffu, hi == b0));
+        const bool valid = key[r] != kInvalidKey;
+        g += __popc(__ballot_sync(0xffffffffu, valid && hi > b0));
+        c += __popc(__ballot_sync(0xffffffffu, valid && (list ? hi >= b0 : hi == b0)));
       }
     }
     if (lane == 0) {
@@ -577,28 +623,109 @@ __global__ void __launch_bounds__(kThreads)
         tg += sh_gt[w];
         tc += sh_c[w];
       }
-      tt.tile_gt[t] = tg;
+      tt.tile_gt[t] = list ? 0 : tg;
       tt.tile_eq[t] = 0;
       sh_base = tc ? atomicAdd(reinterpret_cast<unsigned long long*>(&tt.cand_cur[s]),
                                static_cast<unsigned long long>(tc))
                    : 0;
+      if (list) {
+        tt.tile_lbase[t] = sh_base;
+        tt.tile_lcnt[t] = tc;
+      }
     }
     __syncthreads();
     if (c0 < e1 && c != 0) {
       uint64_t pos = sh_base + c_before;
+      const uint32_t off0 = static_cast<uint32_t>(c0 - e0) + lane;
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
-        const bool is_c = (key[r] >> shift0) == b0;
+        const uint32_t hi = key[r] >> shift0;
+        const bool is_c = key[r] != kInvalidKey && (list ? hi >= b0 : hi == b0);
         const uint32_t b = __ballot_sync(0xffffffffu, is_c);
         if (is_c) {
           const uint64_t p = pos + __popc(b & lt_mask);
           tt.cand_key[p] = key[r];
           tt.cand_tile[p] = static_cast<uint32_t>(t);
+          if (list) tt.cand_local[p] = static_cast<uint16_t>(off0 + 32u * r);
         }
         pos += __popc(b);
       }
     }
     __syncthreads();  // sh_* and sh_base are rewritten by the next tile
+  }
+}
+
+// Sampled mode, kModeList tiles (threshold T = thr[s] from the sample): the one read of x.
+// tile_gt[t] / tile_eq[t] = the tile's keys > T and == T, and its keys >= T are appended to
+// the list buffer (one atomic per tile on the shared cursor misc[2]) with their offsets in the
+// tile, in index order; tile_lbase[t] / tile_lcnt[t] say where. A tile whose entries do not
+// fit the buffer sets misc[3] (overflow) and writes none: the write pass then reads x for
+// every list segment (the counts are complete either way).
+__global__ void __launch_bounds__(kThreads)
+    SampledCollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, uint64_t cap,
+                         TopkTemp tt) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
+  __shared__ unsigned long long sh_base;
+  __shared__ int sh_fit;
+  if (*tt.error) return;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] != kModeList) continue;  // uniform over the block
+    const uint32_t T = tt.thr[s];
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    const uint64_t c0 = e0 + warp * kWarpElems;
+    const uint64_t c1 = c0 + kWarpElems < e1 ? c0 + kWarpElems : e1;
+    uint32_t key[kRounds];
+    uint32_t g = 0, e = 0;
+    if (c0 < e1) {  // uniform over the warp
+      LoadWarpKeys(x, c0, c1, key);
+      WarpCountKeys(key, T, &g, &e);
+    }
+    if (lane == 0) {
+      sh_gt[warp] = g;
+      sh_eq[warp] = e;
+    }
+    __syncthreads();
+    uint64_t before = 0;
+    for (unsigned w = 0; w < warp; ++w) before += sh_gt[w] + sh_eq[w];
+    if (threadIdx.x == 0) {
+      uint32_t tg = 0, te = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        tg += sh_gt[w];
+        te += sh_eq[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = te;
+      const unsigned long long tc = static_cast<unsigned long long>(tg) + te;
+      const unsigned long long base = tc ? atomicAdd(&tt.misc[2], tc) : 0;
+      sh_fit = base + tc <= cap;
+      if (!sh_fit) atomicExch(&tt.misc[3], 1ull);
+      sh_base = base;
+      tt.tile_lbase[t] = base;
+      tt.tile_lcnt[t] = sh_fit ? static_cast<uint32_t>(tc) : 0u;
+    }
+    __syncthreads();
+    if (c0 < e1 && sh_fit && g + e != 0) {
+      uint64_t pos = sh_base + before;
+      const uint32_t off0 = static_cast<uint32_t>(c0 - e0) + lane;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) {
+        const bool ge = key[r] >= T && key[r] != kInvalidKey;
+        const uint32_t b = __ballot_sync(0xffffffffu, ge);
+        if (ge) {
+          const uint64_t p = pos + __popc(b & lt_mask);
+          tt.cand_key[p] = key[r];
+          tt.cand_local[p] = static_cast<uint16_t>(off0 + 32u * r);
+        }
+        pos += __popc(b);
+      }
+    }
+    __syncthreads();  // sh_* are rewritten by the next tile
   }
 }
 
@@ -736,7 +863,8 @@ __global__ void __launch_bounds__(kThreads)
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
     const uint32_t T = tt.thr[s];
-    if (T == kAboveAllKeys) continue;  // uniform over the block
+    if (T == kAboveAllKeys) continue;                          // uniform over the block
+    if (tt.mode[s] == kModeList && tt.misc[3] == 0) continue;  // ListWriteKernel's
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
     const uint64_t eq_end = eq_off + tt.tile_eq[t];
@@ -789,6 +917,53 @@ __global__ void __launch_bounds__(kThreads)
       }
       pos += __popc(b_sel);
       eq_rank += __popc(b_eq);
+    }
+  }
+}
+
+// The write pass of kModeList tiles (without a list overflow): the same output as
+// WriteKernel, from the tile's list (its selectable keys with their offsets, in index order)
+// instead of x. The block takes the list kThreads entries at a time; two block scans give each
+// entry its tie rank and its output slot.
+template <typename Index>
+__global__ void __launch_bounds__(kThreads)
+    ListWriteKernel(const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
+                    TopkTemp tt, Index* out) {
+  __shared__ uint64_t ws[32];
+  if (*tt.error || tt.misc[3] != 0) return;
+  const uint64_t ntiles = tt.tile_begin[nseg];
+  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const uint64_t s = tt.tile_seg[t];
+    if (tt.mode[s] != kModeList) continue;  // uniform over the block
+    const uint32_t T = tt.thr[s];
+    const uint64_t take = tt.take[s];
+    const uint64_t eq_off = tt.tile_eq_off[t];
+    const uint64_t eq_end = eq_off + tt.tile_eq[t];
+    const uint64_t taken_before = eq_off < take ? eq_off : take;
+    const uint64_t taken_after = eq_end < take ? eq_end : take;
+    const uint64_t start = tt.tile_gt_off[t] + taken_before;
+    const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
+    uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
+    if (stop > cap) stop = cap;
+    if (start >= stop) continue;  // uniform over the block
+    Index* o = out + out_offsets[s];
+    uint64_t e0, e1;
+    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
+    const uint64_t lb = tt.tile_lbase[t], lc = tt.tile_lcnt[t];
+    uint64_t eq_rank = eq_off, pos = start;
+    for (uint64_t j0 = 0; j0 < lc && pos < stop; j0 += blockDim.x) {  // uniform
+      const uint64_t j = j0 + threadIdx.x;
+      const bool valid = j < lc;
+      const uint32_t key = valid ? tt.cand_key[lb + j] : 0u;
+      const bool is_eq = valid && key == T;
+      uint64_t eq_total;
+      const uint64_t my_eq = eq_rank + dev::BlockExclusiveSum(is_eq ? 1 : 0, ws, &eq_total);
+      const bool sel = valid && (key > T || (is_eq && my_eq < take));
+      uint64_t sel_total;
+      const uint64_t p = pos + dev::BlockExclusiveSum(sel ? 1 : 0, ws, &sel_total);
+      if (sel && p < stop) o[p] = static_cast<Index>(e0 + tt.cand_local[lb + j]);
+      eq_rank += eq_total;
+      pos += sel_total;
     }
   }
 }
@@ -870,6 +1045,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
     SampleSelectKernel<<<seg_grid, kSampleThreads, 0, stream>>>(x, sg.d_offsets, nseg,
                                                                 opt.sample_size, tt);
     SCAPE_CUDA_LAUNCH_CHECK();
+    SampledCollectKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, cand_cap, tt);
+    SCAPE_CUDA_LAUNCH_CHECK();
   }
   CountKernel<<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, nseg, tt);
   SCAPE_CUDA_LAUNCH_CHECK();
@@ -884,6 +1061,9 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   SCAPE_CUDA_LAUNCH_CHECK();
   WriteKernel<Index>
       <<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  ListWriteKernel<Index>
+      <<<tile_grid, kThreads, 0, stream>>>(sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
