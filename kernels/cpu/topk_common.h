@@ -39,13 +39,40 @@ SCAPE_KERNELS_HD uint64_t Mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// High 64 bits of the 128-bit product a*b.
+SCAPE_KERNELS_HD uint64_t MulHi64(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
+// floor(len * j / s) for len = q*s + r (r < s <= 2^20) and j <= s, without a 64-bit integer
+// division: q*j + floor(r*j / s), where r*j < 2^40 is exact in a double and the double quotient
+// is within one of the floor (corrected here), so the result is exact.
+SCAPE_KERNELS_HD uint64_t StratumStart(uint64_t q, uint64_t r, uint64_t s, uint64_t j) {
+  const uint64_t a = r * j;
+  uint64_t f = static_cast<uint64_t>(static_cast<double>(a) / static_cast<double>(s));
+  if (f * s > a) {
+    --f;
+  } else if ((f + 1) * s <= a) {
+    ++f;
+  }
+  return q * j + f;
+}
+
 // Sampled mode: the position (within a segment of `len` elements) of sample j of s, s <= len,
 // len < 2^43, s <= 2^20. Stratified: sample j lies in [len*j/s, len*(j+1)/s), at a pseudo-random
-// but fixed offset inside its stratum.
+// but fixed offset inside its stratum (the high half of Mix64(...) times the stratum's length).
+// q = len / s and r = len % s (SamplePositionQR: computed once per segment by the caller).
+SCAPE_KERNELS_HD uint64_t SamplePositionQR(uint64_t len, uint64_t q, uint64_t r, uint64_t s,
+                                           uint64_t j) {
+  const uint64_t lo = StratumStart(q, r, s, j), hi = StratumStart(q, r, s, j + 1);
+  return lo + MulHi64(Mix64(j ^ (len << 20)), hi - lo);
+}
 SCAPE_KERNELS_HD uint64_t SamplePosition(uint64_t len, uint64_t s, uint64_t j) {
-  const uint64_t lo = len * j / s;
-  const uint64_t hi = len * (j + 1) / s;
-  return lo + Mix64(j ^ (len << 20)) % (hi - lo);
+  return SamplePositionQR(len, len / s, len % s, s, j);
 }
 
 // Sampled mode: the threshold is the r-th largest sample key, r = round(k*s/len) in [1, s]

@@ -82,7 +82,8 @@ struct TopkTemp {
   uint64_t* ccount;    // nseg: keys in the threshold bin of digit 0
   uint64_t* cand_cur;  // nseg: next free candidate slot while collecting
   // [0] any fallback segment, [1] candidates in all (exact), [2] next free list entry and
-  // [3] list overflow (sampled)
+  // [3] list overflow (sampled), [4] the counting pass over x has work, [5] the write pass
+  // over x has work (besides an overflow)
   unsigned long long* misc;
   uint32_t* cand_key;    // cand_cap
   uint32_t* cand_tile;   // cand_cap (exact)
@@ -129,7 +130,7 @@ TempLayout Layout(size_t nseg, uint64_t max_tiles, uint64_t cand_cap, bool exact
                                      nseg * 4,
                                      nseg * 8,
                                      nseg * 8,
-                                     32,
+                                     48,
                                      cand_cap * 4,
                                      exact ? cand_cap * 4 : 0,
                                      cand_cap * 2,
@@ -234,6 +235,7 @@ __global__ void __launch_bounds__(kSetupThreads)
   __syncthreads();
   const bool bad = bad_sh != 0;
   uint64_t carry = 0;
+  bool trivial = false, full = false;  // a segment with tiles and k == 0 or k == len; k == len
   for (uint64_t base = 0; base < nseg; base += blockDim.x) {
     const uint64_t s = base + threadIdx.x;
     uint64_t tiles = 0, len = 0;
@@ -255,9 +257,12 @@ __global__ void __launch_bounds__(kSetupThreads)
       if (kk == 0) {
         tt.thr[s] = kAboveAllKeys;
         tt.active[s] = 0;
+        trivial = trivial || len > 0;
       } else if (kk == len) {
         tt.thr[s] = 0;
         tt.active[s] = 0;
+        trivial = true;
+        full = true;
       } else {
         tt.thr[s] = kAboveAllKeys;
         tt.active[s] = 1;
@@ -265,6 +270,8 @@ __global__ void __launch_bounds__(kSetupThreads)
     }
     carry += total;
   }
+  trivial = __syncthreads_or(trivial);
+  full = __syncthreads_or(full);
   if (threadIdx.x == 0) {
     const bool overflow = carry > max_tiles;
     tt.tile_begin[nseg] = (bad || overflow) ? 0 : carry;
@@ -273,6 +280,10 @@ __global__ void __launch_bounds__(kSetupThreads)
     tt.misc[1] = 0;
     tt.misc[2] = 0;
     tt.misc[3] = 0;
+    // Which passes over x have work (CandPlanKernel adds its fallback and candidate segments):
+    // [4] the counting pass (trivial segments), [5] the write pass (k == len segments).
+    tt.misc[4] = trivial ? 1 : 0;
+    tt.misc[5] = full ? 1 : 0;
   }
 }
 
@@ -394,6 +405,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const uint64_t off = offsets[s];
   const uint64_t len = offsets[s + 1] - off;
   const uint64_t ns = len < sample_size ? len : sample_size;
+  const uint64_t sq = len / ns, sr = len % ns;  // SamplePositionQR without a division per sample
   if (threadIdx.x == 0) {
     prefix_sh = 0;
     pmask_sh = 0;
@@ -410,7 +422,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     const uint64_t j = threadIdx.x + static_cast<uint64_t>(r) * blockDim.x;
     ck[r] = kInvalidKey;
     if (cached && j < ns) {
-      uint64_t pos = topk::SamplePosition(len, ns, j);
+      uint64_t pos = topk::SamplePositionQR(len, sq, sr, ns, j);
       if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
       ck[r] = KeyAt(x, off + pos);
     }
@@ -432,7 +444,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       }
     } else {
       for (uint64_t j = threadIdx.x; j < ns; j += blockDim.x) {
-        uint64_t pos = topk::SamplePosition(len, ns, j);
+        uint64_t pos = topk::SamplePositionQR(len, sq, sr, ns, j);
         if (pos >= len) pos = len - 1;  // only with positions beyond the documented 2^43
         const uint32_t key = KeyAt(x, off + pos);
         if ((key & pmask) == prefix) atomicAdd(&sh[(key >> shift) & dmask], 1u);
@@ -487,7 +499,7 @@ __device__ __forceinline__ void WarpCountKeys(const uint32_t (&key)[kRounds], ui
 __global__ void __launch_bounds__(kThreads)
     CountKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
   __shared__ uint32_t sh_gt[kThreads / 32], sh_eq[kThreads / 32];
-  if (*tt.error) return;
+  if (*tt.error || tt.misc[4] == 0) return;  // no tile to count (the usual case)
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
@@ -569,6 +581,8 @@ __global__ void __launch_bounds__(kSetupThreads)
   if (threadIdx.x == 0) {
     tt.misc[0] = any_fallback ? 1 : 0;
     tt.misc[1] = filled;
+    if (any_fallback) tt.misc[4] = 1;
+    if (!list && lists > 0) tt.misc[5] = 1;  // kModeCand / kModeFallback segments
   }
 }
 
@@ -578,7 +592,8 @@ __global__ void __launch_bounds__(kSetupThreads)
 // of the tiles inside a region does not matter). kModeList tiles: tile_gt[t] = tile_eq[t] = 0
 // (CandCountKernel counts the list), and every key with digit 0 >= b0 is appended with its
 // tile and its offset in the tile, in index order; tile_lbase[t] / tile_lcnt[t] say where.
-__global__ void __launch_bounds__(kThreads)
+// (At most 64 registers: 4 blocks per SM, where 70 registers left 3.)
+__global__ void __launch_bounds__(kThreads, 4)
     CollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, TopkTemp tt) {
   constexpr int kWarps = kThreads / 32;
   __shared__ uint32_t sh_gt[kWarps], sh_c[kWarps];
@@ -820,21 +835,27 @@ __global__ void __launch_bounds__(kScanMaxThreads)
     if (threadIdx.x == 0) counts[s] = ~uint64_t{0};
     return;
   }
+  // Each thread takes a contiguous run of `per` tiles: it sums them (independent loads), one
+  // block scan of the sums gives every run its offsets, then the run is walked again (cached)
+  // to write the per-tile offsets. (A block scan per blockDim tiles was a serial chain of
+  // load -> scan steps: ~38 us for the 8193 tiles of a 64 Mi segment on an H200.)
   const uint64_t tb = tt.tile_begin[s], te = tt.tile_begin[s + 1];
-  uint64_t carry_gt = 0, carry_eq = 0;
-  for (uint64_t base = tb; base < te; base += blockDim.x) {
-    const uint64_t t = base + threadIdx.x;
-    const uint64_t gt = t < te ? tt.tile_gt[t] : 0;
-    const uint64_t eq = t < te ? tt.tile_eq[t] : 0;
-    uint64_t tot_gt, tot_eq;
-    const uint64_t xg = dev::BlockExclusiveSum(gt, ws, &tot_gt);
-    const uint64_t xe = dev::BlockExclusiveSum(eq, ws, &tot_eq);
-    if (t < te) {
-      tt.tile_gt_off[t] = carry_gt + xg;
-      tt.tile_eq_off[t] = carry_eq + xe;
-    }
-    carry_gt += tot_gt;
-    carry_eq += tot_eq;
+  const uint64_t per = (te - tb + blockDim.x - 1) / blockDim.x;
+  const uint64_t r0 = tb + threadIdx.x * per < te ? tb + threadIdx.x * per : te;
+  const uint64_t r1 = r0 + per < te ? r0 + per : te;
+  uint64_t sum_gt = 0, sum_eq = 0;
+  for (uint64_t t = r0; t < r1; ++t) {
+    sum_gt += tt.tile_gt[t];
+    sum_eq += tt.tile_eq[t];
+  }
+  uint64_t carry_gt, carry_eq;
+  uint64_t og = dev::BlockExclusiveSum(sum_gt, ws, &carry_gt);
+  uint64_t oe = dev::BlockExclusiveSum(sum_eq, ws, &carry_eq);
+  for (uint64_t t = r0; t < r1; ++t) {
+    tt.tile_gt_off[t] = og;
+    tt.tile_eq_off[t] = oe;
+    og += tt.tile_gt[t];
+    oe += tt.tile_eq[t];
   }
   if (threadIdx.x == 0) {
     const uint64_t take = topk::TiesTaken(tt.keff[s], carry_gt, carry_eq);
@@ -856,7 +877,7 @@ __global__ void __launch_bounds__(kThreads)
                 TopkTemp tt, Index* out) {
   constexpr int kWarps = kThreads / 32;
   __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
-  if (*tt.error) return;
+  if (*tt.error || (tt.misc[5] == 0 && tt.misc[3] == 0)) return;  // every tile has a list
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
@@ -923,18 +944,23 @@ __global__ void __launch_bounds__(kThreads)
 
 // The write pass of kModeList tiles (without a list overflow): the same output as
 // WriteKernel, from the tile's list (its selectable keys with their offsets, in index order)
-// instead of x. The block takes the list kThreads entries at a time; two block scans give each
-// entry its tie rank and its output slot.
+// instead of x. One warp per tile (kThreads / 32 tiles per block, no block barrier): the warp
+// takes the list 32 entries at a time; ballots give each entry its tie rank and output slot.
 template <typename Index>
 __global__ void __launch_bounds__(kThreads)
     ListWriteKernel(const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
                     TopkTemp tt, Index* out) {
-  __shared__ uint64_t ws[32];
   if (*tt.error || tt.misc[3] != 0) return;
+  const unsigned lane = threadIdx.x & 31u;
+  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
-  for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+  for (uint64_t t = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+       t < ntiles; t += warps) {
     const uint64_t s = tt.tile_seg[t];
-    if (tt.mode[s] != kModeList) continue;  // uniform over the block
+    if (tt.mode[s] != kModeList) continue;  // uniform over the warp
+    const uint64_t lc = tt.tile_lcnt[t];
+    if (lc == 0) continue;
     const uint32_t T = tt.thr[s];
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
@@ -945,25 +971,24 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
     uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
     if (stop > cap) stop = cap;
-    if (start >= stop) continue;  // uniform over the block
+    if (start >= stop) continue;
     Index* o = out + out_offsets[s];
-    uint64_t e0, e1;
-    TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
-    const uint64_t lb = tt.tile_lbase[t], lc = tt.tile_lcnt[t];
+    const uint64_t e0 = offsets[s] + (t - tt.tile_begin[s]) * kTileElems;
+    const uint64_t lb = tt.tile_lbase[t];
     uint64_t eq_rank = eq_off, pos = start;
-    for (uint64_t j0 = 0; j0 < lc && pos < stop; j0 += blockDim.x) {  // uniform
-      const uint64_t j = j0 + threadIdx.x;
+    for (uint64_t j0 = 0; j0 < lc && pos < stop; j0 += 32) {  // uniform over the warp
+      const uint64_t j = j0 + lane;
       const bool valid = j < lc;
       const uint32_t key = valid ? tt.cand_key[lb + j] : 0u;
+      const uint32_t local = valid ? tt.cand_local[lb + j] : 0u;
       const bool is_eq = valid && key == T;
-      uint64_t eq_total;
-      const uint64_t my_eq = eq_rank + dev::BlockExclusiveSum(is_eq ? 1 : 0, ws, &eq_total);
-      const bool sel = valid && (key > T || (is_eq && my_eq < take));
-      uint64_t sel_total;
-      const uint64_t p = pos + dev::BlockExclusiveSum(sel ? 1 : 0, ws, &sel_total);
-      if (sel && p < stop) o[p] = static_cast<Index>(e0 + tt.cand_local[lb + j]);
-      eq_rank += eq_total;
-      pos += sel_total;
+      const uint32_t b_eq = __ballot_sync(0xffffffffu, is_eq);
+      const bool sel = valid && (key > T || (is_eq && eq_rank + __popc(b_eq & lt_mask) < take));
+      const uint32_t b_sel = __ballot_sync(0xffffffffu, sel);
+      const uint64_t p = pos + __popc(b_sel & lt_mask);
+      if (sel && p < stop) o[p] = static_cast<Index>(e0 + local);
+      eq_rank += __popc(b_eq);
+      pos += __popc(b_sel);
     }
   }
 }
@@ -1062,8 +1087,8 @@ KernelStatus TopkImpl(const float* x, const TopkCudaSegments& sg, const TopkOpti
   WriteKernel<Index>
       <<<tile_grid, kThreads, 0, stream>>>(x, sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
   SCAPE_CUDA_LAUNCH_CHECK();
-  ListWriteKernel<Index>
-      <<<tile_grid, kThreads, 0, stream>>>(sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
+  ListWriteKernel<Index><<<dev::GridFor(max_tiles, kThreads / 32, 65535), kThreads, 0, stream>>>(
+      sg.d_offsets, sg.d_out_offsets, nseg, tt, out);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }

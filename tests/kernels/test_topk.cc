@@ -278,6 +278,31 @@ std::vector<uint64_t> ReferenceSampled(const std::vector<float>& x, uint64_t beg
   return r;
 }
 
+// The sample positions come from StratumStart (no 64-bit division per sample): it must equal
+// floor(len * j / s) exactly over the documented range (len < 2^43, s <= 2^20, j <= s), and
+// each position must lie in its stratum.
+TEST(TopkSampled, StratumStartIsExact) {
+  SCAPE_SEEDED_RNG(rng);
+  for (int it = 0; it < 200000; ++it) {
+    uint64_t s = 1 + rng() % topk::kMaxSampleSize;
+    if (it % 3 == 0) s = 1 + rng() % 64;
+    if (it % 7 == 0) s = topk::kMaxSampleSize - rng() % 2;
+    const uint64_t span = topk::kMaxSampledPosition - s;
+    uint64_t len = s + rng() % (uint64_t{1} << (1 + rng() % 43)) % span;
+    if (it % 11 == 0) len = topk::kMaxSampledPosition - 1;
+    const uint64_t j = it % 5 == 0 ? s : rng() % (s + 1);
+    const uint64_t want = static_cast<uint64_t>(static_cast<unsigned __int128>(len) * j / s);
+    ASSERT_EQ(topk::StratumStart(len / s, len % s, s, j), want)
+        << "len " << len << " s " << s << " j " << j;
+    if (j < s) {
+      const uint64_t hi = static_cast<uint64_t>(static_cast<unsigned __int128>(len) * (j + 1) / s);
+      const uint64_t p = topk::SamplePosition(len, s, j);
+      ASSERT_GE(p, want);
+      ASSERT_LT(p, hi);
+    }
+  }
+}
+
 TEST(TopkSampled, MatchesDefinitionAndIsExactForShortSegments) {
   SCAPE_SEEDED_RNG(rng);
   const std::vector<uint64_t> lens = {0, 1, 3, 1000, 4096, 70001, (1u << 19) + 5};
