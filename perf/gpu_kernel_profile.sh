@@ -10,7 +10,10 @@
 # scatter), and prints one row per kernel name: launches, mean GPU time, mean DRAM bytes read
 # and written per launch. The clocks are left as they are (--clock-control none), as in the
 # benchmark. Times are per launch: a call of a multi-kernel operation (top-k) is the sum of its
-# kernels' rows divided by the calls (4 per configuration).
+# kernels' rows divided by the calls (4 per configuration). EXTRA_METRICS (comma-separated ncu
+# metric names) adds columns, e.g. achieved occupancy and long-scoreboard stalls:
+#   EXTRA_METRICS=sm__warps_active.avg.pct_of_peak_sustained_active,\
+#     smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct bash perf/gpu_kernel_profile.sh ...
 set -uo pipefail
 bench=${1:?usage: gpu_kernel_profile.sh BENCH [N] [REGEX]}
 n=${2:-67108864}
@@ -19,12 +22,12 @@ ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | he
 [ -n "$ncu_bin" ] || { echo "no ncu on this machine"; exit 1; }
 csv=$(mktemp)
 "$ncu_bin" --clock-control none --replay-mode application -k "regex:$regex" \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+  --metrics "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum${EXTRA_METRICS:+,$EXTRA_METRICS}" --csv \
   "$bench" "$n" 1 >"$csv" 2>"$csv.err"
 rc=$?
 [ $rc -eq 0 ] || { echo "ncu failed ($rc):"; tail -20 "$csv.err"; tail -5 "$csv"; exit 1; }
-python3 - "$csv" <<'EOF'
-import csv, sys, collections
+python3 - "$csv" "${EXTRA_METRICS:-}" <<'EOF'
+import collections, csv, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
 col = {k: head.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
@@ -34,7 +37,8 @@ per = collections.defaultdict(lambda: collections.defaultdict(dict))
 names = {}
 for r in rows[1:]:
     i = int(r[col["ID"]])
-    names[i] = r[col["Kernel Name"]].split("(")[0].split("<")[0].split("::")[-1]
+    full = re.sub(r"\(anonymous namespace\)::", "", r[col["Kernel Name"]])
+    names[i] = full.split("(")[0].split("<")[0].split()[-1].split("::")[-1]
     v = float(r[col["Metric Value"]].replace(",", "")) * scale.get(r[col["Metric Unit"]], 1.0)
     per[i][r[col["Metric Name"]]] = v
 # Top-k calls start with SetupKernel; the benchmark makes 4 calls (3 warm-ups + 1) per
@@ -52,12 +56,15 @@ for i in sorted(names):
     groups.setdefault(key, []).append(per[i])
 print("top-k configurations in the benchmark's order: 0 exact 1 seg, 1 sampled 1 seg, "
       "2 exact 1024 seg, 3 sampled 1024 seg")
-print(f"{'kernel':44s} {'launches':>8s} {'us/launch':>10s} {'MB read':>9s} {'MB written':>10s}")
+extra = [m for m in sys.argv[2].split(",") if m]
+print(f"{'kernel':44s} {'launches':>8s} {'us/launch':>10s} {'MB read':>9s} {'MB written':>10s}"
+      + "".join(f" {m[:24]:>24s}" for m in extra))
 for k, ms in groups.items():
     c = len(ms)
     t = sum(m.get("gpu__time_duration.sum", 0) for m in ms) / c
     rd = sum(m.get("dram__bytes_read.sum", 0) for m in ms) / c
     wr = sum(m.get("dram__bytes_write.sum", 0) for m in ms) / c
-    print(f"{k:44s} {c:8d} {t:10.1f} {rd:9.1f} {wr:10.1f}")
+    ex = "".join(f" {sum(m.get(e, 0) for m in ms) / c:24.1f}" for e in extra)
+    print(f"{k:44s} {c:8d} {t:10.1f} {rd:9.1f} {wr:10.1f}{ex}")
 EOF
 rm -f "$csv" "$csv.err"
