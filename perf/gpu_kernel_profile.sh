@@ -32,7 +32,9 @@ rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
 col = {k: head.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
 scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
-         "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
+         "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6,
+         "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3,
+         "B": 1e-6, "KB": 1e-3, "MB": 1.0, "GB": 1e3}
 per = collections.defaultdict(lambda: collections.defaultdict(dict))
 names = {}
 for r in rows[1:]:
