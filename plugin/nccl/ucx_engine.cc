@@ -49,6 +49,7 @@ constexpr uint32_t kHandleMagic = 0x4e454353u;  // "SCEN"
 constexpr uint32_t kHelloMagic = 0x4f4c4548u;   // "HELO"
 constexpr uint32_t kReplyMagic = 0x594c5052u;   // "RPLY"
 constexpr uint16_t kProtoVersion = 2;           // 2: the UCX handshake after the reply
+constexpr uint16_t kHelloHandshake = 1;  // the sender sends the UCX handshake after the reply
 constexpr uint16_t kReplyOk = 0;
 constexpr uint16_t kReplyUnknownListener = 1;
 constexpr size_t kMaxAddressBytes = 64 * 1024;  // largest worker address we accept
@@ -81,7 +82,7 @@ static_assert(sizeof(sockaddr_in6) <= 28 && sizeof(sockaddr_in) <= 28, "address 
 struct Hello {
   uint32_t magic;
   uint16_t version;
-  uint16_t reserved;
+  uint16_t flags;  // kHelloHandshake or 0
   uint32_t senderPid;
   uint32_t reserved2;
   uint64_t listenId;
@@ -486,8 +487,11 @@ struct Connecting {
   size_t got = 0;
   std::vector<uint8_t> addr;
   size_t addrGot = 0;
-  SendComm* sc = nullptr;        // from phase 4 on, until handed out
-  Request* handshake = nullptr;  // sc's handshake send (null once done)
+  // The endpoint asks for failure reports, and the UCX handshake runs (see PostHandshakeSend):
+  // false only for a same-host peer when UCX may use shared memory.
+  bool handshake = true;
+  SendComm* sc = nullptr;    // from phase 4 on, until handed out
+  Request* hsReq = nullptr;  // sc's handshake send (null once done)
   Connecting() = default;
   Connecting(const Connecting&) = delete;
   Connecting& operator=(const Connecting&) = delete;
@@ -548,15 +552,23 @@ ucp_request_param_t DataParam(MemType type) {
 
 // ---- the UCX handshake (defect 9) -------------------------------------------------------------
 //
-// Connecting an endpoint from a worker address starts UCX's wire-up: the sender's endpoint
-// sends a REQ, and the receiving worker answers with a REP when it next progresses. UCX 1.13
-// aborts (ucp_request.c:684, "got REP message") when that REP is still queued on a TCP
-// endpoint whose connection to the sender then fails, which is what a sender that dies right
-// after its first post used to cause: the receiver only saw the REQ in its first test(). So
-// neither side hands out its comm before wire-up finished: the sender sends one synchronous
+// UCX 1.13 resolves the remote endpoint id lazily (UCX_RESOLVE_REMOTE_EP_ID=n): the first
+// operation that needs it (a rendezvous send, a synchronous send) makes the sender's endpoint
+// send a wire-up REQ, and the receiving worker answers with a REP when it next progresses.
+// UCX 1.13 aborts (ucp_request.c:684, "got REP message") when that REP is still queued on a
+// TCP endpoint whose connection to the sender then fails (ucp_ep_set_failed purges the queue
+// and ucp_request_send_state_ff does not expect a REP there): a sender that died right after
+// posting its first rendezvous send did that, the receiver seeing the REQ in its first test().
+// So neither side hands out its comm before wire-up finished: the sender sends one synchronous
 // tagged message (UCX sends it only once the REP arrived, and completes it only when the
 // receiver acknowledged the match), and Accept waits for that message. A peer that dies after
 // that meets endpoints with no wire-up message in flight, and its death surfaces as an error.
+//
+// Only endpoints that ask for failure reports (UCP_ERR_HANDLING_MODE_PEER) run it: on the
+// others (same host, shared memory possible) UCX never purges a failed endpoint's queue. The
+// receiving worker keeps the endpoint UCX created for the REQ until the worker is destroyed
+// (UCX 1.13 does not tell it when the sender closes): the handshake makes that happen for
+// every such connection, where before only the first rendezvous transfer did.
 //
 // The tag has 0 as its comm-id half, which data never has (comm ids start at 1); the payload
 // ties it to the listener and the receive comm.
@@ -663,9 +675,10 @@ Status StepAccept(ListenComm* lc, PendingAccept* p, bool* ready) {
   if (!p->rc) {
     SCAPE_RETURN_IF_ERROR(RecvSome(p->sock.fd(), &p->hello, sizeof(p->hello), &p->got));
     if (p->got < sizeof(p->hello)) return Status::Ok();
-    if (p->hello.magic != kHelloMagic || p->hello.version != kProtoVersion)
-      return RemoteError(
-          StrFormat("bad hello (magic 0x%08x, version %u)", p->hello.magic, p->hello.version));
+    if (p->hello.magic != kHelloMagic || p->hello.version != kProtoVersion ||
+        (p->hello.flags & ~kHelloHandshake) != 0)
+      return RemoteError(StrFormat("bad hello (magic 0x%08x, version %u, flags 0x%x)",
+                                   p->hello.magic, p->hello.version, p->hello.flags));
     Reply rep{kReplyMagic, kProtoVersion, kReplyOk, 0, 0};
     if (p->hello.listenId != lc->listenId) {
       // Tell the sender (best effort) and drop the connection.
@@ -693,11 +706,16 @@ Status StepAccept(ListenComm* lc, PendingAccept* p, bool* ready) {
                 lc->worker->address.size());
     RecvComm* raw = rc.get();
     p->rc = std::move(rc);  // from here on, dropping p cancels the handshake receive
-    SCAPE_RETURN_IF_ERROR(PostHandshakeRecv(raw, &p->handshake));
+    if (p->hello.flags & kHelloHandshake)
+      SCAPE_RETURN_IF_ERROR(PostHandshakeRecv(raw, &p->handshake));
   }
   if (p->sent < p->reply.size()) {
     SCAPE_RETURN_IF_ERROR(SendSome(p->sock.fd(), p->reply.data(), p->reply.size(), &p->sent));
     if (p->sent < p->reply.size()) return Status::Ok();
+  }
+  if (!(p->hello.flags & kHelloHandshake)) {
+    *ready = true;
+    return Status::Ok();
   }
   bool done = false;
   Status st = PollHandshake(p->rc.get(), &p->handshake, &done);
@@ -777,8 +795,9 @@ Status StepConnect(Connecting* c, SendComm** out) {
         // asks for failure reports never uses them: same-host peers go without (the setup
         // connection tells us when they are gone).
         // The same goes only where UCX can use shared memory at all (not under UCX_TLS=tcp):
-        // elsewhere the endpoint asks for failure reports (transport/ucx/ucx_status.h).
-        const bool noReports = c->sameHost && transport::SharedMemoryPossible(EffectiveTls());
+        // elsewhere the endpoint asks for failure reports (transport/ucx/ucx_status.h), and
+        // the UCX handshake runs (c->handshake).
+        const bool noReports = !c->handshake;
         ep.err_mode = noReports ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
         if (!noReports) {
           ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -796,14 +815,18 @@ Status StepConnect(Connecting* c, SendComm** out) {
           return UcsError(StrFormat("ucp_ep_create to %s", c->peer.c_str()), s);
         }
         sc->sock = std::move(c->sock);
+        if (!c->handshake) {
+          *out = sc.release();
+          return Status::Ok();
+        }
         c->sc = sc.release();  // from here on, dropping c closes the endpoint
-        SCAPE_RETURN_IF_ERROR(PostHandshakeSend(c->sc, c->listenId, &c->handshake));
+        SCAPE_RETURN_IF_ERROR(PostHandshakeSend(c->sc, c->listenId, &c->hsReq));
         c->phase = 4;
         break;
       }
       case 4: {
         bool done = false;
-        SCAPE_RETURN_IF_ERROR(PollHandshake(c->sc, &c->handshake, &done));
+        SCAPE_RETURN_IF_ERROR(PollHandshake(c->sc, &c->hsReq, &done));
         if (!done) {
           int es = c->sc->eps->status.load();
           if (es != UCS_OK)
@@ -938,6 +961,7 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     c->dev = dev;
     c->listenId = h.listenId;
     c->sameHost = h.hostId == HostId();
+    c->handshake = !(c->sameHost && transport::SharedMemoryPossible(EffectiveTls()));
     c->timeoutMs = ctx->timeoutMs;
     c->graceMs = ctx->graceMs;
     c->deadlineNs = NowNs() + static_cast<int64_t>(ctx->timeoutMs) * 1000000;
@@ -954,8 +978,13 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     if (rc != 0 && errno != EINPROGRESS && errno != EINTR)
       return RemoteError(
           StrFormat("cannot reach the listener at %s: %s", c->peer.c_str(), std::strerror(errno)));
-    c->hello = Hello{kHelloMagic, kProtoVersion, 0,       static_cast<uint32_t>(getpid()),
-                     0,           h.listenId,    HostId()};
+    c->hello = Hello{kHelloMagic,
+                     kProtoVersion,
+                     static_cast<uint16_t>(c->handshake ? kHelloHandshake : 0),
+                     static_cast<uint32_t>(getpid()),
+                     0,
+                     h.listenId,
+                     HostId()};
     token = RandomU64();
   } else {
     std::lock_guard<std::mutex> lk(g_connMu);

@@ -19,7 +19,8 @@
 //   keeps its retry state (a token naming its state machine, never a raw pointer).
 // - Connect (non-blocking; *out stays null until done): TCP connect, send a hello (magic,
 //   version, listen id), read the reply (status, receive-comm id, UCX worker address), create the
-//   UCP endpoint, then send one synchronous 8-byte UCX handshake message (tag: 0 in the comm-id
+//   UCP endpoint, then (when the endpoint asks for failure reports: the hello's handshake
+//   flag) send one synchronous 8-byte UCX handshake message (tag: 0 in the comm-id
 //   half, the receive-comm id below; payload: derived from the listen id and comm id). Accept
 //   (non-blocking): take connections, read hellos, refuse a wrong listen id, create the receive
 //   comm, post the handshake receive, send the reply, and wait for the handshake. The handshake
