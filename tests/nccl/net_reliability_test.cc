@@ -27,8 +27,8 @@ int64_t NowMs() {
 
 // A sender that posts a rendezvous-sized send and is killed before it completes: the
 // receiver's test() must report ncclRemoteError within the grace period, never crash (UCX 1.13
-// asserts inside ucp_worker_progress when a rendezvous request meets a dead peer unless the
-// receiver stops progressing that request in time).
+// asserted inside ucp_worker_progress when its wire-up reply met the dead sender: defect 9,
+// PeerDeath.KilledRendezvousSenderOverTcp below).
 void KilledRendezvousSender(size_t bytes, int progressMs) {
   Pipe handle, posted;
   RUN_PROCS(
