@@ -48,7 +48,8 @@ constexpr uint64_t kDeadMagic = 0xdeadbeefdeadbeefull;
 constexpr uint32_t kHandleMagic = 0x4e454353u;  // "SCEN"
 constexpr uint32_t kHelloMagic = 0x4f4c4548u;   // "HELO"
 constexpr uint32_t kReplyMagic = 0x594c5052u;   // "RPLY"
-constexpr uint16_t kProtoVersion = 1;
+constexpr uint16_t kProtoVersion = 2;           // 2: the UCX handshake after the reply
+constexpr uint16_t kHelloHandshake = 1;  // the sender sends the UCX handshake after the reply
 constexpr uint16_t kReplyOk = 0;
 constexpr uint16_t kReplyUnknownListener = 1;
 constexpr size_t kMaxAddressBytes = 64 * 1024;  // largest worker address we accept
@@ -81,7 +82,7 @@ static_assert(sizeof(sockaddr_in6) <= 28 && sizeof(sockaddr_in) <= 28, "address 
 struct Hello {
   uint32_t magic;
   uint16_t version;
-  uint16_t reserved;
+  uint16_t flags;  // kHelloHandshake or 0
   uint32_t senderPid;
   uint32_t reserved2;
   uint64_t listenId;
@@ -410,11 +411,13 @@ struct SendComm : Comm {
   ucp_ep_h ep = nullptr;
   EpState* eps = nullptr;
   uint32_t remoteId = 0;
+  uint64_t handshake = 0;  // the handshake message's payload (HandshakeWord)
 };
 
 struct RecvComm : Comm {
   RecvComm() : Comm(kRecvMagic, false, kRecvRequests) {}
   uint32_t id = 0;
+  uint64_t handshake = 0;  // receives the handshake message
 };
 
 struct MemRegion {
@@ -437,6 +440,14 @@ struct PendingAccept {
   std::vector<uint8_t> reply;
   size_t sent = 0;
   std::unique_ptr<RecvComm> rc;  // created once the hello checked out
+  Request* handshake = nullptr;  // rc's receive of the sender's handshake (null once done)
+  PendingAccept() = default;
+  PendingAccept(const PendingAccept&) = delete;
+  PendingAccept& operator=(const PendingAccept&) = delete;
+  // A connection dropped before it was handed out: CloseRecv cancels the handshake receive.
+  ~PendingAccept() {
+    if (rc) (void)CloseRecv(rc.release());
+  }
 };
 
 }  // namespace
@@ -466,7 +477,7 @@ struct Connecting {
   std::shared_ptr<Worker> worker;
   bootstrap::Socket sock;
   std::string peer;
-  int phase = 0;  // 0 TCP connect, 1 send hello, 2 read reply, 3 read address
+  int phase = 0;  // 0 TCP connect, 1 send hello, 2 read reply, 3 read address, 4 handshake
   int64_t deadlineNs = 0;
   int timeoutMs = 0;
   int graceMs = 0;
@@ -476,6 +487,19 @@ struct Connecting {
   size_t got = 0;
   std::vector<uint8_t> addr;
   size_t addrGot = 0;
+  // The endpoint asks for failure reports, and the UCX handshake runs (see PostHandshakeSend):
+  // false only for a same-host peer when UCX may use shared memory.
+  bool handshake = true;
+  SendComm* sc = nullptr;    // from phase 4 on, until handed out
+  Request* hsReq = nullptr;  // sc's handshake send (null once done)
+  Connecting() = default;
+  Connecting(const Connecting&) = delete;
+  Connecting& operator=(const Connecting&) = delete;
+  // A connect abandoned (error, timeout, context deleted) mid-handshake: CloseSend force-closes
+  // the endpoint, which ends the handshake send.
+  ~Connecting() {
+    if (sc) (void)CloseSend(sc);
+  }
 };
 
 std::mutex g_connMu;
@@ -518,15 +542,143 @@ Status CheckHandle(const WireHandle* h) {
   return Status::Ok();
 }
 
-// Advances one incoming connection. *ready when the reply went out.
+ucp_request_param_t DataParam(MemType type) {
+  ucp_request_param_t rp;
+  std::memset(&rp, 0, sizeof(rp));
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  rp.memory_type = type == MemType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  return rp;
+}
+
+// ---- the UCX handshake (defect 9) -------------------------------------------------------------
+//
+// UCX 1.13 resolves the remote endpoint id lazily (UCX_RESOLVE_REMOTE_EP_ID=n): the first
+// operation that needs it (a rendezvous send, a synchronous send) makes the sender's endpoint
+// send a wire-up REQ, and the receiving worker answers with a REP when it next progresses.
+// UCX 1.13 aborts (ucp_request.c:684, "got REP message") when that REP is still queued on a
+// TCP endpoint whose connection to the sender then fails (ucp_ep_set_failed purges the queue
+// and ucp_request_send_state_ff does not expect a REP there): a sender that died right after
+// posting its first rendezvous send did that, the receiver seeing the REQ in its first test().
+// So neither side hands out its comm before wire-up finished: the sender sends one synchronous
+// tagged message (UCX sends it only once the REP arrived, and completes it only when the
+// receiver acknowledged the match), and Accept waits for that message. A peer that dies after
+// that meets endpoints with no wire-up message in flight, and its death surfaces as an error.
+//
+// Only endpoints that ask for failure reports (UCP_ERR_HANDLING_MODE_PEER) run it: on the
+// others (same host, shared memory possible) UCX never purges a failed endpoint's queue. The
+// receiving worker keeps the endpoint UCX created for the REQ until the worker is destroyed
+// (UCX 1.13 does not tell it when the sender closes): the handshake makes that happen for
+// every such connection, where before only the first rendezvous transfer did.
+//
+// The tag has 0 as its comm-id half, which data never has (comm ids start at 1); the payload
+// ties it to the listener and the receive comm.
+uint64_t HandshakeTag(uint32_t commId) { return commId; }
+uint64_t HandshakeWord(uint64_t listenId, uint32_t commId) {
+  return listenId ^ (static_cast<uint64_t>(commId) * 0x9e3779b97f4a7c15ull);
+}
+
+// Posts the receive of the handshake (before the reply goes out, so it never arrives
+// unexpected). Called without the worker lock.
+Status PostHandshakeRecv(RecvComm* rc, Request** out) {
+  *out = nullptr;
+  Worker* w = rc->worker.get();
+  std::lock_guard<std::mutex> lk(w->mu);
+  Request* r = rc->Acquire();
+  if (!r) return InternalError("no request slot for the handshake");
+  r->n = 1;
+  r->cap[0] = sizeof(rc->handshake);
+  ucp_request_param_t rp = DataParam(MemType::kHost);
+  rp.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  ucs_status_ptr_t p = ucp_tag_recv_nbx(w->h, &rc->handshake, sizeof(rc->handshake),
+                                        HandshakeTag(rc->id), ~0ull, &rp);
+  if (p == nullptr || UCS_PTR_IS_ERR(p)) {
+    rc->Release(r);
+    return p == nullptr ? InternalError("UCX completed the handshake receive without a request")
+                        : UcsError("handshake receive", UCS_PTR_STATUS(p));
+  }
+  r->ucx[0] = p;
+  r->subDone[0] = false;
+  *out = r;
+  return Status::Ok();
+}
+
+// Posts the handshake send on a new endpoint. Called without the worker lock.
+Status PostHandshakeSend(SendComm* sc, uint64_t listenId, Request** out) {
+  *out = nullptr;
+  Worker* w = sc->worker.get();
+  std::lock_guard<std::mutex> lk(w->mu);
+  Request* r = sc->Acquire();
+  if (!r) return InternalError("no request slot for the handshake");
+  r->n = 1;
+  r->cap[0] = sizeof(sc->handshake);
+  sc->handshake = HandshakeWord(listenId, sc->remoteId);
+  ucp_request_param_t rp = DataParam(MemType::kHost);
+  ucs_status_ptr_t p = ucp_tag_send_sync_nbx(sc->ep, &sc->handshake, sizeof(sc->handshake),
+                                             HandshakeTag(sc->remoteId), &rp);
+  if (UCS_PTR_IS_ERR(p)) {
+    sc->Release(r);
+    return UcsError("handshake send", UCS_PTR_STATUS(p));
+  }
+  r->ucx[0] = p;  // null: completed at once (not expected of a synchronous send)
+  r->subDone[0] = p == nullptr;
+  *out = r;
+  return Status::Ok();
+}
+
+// Looks at a handshake request: *done once it completed (the request is then released and
+// *req cleared). Called without the worker lock.
+Status PollHandshake(Comm* c, Request** req, bool* done) {
+  *done = false;
+  Request* r = *req;
+  std::lock_guard<std::mutex> lk(c->worker->mu);
+  ucs_status_t s = UCS_OK;
+  const size_t cap = r->cap[0];
+  size_t len = cap;
+  if (!r->subDone[0]) {
+    if (c->isSend) {
+      s = ucp_request_check_status(r->ucx[0]);
+    } else {
+      ucp_tag_recv_info_t info;
+      std::memset(&info, 0, sizeof(info));
+      s = ucp_tag_recv_request_test(r->ucx[0], &info);
+      len = info.length;
+    }
+    if (s == UCS_INPROGRESS) return Status::Ok();
+    ucp_request_free(r->ucx[0]);
+    r->ucx[0] = nullptr;
+    r->subDone[0] = true;
+  }
+  c->Release(r);
+  *req = nullptr;
+  *done = true;
+  if (s != UCS_OK) return UcsError("UCX handshake", s);
+  if (len != cap)
+    return RemoteError(StrFormat("UCX handshake of %zu bytes (expected %zu)", len, cap));
+  return Status::Ok();
+}
+
+// EOF or any byte on a setup connection during the handshake: the peer is gone.
+Status SetupPeerGone(int fd) {
+  char b;
+  ssize_t n = ::recv(fd, &b, 1, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Status::Ok();
+  return RemoteError(n == 0  ? "the peer closed the setup connection during the UCX handshake"
+                     : n > 0 ? "the peer sent unexpected bytes during the UCX handshake"
+                             : StrFormat("setup connection error during the UCX handshake: %s",
+                                         std::strerror(errno)));
+}
+
+// Advances one incoming connection. *ready when the reply went out and the sender's handshake
+// arrived.
 Status StepAccept(ListenComm* lc, PendingAccept* p, bool* ready) {
   *ready = false;
   if (!p->rc) {
     SCAPE_RETURN_IF_ERROR(RecvSome(p->sock.fd(), &p->hello, sizeof(p->hello), &p->got));
     if (p->got < sizeof(p->hello)) return Status::Ok();
-    if (p->hello.magic != kHelloMagic || p->hello.version != kProtoVersion)
-      return RemoteError(
-          StrFormat("bad hello (magic 0x%08x, version %u)", p->hello.magic, p->hello.version));
+    if (p->hello.magic != kHelloMagic || p->hello.version != kProtoVersion ||
+        (p->hello.flags & ~kHelloHandshake) != 0)
+      return RemoteError(StrFormat("bad hello (magic 0x%08x, version %u, flags 0x%x)",
+                                   p->hello.magic, p->hello.version, p->hello.flags));
     Reply rep{kReplyMagic, kProtoVersion, kReplyOk, 0, 0};
     if (p->hello.listenId != lc->listenId) {
       // Tell the sender (best effort) and drop the connection.
@@ -552,10 +704,26 @@ Status StepAccept(ListenComm* lc, PendingAccept* p, bool* ready) {
     std::memcpy(p->reply.data(), &rep, sizeof(rep));
     std::memcpy(p->reply.data() + sizeof(rep), lc->worker->address.data(),
                 lc->worker->address.size());
-    p->rc = std::move(rc);
+    RecvComm* raw = rc.get();
+    p->rc = std::move(rc);  // from here on, dropping p cancels the handshake receive
+    if (p->hello.flags & kHelloHandshake)
+      SCAPE_RETURN_IF_ERROR(PostHandshakeRecv(raw, &p->handshake));
   }
-  SCAPE_RETURN_IF_ERROR(SendSome(p->sock.fd(), p->reply.data(), p->reply.size(), &p->sent));
-  *ready = p->sent == p->reply.size();
+  if (p->sent < p->reply.size()) {
+    SCAPE_RETURN_IF_ERROR(SendSome(p->sock.fd(), p->reply.data(), p->reply.size(), &p->sent));
+    if (p->sent < p->reply.size()) return Status::Ok();
+  }
+  if (!(p->hello.flags & kHelloHandshake)) {
+    *ready = true;
+    return Status::Ok();
+  }
+  bool done = false;
+  Status st = PollHandshake(p->rc.get(), &p->handshake, &done);
+  if (!st.ok()) return st.Prepend(StrFormat("sender pid %u", p->hello.senderPid));
+  if (!done) return SetupPeerGone(p->sock.fd());
+  if (p->rc->handshake != HandshakeWord(lc->listenId, p->rc->id))
+    return RemoteError(StrFormat("sender pid %u sent a wrong UCX handshake", p->hello.senderPid));
+  *ready = true;
   return Status::Ok();
 }
 
@@ -627,8 +795,9 @@ Status StepConnect(Connecting* c, SendComm** out) {
         // asks for failure reports never uses them: same-host peers go without (the setup
         // connection tells us when they are gone).
         // The same goes only where UCX can use shared memory at all (not under UCX_TLS=tcp):
-        // elsewhere the endpoint asks for failure reports (transport/ucx/ucx_status.h).
-        const bool noReports = c->sameHost && transport::SharedMemoryPossible(EffectiveTls());
+        // elsewhere the endpoint asks for failure reports (transport/ucx/ucx_status.h), and
+        // the UCX handshake runs (c->handshake).
+        const bool noReports = !c->handshake;
         ep.err_mode = noReports ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
         if (!noReports) {
           ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -646,7 +815,27 @@ Status StepConnect(Connecting* c, SendComm** out) {
           return UcsError(StrFormat("ucp_ep_create to %s", c->peer.c_str()), s);
         }
         sc->sock = std::move(c->sock);
-        *out = sc.release();
+        if (!c->handshake) {
+          *out = sc.release();
+          return Status::Ok();
+        }
+        c->sc = sc.release();  // from here on, dropping c closes the endpoint
+        SCAPE_RETURN_IF_ERROR(PostHandshakeSend(c->sc, c->listenId, &c->hsReq));
+        c->phase = 4;
+        break;
+      }
+      case 4: {
+        bool done = false;
+        SCAPE_RETURN_IF_ERROR(PollHandshake(c->sc, &c->hsReq, &done));
+        if (!done) {
+          int es = c->sc->eps->status.load();
+          if (es != UCS_OK)
+            return RemoteError(StrFormat("the endpoint failed during the UCX handshake: %s",
+                                         ucs_status_string(static_cast<ucs_status_t>(es))));
+          return SetupPeerGone(c->sc->sock.fd());
+        }
+        *out = c->sc;
+        c->sc = nullptr;
         return Status::Ok();
       }
     }
@@ -676,14 +865,6 @@ void DrainRequests(Comm* c, bool cancelRecvs) {
     }
     c->Release(&r);
   }
-}
-
-ucp_request_param_t DataParam(MemType type) {
-  ucp_request_param_t rp;
-  std::memset(&rp, 0, sizeof(rp));
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-  rp.memory_type = type == MemType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-  return rp;
 }
 
 }  // namespace
@@ -780,6 +961,7 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     c->dev = dev;
     c->listenId = h.listenId;
     c->sameHost = h.hostId == HostId();
+    c->handshake = !(c->sameHost && transport::SharedMemoryPossible(EffectiveTls()));
     c->timeoutMs = ctx->timeoutMs;
     c->graceMs = ctx->graceMs;
     c->deadlineNs = NowNs() + static_cast<int64_t>(ctx->timeoutMs) * 1000000;
@@ -796,8 +978,13 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     if (rc != 0 && errno != EINPROGRESS && errno != EINTR)
       return RemoteError(
           StrFormat("cannot reach the listener at %s: %s", c->peer.c_str(), std::strerror(errno)));
-    c->hello = Hello{kHelloMagic, kProtoVersion, 0,       static_cast<uint32_t>(getpid()),
-                     0,           h.listenId,    HostId()};
+    c->hello = Hello{kHelloMagic,
+                     kProtoVersion,
+                     static_cast<uint16_t>(c->handshake ? kHelloHandshake : 0),
+                     static_cast<uint32_t>(getpid()),
+                     0,
+                     h.listenId,
+                     HostId()};
     token = RandomU64();
   } else {
     std::lock_guard<std::mutex> lk(g_connMu);

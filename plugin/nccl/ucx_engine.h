@@ -19,8 +19,14 @@
 //   keeps its retry state (a token naming its state machine, never a raw pointer).
 // - Connect (non-blocking; *out stays null until done): TCP connect, send a hello (magic,
 //   version, listen id), read the reply (status, receive-comm id, UCX worker address), create the
-//   UCP endpoint. Accept (non-blocking): take connections, read hellos, refuse a wrong listen
-//   id, create the receive comm and send the reply. Both give up after Options::timeoutMs.
+//   UCP endpoint, then (when the endpoint asks for failure reports: the hello's handshake
+//   flag) send one synchronous 8-byte UCX handshake message (tag: 0 in the comm-id
+//   half, the receive-comm id below; payload: derived from the listen id and comm id). Accept
+//   (non-blocking): take connections, read hellos, refuse a wrong listen id, create the receive
+//   comm, post the handshake receive, send the reply, and wait for the handshake. The handshake
+//   makes UCX finish its wire-up (REQ/REP) while both sides are alive, before either comm is
+//   handed out: UCX 1.13 aborts when a wire-up reply meets a dead peer (issue 15, defect 9).
+//   Both give up after Options::timeoutMs (or as soon as the setup connection breaks).
 // - The TCP connection stays open for the life of the comm pair as a liveness channel: when it
 //   breaks, requests still pending a grace period later fail with scapeRemoteError.
 // - Data: UCP tagged messages; tag = (receive-comm id << 32) | NCCL tag. UCX matches messages

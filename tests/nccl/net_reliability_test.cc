@@ -27,8 +27,8 @@ int64_t NowMs() {
 
 // A sender that posts a rendezvous-sized send and is killed before it completes: the
 // receiver's test() must report ncclRemoteError within the grace period, never crash (UCX 1.13
-// asserts inside ucp_worker_progress when a rendezvous request meets a dead peer unless the
-// receiver stops progressing that request in time).
+// asserted inside ucp_worker_progress when its wire-up reply met the dead sender: defect 9,
+// PeerDeath.KilledRendezvousSenderOverTcp below).
 void KilledRendezvousSender(size_t bytes, int progressMs) {
   Pipe handle, posted;
   RUN_PROCS(
@@ -153,15 +153,18 @@ TEST(PeerDeath, KilledRendezvousSender256MiB) { KilledRendezvousSender(size_t{25
 TEST(PeerDeath, KilledRendezvousSenderMidTransfer) {
   KilledRendezvousSender(size_t{256} << 20, 40);
 }
-// Known UCX 1.13 defect, not fixed (issue 15, item 9; perf/RESULTS_reliability.md): over UCX's
-// TCP transport, a sender killed right after its first post makes the receiver abort inside
-// ucp_worker_progress (ucp_request.c:684, "got REP message": a wire-up reply toward the dead
-// peer fails and UCX asserts instead of failing the endpoint), in about half of the runs, with
-// or without error handling on the endpoint. Disabled because it cannot pass; run it with
-// --gtest_also_run_disabled_tests to see the abort.
-TEST(PeerDeath, DISABLED_KilledRendezvousSenderOverTcp) {
+// Issue 15, defect 9 (perf/RESULTS_reliability.md): over UCX's TCP transport, a sender killed
+// right after its first post used to make the receiver abort inside ucp_worker_progress
+// (ucp_request.c:684, "got REP message"): the receiver first saw the sender's wire-up request
+// in that test(), and UCX 1.13 asserts when the reply it then queues meets the failed
+// connection. Connect and accept now finish wire-up (a synchronous handshake message) before
+// they hand out the comms, so the death meets established endpoints and surfaces as an error.
+TEST(PeerDeath, KilledRendezvousSenderOverTcp) {
   setenv("UCX_TLS", "tcp", 1);
   for (int i = 0; i < 4; ++i) KilledRendezvousSender(size_t{1} << 20, 0);
+  KilledRendezvousSender(size_t{16} << 20, 0);
+  KilledRendezvousSender(size_t{256} << 20, 0);
+  KilledRendezvousSender(size_t{256} << 20, 40);
   unsetenv("UCX_TLS");
 }
 

@@ -3,7 +3,7 @@
 // does. The receiver listens and publishes its connect handle as a file in a directory both
 // namespaces see; the sender reads it and connects over the veth interface.
 //   offhost_plugin <plugin.so> recv|send <case> <dir>
-// Cases (killsend and killsendmid are outside ctest: UCX 1.13 defect 9 can abort the receiver):
+// Cases (all four run in ctest's OffHost.NcclPluginNetNamespaces):
 //   xfer        1 KiB, 1 MiB, 64 MiB (eager and rendezvous), checked byte for byte.
 //   killsend    the sender posts a 64 MiB send and SIGKILLs itself at once; the receiver's
 //               test() must fail (ncclRemoteError / ncclSystemError) within kErrorBoundMs.
