@@ -81,23 +81,16 @@ struct TopkTemp {
   uint32_t* mode;      // nseg: kModeRadix / kModeCand / kModeFallback
   uint64_t* ccount;    // nseg: keys in the threshold bin of digit 0
   uint64_t* cand_cur;  // nseg: next free candidate slot while collecting
-  // [0] any fallback segment, [1] candidates in all (exact), [2], [3] unused, [4] the
-  // counting pass over x has work, [5] the write pass over x has work
+  // [0] any fallback segment, [1] candidates in all (exact), [2] next free list entry and
+  // [3] list overflow (sampled), [4] the counting pass over x has work, [5] the write pass
+  // over x has work (besides an overflow)
   unsigned long long* misc;
   uint32_t* cand_key;    // cand_cap
   uint32_t* cand_tile;   // cand_cap (exact)
   uint16_t* cand_local;  // cand_cap: the element's offset in its tile (list entries)
   uint64_t* tile_lbase;  // max_tiles: a kModeList tile's first list entry
-  uint32_t* tile_lcnt;   // max_tiles: its entries (kListOverflow: none, use x)
-  // Sampled mode: every tile of segment s has list slots [seg_lbase[s] + i * seg_lcap[s], ...)
-  // (i = the tile's index in the segment): fixed per-tile capacities, no shared cursor.
-  uint64_t* seg_lbase;  // nseg
-  uint64_t* seg_lcap;   // nseg
+  uint32_t* tile_lcnt;   // max_tiles: its entries
 };
-
-// tile_lcnt of a sampled-mode tile whose keys >= T did not fit its slots: the write pass reads
-// that tile from x instead.
-constexpr uint32_t kListOverflow = 0xffffffffu;
 
 // Per segment mode. kModeRadix: a trivial segment (k == 0 or k == len): the counting pass over
 // x. kModeList: every key that can be selected (exact: digit 0 at or above the threshold bin b0;
@@ -105,14 +98,14 @@ constexpr uint32_t kListOverflow = 0xffffffffu;
 // list by the one collecting read of x (in index order inside the tile); digits 1 and 2
 // (exact), the per-tile counts and the write pass then read the lists, not x
 // (ListWriteKernel). Exact: when the lists of all active segments fit the candidate buffer;
-// sampled: every active segment, with the write pass over x as the fallback for a tile whose
-// list overflows its fixed slots (kListOverflow). kModeCand (exact, the lists do not fit): only the
-// keys in bin b0 are copied (the candidates), the counts come from them and the write pass reads x.
+// sampled: every active segment, with the write pass over x as the fallback when the lists
+// overflow the buffer (misc[3]). kModeCand (exact, the lists do not fit): only the keys in bin
+// b0 are copied (the candidates), the counts come from them and the write pass reads x.
 // kModeFallback (exact, not even the candidates fit): the histogram passes over x for all
 // three digits, as the radix select always did.
 constexpr uint32_t kModeRadix = 0, kModeCand = 1, kModeFallback = 2, kModeList = 3;
 
-constexpr int kTempArrays = 26;
+constexpr int kTempArrays = 24;
 struct TempLayout {
   size_t off[kTempArrays];
   size_t total;
@@ -142,9 +135,7 @@ TempLayout Layout(size_t nseg, uint64_t max_tiles, uint64_t cand_cap, bool exact
                                      exact ? cand_cap * 4 : 0,
                                      cand_cap * 2,
                                      max_tiles * 8,
-                                     max_tiles * 4,
-                                     nseg * 8,
-                                     nseg * 8};
+                                     max_tiles * 4};
   TempLayout L;
   size_t o = 0;
   for (int i = 0; i < kTempArrays; ++i) {
@@ -182,8 +173,6 @@ TopkTemp Carve(void* base, const TempLayout& L) {
   t.cand_local = reinterpret_cast<uint16_t*>(b + L.off[21]);
   t.tile_lbase = reinterpret_cast<uint64_t*>(b + L.off[22]);
   t.tile_lcnt = reinterpret_cast<uint32_t*>(b + L.off[23]);
-  t.seg_lbase = reinterpret_cast<uint64_t*>(b + L.off[24]);
-  t.seg_lcap = reinterpret_cast<uint64_t*>(b + L.off[25]);
   return t;
 }
 
@@ -245,7 +234,7 @@ __global__ void __launch_bounds__(kSetupThreads)
   }
   __syncthreads();
   const bool bad = bad_sh != 0;
-  uint64_t carry = 0, slot_carry = 0;
+  uint64_t carry = 0;
   bool trivial = false, full = false;  // a segment with tiles and k == 0 or k == len; k == len
   for (uint64_t base = 0; base < nseg; base += blockDim.x) {
     const uint64_t s = base + threadIdx.x;
@@ -256,23 +245,9 @@ __global__ void __launch_bounds__(kSetupThreads)
     }
     uint64_t total;
     const uint64_t excl = dev::BlockExclusiveSum(tiles, ws, &total);
-    // Sampled mode's list slots per tile: twice the tile's expected share of k, plus 64.
-    const uint64_t kk0 = s < nseg ? (k[s] < len ? k[s] : len) : 0;
-    uint64_t lcap = 0;
-    if (kk0 > 0 && kk0 < len) {
-      lcap = 2 * ((kk0 * kTileElems + len - 1) / len) + 64;
-      if (lcap > kTileElems) lcap = kTileElems;
-    }
-    uint64_t slots_total;
-    const uint64_t slots_excl = dev::BlockExclusiveSum(tiles * lcap, ws, &slots_total);
-    if (s < nseg) {
-      tt.seg_lcap[s] = lcap;
-      tt.seg_lbase[s] = slot_carry + slots_excl;
-    }
-    slot_carry += slots_total;
     if (s < nseg) {
       tt.tile_begin[s] = carry + excl;
-      const uint64_t kk = kk0;
+      const uint64_t kk = k[s] < len ? k[s] : len;
       tt.keff[s] = kk;
       tt.prefix[s] = 0;
       tt.pmask[s] = 0;
@@ -366,13 +341,8 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        // Lanes with the same bin add once, into their leader's copy.
-        const uint32_t bin = key[j] != kInvalidKey && (key[j] & pmask) == prefix
-                                 ? (key[j] >> shift) & dmask
-                                 : kInvalidKey;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin != kInvalidKey && (threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-          atomicAdd(&mine[bin], static_cast<uint32_t>(__popc(peers)));
+        if (key[j] != kInvalidKey && (key[j] & pmask) == prefix) {
+          atomicAdd(&mine[(key[j] >> shift) & dmask], 1u);
         }
       }
     }
@@ -467,15 +437,9 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (cached) {
 #pragma unroll
       for (int r = 0; r < kSampleRegs; ++r) {
-        // kInvalidKey (no sample) is not a key (keys are < 2^31). Lanes adding to the same bin
-        // add once (smooth keys put a warp's samples in few bins: the shared atomics on them
-        // serialised).
-        const uint32_t bin = ck[r] != kInvalidKey && (ck[r] & pmask) == prefix
-                                 ? (ck[r] >> shift) & dmask
-                                 : kInvalidKey;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin != kInvalidKey && (threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-          atomicAdd(&sh[bin], static_cast<uint32_t>(__popc(peers)));
+        // kInvalidKey (no sample) is not a key (keys are < 2^31).
+        if (ck[r] != kInvalidKey && (ck[r] & pmask) == prefix) {
+          atomicAdd(&sh[(ck[r] >> shift) & dmask], 1u);
         }
       }
     } else {
@@ -707,18 +671,18 @@ __global__ void __launch_bounds__(kThreads, 4)
 }
 
 // Sampled mode, kModeList tiles (threshold T = thr[s] from the sample): the one read of x.
-// tile_gt[t] / tile_eq[t] = the tile's keys > T and == T, and its keys >= T go to the tile's
-// own list slots (seg_lbase / seg_lcap: no shared cursor, whose atomics serialised the
-// blocks) with their offsets in the tile, in index order; tile_lbase[t] / tile_lcnt[t] say
-// where. A tile whose keys >= T do not fit its slots (or the buffer) writes none, sets
-// tile_lcnt[t] = kListOverflow and misc[5]: the write pass reads that tile from x (its counts
-// are complete either way).
-// (At most 64 registers: 4 blocks per SM.)
-__global__ void __launch_bounds__(kThreads, 4)
+// tile_gt[t] / tile_eq[t] = the tile's keys > T and == T, and its keys >= T are appended to
+// the list buffer (one atomic per tile on the shared cursor misc[2]) with their offsets in the
+// tile, in index order; tile_lbase[t] / tile_lcnt[t] say where. A tile whose entries do not
+// fit the buffer sets misc[3] (overflow) and writes none: the write pass then reads x for
+// every list segment (the counts are complete either way).
+__global__ void __launch_bounds__(kThreads)
     SampledCollectKernel(const float* x, const uint64_t* offsets, uint64_t nseg, uint64_t cap,
                          TopkTemp tt) {
   constexpr int kWarps = kThreads / 32;
   __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
+  __shared__ unsigned long long sh_base;
+  __shared__ int sh_fit;
   if (*tt.error) return;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t lt_mask = (1u << lane) - 1u;
@@ -727,8 +691,6 @@ __global__ void __launch_bounds__(kThreads, 4)
     const uint64_t s = tt.tile_seg[t];
     if (tt.mode[s] != kModeList) continue;  // uniform over the block
     const uint32_t T = tt.thr[s];
-    const uint64_t lcap = tt.seg_lcap[s];
-    const uint64_t base = tt.seg_lbase[s] + (t - tt.tile_begin[s]) * lcap;
     uint64_t e0, e1;
     TileRange(offsets, tt.tile_begin, s, t, &e0, &e1);
     const uint64_t c0 = e0 + warp * kWarpElems;
@@ -744,25 +706,27 @@ __global__ void __launch_bounds__(kThreads, 4)
       sh_eq[warp] = e;
     }
     __syncthreads();
-    // Every thread reads the warps' counts: its warp's offset, the tile's totals and whether
-    // they fit (no second barrier).
-    uint64_t before = 0, tg = 0, te = 0;
-    for (unsigned w = 0; w < static_cast<unsigned>(kWarps); ++w) {
-      if (w < warp) before += sh_gt[w] + sh_eq[w];
-      tg += sh_gt[w];
-      te += sh_eq[w];
-    }
-    const uint64_t tc = tg + te;
-    const bool fit = tc <= lcap && base + tc <= cap;
+    uint64_t before = 0;
+    for (unsigned w = 0; w < warp; ++w) before += sh_gt[w] + sh_eq[w];
     if (threadIdx.x == 0) {
-      tt.tile_gt[t] = static_cast<uint32_t>(tg);
-      tt.tile_eq[t] = static_cast<uint32_t>(te);
-      if (!fit) tt.misc[5] = 1;  // the write pass has a tile to read from x
+      uint32_t tg = 0, te = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        tg += sh_gt[w];
+        te += sh_eq[w];
+      }
+      tt.tile_gt[t] = tg;
+      tt.tile_eq[t] = te;
+      const unsigned long long tc = static_cast<unsigned long long>(tg) + te;
+      const unsigned long long base = tc ? atomicAdd(&tt.misc[2], tc) : 0;
+      sh_fit = base + tc <= cap;
+      if (!sh_fit) atomicExch(&tt.misc[3], 1ull);
+      sh_base = base;
       tt.tile_lbase[t] = base;
-      tt.tile_lcnt[t] = fit ? static_cast<uint32_t>(tc) : kListOverflow;
+      tt.tile_lcnt[t] = sh_fit ? static_cast<uint32_t>(tc) : 0u;
     }
-    if (c0 < e1 && fit && g + e != 0) {
-      uint64_t pos = base + before;
+    __syncthreads();
+    if (c0 < e1 && sh_fit && g + e != 0) {
+      uint64_t pos = sh_base + before;
       const uint32_t off0 = static_cast<uint32_t>(c0 - e0) + lane;
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
@@ -913,15 +877,15 @@ __global__ void __launch_bounds__(kThreads)
                 TopkTemp tt, Index* out) {
   constexpr int kWarps = kThreads / 32;
   __shared__ uint32_t sh_gt[kWarps], sh_eq[kWarps];
-  if (*tt.error || tt.misc[5] == 0) return;  // every tile has a list
+  if (*tt.error || (tt.misc[5] == 0 && tt.misc[3] == 0)) return;  // every tile has a list
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
   for (uint64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const uint64_t s = tt.tile_seg[t];
     const uint32_t T = tt.thr[s];
-    if (T == kAboveAllKeys) continue;  // uniform over the block
-    if (tt.mode[s] == kModeList && tt.tile_lcnt[t] != kListOverflow) continue;  // ListWrite's
+    if (T == kAboveAllKeys) continue;                          // uniform over the block
+    if (tt.mode[s] == kModeList && tt.misc[3] == 0) continue;  // ListWriteKernel's
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
     const uint64_t eq_end = eq_off + tt.tile_eq[t];
@@ -986,7 +950,7 @@ template <typename Index>
 __global__ void __launch_bounds__(kThreads)
     ListWriteKernel(const uint64_t* offsets, const uint64_t* out_offsets, uint64_t nseg,
                     TopkTemp tt, Index* out) {
-  if (*tt.error) return;
+  if (*tt.error || tt.misc[3] != 0) return;
   const unsigned lane = threadIdx.x & 31u;
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint64_t ntiles = tt.tile_begin[nseg];
@@ -995,9 +959,8 @@ __global__ void __launch_bounds__(kThreads)
        t < ntiles; t += warps) {
     const uint64_t s = tt.tile_seg[t];
     if (tt.mode[s] != kModeList) continue;  // uniform over the warp
-    const uint32_t lc32 = tt.tile_lcnt[t];
-    if (lc32 == 0 || lc32 == kListOverflow) continue;  // nothing, or WriteKernel's
-    const uint64_t lc = lc32;
+    const uint64_t lc = tt.tile_lcnt[t];
+    if (lc == 0) continue;
     const uint32_t T = tt.thr[s];
     const uint64_t take = tt.take[s];
     const uint64_t eq_off = tt.tile_eq_off[t];
