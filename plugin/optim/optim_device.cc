@@ -230,7 +230,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   t0 = NowNs();
   void* paySorted = identity ? d.dSend : d.dPaySorted;
   SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
-                                                  pt, paySorted, d.dStat, st)
+                                                  pt, paySorted, d.dStat, false, st)
                             .Prepend("candidate"));
   if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
   phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
