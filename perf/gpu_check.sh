@@ -32,7 +32,8 @@
 #     read-modify-write), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
 #  6. Optimizer step on device vs host (perf/gpu_optim_check.cc, 2 ranks): 20 steps of
 #     scapeOptimStepStream against scapeOptimStep, params and checkpoints bit for bit; then the
-#     SCAPE step (density 0.01) timed against a dense AdamS step (density 1.0) on device.
+#     SCAPE step (density 0.01) timed against a dense AdamS step (density 1.0) on device; then
+#     20 steps with bf16 payloads, bit for bit.
 # The figures (every RESULT line, the kernel table, the targets and the verdicts) go to
 # $FIGURES (default perf/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #
@@ -286,6 +287,29 @@ if [ -x "$bin_optim" ] && [ "$(left)" -gt 30 ]; then
   [ $rc -eq 0 ] || fail "optimizer step on device (logs: $dir)"
   grep -q '^RESULT optim_bits_match 1' "$dir/rank0.log" ||
     fail "optimizer step on device: not bit-identical to the host step"
+  # bf16 payloads (the rounding error fed back into the residual on the device too): 20 steps
+  # bit for bit, no timed steps.
+  dir=$logs/optim_bf16
+  rm -rf "$dir"; mkdir -p "$dir"
+  pids=()
+  for r in 0 1; do
+    (
+      export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+      exec timeout -k 5 "$(( $(left) > 120 ? 120 : $(left) ))" "$bin_optim" "$r" 2 "$dir" "$dn" 0.01 20 0 bf16
+    ) >"$dir/rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  grep -h '^RESULT' "$dir/rank0.log"
+  fig ""
+  fig "bf16 payloads (20 steps, not timed):"
+  fig '```'
+  grep -h '^RESULT' "$dir/rank0.log" >>"$figures.tmp"
+  fig '```'
+  [ $rc -eq 0 ] || fail "bf16 optimizer step on device (logs: $dir)"
+  grep -q '^RESULT optim_bits_match 1' "$dir/rank0.log" ||
+    fail "bf16 optimizer step on device: not bit-identical to the host step"
 else
   fail "optimizer step on device: no $bin_optim (or out of time)"
 fi

@@ -1,7 +1,11 @@
 // One rank of the optimizer-step check on a real GPU: scapeOptimStepStream (the SCAPE-AdamS
 // step on CUDA device buffers, enqueued on a stream) against scapeOptimStep on host buffers.
 //
-//   gpu_optim_check RANK NRANKS DIR N [DENSITY [STEPS [TIMED]]]
+//   gpu_optim_check RANK NRANKS DIR N [DENSITY [STEPS [TIMED [PAYLOAD]]]]
+//
+// PAYLOAD: the optimizers' payloadType, f32 (default), bf16 or f16; both parts use it. With
+// bf16/f16 the device step keeps the payload's rounding error in the residual as the host step
+// does, so the bits must match as for f32. Given, rank 0 also prints RESULT payload.
 //
 // 1. Bits: a host optimizer and a device optimizer with the same config take STEPS (default 20)
 //    steps on the same fresh random gradients (per rank and step; params the same on every
@@ -84,6 +88,8 @@ void PublishOrRead(const std::string& path, scapeUniqueId* v) {
   }
 }
 
+int g_payload = scapeFloat32;
+
 scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& offs,
                     double density) {
   scapeOptimConfig_t c;
@@ -95,6 +101,7 @@ scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& o
   c.weightDecay = 0.1f;
   c.biasCorrection = scapeBiasCorrectionAdamS;
   c.density = density;
+  c.payloadType = g_payload;
   scapeOptim_t o = nullptr;
   SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
   return o;
@@ -112,7 +119,8 @@ std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED]]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED [f32|bf16|f16]]]]\n",
+                 argv[0]);
     return 1;
   }
   g_rank = std::atoi(argv[1]);
@@ -122,6 +130,17 @@ int main(int argc, char** argv) {
   const double density = argc > 5 ? std::atof(argv[5]) : 0.01;
   const int steps = argc > 6 ? std::atoi(argv[6]) : 20;
   const int timed = argc > 7 ? std::atoi(argv[7]) : 20;
+  const std::string payload = argc > 8 ? argv[8] : "f32";
+  if (payload == "f32") {
+    g_payload = scapeFloat32;
+  } else if (payload == "bf16") {
+    g_payload = scapeBfloat16;
+  } else if (payload == "f16") {
+    g_payload = scapeFloat16;
+  } else {
+    std::fprintf(stderr, "PAYLOAD %s: f32, bf16 or f16\n", payload.c_str());
+    return 1;
+  }
   if (n == 0 || P < 1 || g_rank < 0 || g_rank >= P) return 1;
 
   CUDA_OK(cudaSetDevice(0));
@@ -191,9 +210,11 @@ int main(int argc, char** argv) {
       std::printf("RESULT %s_step_ms %.4f\n", d < 1.0 ? "scape" : "dense", ms[ms.size() / 2]);
     SCAPE_OK(scapeOptimDestroy(o), comm);
   }
-  if (g_rank == 0)
+  if (g_rank == 0) {
     std::printf("RESULT n %llu\nRESULT nranks %d\nRESULT density %g\n",
                 static_cast<unsigned long long>(n), P, density);
+    if (argc > 8) std::printf("RESULT payload %s\n", payload.c_str());
+  }
   CUDA_OK(cudaFree(dp));
   CUDA_OK(cudaFree(dg));
   SCAPE_OK(scapeCommDestroy(comm), comm);

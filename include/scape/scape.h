@@ -920,9 +920,9 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * waits for it). A host wait for the selected positions fails with scapeTimeout after the
  * communicator's timeout.
  *
- * Bits: the same params, state and masks as scapeOptimStep on the same inputs (fp32 payloads;
- * bf16/fp16 payloads are scapeUnsupported on device: the device pack kernel does not feed the
- * rounding error back into the residual as the host step does). Sharded ownership: every rank
+ * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for fp32, bf16
+ * and fp16 payloads (a bf16/fp16 payload's rounding error goes back into the residual inside
+ * the mask, as in the host step). Sharded ownership: every rank
  * applies the update from the all-gathered reduced payload, the same bits as the host step when
  * the ranks' params agree (data-parallel replicas).
  *
@@ -936,8 +936,8 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * values does not depend on its order).
  *
  * @return scapeSuccess; scapeInvalidArgument (as scapeOptimStep; params and grads of different
- *         kinds (host / device); a non-NULL stream with host buffers); scapeUnsupported (bf16 or
- *         fp16 payloads); errors of earlier device work on the stream.
+ *         kinds (host / device); a non-NULL stream with host buffers); errors of earlier device
+ *         work on the stream.
  */
 SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
                                              uint64_t count, void* stream);
@@ -1079,11 +1079,10 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    by the communicator's timeout). The caller must have finished writing the statistic.
  *  - scapeSparseAllReduce takes device buffers through host copies (host waits; see it).
  *  - The optimizer step takes device params and grads: scapeOptimStepStream (and
- *    scapeOptimStep on the default stream), on both backends, fp32 payloads; its host waits
- *    are listed at scapeOptimStepStream.
+ *    scapeOptimStep on the default stream), on both backends, fp32, bf16 or fp16 payloads;
+ *    its host waits are listed at scapeOptimStepStream.
  *  - Not available with device buffers in this release (scapeUnsupported): the *Async forms
- *    (the blocking forms are already asynchronous), and the optimizer step with bf16/fp16
- *    payloads.
+ *    (the blocking forms are already asynchronous).
  *
  * The NCCL backend (scapeCommInitNccl) runs the same calls on a caller's ncclComm_t, with
  * ncclAllReduce, ncclReduceScatter, ncclAllGather and ncclBroadcast on the caller's stream

@@ -18,17 +18,33 @@ namespace {
 // Elements per thread at least (below twice this a kernel runs on the calling thread).
 constexpr size_t kParallelGrain = size_t{1} << 18;
 
+// Payload stores that hand back the value as stored (for the error feedback of 16-bit
+// payloads); kExact: the stored value is the argument (fp32).
 struct StoreF32 {
   float* p;
-  void operator()(size_t j, float v) const { p[j] = v; }
+  float operator()(size_t j, float v) const {
+    p[j] = v;
+    return v;
+  }
+  static constexpr bool kExact = true;
 };
 struct StoreBf16 {
   uint16_t* p;
-  void operator()(size_t j, float v) const { p[j] = FloatToBf16(v); }
+  float operator()(size_t j, float v) const {
+    const uint16_t h = FloatToBf16(v);
+    p[j] = h;
+    return Bf16ToFloat(h);
+  }
+  static constexpr bool kExact = false;
 };
 struct StoreFp16 {
   uint16_t* p;
-  void operator()(size_t j, float v) const { p[j] = FloatToFp16(v); }
+  float operator()(size_t j, float v) const {
+    const uint16_t h = FloatToFp16(v);
+    p[j] = h;
+    return Fp16ToFloat(h);
+  }
+  static constexpr bool kExact = false;
 };
 struct LoadF32 {
   const float* p;
@@ -112,9 +128,12 @@ void CandidateDenseOut(const float* m, const float* g, float* e, float* c, size_
   }
 }
 
+// keep_rounding: e at a masked position is the rounding error c - stored (+0 for fp32 and for a
+// non-finite stored value), the view kernel's residual; else +0.
 template <typename Index, typename Store>
 void CandidateChunk(const float* m, const float* g, float* e, float* c_out, size_t b, size_t end,
-                    float b1, float omb1, const Index* mask, size_t jb, size_t je, Store store) {
+                    float b1, float omb1, const Index* mask, size_t jb, size_t je, Store store,
+                    bool keep_rounding) {
   size_t i = b;
   for (size_t j = jb; j < je; ++j) {
     const size_t p = static_cast<size_t>(mask[j]);
@@ -124,8 +143,8 @@ void CandidateChunk(const float* m, const float* g, float* e, float* c_out, size
       CandidateDense(m, g, e, i, p, b1, omb1);
     }
     const float v = Candidate(m[p], g[p], e[p], b1, omb1);
-    store(j, v);
-    e[p] = 0.0f;
+    const float q = store(j, v);
+    e[p] = (Store::kExact || !keep_rounding || !std::isfinite(q)) ? 0.0f : v - q;
     if (c_out) c_out[p] = v;
     i = p + 1;
   }
@@ -139,7 +158,7 @@ void CandidateChunk(const float* m, const float* g, float* e, float* c_out, size
 template <typename Index>
 KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
                            const Index* mask, size_t k, scapeDataType_t type, void* payload,
-                           float* c_out, int max_threads) {
+                           float* c_out, int max_threads, bool keep_rounding) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
     return KernelStatus::kInvalidArgument;
@@ -154,21 +173,21 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
     case scapeFloat32: {
       StoreF32 st{static_cast<float*>(payload)};
       ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
       });
       break;
     }
     case scapeBfloat16: {
       StoreBf16 st{static_cast<uint16_t*>(payload)};
       ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
       });
       break;
     }
     default: {
       StoreFp16 st{static_cast<uint16_t*>(payload)};
       ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st);
+        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
       });
       break;
     }
@@ -375,13 +394,17 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
 
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint32_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads) {
-  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
+                                   void* payload, float* c_out, int max_threads,
+                                   bool keep_rounding) {
+  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads,
+                       keep_rounding);
 }
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint64_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads) {
-  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads);
+                                   void* payload, float* c_out, int max_threads,
+                                   bool keep_rounding) {
+  return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads,
+                       keep_rounding);
 }
 
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
@@ -410,34 +433,6 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
 // Mask views (any owner order) and the optimizer's fused passes
 // ------------------------------------------------------------------------------------------
 namespace {
-
-// Stores that hand back the value as stored (for the error feedback of 16-bit payloads).
-struct StoreBackF32 {
-  float* p;
-  float operator()(size_t j, float v) const {
-    p[j] = v;
-    return v;
-  }
-  static constexpr bool kExact = true;
-};
-struct StoreBackBf16 {
-  uint16_t* p;
-  float operator()(size_t j, float v) const {
-    const uint16_t h = FloatToBf16(v);
-    p[j] = h;
-    return Bf16ToFloat(h);
-  }
-  static constexpr bool kExact = false;
-};
-struct StoreBackFp16 {
-  uint16_t* p;
-  float operator()(size_t j, float v) const {
-    const uint16_t h = FloatToFp16(v);
-    p[j] = h;
-    return Fp16ToFloat(h);
-  }
-  static constexpr bool kExact = false;
-};
 
 // Walks positions [b, e) of a view in increasing order: dense(i0, i1, run) for every stretch
 // of positions outside the mask (inside one run), point(p, j, run) for every mask entry.
@@ -590,18 +585,16 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
   bool ok = false;
   switch (type) {
     case scapeFloat32:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreBackF32{static_cast<float*>(payload)},
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreF32{static_cast<float*>(payload)},
                             stat, max_threads, support);
       break;
     case scapeBfloat16:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
-                            StoreBackBf16{static_cast<uint16_t*>(payload)}, stat, max_threads,
-                            support);
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreBf16{static_cast<uint16_t*>(payload)},
+                            stat, max_threads, support);
       break;
     default:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask,
-                            StoreBackFp16{static_cast<uint16_t*>(payload)}, stat, max_threads,
-                            support);
+      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreFp16{static_cast<uint16_t*>(payload)},
+                            stat, max_threads, support);
       break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;

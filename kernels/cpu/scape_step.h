@@ -41,9 +41,17 @@ size_t PayloadElementSize(scapeDataType_t type);
 //   c[i]       = ((beta1 * m[i]) + ((1 - beta1) * g[i])) + e[i]   ((1 - beta1) rounded to fp32
 //                                                                  once, then this order)
 //   payload[j] = convert(c[mask[j]])                  for j < k
-//   e[i]       = +0.0f if i is in the mask, else c[i]
+//   e[i]       = c[i]                                 if i is not in the mask
+//   e[i]       = +0.0f                                if i = mask[j] and keep_rounding is false
+//   e[i]       = c[i] - float(payload[j])             if i = mask[j] and keep_rounding is true:
+//                                                     the rounding error, as the view kernel's
+//                                                     residual (CandidatePackResidualView below;
+//                                                     +0.0f for fp32, and +0.0f when the
+//                                                     payload value is not finite)
 //   c_out[i]   = c[i]                                 if c_out != nullptr (for the top-k of the
 //                                                     next mask; may be skipped)
+// With keep_rounding and c_out = the candidate at every position, the results are the view
+// kernel's at a sorted mask (one run), bit for bit; the device step relies on it.
 // Aliasing: m and g may be the same buffer. c_out may be nullptr, m or g (each element is read
 // before it is written) but must not overlap e or payload otherwise. e must not overlap m, g or
 // payload. The mask must not overlap any output.
@@ -52,10 +60,12 @@ size_t PayloadElementSize(scapeDataType_t type);
 // ---------------------------------------------------------------------------------------------
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint32_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads = 0);
+                                   void* payload, float* c_out, int max_threads = 0,
+                                   bool keep_rounding = false);
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint64_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads = 0);
+                                   void* payload, float* c_out, int max_threads = 0,
+                                   bool keep_rounding = false);
 
 // ---------------------------------------------------------------------------------------------
 // 4. Unpack and AdamS update (fused).

@@ -87,14 +87,20 @@ __device__ __forceinline__ uint16_t FloatToFp16(float f) {
 }
 
 // Payload element access by runtime type (0 = fp32, 1 = bf16, 2 = fp16 as template parameter).
+// StorePayload returns the value as stored (v for fp32), for the rounding-error feedback.
 template <int kType>
-__device__ __forceinline__ void StorePayload(void* p, uint64_t j, float v) {
+__device__ __forceinline__ float StorePayload(void* p, uint64_t j, float v) {
   if (kType == 0) {
     static_cast<float*>(p)[j] = v;
+    return v;
   } else if (kType == 1) {
-    static_cast<uint16_t*>(p)[j] = FloatToBf16(v);
+    const uint16_t h = FloatToBf16(v);
+    static_cast<uint16_t*>(p)[j] = h;
+    return Bf16ToFloat(h);
   } else {
-    static_cast<uint16_t*>(p)[j] = FloatToFp16(v);
+    const uint16_t h = FloatToFp16(v);
+    static_cast<uint16_t*>(p)[j] = h;
+    return Fp16ToFloat(h);
   }
 }
 template <int kType>

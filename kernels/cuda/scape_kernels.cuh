@@ -59,16 +59,20 @@ KernelStatus EventDestroy(void* event);
 const char* LastCudaError();
 
 // ---- 1. candidate, pack, residual (scape_step.h) ---------------------------------------------
-// Same contract as CandidatePackResidual. Device preconditions: d_mask strictly increasing;
-// entries >= n are ignored (no write). k > n is kInvalidArgument (host check).
+// Same contract as CandidatePackResidual, keep_rounding included (false: +0 inside the mask;
+// true: the rounding error c - float(payload), the view kernel's residual). Device
+// preconditions: d_mask strictly increasing; entries >= n are ignored (no write). k > n is
+// kInvalidArgument (host check).
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint32_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream);
+                                       float* d_c_out, cudaStream_t stream,
+                                       bool keep_rounding = false);
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint64_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream);
+                                       float* d_c_out, cudaStream_t stream,
+                                       bool keep_rounding = false);
 
 // ---- 4. unpack + AdamS update, squared norm (scape_step.h) -----------------------------------
 // Same contract as UnpackAdamSUpdate (parameters validated on the host by MakeAdamSScalars).

@@ -64,10 +64,12 @@ __device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1
   *jb_out = jb;
 }
 
+// keep: the residual at a masked element is the rounding error c - stored (+0 when the stored
+// value is not finite; always +0 for fp32), else +0 (the contract's keep_rounding).
 template <typename Index, int kType, bool kCOut>
 __global__ void __launch_bounds__(kThreads)
     CandidateKernel(const float* m, const float* g, float* e, uint64_t n, float b1, float omb1,
-                    const Index* mask, uint64_t k, void* payload, float* c_out) {
+                    const Index* mask, uint64_t k, void* payload, float* c_out, bool keep) {
   __shared__ int slot[kTile];
   __shared__ uint64_t range[2];
   for (uint64_t tile = blockIdx.x; tile * kTile < n; tile += gridDim.x) {
@@ -79,8 +81,8 @@ __global__ void __launch_bounds__(kThreads)
       const float c = __fadd_rn(__fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, g[i])), e[i]);
       const int s = slot[i - t0];
       if (s >= 0 && jb + static_cast<uint64_t>(s) < k) {
-        dev::StorePayload<kType>(payload, jb + static_cast<uint64_t>(s), c);
-        e[i] = 0.0f;
+        const float q = dev::StorePayload<kType>(payload, jb + static_cast<uint64_t>(s), c);
+        e[i] = (kType == 0 || !keep || !isfinite(q)) ? 0.0f : __fsub_rn(c, q);
       } else {
         e[i] = c;
       }
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kSqNormBlock)
 template <typename Index>
 KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
                            const Index* mask, size_t k, scapeDataType_t type, void* payload,
-                           float* c_out, cudaStream_t stream) {
+                           float* c_out, bool keep_rounding, cudaStream_t stream) {
   const int kind = dev::PayloadKind(type);
   if (kind < 0) return KernelStatus::kUnsupported;
   if (k > n) return KernelStatus::kInvalidArgument;
@@ -269,9 +271,9 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
   if (n == 0) return KernelStatus::kOk;
   const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
   const unsigned grid = dev::GridFor(n, kTile);
-#define SCAPE_CAND_LAUNCH(T, C) \
-  CandidateKernel<Index, T, C>  \
-      <<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, k, payload, c_out)
+#define SCAPE_CAND_LAUNCH(T, C)                                                                 \
+  CandidateKernel<Index, T, C><<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, k, \
+                                                              payload, c_out, keep_rounding)
   if (c_out) {
     if (kind == 0)
       SCAPE_CAND_LAUNCH(0, true);
@@ -389,16 +391,16 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint32_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream) {
+                                       float* d_c_out, cudaStream_t stream, bool keep_rounding) {
   return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
-                       stream);
+                       keep_rounding, stream);
 }
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint64_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream) {
+                                       float* d_c_out, cudaStream_t stream, bool keep_rounding) {
   return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
-                       stream);
+                       keep_rounding, stream);
 }
 
 KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,

@@ -15,11 +15,17 @@
 // call when the event has completed, else at the next optimizer call (step, checkpoint,
 // destroy), which waits for that event (a host wait on the small copy).
 //
+// Payloads: fp32, bf16 or fp16 (hyper_.payload): the payload buffers and the gathers use its
+// element size, and the exchange carries its type (on a UCX communicator the staged exchange
+// reduces it on the host, with the collectives of the host step's exchange).
+//
 // Bits: the flat device kernels at the sorted mask compute what the host's view kernels
-// compute at the mask order, entry by entry (fp32 payloads: the residual inside the mask is
-// +0 in both forms). With sharded ownership every rank applies the update from the gathered
-// reduced payload instead of gathering the owner's (theta, m) pairs: the same bits when the
-// ranks' params are the same (data-parallel replicas), which the host step also assumes for m.
+// compute at the mask order, entry by entry. The candidate kernel runs with keepRounding: the
+// residual inside the mask is c - float(payload), the rounding error of a bf16/fp16 payload
+// (+0 for fp32, and +0 when the payload value is not finite), as the host's view kernel leaves
+// it. With sharded ownership every rank applies the update from the gathered reduced payload
+// instead of gathering the owner's (theta, m) pairs: the same bits when the ranks' params are
+// the same (data-parallel replicas), which the host step also assumes for m.
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
@@ -65,6 +71,18 @@ Status WaitEvent(device::Runtime* rt, device::Event e, int timeoutMs) {
 }
 
 }  // namespace
+
+Status Optimizer::DeviceState::AllocPayload(uint64_t n, size_t esz) {
+  for (void** p : {&dPaySorted, &dSend, &dRecv}) {
+    rt->DeviceFree(*p);
+    *p = nullptr;
+  }
+  payEsz = 0;
+  const size_t bytes = esz * std::max<uint64_t>(n, 1);
+  for (void** p : {&dPaySorted, &dSend, &dRecv}) SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(bytes, p));
+  payEsz = esz;
+  return Status::Ok();
+}
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
@@ -126,15 +144,11 @@ Status Optimizer::DeviceToHost() {
 Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
                              const DeviceExchange& exchange) {
   if (!comm_->error().ok()) return comm_->error();
-  if (hyper_.payload != scapeFloat32)
-    return Unsupported(
-        StrFormat("rank %d: payloadType = %d: the device step takes scapeFloat32 payloads in "
-                  "this release (the device pack kernel zeroes the residual inside the mask, "
-                  "so a bf16/fp16 payload's rounding error would not be fed back as the host "
-                  "step does)",
-                  rank_, hyper_.payload));
   device::Runtime* rt = device::GetRuntime();
   const uint64_t n = layout_.n;
+  // The payload type (validated at create and load: fp32, bf16 or fp16) and its element size.
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
+  const size_t esz = scapeTypeSize(pt);
   if (!dev_) {
     // The first device step: the state moves to device memory.
     std::unique_ptr<DeviceState> d(new DeviceState());
@@ -143,13 +157,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dM));
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dE));
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dStat));
-    float* f = nullptr;
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
-    d->dPaySorted = f;
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
-    d->dSend = f;
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &f));
-    d->dRecv = f;
+    SCAPE_RETURN_IF_ERROR(d->AllocPayload(n, esz));
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dMaskOrder));
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dSorted));
     SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dPerm));
@@ -178,10 +186,13 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d.stream).Prepend("the previous step's stream"));
     d.stream = stream;
   }
+  if (d.payEsz != esz) {
+    // A loaded checkpoint changed the payload type: buffers of the new element size.
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d.stream).Prepend("the previous step's stream"));
+    SCAPE_RETURN_IF_ERROR(d.AllocPayload(n, esz));
+  }
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
   for (double& p : phase_) p = 0.0;
-  const scapeDataType_t pt = scapeFloat32;
-  const size_t esz = 4;
 
   int64_t t0 = NowNs();
   SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
@@ -226,11 +237,12 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   }
   const uint64_t* dSortedMask = identity ? d.dMaskOrder : d.dSorted;
 
-  // Candidate + pack + residual; the candidate is the statistic.
+  // Candidate + pack + residual; the candidate is the statistic. keepRounding: a bf16/fp16
+  // payload's rounding error stays in the residual inside the mask, as in the host step.
   t0 = NowNs();
   void* paySorted = identity ? d.dSend : d.dPaySorted;
   SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
-                                                  pt, paySorted, d.dStat, st)
+                                                  pt, paySorted, d.dStat, /*keepRounding=*/true, st)
                             .Prepend("candidate"));
   if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
   phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
@@ -315,7 +327,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   if (hyper_.maxGradNorm > 0.0f) {
     for (int r = 0; r < nranks_; ++r) {
       const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      SCAPE_RETURN_IF_ERROR(rt->RecoveredGradSqNorm(static_cast<float*>(d.dRecv) + o, pt,
+      SCAPE_RETURN_IF_ERROR(rt->RecoveredGradSqNorm(static_cast<char*>(d.dRecv) + esz * o, pt,
                                                     d.dMaskOrder + o, c, d.dM, n, hyper_.beta1,
                                                     d.dSq + r, st)
                                 .Prepend("gradient norm"));

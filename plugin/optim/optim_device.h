@@ -14,9 +14,16 @@ namespace scape {
 struct Optimizer::DeviceState {
   device::Runtime* rt = nullptr;
   void* stream = nullptr;  // the stream of the last device step
-  // n floats each: momentum, residual, the candidate (statistic), the packed payloads.
+  // n floats each: momentum, residual, the candidate (statistic).
   float *dM = nullptr, *dE = nullptr, *dStat = nullptr;
+  // n payload elements of payEsz bytes each (the payload type's size: 4 for fp32, 2 for
+  // bf16/fp16; reallocated when a loaded checkpoint changes the payload type): the packed
+  // payload in sorted order, the exchange's send and receive buffers.
   void *dPaySorted = nullptr, *dSend = nullptr, *dRecv = nullptr;
+  size_t payEsz = 0;
+  // (Re)allocates the three payload buffers for n elements of esz bytes. The stream must be
+  // idle (the caller synchronises it first when buffers exist).
+  Status AllocPayload(uint64_t n, size_t esz);
   // n positions each: the mask in mask order, sorted, and the two permutations between them.
   uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
   uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (owned size), its counts

@@ -103,9 +103,10 @@ struct Pair {
   std::vector<float> hp;
   float *dp = nullptr, *dg = nullptr;
   void* s = nullptr;
-  Pair(RankCtx& c, const Cfg& k, unsigned seed) : ctx(c), n(l.n()) {
+  // devCfg: the device optimizer's own configuration (default: k's).
+  Pair(RankCtx& c, const Cfg& k, unsigned seed, const Cfg* devCfg = nullptr) : ctx(c), n(l.n()) {
     host = Create(ctx, l, k);
-    dev = Create(ctx, l, k);
+    dev = Create(ctx, l, devCfg ? *devCfg : k);
     hp = Params(seed, n);
     dp = static_cast<float*>(Fake().DeviceMalloc(4 * n));
     dg = static_cast<float*>(Fake().DeviceMalloc(4 * n));
@@ -137,8 +138,9 @@ struct Pair {
 
 class DeviceOptim : public ::testing::TestWithParam<int> {};
 
-TEST_P(DeviceOptim, TwentyStepsMatchTheHostStepBitForBit) {
-  const int P = GetParam();
+// Twenty steps of a host and a device optimizer with this payload type, both ownerships, clip
+// off and on: the params and the whole checkpoint after every step, bit for bit.
+void TwentySteps(int P, int payload) {
   const unsigned seed = scape_test::FreshSeed();
   for (int own : {scapeOptimReplicated, scapeOptimSharded})
     for (float clip : {0.0f, 1.0f}) {
@@ -147,6 +149,7 @@ TEST_P(DeviceOptim, TwentyStepsMatchTheHostStepBitForBit) {
         Cfg k;
         k.ownership = own;
         k.clip = clip;
+        k.payload = payload;
         Pair p(ctx, k, seed);
         for (int t = 0; t < 20; ++t)
           if (!p.Step(seed, t, true)) return false;
@@ -161,70 +164,124 @@ TEST_P(DeviceOptim, TwentyStepsMatchTheHostStepBitForBit) {
         }
         return !::testing::Test::HasFailure();
       });
-      EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << " clip=" << clip << ": "
-                               << res.Describe();
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " payload=" << payload << " ownership=" << own
+                               << " clip=" << clip << " seed=" << seed << ": " << res.Describe();
     }
 }
 
+TEST_P(DeviceOptim, TwentyStepsMatchTheHostStepBitForBit) { TwentySteps(GetParam(), scapeFloat32); }
+
+// bf16 and fp16 payloads: the device step keeps the rounding error in the residual inside the
+// mask (the candidate kernel's keep_rounding), as the host step's view kernel does.
+TEST_P(DeviceOptim, Bf16PayloadMatchesTheHostStepBitForBit) {
+  TwentySteps(GetParam(), scapeBfloat16);
+}
+TEST_P(DeviceOptim, Fp16PayloadMatchesTheHostStepBitForBit) {
+  TwentySteps(GetParam(), scapeFloat16);
+}
+
 // A checkpoint saved with device state, loaded into a host optimizer, continues identically;
-// and the reverse: a host checkpoint loaded into an optimizer whose state is on the device.
+// and the reverse: a host checkpoint loaded into an optimizer whose state is on the device,
+// made with the other payload type (fp32 <-> bf16): the checkpoint's payload type replaces it,
+// and the device payload buffers follow its element size.
 TEST_P(DeviceOptim, CheckpointsMoveBetweenDeviceAndHost) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
-  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
-    auto res = RunRanks(P, [&](RankCtx& ctx) {
-      FakeRuntime& rt = Fake();
-      Cfg k;
-      k.ownership = own;
-      Pair p(ctx, k, seed);
-      const size_t n = p.n;
-      // A second device optimizer whose state is on the device before it loads (one step on
-      // other data, then the host optimizer's checkpoint replaces everything).
-      scapeOptim_t d2 = Create(ctx, p.l, k);
-      float* dp2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
-      float* dg2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
-      std::vector<float> junk = Grads(seed + 1, ctx.rank, 0, n);
-      std::memcpy(dg2, junk.data(), 4 * n);
-      EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
-      for (int t = 0; t < 8; ++t)
-        if (!p.Step(seed, t, false)) return false;
-      // Device -> host.
-      std::vector<uint8_t> ckDev = Save(p.dev, ctx.comm);
-      scapeOptim_t h2 = Create(ctx, p.l, k);
-      EXPECT_SCAPE_OK(scapeOptimLoad(h2, ckDev.data(), ckDev.size()), ctx.comm);
-      std::vector<float> hp2(p.dp, p.dp + n);
-      // Host -> device.
-      std::vector<uint8_t> ckHost = Save(p.host, ctx.comm);
-      EXPECT_EQ(ckHost, ckDev);
-      EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
-      EXPECT_SCAPE_OK(scapeOptimLoad(d2, ckHost.data(), ckHost.size()), ctx.comm);
-      std::memcpy(dp2, p.hp.data(), 4 * n);
-      EXPECT_EQ(Save(d2, ctx.comm), ckHost);
-      for (int t = 8; t < 16; ++t) {
-        if (!p.Step(seed, t, false)) return false;
-        std::vector<float> g = Grads(seed, ctx.rank, t, n);
-        EXPECT_SCAPE_OK(scapeOptimStep(h2, hp2.data(), g.data(), n), ctx.comm);
-        std::memcpy(dg2, g.data(), 4 * n);
+  for (int payload : {scapeFloat32, scapeBfloat16})
+    for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        Cfg k;
+        k.ownership = own;
+        k.payload = payload;
+        Pair p(ctx, k, seed);
+        const size_t n = p.n;
+        // A second device optimizer whose state is on the device before it loads (one step on
+        // other data, then the host optimizer's checkpoint replaces everything).
+        Cfg k2 = k;
+        k2.payload = payload == scapeFloat32 ? scapeBfloat16 : scapeFloat32;
+        scapeOptim_t d2 = Create(ctx, p.l, k2);
+        float* dp2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        float* dg2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        std::vector<float> junk = Grads(seed + 1, ctx.rank, 0, n);
+        std::memcpy(dg2, junk.data(), 4 * n);
         EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
+        for (int t = 0; t < 8; ++t)
+          if (!p.Step(seed, t, false)) return false;
+        // Device -> host.
+        std::vector<uint8_t> ckDev = Save(p.dev, ctx.comm);
+        scapeOptim_t h2 = Create(ctx, p.l, k);
+        EXPECT_SCAPE_OK(scapeOptimLoad(h2, ckDev.data(), ckDev.size()), ctx.comm);
+        std::vector<float> hp2(p.dp, p.dp + n);
+        // Host -> device.
+        std::vector<uint8_t> ckHost = Save(p.host, ctx.comm);
+        EXPECT_EQ(ckHost, ckDev);
         EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
-        if (!SameBits(hp2.data(), p.hp.data(), n,
-                      "host from device checkpoint, step " + std::to_string(t)) ||
-            !SameBits(dp2, p.hp.data(), n,
-                      "device from host checkpoint, step " + std::to_string(t)))
-          return false;
-      }
-      std::vector<uint8_t> end = Save(p.host, ctx.comm);
-      EXPECT_EQ(Save(p.dev, ctx.comm), end);
-      EXPECT_EQ(Save(h2, ctx.comm), end);
-      EXPECT_EQ(Save(d2, ctx.comm), end);
-      EXPECT_SCAPE_OK(scapeOptimDestroy(d2), ctx.comm);
-      EXPECT_SCAPE_OK(scapeOptimDestroy(h2), ctx.comm);
-      rt.DeviceFree(dp2);
-      rt.DeviceFree(dg2);
-      return !::testing::Test::HasFailure();
-    });
-    EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << ": " << res.Describe();
-  }
+        EXPECT_SCAPE_OK(scapeOptimLoad(d2, ckHost.data(), ckHost.size()), ctx.comm);
+        std::memcpy(dp2, p.hp.data(), 4 * n);
+        EXPECT_EQ(Save(d2, ctx.comm), ckHost);
+        for (int t = 8; t < 16; ++t) {
+          if (!p.Step(seed, t, false)) return false;
+          std::vector<float> g = Grads(seed, ctx.rank, t, n);
+          EXPECT_SCAPE_OK(scapeOptimStep(h2, hp2.data(), g.data(), n), ctx.comm);
+          std::memcpy(dg2, g.data(), 4 * n);
+          EXPECT_SCAPE_OK(scapeOptimStepStream(d2, dp2, dg2, n, p.s), ctx.comm);
+          EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+          if (!SameBits(hp2.data(), p.hp.data(), n,
+                        "host from device checkpoint, step " + std::to_string(t)) ||
+              !SameBits(dp2, p.hp.data(), n,
+                        "device from host checkpoint, step " + std::to_string(t)))
+            return false;
+        }
+        std::vector<uint8_t> end = Save(p.host, ctx.comm);
+        EXPECT_EQ(Save(p.dev, ctx.comm), end);
+        EXPECT_EQ(Save(h2, ctx.comm), end);
+        EXPECT_EQ(Save(d2, ctx.comm), end);
+        EXPECT_SCAPE_OK(scapeOptimDestroy(d2), ctx.comm);
+        EXPECT_SCAPE_OK(scapeOptimDestroy(h2), ctx.comm);
+        rt.DeviceFree(dp2);
+        rt.DeviceFree(dg2);
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " payload=" << payload << " ownership=" << own
+                               << ": " << res.Describe();
+    }
+}
+
+// A checkpoint with another payload type, loaded into an optimizer whose state is on the device:
+// the device step continues with the checkpoint's type, the host step's bits. The checkpoint is
+// saved before any step, so the next step's mask is the full one (k = n): an fp32 payload then
+// needs the whole 4n bytes, more than the 2n of the bf16 buffers the device state had.
+TEST_P(DeviceOptim, LoadedCheckpointChangesThePayloadType) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (int devPayload : {scapeBfloat16, scapeFloat32})
+    for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        Cfg k, kd;
+        k.ownership = kd.ownership = own;
+        kd.payload = devPayload;
+        k.payload = devPayload == scapeFloat32 ? scapeBfloat16 : scapeFloat32;
+        Pair p(ctx, k, seed, &kd);
+        const size_t n = p.n;
+        // The device optimizer's state moves to the device (one step on other data).
+        std::vector<float> junk = Grads(seed + 1, ctx.rank, 0, n);
+        std::memcpy(p.dg, junk.data(), 4 * n);
+        EXPECT_SCAPE_OK(scapeOptimStepStream(p.dev, p.dp, p.dg, n, p.s), ctx.comm);
+        EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+        // The host optimizer's checkpoint (no step yet) replaces its state and payload type.
+        std::vector<uint8_t> ck = Save(p.host, ctx.comm);
+        EXPECT_SCAPE_OK(scapeOptimLoad(p.dev, ck.data(), ck.size()), ctx.comm);
+        EXPECT_EQ(Save(p.dev, ctx.comm), ck);
+        std::memcpy(p.dp, p.hp.data(), 4 * n);
+        for (int t = 0; t < 6; ++t)
+          if (!p.Step(seed, t, true)) return false;
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " device payload=" << devPayload
+                               << " ownership=" << own << ": " << res.Describe();
+    }
 }
 
 // The call enqueues and returns while its stream is held: nothing is written until the stream
@@ -287,12 +344,17 @@ TEST(DeviceOptimErrors, BadArgumentsAreRefused) {
     fails(scapeOptimStepStream(p.host, hostP.data(), hostG.data(), n, p.s), scapeInvalidArgument,
           "stream");
     EXPECT_EQ(scapeOptimStepStream(nullptr, p.dp, p.dg, n, p.s), scapeInvalidArgument);
-    // bf16 payloads: refused on the device, with the reason.
+    // A bf16 payload is no bad argument: the device step takes it (its bits against the host
+    // step: Bf16PayloadMatchesTheHostStepBitForBit).
     Cfg bf;
     bf.payload = scapeBfloat16;
     scapeOptim_t o = Create(ctx, p.l, bf);
-    fails(scapeOptimStepStream(o, p.dp, p.dg, n, p.s), scapeUnsupported, "payloadType");
+    float* dp2 = static_cast<float*>(rt.DeviceMalloc(4 * n));
+    std::memcpy(dp2, p.dp, 4 * n);
+    EXPECT_SCAPE_OK(scapeOptimStepStream(o, dp2, p.dg, n, p.s), ctx.comm);
+    EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
     EXPECT_SCAPE_OK(scapeOptimDestroy(o), ctx.comm);
+    rt.DeviceFree(dp2);
     // Nothing was changed: the pair still steps identically.
     for (int t = 0; t < 3; ++t)
       if (!p.Step(seed, t, true)) return false;

@@ -79,14 +79,21 @@ bool SameBytes(const std::vector<T>& a, const std::vector<T>& b) {
 
 const size_t kSizes[] = {0, 1, 3, 4095, 4096, 4097, 100003, (size_t{1} << 22) + 5};
 
+// keep: keep_rounding (the rounding error stays in the residual inside the mask); then some
+// inputs overflow fp16 (a non-finite payload: residual +0) and some are NaN.
 template <typename Index>
 void CandidateCase(std::mt19937_64& rng, size_t n, double density, scapeDataType_t type,
-                   int c_mode /*0 none, 1 separate, 2 alias g*/) {
-  SCOPED_TRACE(::testing::Message() << "n=" << n << " density=" << density << " type=" << type
-                                    << " c_mode=" << c_mode << " index=" << sizeof(Index));
+                   int c_mode /*0 none, 1 separate, 2 alias g*/, bool keep = false) {
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " density=" << density << " type=" << type << " c_mode=" << c_mode
+               << " index=" << sizeof(Index) << " keep_rounding=" << keep);
   const float b1 = 0.9f;
   std::vector<float> m = RandomNormal(rng, n), g = RandomNormal(rng, n, 2.0f),
                      e = RandomNormal(rng, n, 0.1f);
+  if (keep) {
+    for (size_t i = 5; i < n; i += 97) g[i] = 2e6f;  // |c| > 65504: fp16 infinity
+    for (size_t i = 11; i < n; i += 389) g[i] = std::numeric_limits<float>::quiet_NaN();
+  }
   std::vector<Index> mask = RandomMask<Index>(rng, n, density);
   const size_t k = mask.size(), esz = PayloadElementSize(type);
   // CPU.
@@ -94,14 +101,15 @@ void CandidateCase(std::mt19937_64& rng, size_t n, double density, scapeDataType
   std::vector<uint8_t> p_cpu(k * esz);
   float* c_out_cpu = c_mode == 0 ? nullptr : (c_mode == 1 ? c_cpu.data() : g_cpu.data());
   ASSERT_EQ(CandidatePackResidual(m.data(), g_cpu.data(), e_cpu.data(), n, b1, mask.data(), k, type,
-                                  p_cpu.data(), c_out_cpu),
+                                  p_cpu.data(), c_out_cpu, 0, keep),
             KernelStatus::kOk);
   // GPU.
   DevBuf dm(m), dg(g), de(e), dmask(mask), dp(k * esz), dc(n * sizeof(float));
   ASSERT_TRUE(dm.ok() && dg.ok() && de.ok() && dmask.ok() && dp.ok() && dc.ok());
   float* c_out_gpu = c_mode == 0 ? nullptr : (c_mode == 1 ? dc.get<float>() : dg.get<float>());
   CUDA_OK(kc::CandidatePackResidualCuda(dm.get<float>(), dg.get<float>(), de.get<float>(), n, b1,
-                                        dmask.get<Index>(), k, type, dp.get(), c_out_gpu, nullptr));
+                                        dmask.get<Index>(), k, type, dp.get(), c_out_gpu, nullptr,
+                                        keep));
   CUDA_OK(kc::StreamSynchronize(nullptr));
   EXPECT_TRUE(SameBytes(de.Read<float>(n), e_cpu)) << "residual differs";
   EXPECT_TRUE(SameBytes(dp.Read<uint8_t>(k * esz), p_cpu)) << "payload differs";
@@ -120,6 +128,22 @@ TEST(CudaCandidatePackResidual, MatchesCpu) {
     for (double d : {0.0, 0.01, 0.5, 1.0}) CandidateCase<uint32_t>(rng, n, d, scapeFloat32, 0);
     CandidateCase<uint64_t>(rng, n, 0.05, scapeBfloat16, 1);
     CandidateCase<uint32_t>(rng, n, 0.05, scapeFloat16, 2);
+  }
+}
+
+// keep_rounding (the device optimizer step's form, for bf16/fp16 payloads): the same bits as
+// the CPU kernel with keep_rounding, which equals the host step's view kernel
+// (scape_kernels_cpu_test, CandidatePackResidual.KeepRoundingMatchesViewKernel).
+TEST(CudaCandidatePackResidual, KeepRoundingMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : kSizes) {
+    for (double d : {0.0, 0.05, 1.0}) {
+      CandidateCase<uint64_t>(rng, n, d, scapeBfloat16, 1, true);
+      CandidateCase<uint32_t>(rng, n, d, scapeFloat16, 0, true);
+    }
+    CandidateCase<uint64_t>(rng, n, 0.3, scapeBfloat16, 2, true);
+    CandidateCase<uint64_t>(rng, n, 0.3, scapeFloat32, 1, true);
   }
 }
 
@@ -598,9 +622,10 @@ TEST(CudaRuntimeOps, MatchCpu) {
     DevBuf dm(m), dg(g), de(e), dth(theta), dp(kk * 2), dnorm(8);
     std::vector<uint64_t> mask(want);
     std::sort(mask.begin(), mask.end());  // segments ascend: already sorted
+    // keepRounding: the device optimizer step's form for a bf16 payload.
     ASSERT_TRUE(rt->CandidatePackResidual(dm.get<float>(), dg.get<float>(), de.get<float>(), n,
                                           0.9f, dout.get<uint64_t>(), kk, scapeBfloat16, dp.get(),
-                                          nullptr, nullptr)
+                                          nullptr, /*keepRounding=*/true, nullptr)
                     .ok());
     ASSERT_TRUE(rt->RecoveredGradSqNorm(dp.get(), scapeBfloat16, dout.get<uint64_t>(), kk,
                                         dm.get<float>(), n, 0.9f, dnorm.get<double>(), nullptr)
@@ -619,7 +644,7 @@ TEST(CudaRuntimeOps, MatchCpu) {
     std::vector<float> eC = e, mC = m, thC = theta;
     std::vector<uint8_t> pC(kk * 2);
     ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), eC.data(), n, 0.9f, mask.data(), kk,
-                                    scapeBfloat16, pC.data(), nullptr),
+                                    scapeBfloat16, pC.data(), nullptr, 0, /*keep_rounding=*/true),
               KernelStatus::kOk);
     double normC = -1;
     ASSERT_EQ(
@@ -650,11 +675,11 @@ TEST(CudaRuntimeOps, MatchCpu) {
   st = rt->Gather(dx.get(), dout.get<uint64_t>(), 2, 3, dc.get(), nullptr);
   EXPECT_EQ(st.code(), scapeInvalidArgument);
   EXPECT_NE(st.message().find("gather"), std::string::npos) << st.message();
-  EXPECT_EQ(
-      rt->CandidatePackResidual(dx.get<float>(), dx.get<float>(), dx.get<float>(), 4, 0.9f,
-                                dout.get<uint64_t>(), 5, scapeFloat32, dc.get(), nullptr, nullptr)
-          .code(),
-      scapeInvalidArgument);
+  EXPECT_EQ(rt->CandidatePackResidual(dx.get<float>(), dx.get<float>(), dx.get<float>(), 4, 0.9f,
+                                      dout.get<uint64_t>(), 5, scapeFloat32, dc.get(), nullptr,
+                                      false, nullptr)
+                .code(),
+            scapeInvalidArgument);
   EXPECT_EQ(rt->RecoveredGradSqNorm(dc.get(), scapeInt32, dout.get<uint64_t>(), 1, dx.get<float>(),
                                     4, 0.9f, dc.get<double>(), nullptr)
                 .code(),
