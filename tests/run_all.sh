@@ -11,9 +11,12 @@ bash tests/install_deps.sh
 # Formatting first (cheap): fails on any file clang-format would change (SCAPE_CHECK_FORMAT=0 skips).
 bash tests/check_format.sh
 
+source tests/cmake_generator.sh
+
 jobs=2
 echo "=== build (release) ==="
-cmake -B build -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.cmake.log 2>&1 || { cat build.cmake.log; exit 1; }
+# shellcheck disable=SC2046 # scape_generator prints nothing or two words
+cmake $(scape_generator build) -B build -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.cmake.log 2>&1 || { cat build.cmake.log; exit 1; }
 rm -f build.cmake.log
 cmake --build build -j"$jobs"
 # `import scape` for /usr/bin/python3 from anywhere: a .pth in the user's site-packages that
@@ -25,7 +28,8 @@ echo "=== ctest (release) ==="
 
 if [ "${SCAPE_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "=== build (AddressSanitizer + UndefinedBehaviorSanitizer) ==="
-  cmake -B build-asan -S . -DCMAKE_BUILD_TYPE=Debug -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF \
+  # shellcheck disable=SC2046
+  cmake $(scape_generator build-asan) -B build-asan -S . -DCMAKE_BUILD_TYPE=Debug -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF \
         -DSCAPE_SANITIZE=address,undefined > build-asan.cmake.log 2>&1 || { cat build-asan.cmake.log; exit 1; }
   rm -f build-asan.cmake.log
   cmake --build build-asan -j"$jobs"
