@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librdmacm-dev
       openmpi-bin libopenmpi-dev googletest libgtest-dev libbenchmark-dev python3 libgloo-dev python3-matplotlib
       clang-format  # clang-format: tests/check_format.sh (Debian 12: version 14)
+      ninja-build   # the test trees' generator when present (tests/cmake_generator.sh)
       # clang 14 with its runtimes: libFuzzer targets (tests/fuzz) and the ThreadSanitizer
       # pass (tests/tsan); iproute2 and util-linux: the off-host tests' namespaces.
       clang-14 libclang-rt-14-dev iproute2 util-linux

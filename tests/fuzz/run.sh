@@ -24,7 +24,9 @@ done
 targets=(fuzz_bootstrap_hello fuzz_bootstrap_reply fuzz_unique_id fuzz_mask_decode
          fuzz_nccl_handle fuzz_optim_checkpoint)
 if [ ! -x build-fuzz/tests/fuzz/fuzz_make_seeds ] || [ "${SCAPE_FUZZ_REBUILD:-1}" = "1" ]; then
-  CC=clang-14 CXX=clang++-14 cmake -B build-fuzz -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  source tests/cmake_generator.sh
+  # shellcheck disable=SC2046 # scape_generator prints nothing or two words
+  CC=clang-14 CXX=clang++-14 cmake $(scape_generator build-fuzz) -B build-fuzz -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF -DSCAPE_SANITIZE=address,undefined -DSCAPE_FUZZ=ON \
     -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link \
     > build-fuzz.cmake.log 2>&1 || { cat build-fuzz.cmake.log; exit 1; }

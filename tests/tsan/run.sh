@@ -15,7 +15,9 @@ dir="${SCAPE_TSAN_DIR:-build-tsan}"
 # ThreadSanitizer runtime does not support here (a .so needs -shared-libsan, whose executables
 # crash at start on this machine): the pass runs nccl_net_threads_test instead, which links the
 # plugin's entry points (net_v11.cc and the shims) and its UCX engine statically.
-CC=clang-14 CXX=clang++-14 cmake -B "$dir" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+source tests/cmake_generator.sh
+# shellcheck disable=SC2046 # scape_generator prints nothing or two words
+CC=clang-14 CXX=clang++-14 cmake $(scape_generator "$dir") -B "$dir" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF -DSCAPE_SANITIZE=thread \
   -DCMAKE_EXE_LINKER_FLAGS= -DCMAKE_SHARED_LINKER_FLAGS= \
   > "$dir.cmake.log" 2>&1 || { cat "$dir.cmake.log"; exit 1; }
