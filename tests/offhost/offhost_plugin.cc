@@ -7,7 +7,11 @@
 //   xfer        1 KiB, 1 MiB, 64 MiB (eager and rendezvous), checked byte for byte.
 //   killsend    the sender posts a 64 MiB send and SIGKILLs itself at once; the receiver's
 //               test() must fail (ncclRemoteError / ncclSystemError) within kErrorBoundMs.
-//   killsendmid the same, the sender killed ~40 ms into the transfer (data flowing).
+//   killsendmid the same with a 256 MiB send, the sender killed by a second thread ~15 ms into
+//               the transfer while its main thread progresses the send (data flowing). (The
+//               sender's own thread cannot time the kill: one test() call can push the whole
+//               message into the socket, so on a quiet machine a sender that died "after 40 ms
+//               of progress" had already sent all 64 MiB, and the case failed.)
 //   killrecv    the sender posts 4 x 16 MiB; the receiver posts one receive, progresses it
 //               until the sends are posted and ~40 ms more, then SIGKILLs itself; the
 //               sender's test() (or isend) must fail within the bound.
@@ -24,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/nccl/net_abi.h"
@@ -36,6 +41,10 @@ constexpr int kWaitMs = 30000;        // every other wait
 const ncclNet_v11_t* g_net = nullptr;
 std::string g_role;
 std::string g_case;
+
+// The killed sender's message: 64 MiB (killsend), 256 MiB (killsendmid: it must still be in
+// flight after ~15 ms of progress on an idle machine).
+size_t KillSendBytes() { return g_case == "killsendmid" ? size_t{256} << 20 : size_t{64} << 20; }
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -193,7 +202,7 @@ int Receiver(void* ctx, const std::string& dir) {
   }
 
   if (g_case == "killsend" || g_case == "killsendmid") {
-    std::vector<uint8_t> buf(size_t{64} << 20);
+    std::vector<uint8_t> buf(KillSendBytes());
     void* mh = nullptr;
     CHECK_OK(g_net->regMr(rc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
     void* req = nullptr;
@@ -206,7 +215,14 @@ int Receiver(void* ctx, const std::string& dir) {
     std::printf("offhost-plugin %s recv: test() returned %d after %lld ms\n", g_case.c_str(), r,
                 ms);
     if (r == -1) Fail("test() still pending after %lld ms: the dead sender was not noticed", ms);
-    if (r == ncclSuccess) Fail("receive completed although the sender died before sending all");
+    if (r == ncclSuccess) {
+      size_t good = 0;
+      for (uint8_t b : buf) good += b == 0x5a;
+      Fail(
+          "receive completed although the sender died before sending all (%zu of %zu bytes are "
+          "the sender's)",
+          good, buf.size());
+    }
     if (!IsPeerError(r)) Fail("test() returned %d, not ncclRemoteError/ncclSystemError", r);
     if (ms > kErrorBoundMs) Fail("error after %lld ms (bound %d ms)", ms, kErrorBoundMs);
     (void)g_net->deregMr(rc, mh);
@@ -273,19 +289,29 @@ int Sender(void* ctx, const std::string& dir) {
   if (g_case == "killsend" || g_case == "killsendmid") {
     char posted;
     if (!GetFile(dir + "/posted", &posted, 1, kWaitMs)) Fail("receiver never posted");
-    std::vector<uint8_t> buf(size_t{64} << 20, 0x5a);
+    std::vector<uint8_t> buf(KillSendBytes(), 0x5a);
     void* mh = nullptr;
     CHECK_OK(g_net->regMr(sc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
     void* req = nullptr;
     if (Send(sc, buf.data(), buf.size(), 7, mh, &req, kWaitMs) != ncclSuccess) Fail("isend");
-    // killsend: a few test() calls (the request on the wire), then die. killsendmid: ~40 ms of
-    // progress first, the data flowing, never long enough for 64 MiB over TCP to finish... and
-    // if it did finish, the receiver reports that as a failure of the case, not a pass.
-    const int64_t until = NowMs() + (g_case == "killsendmid" ? 40 : 0);
+    // killsend: a few test() calls (the request on the wire), then die. killsendmid: a second
+    // thread kills the process ~15 ms from now while this one keeps progressing the send, far
+    // from long enough for 256 MiB over TCP to finish... and if it did finish, the receiver
+    // reports that as a failure of the case, not a pass.
     int done = 0;
-    for (int i = 0; !done && (i < 3 || NowMs() < until); ++i)
-      (void)g_net->test(req, &done, nullptr);
-    DieNow();
+    if (g_case == "killsend") {
+      for (int i = 0; !done && i < 3; ++i) (void)g_net->test(req, &done, nullptr);
+      DieNow();
+    }
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+      DieNow();
+    }).detach();
+    const int64_t deadline = NowMs() + kWaitMs;
+    while (!done && NowMs() < deadline) (void)g_net->test(req, &done, nullptr);
+    std::printf("offhost-plugin %s send: the send completed before the kill\n", g_case.c_str());
+    std::fflush(stdout);
+    for (;;) pause();  // the killer thread ends the process
   }
 
   if (g_case == "killrecv") {

@@ -6,7 +6,7 @@
 # travels as a file in a shared temp directory. Cases (tests/offhost/offhost_plugin.cc):
 #   xfer         1 KiB, 1 MiB, 64 MiB checked byte for byte
 #   killrecv     the receiver killed (SIGKILL) with sends in flight: the sender's test() fails
-#   killsendmid  the sender killed ~40 ms into a 64 MiB transfer: the receiver's test() fails
+#   killsendmid  the sender killed ~15 ms into a 256 MiB transfer: the receiver's test() fails
 #   killsend     the sender killed right after posting a 64 MiB send: the same (until issue 15's
 #                defect 9 was fixed the receiver aborted inside UCX 1.13 here; see
 #                perf/RESULTS_reliability.md)
