@@ -5,8 +5,9 @@
 //   offhost_plugin <plugin.so> recv|send <case> <dir>
 // Cases (all four run in ctest's OffHost.NcclPluginNetNamespaces):
 //   xfer        1 KiB, 1 MiB, 64 MiB (eager and rendezvous), checked byte for byte.
-//   killsend    the sender posts a 64 MiB send and SIGKILLs itself at once; the receiver's
-//               test() must fail (ncclRemoteError / ncclSystemError) within kErrorBoundMs.
+//   killsend    the sender posts a 64 MiB send and a second thread SIGKILLs it at once; the
+//               receiver's test() must fail (ncclRemoteError / ncclSystemError) within
+//               kErrorBoundMs.
 //   killsendmid the same with a 256 MiB send, the sender killed by a second thread ~15 ms into
 //               the transfer while its main thread progresses the send (data flowing). (The
 //               sender's own thread cannot time the kill: one test() call can push the whole
@@ -294,17 +295,15 @@ int Sender(void* ctx, const std::string& dir) {
     CHECK_OK(g_net->regMr(sc, buf.data(), buf.size(), NCCL_PTR_HOST, &mh));
     void* req = nullptr;
     if (Send(sc, buf.data(), buf.size(), 7, mh, &req, kWaitMs) != ncclSuccess) Fail("isend");
-    // killsend: a few test() calls (the request on the wire), then die. killsendmid: a second
-    // thread kills the process ~15 ms from now while this one keeps progressing the send, far
-    // from long enough for 256 MiB over TCP to finish... and if it did finish, the receiver
-    // reports that as a failure of the case, not a pass.
+    // A second thread kills the process (killsend: at once; killsendmid: ~15 ms from now) while
+    // this one keeps progressing the send, far from long enough for the message to finish over
+    // TCP... and if it did finish, the receiver reports that as a failure of the case, not a
+    // pass. (A sender that itself stopped after "a few test() calls" could already have pushed
+    // all 64 MiB into the socket within the last of them.)
     int done = 0;
-    if (g_case == "killsend") {
-      for (int i = 0; !done && i < 3; ++i) (void)g_net->test(req, &done, nullptr);
-      DieNow();
-    }
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    const int killMs = g_case == "killsendmid" ? 15 : 0;
+    std::thread([killMs] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(killMs));
       DieNow();
     }).detach();
     const int64_t deadline = NowMs() + kWaitMs;
