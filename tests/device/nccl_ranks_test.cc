@@ -463,94 +463,98 @@ TEST_P(NcclRanks, DestroyAndAbortTearDownBoth) {
 // (its exchange on the host communicator): with 1 or 2 ranks the same bits (a sum of two values
 // does not depend on its order), params and whole checkpoints, every step; with 3 ranks the
 // fake NCCL sums in rank order, not in the host ring's order, so only "every rank holds the
-// same params" is checked there.
+// same params" is checked there. fp32 and bf16 payloads (the fake averages two bf16 values as
+// the host does: the float sum divided, rounded to bf16 once).
 TEST_P(NcclRanks, OptimizerStepOnDeviceExchangesOverNccl) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
-  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
-    FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
-    ASSERT_NE(shared, nullptr);
-    auto res = RunRanks(
-        P,
-        [&](RankCtx& ctx) {
-          FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
-          scapeComm_t comm = nullptr;
-          EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
-          if (!comm) return false;
-          // Odd n, a dense segment, an empty one.
-          const std::vector<uint64_t> offs{0, 0, 517, 530, 1203};
-          const std::vector<uint8_t> dense{0, 0, 1, 0};
-          const uint64_t n = offs.back();
-          auto make = [&]() {
-            scapeOptimConfig_t c;
-            EXPECT_EQ(scapeOptimConfigInit(&c), scapeSuccess);
-            c.n = n;
-            c.nsegments = static_cast<int>(offs.size() - 1);
-            c.segOffsets = offs.data();
-            c.denseFlags = dense.data();
-            c.ownership = own;
-            c.lr = 1e-2f;
-            c.weightDecay = 0.1f;
-            c.density = 0.05;
-            c.warmupSteps = 2;
-            scapeOptim_t o = nullptr;
-            EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
-            return o;
-          };
-          auto save = [&](scapeOptim_t o) {
-            size_t bytes = 0, written = 0;
-            EXPECT_SCAPE_OK(scapeOptimCheckpointSize(o, &bytes), comm);
-            std::vector<uint8_t> b(bytes);
-            EXPECT_SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
-            return b;
-          };
-          scapeOptim_t host = make(), dev = make();
-          if (!host || !dev) return false;
-          std::mt19937 prng(seed);
-          std::uniform_real_distribution<float> pu(-1.0f, 1.0f);
-          std::vector<float> hp(n);
-          for (float& x : hp) x = pu(prng);
-          float* dp = static_cast<float*>(ToDevice(hp.data(), 4 * n));
-          float* dg = static_cast<float*>(Fake().DeviceMalloc(4 * n));
-          void* stream = Fake().NewStream();
-          const int opsBefore = fc.ops;
-          for (int t = 0; t < 12; ++t) {
-            std::mt19937 rng(seed * 31u + static_cast<unsigned>(t) * 7u +
-                             static_cast<unsigned>(ctx.rank));
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            std::vector<float> g(n);
-            for (float& x : g) x = nd(rng);
-            EXPECT_SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), comm);
-            EXPECT_TRUE(Fake().CopyAsync(dg, g.data(), 4 * n, stream).ok());
-            EXPECT_SCAPE_OK(scapeOptimStepStream(dev, dp, dg, n, stream), comm);
-            std::vector<float> back = FromDevice<float>(dp, n, stream);
-            if (P <= 2) {
-              EXPECT_EQ(std::memcmp(back.data(), hp.data(), 4 * n), 0) << "params, step " << t;
-              EXPECT_EQ(save(dev), save(host)) << "checkpoint, step " << t;
-            } else {
-              // Every rank the same params: gather them (host buffers: the host communicator).
-              std::vector<float> all(n * static_cast<size_t>(P));
-              EXPECT_SCAPE_OK(
-                  scapeAllGather(back.data(), all.data(), n, scapeFloat32, comm, nullptr), comm);
-              for (int r = 1; r < P; ++r)
-                EXPECT_EQ(std::memcmp(all.data(), all.data() + n * static_cast<size_t>(r), 4 * n),
-                          0)
-                    << "rank " << r << "'s params differ from rank 0's, step " << t;
+  for (int payload : {scapeFloat32, scapeBfloat16})
+    for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+      FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
+      ASSERT_NE(shared, nullptr);
+      auto res = RunRanks(
+          P,
+          [&](RankCtx& ctx) {
+            FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+            scapeComm_t comm = nullptr;
+            EXPECT_SCAPE_OK(scapeCommInitNccl(&comm, &fc, nullptr), nullptr);
+            if (!comm) return false;
+            // Odd n, a dense segment, an empty one.
+            const std::vector<uint64_t> offs{0, 0, 517, 530, 1203};
+            const std::vector<uint8_t> dense{0, 0, 1, 0};
+            const uint64_t n = offs.back();
+            auto make = [&]() {
+              scapeOptimConfig_t c;
+              EXPECT_EQ(scapeOptimConfigInit(&c), scapeSuccess);
+              c.n = n;
+              c.nsegments = static_cast<int>(offs.size() - 1);
+              c.segOffsets = offs.data();
+              c.denseFlags = dense.data();
+              c.ownership = own;
+              c.lr = 1e-2f;
+              c.weightDecay = 0.1f;
+              c.density = 0.05;
+              c.warmupSteps = 2;
+              c.payloadType = payload;
+              scapeOptim_t o = nullptr;
+              EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
+              return o;
+            };
+            auto save = [&](scapeOptim_t o) {
+              size_t bytes = 0, written = 0;
+              EXPECT_SCAPE_OK(scapeOptimCheckpointSize(o, &bytes), comm);
+              std::vector<uint8_t> b(bytes);
+              EXPECT_SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
+              return b;
+            };
+            scapeOptim_t host = make(), dev = make();
+            if (!host || !dev) return false;
+            std::mt19937 prng(seed);
+            std::uniform_real_distribution<float> pu(-1.0f, 1.0f);
+            std::vector<float> hp(n);
+            for (float& x : hp) x = pu(prng);
+            float* dp = static_cast<float*>(ToDevice(hp.data(), 4 * n));
+            float* dg = static_cast<float*>(Fake().DeviceMalloc(4 * n));
+            void* stream = Fake().NewStream();
+            const int opsBefore = fc.ops;
+            for (int t = 0; t < 12; ++t) {
+              std::mt19937 rng(seed * 31u + static_cast<unsigned>(t) * 7u +
+                               static_cast<unsigned>(ctx.rank));
+              std::normal_distribution<float> nd(0.0f, 1.0f);
+              std::vector<float> g(n);
+              for (float& x : g) x = nd(rng);
+              EXPECT_SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), comm);
+              EXPECT_TRUE(Fake().CopyAsync(dg, g.data(), 4 * n, stream).ok());
+              EXPECT_SCAPE_OK(scapeOptimStepStream(dev, dp, dg, n, stream), comm);
+              std::vector<float> back = FromDevice<float>(dp, n, stream);
+              if (P <= 2) {
+                EXPECT_EQ(std::memcmp(back.data(), hp.data(), 4 * n), 0) << "params, step " << t;
+                EXPECT_EQ(save(dev), save(host)) << "checkpoint, step " << t;
+              } else {
+                // Every rank the same params: gather them (host buffers: the host communicator).
+                std::vector<float> all(n * static_cast<size_t>(P));
+                EXPECT_SCAPE_OK(
+                    scapeAllGather(back.data(), all.data(), n, scapeFloat32, comm, nullptr), comm);
+                for (int r = 1; r < P; ++r)
+                  EXPECT_EQ(std::memcmp(all.data(), all.data() + n * static_cast<size_t>(r), 4 * n),
+                            0)
+                      << "rank " << r << "'s params differ from rank 0's, step " << t;
+              }
+              if (::testing::Test::HasFailure()) break;
             }
-            if (::testing::Test::HasFailure()) break;
-          }
-          // Each device step went over NCCL (one call, or a group of calls per step).
-          EXPECT_GE(fc.ops - opsBefore, 12) << "the device steps did not use NCCL";
-          EXPECT_SCAPE_OK(scapeOptimDestroy(dev), comm);
-          EXPECT_SCAPE_OK(scapeOptimDestroy(host), comm);
-          Fake().DeviceFree(dp);
-          Fake().DeviceFree(dg);
-          EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
-          return !::testing::Test::HasFailure();
-        },
-        Opts());
-    EXPECT_TRUE(res.AllOk()) << "ownership " << own << ": " << res.Describe();
-  }
+            // Each device step went over NCCL (one call, or a group of calls per step).
+            EXPECT_GE(fc.ops - opsBefore, 12) << "the device steps did not use NCCL";
+            EXPECT_SCAPE_OK(scapeOptimDestroy(dev), comm);
+            EXPECT_SCAPE_OK(scapeOptimDestroy(host), comm);
+            Fake().DeviceFree(dp);
+            Fake().DeviceFree(dg);
+            EXPECT_SCAPE_OK(scapeCommDestroy(comm), comm);
+            return !::testing::Test::HasFailure();
+          },
+          Opts());
+      EXPECT_TRUE(res.AllOk()) << "payload " << payload << ", ownership " << own << ": "
+                               << res.Describe();
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, NcclRanks, ::testing::Values(1, 2, 3),
