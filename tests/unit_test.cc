@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -199,11 +201,47 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
         float y = t == scapeFloat16 ? kernels::Fp16ToFloat(b[i]) : kernels::Bf16ToFloat(b[i]);
         float r = x + y;
         if (div > 1) r = r / static_cast<float>(div);
+        if (r != r) r = std::numeric_limits<float>::quiet_NaN();  // canonical: 0x7fc00000
         uint16_t want = t == scapeFloat16 ? kernels::FloatToFp16(r) : kernels::FloatToBf16(r);
         ASSERT_EQ(out[i], want) << "dtype " << t << " element " << i << " a=" << a[i]
                                 << " b=" << b[i];
       }
     }
+  // Two NaNs of different payloads (and signs): the same bits in either operand order, the
+  // canonical NaN (x86 keeps one operand's payload, which depends on the operand order; a
+  // random 16-bit pair above made that differ between the vector and scalar paths in about 1
+  // run of 100).
+  {
+    const uint32_t fa = 0xffc01234u, fb = 0x7fa05678u;
+    float f[2];
+    std::memcpy(&f[0], &fa, 4);
+    std::memcpy(&f[1], &fb, 4);
+    for (scapeRedOp_t op : {scapeSum, scapeMax, scapeMin, scapeAvg})
+      for (int div : {1, 2}) {
+        std::vector<float> a(17, f[0]), b(17, f[1]), ab(17), ba(17);
+        ASSERT_EQ(kernels::ReduceInto(scapeFloat32, op, ab.data(), a.data(), b.data(), 17, div),
+                  kernels::KernelStatus::kOk);
+        ASSERT_EQ(kernels::ReduceInto(scapeFloat32, op, ba.data(), b.data(), a.data(), 17, div),
+                  kernels::KernelStatus::kOk);
+        uint32_t u;
+        std::memcpy(&u, &ab[16], 4);
+        EXPECT_EQ(u, 0x7fc00000u) << "op " << op;
+        EXPECT_EQ(std::memcmp(ab.data(), ba.data(), 4 * 17), 0) << "op " << op;
+      }
+    for (scapeDataType_t t : {scapeFloat16, scapeBfloat16}) {
+      // 17 elements: the 8-wide vector path and the scalar tail.
+      const uint16_t na = t == scapeFloat16 ? 0xfe13 : 0xffc3,
+                     nb = t == scapeFloat16 ? 0x7d55 : 0x7f91;
+      std::vector<uint16_t> a(17, na), b(17, nb), ab(17), ba(17);
+      ASSERT_EQ(kernels::ReduceInto(t, scapeSum, ab.data(), a.data(), b.data(), 17, 1),
+                kernels::KernelStatus::kOk);
+      ASSERT_EQ(kernels::ReduceInto(t, scapeSum, ba.data(), b.data(), a.data(), 17, 1),
+                kernels::KernelStatus::kOk);
+      EXPECT_EQ(ab, ba) << "dtype " << t;
+      EXPECT_EQ(ab[0], t == scapeFloat16 ? 0x7e00 : 0x7fc0) << "dtype " << t << " (vector path)";
+      EXPECT_EQ(ab[16], t == scapeFloat16 ? 0x7e00 : 0x7fc0) << "dtype " << t << " (tail)";
+    }
+  }
   EXPECT_EQ(kernels::ReduceInto(static_cast<scapeDataType_t>(9), scapeSum, nullptr, nullptr,
                                 nullptr, 0, 1),
             kernels::KernelStatus::kInvalidArgument);

@@ -36,6 +36,12 @@ struct OpMin {
   }
 };
 
+// A NaN result becomes the canonical quiet NaN: which operand's payload an fp32 add (or
+// fmax/fmin of two NaNs) keeps depends on the operand order the compiler or the vector unit
+// picks, and the contract promises the same bits for (a, b) and (b, a).
+constexpr uint32_t kCanonicalNaNBits = 0x7fc00000u;
+inline float CanonNaN(float r) { return r != r ? BitsFloat(kCanonicalNaNBits) : r; }
+
 // Integers: two's complement wrap-around, done in unsigned arithmetic to avoid UB.
 template <typename T, typename U>
 struct IntSum {
@@ -46,17 +52,23 @@ template <typename Op>
 void ReduceF32(float* dst, const float* a, const float* b, size_t n, int div) {
   if (div > 1) {
     const float d = static_cast<float>(div);
-    for (size_t i = 0; i < n; ++i) dst[i] = Op::Apply(a[i], b[i]) / d;
+    for (size_t i = 0; i < n; ++i) dst[i] = CanonNaN(Op::Apply(a[i], b[i]) / d);
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = Op::Apply(a[i], b[i]);
+    for (size_t i = 0; i < n; ++i) dst[i] = CanonNaN(Op::Apply(a[i], b[i]));
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SCAPE_X86_SIMD 1
 // Sums of fp16 and bf16 with AVX2 (and F16C for fp16). They give the same bits as the scalar
-// loops below (one IEEE fp32 add, an optional fp32 divide, one round-to-nearest-even), so
-// ranks on machines with and without these instructions still agree bit for bit.
+// loops below (one IEEE fp32 add, an optional fp32 divide, a NaN made canonical, one
+// round-to-nearest-even), so ranks on machines with and without these instructions still agree
+// bit for bit.
+__attribute__((target("avx2"))) inline __m256 CanonNaN8(__m256 r) {
+  return _mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(kCanonicalNaNBits)),
+                          _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+}
+
 __attribute__((target("avx2,f16c"))) size_t SumFp16Avx2(uint16_t* dst, const uint16_t* a,
                                                         const uint16_t* b, size_t n, int div) {
   const __m256 d = _mm256_set1_ps(static_cast<float>(div));
@@ -66,6 +78,7 @@ __attribute__((target("avx2,f16c"))) size_t SumFp16Avx2(uint16_t* dst, const uin
     __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
     __m256 r = _mm256_add_ps(x, y);
     if (div > 1) r = _mm256_div_ps(r, d);
+    r = CanonNaN8(r);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
@@ -86,6 +99,7 @@ __attribute__((target("avx2"))) size_t SumBf16Avx2(uint16_t* dst, const uint16_t
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i))), 16);
     __m256 r = _mm256_add_ps(_mm256_castsi256_ps(xa), _mm256_castsi256_ps(xb));
     if (div > 1) r = _mm256_div_ps(r, d);
+    r = CanonNaN8(r);
     __m256i u = _mm256_castps_si256(r);
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absMask), inf);
     __m256i rounded = _mm256_add_epi32(
@@ -123,9 +137,9 @@ void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, i
 #endif
   const float d = static_cast<float>(div > 1 ? div : 1);
   if (div > 1) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FromF(Op::Apply(ToF(a[i]), ToF(b[i])) / d);
+    for (size_t i = 0; i < n; ++i) dst[i] = FromF(CanonNaN(Op::Apply(ToF(a[i]), ToF(b[i])) / d));
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FromF(Op::Apply(ToF(a[i]), ToF(b[i])));
+    for (size_t i = 0; i < n; ++i) dst[i] = FromF(CanonNaN(Op::Apply(ToF(a[i]), ToF(b[i]))));
   }
 }
 
