@@ -570,8 +570,13 @@ ucp_request_param_t DataParam(MemType type) {
 // (UCX 1.13 does not tell it when the sender closes): the handshake makes that happen for
 // every such connection, where before only the first rendezvous transfer did.
 //
-// The tag has 0 as its comm-id half, which data never has (comm ids start at 1); the payload
-// ties it to the listener and the receive comm.
+// The UCX tag layout, in one place: data carries the receive comm's id in the high half and
+// NCCL's tag in the low half; the handshake has 0 as its comm-id half, which data never has
+// (comm ids start at 1), and the comm id in the low half. The handshake's payload ties it to
+// the listener and the receive comm.
+uint64_t DataTag(uint32_t commId, int tag) {
+  return (static_cast<uint64_t>(commId) << 32) | static_cast<uint32_t>(tag);
+}
 uint64_t HandshakeTag(uint32_t commId) { return commId; }
 uint64_t HandshakeWord(uint64_t listenId, uint32_t commId) {
   return listenId ^ (static_cast<uint64_t>(commId) * 0x9e3779b97f4a7c15ull);
@@ -1170,7 +1175,7 @@ Status Isend(SendComm* sc, const void* data, size_t size, int tag, const MemRegi
   r->n = 1;
   r->cap[0] = size;
   ucp_request_param_t rp = DataParam(mr ? mr->type : MemType::kHost);
-  uint64_t utag = (static_cast<uint64_t>(sc->remoteId) << 32) | static_cast<uint32_t>(tag);
+  const uint64_t utag = DataTag(sc->remoteId, tag);
   ucs_status_ptr_t p = ucp_tag_send_nbx(sc->ep, data, size, utag, &rp);
   if (UCS_PTR_IS_ERR(p)) {
     sc->Release(r);
@@ -1201,7 +1206,7 @@ Status Irecv(RecvComm* rc, int n, void* const* data, const size_t* sizes, const 
     // UCX 1.13 leaves recv_info unset for a receive that completes at once: always get a
     // request and read the length from it.
     rp.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    uint64_t utag = (static_cast<uint64_t>(rc->id) << 32) | static_cast<uint32_t>(tags[i]);
+    const uint64_t utag = DataTag(rc->id, tags[i]);
     ucs_status_ptr_t p = ucp_tag_recv_nbx(w->h, data[i], sizes[i], utag, ~0ull, &rp);
     r->cap[i] = sizes[i];
     if (UCS_PTR_IS_ERR(p) || p == nullptr) {
