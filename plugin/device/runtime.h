@@ -87,14 +87,14 @@ class Runtime {
   virtual Status TopkAbs(const float* dX, const kernels::TopkSegments& segments,
                          const kernels::TopkOptions& options, uint64_t* dOut, uint64_t* dCounts,
                          Stream s);
-  // kernels/cpu/scape_step.h (dMask strictly increasing, k <= n). keepRounding is the
-  // kernel's keep_rounding: false, the residual inside the mask is +0; true, it is the rounding
-  // error c - float(payload) (+0 for fp32 and when the payload value is not finite), what the
-  // host optimizer step's view kernel leaves there.
+  // kernels/cpu/scape_step.h (dMask strictly increasing, k <= n), in the optimizer step's form
+  // (the kernel's keep_rounding): the residual inside the mask is the rounding error
+  // c - float(payload) (+0 for fp32 and when the payload value is not finite), what the host
+  // optimizer step's view kernel leaves there.
   virtual Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                        float beta1, const uint64_t* dMask, size_t k,
                                        scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                       bool keepRounding, Stream s);
+                                       Stream s);
   virtual Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                    const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                    size_t n, const kernels::AdamSParams& params, Stream s);

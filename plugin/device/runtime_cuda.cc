@@ -339,7 +339,7 @@ class Cuda final : public Runtime {
   }
   Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n, float beta1,
                                const uint64_t* dMask, size_t k, scapeDataType_t payloadType,
-                               void* dPayload, float* dCOut, bool keepRounding, Stream s) override {
+                               void* dPayload, float* dCOut, Stream s) override {
     const char* op = "candidate kernel";
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
@@ -354,9 +354,9 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
     SCAPE_RETURN_IF_ERROR(
         CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
-    return KernelFail(
-        op, kc::CandidatePackResidualCuda(dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload,
-                                          dCOut, static_cast<cudaStream_t>(s), keepRounding));
+    return KernelFail(op, kc::CandidatePackResidualCuda(
+                              dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload, dCOut,
+                              static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
   }
   Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType, const uint64_t* dMask,
                            size_t k, float* dTheta, float* dM, size_t n,

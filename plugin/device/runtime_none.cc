@@ -80,7 +80,7 @@ Status Runtime::TopkAbs(const float*, const kernels::TopkSegments&, const kernel
   return NoDeviceOp(this, "top-k kernel");
 }
 Status Runtime::CandidatePackResidual(const float*, const float*, float*, size_t, float,
-                                      const uint64_t*, size_t, scapeDataType_t, void*, float*, bool,
+                                      const uint64_t*, size_t, scapeDataType_t, void*, float*,
                                       Stream) {
   return NoDeviceOp(this, "candidate kernel");
 }

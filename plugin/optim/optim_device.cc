@@ -237,12 +237,12 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   }
   const uint64_t* dSortedMask = identity ? d.dMaskOrder : d.dSorted;
 
-  // Candidate + pack + residual; the candidate is the statistic. keepRounding: a bf16/fp16
-  // payload's rounding error stays in the residual inside the mask, as in the host step.
+  // Candidate + pack + residual; the candidate is the statistic. A bf16/fp16 payload's rounding
+  // error stays in the residual inside the mask, as in the host step.
   t0 = NowNs();
   void* paySorted = identity ? d.dSend : d.dPaySorted;
   SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
-                                                  pt, paySorted, d.dStat, /*keepRounding=*/true, st)
+                                                  pt, paySorted, d.dStat, st)
                             .Prepend("candidate"));
   if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
   phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;

@@ -517,7 +517,7 @@ Status FakeRuntime::TopkAbs(const float* dX, const kn::TopkSegments& segments,
 Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                           float beta1, const uint64_t* dMask, size_t k,
                                           scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                          bool keepRounding, Stream s) {
+                                          Stream s) {
   const char* op = "CandidatePackResidual";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -540,7 +540,7 @@ Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, floa
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
     return KernelResult(kn::CandidatePackResidual(dM, dG, dE, n, beta1, dMask, k, payloadType,
-                                                  dPayload, dCOut, threads, keepRounding),
+                                                  dPayload, dCOut, threads, /*keep_rounding=*/true),
                         "dMask not strictly increasing, or an entry >= n");
   });
   return Status::Ok();

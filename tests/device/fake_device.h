@@ -117,7 +117,7 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                       float beta1, const uint64_t* dMask, size_t k,
                                       scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                      bool keepRounding, scape::device::Stream s) override;
+                                      scape::device::Stream s) override;
   scape::Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                   const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                   size_t n, const scape::kernels::AdamSParams& params,

@@ -299,11 +299,10 @@ TEST_F(FakeOps, StepKernelsMatchTheCpuKernels) {
     for (size_t n : {0, 1, 2, 777, 4099}) {
       for (size_t k : {size_t{0}, n / 10, n}) {
         for (bool withC : {false, true}) {
-          // The rounding error kept in the residual with c_out (the device optimizer step's
-          // form), or not, without.
-          const bool keep = withC;
-          SCOPED_TRACE(::testing::Message() << "type " << t << " n " << n << " k " << k << " c_out "
-                                            << withC << " keep_rounding " << keep);
+          // The op is the optimizer step's form: the rounding error kept in the residual.
+          const bool keep = true;
+          SCOPED_TRACE(::testing::Message()
+                       << "type " << t << " n " << n << " k " << k << " c_out " << withC);
           const float beta1 = 0.9f;
           auto m = RandomNormal(rng, n), g = RandomNormal(rng, n), e = RandomNormal(rng, n, 0.1f);
           auto theta = RandomNormal(rng, n);
@@ -333,7 +332,7 @@ TEST_F(FakeOps, StepKernelsMatchTheCpuKernels) {
               dp(rt_, k * esz), dnorm(rt_, 8);
           ASSERT_ST_OK(rt_->CandidatePackResidual(dm.get<float>(), dg.get<float>(), de.get<float>(),
                                                   n, beta1, dmask.get<uint64_t>(), k, t, dp.get(),
-                                                  withC ? dc.get<float>() : nullptr, keep, s_));
+                                                  withC ? dc.get<float>() : nullptr, s_));
           ASSERT_ST_OK(rt_->RecoveredGradSqNorm(dp.get(), t, dmask.get<uint64_t>(), k,
                                                 dm.get<float>(), n, beta1, dnorm.get<double>(),
                                                 s_));
@@ -361,23 +360,20 @@ TEST_F(FakeOps, StepKernelsMatchTheCpuKernels) {
 TEST_F(FakeOps, StepKernelsHostCheckedErrors) {
   Dev m(rt_, 40), g(rt_, 40), e(rt_, 40), mask(rt_, 8 * 11), p(rt_, 44), norm(rt_, 8);
   // Payload type.
-  Status st =
-      rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10, 0.9f,
-                                 mask.get<uint64_t>(), 2, scapeInt32, p.get(), nullptr, false, s_);
+  Status st = rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10, 0.9f,
+                                         mask.get<uint64_t>(), 2, scapeInt32, p.get(), nullptr, s_);
   EXPECT_EQ(st.code(), scapeUnsupported);
   EXPECT_NE(st.message().find("CandidatePackResidual"), std::string::npos) << st.message();
   // k > n.
   EXPECT_EQ(rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 10, 0.9f,
-                                       mask.get<uint64_t>(), 11, scapeFloat32, p.get(), nullptr,
-                                       false, s_)
+                                       mask.get<uint64_t>(), 11, scapeFloat32, p.get(), nullptr, s_)
                 .code(),
             scapeInvalidArgument);
   // n runs past dE.
-  EXPECT_EQ(
-      rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 11, 0.9f,
-                                 mask.get<uint64_t>(), 1, scapeFloat32, p.get(), nullptr, false, s_)
-          .code(),
-      scapeInvalidArgument);
+  EXPECT_EQ(rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), 11, 0.9f,
+                                       mask.get<uint64_t>(), 1, scapeFloat32, p.get(), nullptr, s_)
+                .code(),
+            scapeInvalidArgument);
   // Bad AdamS parameters.
   kn::AdamSParams ap;
   ap.beta2 = 1.0f;
@@ -396,7 +392,7 @@ TEST_F(FakeOps, StepKernelsHostCheckedErrors) {
             scapeInvalidArgument);
   // n = 0 / k = 0 with null pointers are fine; the norm of nothing is written as 0.
   ASSERT_ST_OK(rt_->CandidatePackResidual(nullptr, nullptr, nullptr, 0, 0.9f, nullptr, 0,
-                                          scapeFloat32, nullptr, nullptr, false, s_));
+                                          scapeFloat32, nullptr, nullptr, s_));
   ASSERT_ST_OK(
       rt_->UnpackAdamSUpdate(nullptr, scapeBfloat16, nullptr, 0, nullptr, nullptr, 0, ap = {}, s_));
   ASSERT_ST_OK(rt_->RecoveredGradSqNorm(nullptr, scapeFloat16, nullptr, 0, nullptr, 0, 0.9f,
@@ -449,7 +445,7 @@ TEST_F(FakeOps, AFailedKernelFailsItsStreamStickily) {
   ASSERT_ST_OK(rt_->EventCreate(&ev));
   ASSERT_ST_OK(rt_->CandidatePackResidual(m.get<float>(), g.get<float>(), e.get<float>(), n, 0.9f,
                                           badMask.get<uint64_t>(), 2, scapeFloat32, p.get(),
-                                          nullptr, false, s_));
+                                          nullptr, s_));
   ASSERT_ST_OK(rt_->EventRecord(ev, s_));
   Status st = rt_->StreamSynchronize(s_);
   EXPECT_FALSE(st.ok());
@@ -502,7 +498,7 @@ TEST_F(FakeOps, ABufferFreedBeforeItsOpRunsFailsTheStream) {
   fake_.HoldStream(s_, &gate);
   ASSERT_ST_OK(rt_->CandidatePackResidual(m.get<float>(), static_cast<float*>(g), e.get<float>(), n,
                                           0.9f, mask.get<uint64_t>(), 2, scapeFloat32, p.get(),
-                                          nullptr, false, s_));
+                                          nullptr, s_));
   rt_->DeviceFree(g);
   gate.Open();
   Status st = rt_->StreamSynchronize(s_);

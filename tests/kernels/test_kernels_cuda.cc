@@ -661,10 +661,10 @@ TEST(CudaRuntimeOps, MatchCpu) {
     DevBuf dm(m), dg(g), de(e), dth(theta), dp(kk * 2), dnorm(8);
     std::vector<uint64_t> mask(want);
     std::sort(mask.begin(), mask.end());  // segments ascend: already sorted
-    // keepRounding: the device optimizer step's form for a bf16 payload.
+    // The device optimizer step's form (the rounding error kept) for a bf16 payload.
     ASSERT_TRUE(rt->CandidatePackResidual(dm.get<float>(), dg.get<float>(), de.get<float>(), n,
                                           0.9f, dout.get<uint64_t>(), kk, scapeBfloat16, dp.get(),
-                                          nullptr, /*keepRounding=*/true, nullptr)
+                                          nullptr, nullptr)
                     .ok());
     ASSERT_TRUE(rt->RecoveredGradSqNorm(dp.get(), scapeBfloat16, dout.get<uint64_t>(), kk,
                                         dm.get<float>(), n, 0.9f, dnorm.get<double>(), nullptr)
@@ -714,11 +714,11 @@ TEST(CudaRuntimeOps, MatchCpu) {
   st = rt->Gather(dx.get(), dout.get<uint64_t>(), 2, 3, dc.get(), nullptr);
   EXPECT_EQ(st.code(), scapeInvalidArgument);
   EXPECT_NE(st.message().find("gather"), std::string::npos) << st.message();
-  EXPECT_EQ(rt->CandidatePackResidual(dx.get<float>(), dx.get<float>(), dx.get<float>(), 4, 0.9f,
-                                      dout.get<uint64_t>(), 5, scapeFloat32, dc.get(), nullptr,
-                                      false, nullptr)
-                .code(),
-            scapeInvalidArgument);
+  EXPECT_EQ(
+      rt->CandidatePackResidual(dx.get<float>(), dx.get<float>(), dx.get<float>(), 4, 0.9f,
+                                dout.get<uint64_t>(), 5, scapeFloat32, dc.get(), nullptr, nullptr)
+          .code(),
+      scapeInvalidArgument);
   EXPECT_EQ(rt->RecoveredGradSqNorm(dc.get(), scapeInt32, dout.get<uint64_t>(), 1, dx.get<float>(),
                                     4, 0.9f, dc.get<double>(), nullptr)
                 .code(),
