@@ -266,50 +266,37 @@ fi
 say "6. optimizer step on device vs host, SCAPE step vs dense AdamS step (2 ranks, n = $dn)"
 fig ""
 fig "## Optimizer step on device (perf/gpu_optim_check.cc, 2 ranks, n = $dn, density 0.01, 20 steps)"
-if [ -x "$bin_optim" ] && [ "$(left)" -gt 30 ]; then
-  dir=$logs/optim
+# optim_pair NAME LIMIT_S LABEL ARGS...: gpu_optim_check on 2 ranks (ARGS after RANK NRANKS DIR),
+# its RESULT lines to the figures, a failure unless it exited 0 and matched the host bit for bit.
+optim_pair() {
+  local name=$1 limit=$2 label=$3 dir=$logs/$1 rc=0 p
+  shift 3
   rm -rf "$dir"; mkdir -p "$dir"
-  pids=()
+  local pids=()
   for r in 0 1; do
     (
       export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-      exec timeout -k 5 "$(( $(left) > 200 ? 200 : $(left) ))" "$bin_optim" "$r" 2 "$dir" "$dn" 0.01 20 20
+      exec timeout -k 5 "$(( $(left) > limit ? limit : $(left) ))" "$bin_optim" "$r" 2 "$dir" "$@"
     ) >"$dir/rank$r.log" 2>&1 &
     pids+=($!)
   done
-  rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   grep -h '^RESULT' "$dir/rank0.log"
   grep -h 'rank [0-9]*: ' "$dir"/rank*.log | head -10 | sed 's/^/  ! /'
   fig '```'
   grep -h '^RESULT' "$dir/rank0.log" >>"$figures.tmp"
   fig '```'
-  [ $rc -eq 0 ] || fail "optimizer step on device (logs: $dir)"
+  [ $rc -eq 0 ] || fail "$label (logs: $dir)"
   grep -q '^RESULT optim_bits_match 1' "$dir/rank0.log" ||
-    fail "optimizer step on device: not bit-identical to the host step"
+    fail "$label: not bit-identical to the host step"
+}
+if [ -x "$bin_optim" ] && [ "$(left)" -gt 30 ]; then
+  optim_pair optim 200 "optimizer step on device" "$dn" 0.01 20 20
   # bf16 payloads (the rounding error fed back into the residual on the device too): 20 steps
   # bit for bit, no timed steps.
-  dir=$logs/optim_bf16
-  rm -rf "$dir"; mkdir -p "$dir"
-  pids=()
-  for r in 0 1; do
-    (
-      export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-      exec timeout -k 5 "$(( $(left) > 120 ? 120 : $(left) ))" "$bin_optim" "$r" 2 "$dir" "$dn" 0.01 20 0 bf16
-    ) >"$dir/rank$r.log" 2>&1 &
-    pids+=($!)
-  done
-  rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  grep -h '^RESULT' "$dir/rank0.log"
   fig ""
   fig "bf16 payloads (20 steps, not timed):"
-  fig '```'
-  grep -h '^RESULT' "$dir/rank0.log" >>"$figures.tmp"
-  fig '```'
-  [ $rc -eq 0 ] || fail "bf16 optimizer step on device (logs: $dir)"
-  grep -q '^RESULT optim_bits_match 1' "$dir/rank0.log" ||
-    fail "bf16 optimizer step on device: not bit-identical to the host step"
+  optim_pair optim_bf16 120 "bf16 optimizer step on device" "$dn" 0.01 20 0 bf16
 else
   fail "optimizer step on device: no $bin_optim (or out of time)"
 fi
