@@ -207,6 +207,33 @@ TEST(Reduce, CommutativeBitForBitAndDividesOnce) {
                                 << " b=" << b[i];
       }
     }
+  // +0 against -0 (and equal values) under max and min: the same bits in either operand order,
+  // max(+0, -0) = +0 and min(+0, -0) = -0 (x86's maxss returns its second operand on equal
+  // inputs, so a plain fmax gives -0 one way and +0 the other). 17 elements: vector and tail.
+  for (scapeDataType_t t : {scapeFloat32, scapeFloat16, scapeBfloat16})
+    for (scapeRedOp_t op : {scapeMax, scapeMin}) {
+      const size_t esz = scapeTypeSize(t), n0 = 17;
+      std::vector<char> a(n0 * esz), b(n0 * esz), ab(n0 * esz), ba(n0 * esz);
+      for (size_t i = 0; i < n0; ++i) {
+        const double x = i % 3 == 2 ? 1.5 : 0.0, y = i % 3 == 2 ? 1.5 : -0.0;
+        scape_test::Store(t, a.data(), i, i % 2 ? y : x);
+        scape_test::Store(t, b.data(), i, i % 2 ? x : y);
+      }
+      ASSERT_EQ(kernels::ReduceInto(t, op, ab.data(), a.data(), b.data(), n0, 1),
+                kernels::KernelStatus::kOk);
+      ASSERT_EQ(kernels::ReduceInto(t, op, ba.data(), b.data(), a.data(), n0, 1),
+                kernels::KernelStatus::kOk);
+      EXPECT_EQ(ab, ba) << "dtype " << t << " op " << op;
+      for (size_t i = 0; i < n0; ++i) {
+        const double got = scape_test::Load(t, ab.data(), i);
+        if (i % 3 == 2) {
+          EXPECT_EQ(got, 1.5) << i;
+        } else {
+          EXPECT_EQ(got, 0.0) << i;
+          EXPECT_EQ(std::signbit(got), op == scapeMin) << "dtype " << t << " op " << op << " " << i;
+        }
+      }
+    }
   // Two NaNs of different payloads (and signs): the same bits in either operand order, the
   // canonical NaN (x86 keeps one operand's payload, which depends on the operand order; a
   // random 16-bit pair above made that differ between the vector and scalar paths in about 1

@@ -21,15 +21,22 @@ struct OpSum {
     return a + b;
   }
 };
+// fmax/fmin of +0 and -0 may return either operand (x86's maxss returns the second), so equal
+// operands are settled on their bits: max(+0, -0) = +0 (AND of the sign bits), min = -0 (OR).
+// Equal non-zero operands have equal bits, which AND and OR leave as they are.
 struct OpMax {
-  static float Apply(float a, float b) { return std::fmax(a, b); }
+  static float Apply(float a, float b) {
+    return a == b ? BitsFloat(FloatBits(a) & FloatBits(b)) : std::fmax(a, b);
+  }
   template <typename T>
   static T Apply(T a, T b) {
     return a > b ? a : b;
   }
 };
 struct OpMin {
-  static float Apply(float a, float b) { return std::fmin(a, b); }
+  static float Apply(float a, float b) {
+    return a == b ? BitsFloat(FloatBits(a) | FloatBits(b)) : std::fmin(a, b);
+  }
   template <typename T>
   static T Apply(T a, T b) {
     return a < b ? a : b;

@@ -10,7 +10,8 @@
 //   Commutative bit for bit: ReduceInto(dst, a, b) == ReduceInto(dst, b, a), which is what lets
 //   recursive doubling give identical bits on every rank.
 //   Aliasing: dst may equal a or b; no other overlap. n == 0 is a no-op.
-//   max/min follow fmaxf/fminf (a NaN operand loses to a number). A NaN result of a
+//   max/min follow fmaxf/fminf (a NaN operand loses to a number), with max(+0, -0) = +0 and
+//   min(+0, -0) = -0 in either operand order (fmaxf may return either zero). A NaN result of a
 //   floating-point type is the canonical quiet NaN (fp32 0x7fc00000, bf16 0x7fc0, fp16 0x7e00),
 //   whatever the operands' payloads: the order x86 keeps a payload in depends on the operand
 //   order, which the bit-for-bit commutativity above excludes.
