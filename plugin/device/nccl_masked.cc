@@ -16,31 +16,37 @@ NcclMaskCache::~NcclMaskCache() {
     Retire(std::move(kv.second.buf));
   }
   pos_.clear();
-  Sweep(GetRuntime(), !abandoned_.load());
+  // After an abort, what has finished is freed at once and the rest leaked, not waited for.
+  const bool wait = !abandoned_.load();
+  Sweep(GetRuntime(), wait, true);
 }
 
 size_t NcclMaskCache::BuffersHeld() {
   std::lock_guard<std::mutex> lk(mu_);
-  Sweep(GetRuntime(), false);
+  Sweep(GetRuntime(), false, false);
   return pos_.size() + retired_.size();
 }
 
-void NcclMaskCache::Sweep(Runtime* rt, bool all) {
-  Deadline dl = Deadline::AfterMs(all ? timeoutMs_ : 0);
+void NcclMaskCache::Sweep(Runtime* rt, bool wait, bool freeDone) {
+  Deadline dl = Deadline::AfterMs(wait ? timeoutMs_ : 0);
   for (;;) {
     std::vector<Buf> keep;
     for (Buf& b : retired_) {
-      bool done = b.done == nullptr;                                   // no work was queued on it
+      bool done = b.idle || b.done == nullptr;                         // no work was queued on it
       if (!done && !rt->EventQuery(b.done, &done).ok()) done = false;  // failed stream: keep
-      if (done) {
+      if (done && freeDone) {
         if (b.done) rt->EventDestroy(b.done);
         rt->DeviceFree(b.d);
-      } else {
-        keep.push_back(std::move(b));
+        continue;
       }
+      if (done) {
+        b.idle = true;
+        b.host.reset();  // its upload has run
+      }
+      keep.push_back(std::move(b));
     }
     retired_.swap(keep);
-    if (!all || retired_.empty()) break;
+    if (!wait || retired_.empty()) break;
     if (dl.Expired()) {
       SCAPE_WARN(
           "NCCL masked all-reduce: %zu device buffer(s) still in use by stream work after %d "
@@ -51,9 +57,42 @@ void NcclMaskCache::Sweep(Runtime* rt, bool all) {
     struct timespec ts = {0, 500000};
     nanosleep(&ts, nullptr);
   }
+  if (freeDone) return;
+  // Keep the largest kMaxIdle idle buffers: the next calls' sizes are the recent ones.
+  size_t idle = 0;
+  for (const Buf& b : retired_) idle += b.idle;
+  while (idle > kMaxIdle) {
+    auto smallest = retired_.end();
+    for (auto it = retired_.begin(); it != retired_.end(); ++it)
+      if (it->idle && (smallest == retired_.end() || it->bytes < smallest->bytes)) smallest = it;
+    if (smallest->done) rt->EventDestroy(smallest->done);
+    rt->DeviceFree(smallest->d);
+    retired_.erase(smallest);
+    --idle;
+  }
+}
+
+Status NcclMaskCache::Take(Runtime* rt, size_t bytes, Stream s, bool sameStreamOk, Buf* out) {
+  auto best = retired_.end();
+  for (auto it = retired_.begin(); it != retired_.end(); ++it) {
+    const bool usable =
+        it->idle || (sameStreamOk && s != nullptr && it->stream == s && it->host == nullptr);
+    if (usable && it->bytes >= bytes && (best == retired_.end() || it->bytes < best->bytes))
+      best = it;
+  }
+  if (best != retired_.end()) {
+    *out = std::move(*best);
+    retired_.erase(best);
+    out->idle = false;
+    return Status::Ok();
+  }
+  *out = Buf();
+  out->bytes = bytes;
+  return rt->DeviceAlloc(bytes, &out->d);
 }
 
 Status NcclMaskCache::Mark(Runtime* rt, Buf* b, Stream s) {
+  b->stream = s;
   if (!b->done) SCAPE_RETURN_IF_ERROR(rt->EventCreate(&b->done));
   return rt->EventRecord(b->done, s);
 }
@@ -86,7 +125,7 @@ Status NcclMaskCache::AllReduce(NcclBackend& b, const Mask& m, const coll::CollA
       ++it;
     }
   }
-  Sweep(rt, false);
+  Sweep(rt, false, false);
   auto it = pos_.find(&m);
   if (it == pos_.end() || it->second.gen != gen) {
     if (it != pos_.end()) {
@@ -96,14 +135,14 @@ Status NcclMaskCache::AllReduce(NcclBackend& b, const Mask& m, const coll::CollA
     }
     Positions p;
     p.gen = gen;
-    p.buf.bytes = k * sizeof(uint64_t);
-    Status st = rt->DeviceAlloc(p.buf.bytes, &p.buf.d);
+    // Only an idle buffer: one still in use may have an upload of its own waiting to run.
+    Status st = Take(rt, k * sizeof(uint64_t), stream, false, &p.buf);
     if (!st.ok())
       return st.Prepend(
           StrFormat("rank %d: device memory for the mask's %zu positions", b.rank(), k));
     // The source is the mask's generation, held by p.gen (and by the retired buffer after
     // it) until the stream has passed the copy.
-    st = rt->CopyAsync(p.buf.d, gen->data(), p.buf.bytes, stream);
+    st = rt->CopyAsync(p.buf.d, gen->data(), k * sizeof(uint64_t), stream);
     if (st.ok()) st = Mark(rt, &p.buf, stream);
     if (!st.ok()) {
       p.buf.host = gen;
@@ -115,8 +154,7 @@ Status NcclMaskCache::AllReduce(NcclBackend& b, const Mask& m, const coll::CollA
   Positions& pos = it->second;
   const auto* dIdx = static_cast<const uint64_t*>(pos.buf.d);
   Buf tmp;
-  tmp.bytes = k * esz;
-  Status st = rt->DeviceAlloc(tmp.bytes, &tmp.d);
+  Status st = Take(rt, k * esz, stream, true, &tmp);
   if (!st.ok())
     return st.Prepend(StrFormat("rank %d: device memory for %zu packed values", b.rank(), k));
   st = rt->Gather(a.send, dIdx, k, esz, tmp.d, stream);

@@ -8,7 +8,11 @@
 // The positions go to the device once per mask generation: uploaded on the caller's stream
 // from the mask's own host copy (a shared reference to it is held until the upload has run),
 // and kept for the later calls of that generation. Device buffers are freed only once the
-// stream work that uses them has finished (an event recorded after each call).
+// stream work that uses them has finished (an event recorded after each call). Retired buffers
+// are kept for reuse rather than freed (cudaFree synchronises the whole device, which would stall
+// every stream once a step): a buffer whose work has finished serves any later call, and a
+// packed-values buffer serves the next call on the same stream at once (stream order makes it
+// safe). At most kMaxIdle finished buffers are kept; the rest are freed.
 #ifndef SCAPE_PLUGIN_DEVICE_NCCL_MASKED_H_
 #define SCAPE_PLUGIN_DEVICE_NCCL_MASKED_H_
 
@@ -52,16 +56,23 @@ class NcclMaskCache {
     void* d = nullptr;
     size_t bytes = 0;
     Event done = nullptr;                               // recorded after the last work that uses d
+    Stream stream = nullptr;                            // where that work was queued
+    bool idle = false;                                  // retired and its work finished
     std::shared_ptr<const std::vector<uint64_t>> host;  // an upload's source, kept alive
   };
+  static constexpr size_t kMaxIdle = 4;
   struct Positions {
     std::shared_ptr<const std::vector<uint64_t>> gen;  // the mask generation uploaded
     Buf buf;
   };
-  // Frees the retired buffers whose work has finished (or every one, waiting up to the
-  // deadline, when `all`).
-  void Sweep(Runtime* rt, bool all);
+  // Marks the retired buffers whose work has finished idle (dropping their upload sources) and
+  // frees the idle ones beyond kMaxIdle, smallest first. With `freeDone` (teardown) it frees
+  // every finished one instead, and with `wait` also waits, up to the deadline, for the rest.
+  void Sweep(Runtime* rt, bool wait, bool freeDone);
   void Retire(Buf b) { retired_.push_back(std::move(b)); }
+  // A buffer of at least `bytes` for work on `s`: a retired one that is idle, or (when
+  // `sameStreamOk`) a retired packed-values buffer last used on `s`; else a new allocation.
+  Status Take(Runtime* rt, size_t bytes, Stream s, bool sameStreamOk, Buf* out);
   Status Mark(Runtime* rt, Buf* b, Stream s);
 
   const int timeoutMs_;

@@ -305,6 +305,7 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
         if (!comm) return false;
         const uint64_t n = 900;
         void* stream = Fake().NewStream();
+        const uint64_t allocsBefore = Fake().deviceAllocs.load();
         for (int gen = 0; gen < 3; ++gen) {
           SCOPED_TRACE(testing::Message() << "mask generation " << gen);
           scapeMask_t m = MakeMask(comm, ctx.rank, n, KUnequal, seed + gen);
@@ -318,25 +319,49 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
           std::vector<float> init(n, 0.5f);
           void* dOut = ToDevice(init.data(), n * 4);
           const uint64_t gathersBefore = Fake().gathers.load();
-          // Twice: the second call of a generation reuses the uploaded positions.
+          // Twice: the second call of a generation reuses the uploaded positions and the
+          // packed-values buffer (a cudaMalloc/cudaFree per call would synchronise the device).
           for (int rep = 0; rep < 2; ++rep) {
-            const uint64_t h2d = Fake().h2dCopies.load();
+            const uint64_t h2d = Fake().h2dCopies.load(), allocs = Fake().deviceAllocs.load();
             EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeSum, m, comm, stream),
                             comm);
             EXPECT_EQ(Fake().h2dCopies.load() - h2d, rep == 0 ? 1u : 0u) << "position upload";
+            if (rep > 0) {
+              EXPECT_EQ(Fake().deviceAllocs.load(), allocs) << "allocated again";
+            }
             auto got = FromDevice<float>(dOut, n, stream);
             EXPECT_EQ(std::memcmp(got.data(), hostOut.data(), n * 4), 0);
           }
           EXPECT_EQ(Fake().gathers.load() - gathersBefore, 2u);
-          // In place too.
+          // In place too (nothing allocated).
+          const uint64_t allocs = Fake().deviceAllocs.load();
           EXPECT_SCAPE_OK(scapeAllReduce(dIn, dIn, n, scapeFloat32, scapeSum, m, comm, stream),
                           comm);
+          EXPECT_EQ(Fake().deviceAllocs.load(), allocs) << "allocated again";
           std::vector<float> inPlace = in;
           EXPECT_SCAPE_OK(scapeAllReduce(inPlace.data(), inPlace.data(), n, scapeFloat32, scapeSum,
                                          m, comm, nullptr),
                           comm);
           EXPECT_EQ(std::memcmp(FromDevice<float>(dIn, n, stream).data(), inPlace.data(), n * 4),
                     0);
+          // Behind a held stream (the first call queued, not run), the second call on that
+          // stream reuses the packed-values buffer at once: stream order makes that safe.
+          {
+            std::vector<float> want = FromDevice<float>(dOut, n, stream);
+            EXPECT_SCAPE_OK(scapeAllReduce(inPlace.data(), want.data(), n, scapeFloat32, scapeSum,
+                                           m, comm, nullptr),
+                            comm);
+            fake_device::Gate gate;
+            Fake().HoldStream(stream, &gate);
+            const uint64_t held = Fake().deviceAllocs.load();
+            for (int rep = 0; rep < 2; ++rep)
+              EXPECT_SCAPE_OK(scapeAllReduce(dIn, dOut, n, scapeFloat32, scapeSum, m, comm, stream),
+                              comm);
+            EXPECT_EQ(Fake().deviceAllocs.load(), held) << "allocated behind a held stream";
+            gate.Open();
+            EXPECT_EQ(std::memcmp(FromDevice<float>(dOut, n, stream).data(), want.data(), n * 4),
+                      0);
+          }
           // Argument errors: count, another type of collective.
           EXPECT_EQ(scapeAllReduce(dIn, dOut, n - 1, scapeFloat32, scapeSum, m, comm, stream),
                     scapeInvalidArgument);
@@ -348,6 +373,10 @@ TEST_P(NcclRanks, MaskedDenseAllReduceMatchesTheHostMaskedAllReduce) {
           Fake().DeviceFree(dOut);
           EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
         }
+        // Three generations: the test's own 2 buffers each, and the cache's positions and
+        // packed values, reused across generations once their work is done (sizes vary).
+        EXPECT_LE(Fake().deviceAllocs.load() - allocsBefore, 3u * 2u + 4u)
+            << "the masked all-reduce allocated device memory on every call";
         scapeResult_t ae = scapeInternalError;
         EXPECT_SCAPE_OK(scapeCommGetAsyncError(comm, &ae), comm);
         EXPECT_EQ(ae, scapeSuccess);
