@@ -328,9 +328,10 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
   // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
   std::vector<uint64_t> offs, k;
   m.TopkPlan(density, &offs, &k);
-  if (k.empty()) return m.SetNextFromTopk(nullptr, 0);
   std::vector<uint64_t> outOffs(k.size() + 1);
-  const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  const uint64_t total =
+      k.empty() ? 0 : kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  if (total == 0) return m.SetNextFromTopk(nullptr, 0);  // only always-dense pieces, or none
   kernels::TopkSegments segs;
   segs.offsets = offs.data();
   segs.k = k.data();

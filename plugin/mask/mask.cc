@@ -214,9 +214,10 @@ void Mask::TopkPlan(double density, std::vector<uint64_t>* offsets,
       offs.push_back(p.begin);
     }
     if (offs.empty()) offs.push_back(p.begin);
+    // An always-dense piece selects nothing here: SetNextFromTopk adds all of it.
     const uint64_t len = p.end - p.begin;
     uint64_t kk =
-        p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
+        p.dense ? 0 : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
     if (!p.dense && len > 0) kk = std::max<uint64_t>(1, std::min(kk, len));
     k->push_back(kk);
     offs.push_back(p.end);
@@ -228,22 +229,25 @@ Status Mask::SetNextFromTopk(const uint64_t* sel, size_t total) {
   const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
   std::vector<uint64_t> local;
   local.reserve(total);
-  size_t pi = 0;
-  uint64_t base = 0, last = 0;
-  for (size_t i = 0; i < total; ++i) {  // global positions, increasing: map to the owned space
-    const uint64_t g = sel[i];
-    if ((i > 0 && g <= last) || mine.empty() || g >= mine.back().end)
-      return InternalError(
-          StrFormat("top-k selection: position %llu (entry %zu) is not "
-                    "increasing or not owned by this rank",
-                    static_cast<unsigned long long>(g), i));
-    last = g;
-    while (g >= mine[pi].end) base += mine[pi].end - mine[pi].begin, ++pi;
-    if (g < mine[pi].begin)
-      return InternalError(StrFormat("top-k selection: position %llu is not owned by this rank",
-                                     static_cast<unsigned long long>(g)));
-    local.push_back(base + (g - mine[pi].begin));
+  // Global positions, increasing, inside this rank's pieces: mapped to the owned space, piece
+  // by piece. An always-dense piece is added whole (selected positions inside it are skipped).
+  size_t i = 0;
+  uint64_t base = 0;
+  auto bad = [&](const char* what) {
+    return InternalError(StrFormat("top-k selection: position %llu (entry %zu) %s",
+                                   static_cast<unsigned long long>(sel[i]), i, what));
+  };
+  for (const Piece& p : mine) {
+    if (i < total && sel[i] < p.begin) return bad("is not owned by this rank");
+    if (p.dense)
+      for (uint64_t x = p.begin; x < p.end; ++x) local.push_back(base + (x - p.begin));
+    for (; i < total && sel[i] < p.end; ++i) {
+      if (i > 0 && sel[i] <= sel[i - 1]) return bad("is not increasing");
+      if (!p.dense) local.push_back(base + (sel[i] - p.begin));
+    }
+    base += p.end - p.begin;
   }
+  if (i < total) return bad("is not owned by this rank");
   nextLocal_ = std::move(local);
   nextSet_ = true;
   return Status::Ok();
@@ -254,9 +258,10 @@ Status Mask::SelectNextTopk(const float* stat, double density) {
   std::vector<uint64_t> offs, k;
   TopkPlan(density, &offs, &k);
   std::vector<uint64_t> sel;
-  if (!k.empty()) {
-    std::vector<uint64_t> outOffs(k.size() + 1);
-    const uint64_t total = kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  std::vector<uint64_t> outOffs(k.size() + 1);
+  const uint64_t total =
+      k.empty() ? 0 : kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
+  if (total > 0) {  // nothing to select (only always-dense pieces, or none): no kernel
     sel.resize(total);
     kernels::TopkSegments segs;
     segs.offsets = offs.data();

@@ -40,6 +40,8 @@ class Mask {
   // SelectNextTopk in two halves, for a top-k run elsewhere (the device): the kernel's segment
   // table of this rank's owned pieces (kernels/cpu/topk.h: offsets, k per segment) for
   // `density`, and the next mask from the kernel's selected global positions (increasing).
+  // Always-dense pieces have k = 0 in the plan (no kernel work, no positions to copy back from
+  // a device); SetNextFromTopk adds them whole.
   void TopkPlan(double density, std::vector<uint64_t>* offsets, std::vector<uint64_t>* k) const;
   Status SetNextFromTopk(const uint64_t* selected, size_t count);
   Status SyncStart();

@@ -251,25 +251,12 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   t0 = NowNs();
   {
     const double density = Density(step_ + 1);
-    const std::vector<Mask::Piece>& mine = mask_->Owned(rank_);
     std::vector<uint64_t> offs, kk;
-    for (const Mask::Piece& p : mine) {
-      if (!offs.empty() && offs.back() < p.begin) {
-        kk.push_back(0);
-        offs.push_back(p.begin);
-      }
-      if (offs.empty()) offs.push_back(p.begin);
-      const uint64_t len = p.end - p.begin;
-      uint64_t x =
-          p.dense ? len : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
-      if (!p.dense && len > 0) x = std::max<uint64_t>(1, std::min(x, len));
-      kk.push_back(x);
-      offs.push_back(p.end);
-    }
-    uint64_t total = 0;
-    if (!kk.empty()) {
-      std::vector<uint64_t> outOffs(kk.size() + 1);
-      total = kernels::TopkOutOffsets(kk.data(), kk.size(), outOffs.data());
+    mask_->TopkPlan(density, &offs, &kk);
+    std::vector<uint64_t> outOffs(kk.size() + 1);
+    const uint64_t total =
+        kk.empty() ? 0 : kernels::TopkOutOffsets(kk.data(), kk.size(), outOffs.data());
+    if (total > 0) {  // else only always-dense pieces (added by the mask), or none
       if (kk.size() > d.countsCap) {
         d.rt->DeviceFree(d.dCounts);
         d.dCounts = nullptr;
@@ -284,7 +271,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
       kernels::TopkOptions opt;
       SCAPE_RETURN_IF_ERROR(
           rt->TopkAbs(d.dStat, segs, opt, d.dTop, d.dCounts, st).Prepend("top-k selection"));
-      if (total) SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * total, st));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * total, st));
     }
     SCAPE_RETURN_IF_ERROR(rt->EventRecord(d.selDone, st));
     d.selCount = total;

@@ -36,6 +36,7 @@ struct Cfg {
   int ownership = scapeOptimReplicated;
   float clip = 0.0f;
   int payload = scapeFloat32;
+  bool allDense = false;  // every segment always dense: a dense AdamS step
 };
 
 scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
@@ -44,7 +45,8 @@ scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
   c.n = l.n();
   c.nsegments = static_cast<int>(l.offs.size() - 1);
   c.segOffsets = l.offs.data();
-  c.denseFlags = l.dense.data();
+  const std::vector<uint8_t> allDense(l.dense.size(), 1);
+  c.denseFlags = k.allDense ? allDense.data() : l.dense.data();
   c.ownership = k.ownership;
   c.lr = 1e-2f;
   c.weightDecay = 0.1f;
@@ -178,6 +180,31 @@ TEST_P(DeviceOptim, Bf16PayloadMatchesTheHostStepBitForBit) {
 }
 TEST_P(DeviceOptim, Fp16PayloadMatchesTheHostStepBitForBit) {
   TwentySteps(GetParam(), scapeFloat16);
+}
+
+// Every segment always dense: the dense AdamS step through the same call (what
+// perf/gpu_optim_check.cc times the SCAPE step against). No top-k runs; every position is
+// exchanged and updated each step; the device step gives the host step's bits.
+TEST_P(DeviceOptim, EverySegmentDenseIsADenseAdamSStep) {
+  const unsigned seed = scape_test::FreshSeed();
+  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+    auto res = RunRanks(GetParam(), [&](RankCtx& ctx) {
+      Fake();
+      Cfg k;
+      k.ownership = own;
+      k.allDense = true;
+      Pair p(ctx, k, seed);
+      const uint64_t topks = Fake().topks.load();
+      for (int t = 0; t < 6; ++t)
+        if (!p.Step(seed, t, true)) return false;
+      EXPECT_EQ(Fake().topks.load(), topks) << "a top-k ran for always-dense segments";
+      scapeOptimInfo_t info;
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
+      EXPECT_EQ(info.denseCount, p.n);
+      return !::testing::Test::HasFailure();
+    });
+    EXPECT_TRUE(res.AllOk()) << "ownership " << own << " seed " << seed << ": " << res.Describe();
+  }
 }
 
 // A checkpoint saved with device state, loaded into a host optimizer, continues identically;
