@@ -32,8 +32,9 @@
 #     read-modify-write), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
 #  6. Optimizer step on device vs host (perf/gpu_optim_check.cc, 2 ranks): 20 steps of
 #     scapeOptimStepStream against scapeOptimStep, params and checkpoints bit for bit; then the
-#     SCAPE step (density 0.01) timed against a dense AdamS step (density 1.0) on device; then
-#     20 steps with bf16 payloads, bit for bit.
+#     SCAPE step (density 0.01) timed against a dense AdamS step (the same call with every
+#     segment always dense: no top-k, every value exchanged) and the dense all-reduce alone, on
+#     device; then 20 steps with bf16 payloads, bit for bit.
 # The figures (every RESULT line, the kernel table, the targets and the verdicts) go to
 # $FIGURES (default perf/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #

@@ -13,8 +13,9 @@
 //    params bit for bit, and at the end the whole checkpoints (momentum, residual, this rank's
 //    current and next mask). Prints RESULT optim_bits_match 0|1 and optim_max_abs_diff.
 // 2. Time: TIMED (default 20) device steps of the SCAPE step at DENSITY (default 0.01) and of a
-//    dense AdamS step (the same call with density 1.0: the same kernels on every element and
-//    a dense exchange), each timed to stream completion. RESULT scape_step_ms, dense_step_ms.
+//    dense AdamS step (the same call with every segment always dense: no top-k, every value
+//    exchanged and updated), each timed to stream completion, and the dense all-reduce of the
+//    n fp32 values alone. RESULT scape_step_ms, dense_step_ms, dense_allreduce_ms.
 // Rank 0 prints the RESULT lines; exit status 0 only if the bits matched. Ids travel through
 // files in DIR (rank 0 writes, the others poll, 60 s). Build (as perf/gpu_check.sh builds its
 // checks):
@@ -90,13 +91,16 @@ void PublishOrRead(const std::string& path, scapeUniqueId* v) {
 
 int g_payload = scapeFloat32;
 
-scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& offs,
-                    double density) {
+// allDense: every segment always dense (the dense AdamS step through the same call).
+scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& offs, double density,
+                    bool allDense = false) {
   scapeOptimConfig_t c;
   SCAPE_OK(scapeOptimConfigInit(&c), comm);
   c.n = n;
   c.nsegments = static_cast<int>(offs.size() - 1);
   c.segOffsets = offs.data();
+  const std::vector<uint8_t> dense(offs.size() - 1, 1);
+  if (allDense) c.denseFlags = dense.data();
   c.lr = 1e-3f;
   c.weightDecay = 0.1f;
   c.biasCorrection = scapeBiasCorrectionAdamS;
@@ -193,9 +197,10 @@ int main(int argc, char** argv) {
   SCAPE_OK(scapeOptimDestroy(host), comm);
   SCAPE_OK(scapeOptimDestroy(dev), comm);
 
-  // ---- 2. time: SCAPE step vs dense AdamS step (density 1.0), on device ---------------------
-  for (double d : {density, 1.0}) {
-    scapeOptim_t o = Create(comm, n, offs, d);
+  // ---- 2. time: SCAPE step vs dense AdamS step (every segment dense), on device -------------
+  for (bool allDense : {false, true}) {
+    if (timed <= 0) break;  // TIMED 0: the bits only
+    scapeOptim_t o = Create(comm, n, offs, density, allDense);
     for (int w = 0; w < 3; ++w) SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm);
     CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<double> ms;
@@ -207,8 +212,25 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     if (g_rank == 0 && !ms.empty())
-      std::printf("RESULT %s_step_ms %.4f\n", d < 1.0 ? "scape" : "dense", ms[ms.size() / 2]);
+      std::printf("RESULT %s_step_ms %.4f\n", allDense ? "dense" : "scape", ms[ms.size() / 2]);
     SCAPE_OK(scapeOptimDestroy(o), comm);
+  }
+  if (timed > 0) {
+    // The dense exchange alone: an all-reduce (average) of the n fp32 values, as the dense
+    // step's exchange moves them.
+    float* dr = nullptr;
+    CUDA_OK(cudaMalloc(&dr, 4 * n));
+    std::vector<double> ms;
+    for (int i = 0; i < 3 + timed; ++i) {
+      const double t0 = Now();
+      SCAPE_OK(scapeAllReduce(dg, dr, n, scapeFloat32, scapeAvg, nullptr, comm, stream), comm);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      if (i >= 3) ms.push_back((Now() - t0) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    if (g_rank == 0 && !ms.empty())
+      std::printf("RESULT dense_allreduce_ms %.4f\n", ms[ms.size() / 2]);
+    CUDA_OK(cudaFree(dr));
   }
   if (g_rank == 0) {
     std::printf("RESULT n %llu\nRESULT nranks %d\nRESULT density %g\n",
