@@ -36,69 +36,21 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_rank_util.h"
 #include "scape/scape.h"
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double g_deadline = 0;
-int g_rank = 0;
+using gpu_check::g_rank;
+using gpu_check::Now;
+double g_deadline = 0;  // PublishOrRead waits until then
 int g_fail = 0;
-
-#define CUDA_OK(x)                                                                     \
-  do {                                                                                 \
-    cudaError_t _e = (x);                                                              \
-    if (_e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #x, \
-                   cudaGetErrorString(_e));                                            \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define SCAPE_OK(x, comm)                                                                \
-  do {                                                                                   \
-    scapeResult_t _r = (x);                                                              \
-    if (_r != scapeSuccess) {                                                            \
-      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #x, scapeGetErrorString(_r), \
-                   scapeGetLastError(comm));                                             \
-      std::exit(3);                                                                      \
-    }                                                                                    \
-  } while (0)
-
 void Check(bool ok, const char* what) {
   if (!ok) {
     std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what);
     ++g_fail;
   } else if (g_rank == 0) {
     std::printf("ok: %s\n", what);
-  }
-}
-
-template <typename T>
-void PublishOrRead(const std::string& path, T* v) {
-  if (g_rank == 0) {
-    const std::string tmp = path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f || std::fwrite(v, sizeof(T), 1, f) != 1 || std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      std::exit(2);
-    }
-    return;
-  }
-  for (;;) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (f) {
-      const size_t got = std::fread(v, sizeof(T), 1, f);
-      std::fclose(f);
-      if (got == 1) return;
-    }
-    if (Now() > g_deadline) {
-      std::fprintf(stderr, "rank %d: nothing in %s\n", g_rank, path.c_str());
-      std::exit(2);
-    }
-    usleep(10000);
   }
 }
 
@@ -552,7 +504,7 @@ int main(int argc, char** argv) {
   // ---- 1. UCX backend, staged -----------------------------------------------------------
   scapeUniqueId sid;
   if (g_rank == 0) SCAPE_OK(scapeGetUniqueId(&sid), nullptr);
-  PublishOrRead(dir + "/scape_id", &sid);
+  gpu_check::PublishOrRead(dir + "/scape_id", &sid, g_deadline);
   scapeComm_t ucx = nullptr;
   SCAPE_OK(scapeCommInitRank(&ucx, P, sid, g_rank), nullptr);
   for (Coll c : {kAR, kRS, kAG, kBC})
@@ -608,7 +560,7 @@ int main(int argc, char** argv) {
   // ---- 2. NCCL backend ------------------------------------------------------------------
   ncclUniqueId nid;
   if (g_rank == 0 && ncclGetUniqueId(&nid) != ncclSuccess) return 2;
-  PublishOrRead(dir + "/nccl_id", &nid);
+  gpu_check::PublishOrRead(dir + "/nccl_id", &nid, g_deadline);
   ncclComm_t nc;
   if (ncclCommInitRank(&nc, P, nid, g_rank) != ncclSuccess) {
     std::fprintf(stderr, "rank %d: ncclCommInitRank failed\n", g_rank);

@@ -34,60 +34,13 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_rank_util.h"
 #include "scape/scape.h"
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-int g_rank = 0;
-
-#define CUDA_OK(x)                                                                     \
-  do {                                                                                 \
-    cudaError_t _e = (x);                                                              \
-    if (_e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", g_rank, __FILE__, __LINE__, #x, \
-                   cudaGetErrorString(_e));                                            \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define SCAPE_OK(x, comm)                                                                \
-  do {                                                                                   \
-    scapeResult_t _r = (x);                                                              \
-    if (_r != scapeSuccess) {                                                            \
-      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #x, scapeGetErrorString(_r), \
-                   scapeGetLastError(comm));                                             \
-      std::exit(3);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-void PublishOrRead(const std::string& path, scapeUniqueId* v) {
-  if (g_rank == 0) {
-    const std::string tmp = path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f || std::fwrite(v, sizeof(*v), 1, f) != 1 || std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      std::exit(2);
-    }
-    return;
-  }
-  const double deadline = Now() + 60;
-  for (;;) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (f) {
-      const size_t got = std::fread(v, sizeof(*v), 1, f);
-      std::fclose(f);
-      if (got == 1) return;
-    }
-    if (Now() > deadline) {
-      std::fprintf(stderr, "rank %d: nothing in %s\n", g_rank, path.c_str());
-      std::exit(2);
-    }
-    usleep(10000);
-  }
-}
+using gpu_check::g_rank;
+using gpu_check::Now;
 
 int g_payload = scapeFloat32;
 
@@ -152,7 +105,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   scapeUniqueId sid;
   if (g_rank == 0) SCAPE_OK(scapeGetUniqueId(&sid), nullptr);
-  PublishOrRead(dir + "/scape_optim_id", &sid);
+  gpu_check::PublishOrRead(dir + "/scape_optim_id", &sid, Now() + 60);
   scapeComm_t comm = nullptr;
   SCAPE_OK(scapeCommInitRank(&comm, P, sid, g_rank), nullptr);
 
