@@ -58,23 +58,23 @@ void PublishOrRead(const std::string& path, T* v, double deadline) {
 
 }  // namespace gpu_check
 
-#define CUDA_OK(x)                                                                      \
-  do {                                                                                  \
-    cudaError_t _e = (x);                                                               \
-    if (_e != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", gpu_check::g_rank, __FILE__,     \
-                   __LINE__, #x, cudaGetErrorString(_e));                               \
-      std::exit(2);                                                                     \
-    }                                                                                   \
+#define CUDA_OK(x)                                                                                \
+  do {                                                                                            \
+    cudaError_t _e = (x);                                                                         \
+    if (_e != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "rank %d: %s:%d: %s: %s\n", gpu_check::g_rank, __FILE__, __LINE__, #x, \
+                   cudaGetErrorString(_e));                                                       \
+      std::exit(2);                                                                               \
+    }                                                                                             \
   } while (0)
-#define SCAPE_OK(x, comm)                                                               \
-  do {                                                                                  \
-    scapeResult_t _r = (x);                                                             \
-    if (_r != scapeSuccess) {                                                           \
-      std::fprintf(stderr, "rank %d: %s: %s: %s\n", gpu_check::g_rank, #x,              \
-                   scapeGetErrorString(_r), scapeGetLastError(comm));                   \
-      std::exit(3);                                                                     \
-    }                                                                                   \
+#define SCAPE_OK(x, comm)                                                  \
+  do {                                                                     \
+    scapeResult_t _r = (x);                                                \
+    if (_r != scapeSuccess) {                                              \
+      std::fprintf(stderr, "rank %d: %s: %s: %s\n", gpu_check::g_rank, #x, \
+                   scapeGetErrorString(_r), scapeGetLastError(comm));      \
+      std::exit(3);                                                        \
+    }                                                                      \
   } while (0)
 
 #endif  // SCAPE_PERF_COMMON_GPU_RANK_UTIL_H_

@@ -43,7 +43,7 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
   using scape::coll::CollType;
   // NCCL-backend communicators (scapeCommInitNccl): device buffers go to NCCL; host buffers
   // and barriers run on the host communicator below, when it has one.
-  if (scape::device::IsNcclComm(comm) && !scape::device::NcclOnHost(comm, a))
+  if (scape::device::RunsOnNccl(comm, a))
     return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
   SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   scape::Comm& c = *comm->impl;

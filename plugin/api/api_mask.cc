@@ -116,7 +116,7 @@ Status RunPacked(scape::coll::CollType type, const void* sendbuf, void* recvbuf,
   if (op) a.op = *op;
   // NCCL backend: device buffers go to NCCL; host buffers run on its host communicator (as on
   // a UCX communicator, below).
-  if (nccl && !scape::device::NcclOnHost(comm, a))
+  if (scape::device::RunsOnNccl(comm, a))
     return scape::device::NcclCollective(comm, a, nullptr, stream, request != nullptr);
   bool onDevice = false;
   Status dev =

@@ -243,9 +243,9 @@ Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* s
   // The packed exchange runs where the communicator moves device memory: NCCL for an
   // NCCL-backend communicator (the mask's sync stays on its host communicator), else the UCX
   // staged path.
-  const bool nccl = scape::device::IsNcclComm(comm);
-  auto exchange = [comm, nccl](const scape::coll::CollArgs& a, void* s) -> Status {
-    if (nccl) return scape::device::NcclCollective(comm, a, nullptr, s, false);
+  auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
+    if (scape::device::RunsOnNccl(comm, a))
+      return scape::device::NcclCollective(comm, a, nullptr, s, false);
     bool handled = false;
     SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
     if (!handled)

@@ -554,6 +554,10 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   return Status::Ok();
 }
 
+bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a) {
+  return IsNcclComm(comm) && !NcclOnHost(comm, a);
+}
+
 bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
   if (!comm || !comm->impl || !IsNcclComm(comm)) return false;
   if (a.type == coll::CollType::kBarrier) return true;
