@@ -326,25 +326,17 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
   Mask& m = *mask->impl;
   if (m.SyncInFlight()) return InvalidUsage("a mask sync is in flight: wait for it first");
   // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
-  std::vector<uint64_t> offs, k;
-  m.TopkPlan(density, &offs, &k);
-  std::vector<uint64_t> outOffs(k.size() + 1);
-  const uint64_t total =
-      k.empty() ? 0 : kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
-  if (total == 0) return m.SetNextFromTopk(nullptr, 0);  // only always-dense pieces, or none
-  kernels::TopkSegments segs;
-  segs.offsets = offs.data();
-  segs.k = k.data();
-  segs.out_offsets = outOffs.data();
-  segs.nseg = k.size();
-  kernels::TopkOptions opt;
+  Mask::TopkTable t;
+  m.TopkPlan(density, &t);
+  if (t.total == 0) return m.SetNextFromTopk(nullptr, 0);  // only always-dense pieces, or none
+  const uint64_t total = t.total;
   std::shared_ptr<DevBuf> dOut, dCounts;
   SCAPE_RETURN_IF_ERROR(AllocDev(rt, total * sizeof(uint64_t), &dOut));
-  SCAPE_RETURN_IF_ERROR(AllocDev(rt, k.size() * sizeof(uint64_t), &dCounts));
-  std::vector<uint64_t> sel(total);
+  SCAPE_RETURN_IF_ERROR(AllocDev(rt, t.k.size() * sizeof(uint64_t), &dCounts));
   // Legacy default stream: ordered after the caller's work on blocking streams.
-  Status st = rt->TopkAbs(statistic, segs, opt, static_cast<uint64_t*>(dOut->d),
-                          static_cast<uint64_t*>(dCounts->d), nullptr);
+  Status st =
+      rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(), static_cast<uint64_t*>(dOut->d),
+                  static_cast<uint64_t*>(dCounts->d), nullptr);
   if (!st.ok()) {
     RetireAfter(rt, nullptr, {dOut, dCounts});
     return st.Prepend("top-k of the device statistic");
@@ -554,11 +546,9 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   return Status::Ok();
 }
 
-bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a) {
-  return IsNcclComm(comm) && !NcclOnHost(comm, a);
-}
-
-bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
+// True when a collective on an NCCL-backend communicator runs on its host communicator
+// instead of NCCL: it has one, and the call is a barrier or its buffers are host memory.
+static bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
   if (!comm || !comm->impl || !IsNcclComm(comm)) return false;
   if (a.type == coll::CollType::kBarrier) return true;
   bool dev = false;
@@ -569,6 +559,10 @@ bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
   if (!hasSend && !hasRecv) return false;
   if (!CheckKinds(rt, a, comm->impl->rank(), &dev).ok()) return false;
   return !dev;
+}
+
+bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a) {
+  return IsNcclComm(comm) && !NcclOnHost(comm, a);
 }
 
 Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view) {

@@ -65,12 +65,10 @@ void DropStaleMaskPositions(const scapeMask* mask);
 // NCCL-backend communicators (made by scapeCommInitNccl). Their scapeComm's impl is the host
 // (UCX) communicator that scapeCommInitNccl joins (SCAPE_NCCL_HOST_COMM=1), or NULL (0).
 bool IsNcclComm(const scapeComm* comm);
-// True when a collective on an NCCL-backend communicator runs on its host communicator
-// instead of NCCL: it has one, and the call is a barrier or its buffers are host memory.
-bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a);
 // The API's routing rule, in one place: a collective goes to NcclCollective when `comm` is an
-// NCCL-backend communicator and the call does not run on its host communicator; otherwise the
-// UCX path (UcxCollective, then the host collective) takes it.
+// NCCL-backend communicator and the call does not run on its host communicator (it has one,
+// and the call is a barrier or its buffers are host memory); otherwise the UCX path
+// (UcxCollective, then the host collective) takes it.
 bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a);
 // Validates and issues a collective on an NCCL-backend communicator (device buffers). a.counts
 // non-empty: the packed (V) forms (NcclBackend::Run); mask non-NULL: the masked dense-in/out

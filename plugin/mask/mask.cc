@@ -201,75 +201,55 @@ Status Mask::SetNextIndices(const uint64_t* idx, size_t k) {
   return Status::Ok();
 }
 
-void Mask::TopkPlan(double density, std::vector<uint64_t>* offsets,
-                    std::vector<uint64_t>* k) const {
+void Mask::TopkPlan(double density, TopkTable* t) const {
   const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
   // One kernel call over this rank's pieces; the gaps between them are segments with k = 0.
-  std::vector<uint64_t>& offs = *offsets;
+  std::vector<uint64_t>& offs = t->offsets;
   offs.clear();
-  k->clear();
+  t->k.clear();
   for (const Piece& p : mine) {
     if (!offs.empty() && offs.back() < p.begin) {
-      k->push_back(0);
+      t->k.push_back(0);
       offs.push_back(p.begin);
     }
     if (offs.empty()) offs.push_back(p.begin);
-    // An always-dense piece selects nothing here: SetNextFromTopk adds all of it.
+    // An always-dense piece selects nothing here: SetNextIndices adds all of it.
     const uint64_t len = p.end - p.begin;
     uint64_t kk =
         p.dense ? 0 : static_cast<uint64_t>(std::floor(density * static_cast<double>(len)));
     if (!p.dense && len > 0) kk = std::max<uint64_t>(1, std::min(kk, len));
-    k->push_back(kk);
+    t->k.push_back(kk);
     offs.push_back(p.end);
   }
+  t->outOffsets.assign(t->k.size() + 1, 0);
+  t->total =
+      t->k.empty() ? 0 : kernels::TopkOutOffsets(t->k.data(), t->k.size(), t->outOffsets.data());
+}
+
+kernels::TopkSegments Mask::TopkTable::Segments() const {
+  kernels::TopkSegments s;
+  s.offsets = offsets.data();
+  s.k = k.data();
+  s.out_offsets = outOffsets.data();
+  s.nseg = k.size();
+  return s;
 }
 
 Status Mask::SetNextFromTopk(const uint64_t* sel, size_t total) {
-  if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
-  const std::vector<Piece>& mine = owned_[static_cast<size_t>(rank_)];
-  std::vector<uint64_t> local;
-  local.reserve(total);
-  // Global positions, increasing, inside this rank's pieces: mapped to the owned space, piece
-  // by piece. An always-dense piece is added whole (selected positions inside it are skipped).
-  size_t i = 0;
-  uint64_t base = 0;
-  auto bad = [&](const char* what) {
-    return InternalError(StrFormat("top-k selection: position %llu (entry %zu) %s",
-                                   static_cast<unsigned long long>(sel[i]), i, what));
-  };
-  for (const Piece& p : mine) {
-    if (i < total && sel[i] < p.begin) return bad("is not owned by this rank");
-    if (p.dense)
-      for (uint64_t x = p.begin; x < p.end; ++x) local.push_back(base + (x - p.begin));
-    for (; i < total && sel[i] < p.end; ++i) {
-      if (i > 0 && sel[i] <= sel[i - 1]) return bad("is not increasing");
-      if (!p.dense) local.push_back(base + (sel[i] - p.begin));
-    }
-    base += p.end - p.begin;
-  }
-  if (i < total) return bad("is not owned by this rank");
-  nextLocal_ = std::move(local);
-  nextSet_ = true;
-  return Status::Ok();
+  Status st = SetNextIndices(sel, total);
+  if (!st.ok() && st.code() == scapeInvalidArgument)
+    return InternalError(StrFormat("top-k selection: %s", st.message().c_str()));
+  return st;
 }
 
 Status Mask::SelectNextTopk(const float* stat, double density) {
   if (inFlight_) return InvalidUsage("a mask sync is in flight: wait for it first");
-  std::vector<uint64_t> offs, k;
-  TopkPlan(density, &offs, &k);
-  std::vector<uint64_t> sel;
-  std::vector<uint64_t> outOffs(k.size() + 1);
-  const uint64_t total =
-      k.empty() ? 0 : kernels::TopkOutOffsets(k.data(), k.size(), outOffs.data());
-  if (total > 0) {  // nothing to select (only always-dense pieces, or none): no kernel
-    sel.resize(total);
-    kernels::TopkSegments segs;
-    segs.offsets = offs.data();
-    segs.k = k.data();
-    segs.out_offsets = outOffs.data();
-    segs.nseg = k.size();
-    kernels::TopkOptions opt;
-    kernels::KernelStatus ks = kernels::TopkAbs(stat, segs, opt, sel.data(), nullptr, &topkWs_);
+  TopkTable t;
+  TopkPlan(density, &t);
+  std::vector<uint64_t> sel(t.total);
+  if (t.total > 0) {
+    kernels::KernelStatus ks =
+        kernels::TopkAbs(stat, t.Segments(), kernels::TopkOptions(), sel.data(), nullptr, &topkWs_);
     if (ks != kernels::KernelStatus::kOk)
       return Status(kernels::ToResult(ks),
                     StrFormat("top-k selection failed: %s", kernels::KernelStatusString(ks)));

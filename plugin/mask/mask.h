@@ -38,11 +38,17 @@ class Mask {
   Status SetNextIndices(const uint64_t* idx, size_t k);
   Status SelectNextTopk(const float* stat, double density);
   // SelectNextTopk in two halves, for a top-k run elsewhere (the device): the kernel's segment
-  // table of this rank's owned pieces (kernels/cpu/topk.h: offsets, k per segment) for
-  // `density`, and the next mask from the kernel's selected global positions (increasing).
-  // Always-dense pieces have k = 0 in the plan (no kernel work, no positions to copy back from
-  // a device); SetNextFromTopk adds them whole.
-  void TopkPlan(double density, std::vector<uint64_t>* offsets, std::vector<uint64_t>* k) const;
+  // table of this rank's owned pieces for `density` (kernels/cpu/topk.h), and the next mask
+  // from the kernel's selected global positions (increasing). Always-dense pieces have k = 0
+  // in the plan (no kernel work, no positions to copy back from a device); the mask adds them
+  // whole. total == 0: nothing to select, no kernel to run.
+  struct TopkTable {
+    std::vector<uint64_t> offsets, k, outOffsets;
+    uint64_t total = 0;  // selected positions in all (outOffsets' last entry)
+    kernels::TopkSegments Segments() const;
+  };
+  void TopkPlan(double density, TopkTable* t) const;
+  // SetNextIndices for positions a top-k produced: a failure is the library's (InternalError).
   Status SetNextFromTopk(const uint64_t* selected, size_t count);
   Status SyncStart();
   Status SyncTest(bool* done);

@@ -251,30 +251,22 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   t0 = NowNs();
   {
     const double density = Density(step_ + 1);
-    std::vector<uint64_t> offs, kk;
-    mask_->TopkPlan(density, &offs, &kk);
-    std::vector<uint64_t> outOffs(kk.size() + 1);
-    const uint64_t total =
-        kk.empty() ? 0 : kernels::TopkOutOffsets(kk.data(), kk.size(), outOffs.data());
-    if (total > 0) {  // else only always-dense pieces (added by the mask), or none
-      if (kk.size() > d.countsCap) {
+    Mask::TopkTable t;
+    mask_->TopkPlan(density, &t);
+    if (t.total > 0) {  // else only always-dense pieces (added by the mask), or none
+      if (t.k.size() > d.countsCap) {
         d.rt->DeviceFree(d.dCounts);
         d.dCounts = nullptr;
-        SCAPE_RETURN_IF_ERROR(Alloc(rt, kk.size(), &d.dCounts));
-        d.countsCap = kk.size();
+        SCAPE_RETURN_IF_ERROR(Alloc(rt, t.k.size(), &d.dCounts));
+        d.countsCap = t.k.size();
       }
-      kernels::TopkSegments segs;
-      segs.offsets = offs.data();
-      segs.k = kk.data();
-      segs.out_offsets = outOffs.data();
-      segs.nseg = kk.size();
-      kernels::TopkOptions opt;
       SCAPE_RETURN_IF_ERROR(
-          rt->TopkAbs(d.dStat, segs, opt, d.dTop, d.dCounts, st).Prepend("top-k selection"));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * total, st));
+          rt->TopkAbs(d.dStat, t.Segments(), kernels::TopkOptions(), d.dTop, d.dCounts, st)
+              .Prepend("top-k selection"));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * t.total, st));
     }
     SCAPE_RETURN_IF_ERROR(rt->EventRecord(d.selDone, st));
-    d.selCount = total;
+    d.selCount = t.total;
     d.selPending = true;
   }
   phase_[scapeOptimPhaseSelect] = static_cast<double>(NowNs() - t0) * 1e-9;
