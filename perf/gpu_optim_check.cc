@@ -151,38 +151,33 @@ int main(int argc, char** argv) {
   SCAPE_OK(scapeOptimDestroy(dev), comm);
 
   // ---- 2. time: SCAPE step vs dense AdamS step (every segment dense), on device -------------
-  for (bool allDense : {false, true}) {
-    if (timed <= 0) break;  // TIMED 0: the bits only
-    scapeOptim_t o = Create(comm, n, offs, density, allDense);
-    for (int w = 0; w < 3; ++w) SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm);
-    CUDA_OK(cudaStreamSynchronize(stream));
-    std::vector<double> ms;
-    for (int i = 0; i < timed; ++i) {
-      const double t0 = Now();
-      SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm);
-      CUDA_OK(cudaStreamSynchronize(stream));
-      ms.push_back((Now() - t0) * 1e3);
-    }
-    std::sort(ms.begin(), ms.end());
-    if (g_rank == 0 && !ms.empty())
-      std::printf("RESULT %s_step_ms %.4f\n", allDense ? "dense" : "scape", ms[ms.size() / 2]);
-    SCAPE_OK(scapeOptimDestroy(o), comm);
-  }
-  if (timed > 0) {
-    // The dense exchange alone: an all-reduce (average) of the n fp32 values, as the dense
-    // step's exchange moves them.
-    float* dr = nullptr;
-    CUDA_OK(cudaMalloc(&dr, 4 * n));
+  // Rank 0 prints the median of `timed` calls of `call` (each to stream completion) after 3
+  // untimed ones, as RESULT <name> in ms.
+  auto median = [&](const char* name, auto&& call) {
     std::vector<double> ms;
     for (int i = 0; i < 3 + timed; ++i) {
       const double t0 = Now();
-      SCAPE_OK(scapeAllReduce(dg, dr, n, scapeFloat32, scapeAvg, nullptr, comm, stream), comm);
+      call();
       CUDA_OK(cudaStreamSynchronize(stream));
       if (i >= 3) ms.push_back((Now() - t0) * 1e3);
     }
     std::sort(ms.begin(), ms.end());
-    if (g_rank == 0 && !ms.empty())
-      std::printf("RESULT dense_allreduce_ms %.4f\n", ms[ms.size() / 2]);
+    if (g_rank == 0) std::printf("RESULT %s %.4f\n", name, ms[ms.size() / 2]);
+  };
+  if (timed > 0) {  // TIMED 0: the bits only
+    for (bool allDense : {false, true}) {
+      scapeOptim_t o = Create(comm, n, offs, density, allDense);
+      median(allDense ? "dense_step_ms" : "scape_step_ms",
+             [&] { SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, stream), comm); });
+      SCAPE_OK(scapeOptimDestroy(o), comm);
+    }
+    // The dense exchange alone: an all-reduce (average) of the n fp32 values, as the dense
+    // step's exchange moves them.
+    float* dr = nullptr;
+    CUDA_OK(cudaMalloc(&dr, 4 * n));
+    median("dense_allreduce_ms", [&] {
+      SCAPE_OK(scapeAllReduce(dg, dr, n, scapeFloat32, scapeAvg, nullptr, comm, stream), comm);
+    });
     CUDA_OK(cudaFree(dr));
   }
   if (g_rank == 0) {
