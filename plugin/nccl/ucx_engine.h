@@ -1,6 +1,9 @@
 // The UCX engine behind the NCCL net plugin (plugin/nccl/): connection setup over an
-// out-of-band TCP socket, UCP tagged transfers, requests, memory handles. It knows nothing of
-// NCCL's types; plugin/nccl/net_v11.cc checks NCCL's arguments and translates Status codes.
+// out-of-band TCP socket (net_connect.cc), UCP tagged transfers, requests, memory handles
+// (ucx_engine.cc), over the UCX layer it shares with the library's transport
+// (transport/ucx/ucx_layer.h: contexts, workers, endpoints, failure reports, the UCX 1.13 rule).
+// It knows nothing of NCCL's types; plugin/nccl/net_v11.cc checks NCCL's arguments and
+// translates Status codes.
 //
 // Objects and ownership:
 // - NetContext: one per plugin init (one per NCCL communicator). Owns one UCP worker per

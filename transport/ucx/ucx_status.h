@@ -1,7 +1,7 @@
 // The one mapping from UCX's ucs_status_t to the library's result codes, shared by the
 // communicator's transport (transport/ucx/ucx_transport.cc) and the NCCL plugin's engine
-// (plugin/nccl/ucx_engine.cc), so that a peer failure is reported the same way by both.
-// Only files that already include UCX headers include this one.
+// (through ucx_layer.h's CodeError), so that a peer failure is reported the same way by both.
+// Only files inside transport/ucx/ (and tests) include this one: it includes UCX's header.
 #ifndef SCAPE_TRANSPORT_UCX_UCX_STATUS_H_
 #define SCAPE_TRANSPORT_UCX_UCX_STATUS_H_
 
@@ -55,23 +55,6 @@ inline scapeResult_t UcxResult(ucs_status_t s) {
 // "what: <UCX's text>" with the code above.
 inline Status UcxError(const std::string& what, ucs_status_t s) {
   return Status(UcxResult(s), what + ": " + ucs_status_string(s));
-}
-
-// Whether UCX may pick a shared-memory transport under the TLS list `tls` (UCX_TLS syntax:
-// empty or "all" for everything, "a,b" for a list, "^a,b" for all but those). An endpoint to a
-// same-host peer asks for no failure reports (UCP_ERR_HANDLING_MODE_NONE) only to let UCX use
-// shared memory; where shared memory cannot be used anyway, it asks for them (MODE_PEER), so
-// that UCX reports a dead peer through the error callback. (UCX 1.13 can still abort a
-// receiver whose peer dies while their wire-up is in flight, in either mode: see
-// perf/RESULTS_reliability.md.)
-inline bool SharedMemoryPossible(const std::string& tls) {
-  if (tls.empty() || tls == "all") return true;
-  auto has = [&](const char* t) {
-    const std::string s = "," + (tls[0] == '^' ? tls.substr(1) : tls) + ",";
-    return s.find(std::string(",") + t + ",") != std::string::npos;
-  };
-  if (tls[0] == '^') return !has("sm") && !has("shm");
-  return has("sm") || has("shm") || has("posix") || has("sysv") || has("xpmem") || has("all");
 }
 
 }  // namespace transport
