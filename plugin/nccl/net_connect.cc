@@ -11,13 +11,13 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <unordered_map>
 #include <utility>
 
 #include "plugin/nccl/engine_internal.h"
 #include "plugin/nccl/ucx_engine.h"
+#include "transport/bootstrap/host.h"
 
 namespace scape {
 namespace ucxnet {
@@ -42,7 +42,7 @@ struct WireHandle {
   uint8_t addr[28];   // the listener's TCP address
   uint32_t dev;       // listener's device (informational)
   uint64_t listenId;  // random, names the listen comm
-  uint64_t hostId;    // boot id + host name hash: same-host detection
+  uint64_t hostId;    // bootstrap::HostHash(): same-host detection
   uint32_t checksum;
   uint32_t reserved0;
   uint64_t connectToken;  // sender's scratch: its connect state machine (0 = not started)
@@ -82,12 +82,6 @@ uint32_t Fnv1a32(const void* p, size_t n) {
   return h;
 }
 
-uint64_t Fnv1a64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 uint64_t RandomU64() {
   static std::mutex mu;
   static std::mt19937_64 rng = [] {
@@ -101,18 +95,6 @@ uint64_t RandomU64() {
   do v = rng();
   while (v == 0);
   return v;
-}
-
-uint64_t HostId() {
-  static const uint64_t id = [] {
-    std::string s;
-    std::ifstream f("/proc/sys/kernel/random/boot_id");
-    std::getline(f, s);
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    return Fnv1a64(s + "|" + host);
-  }();
-  return id;
 }
 
 // ---- non-blocking socket I/O ------------------------------------------------------------------
@@ -555,7 +537,7 @@ Status Listen(NetContext* ctx, int dev, const DeviceRoute& route, void* handle, 
   std::memcpy(h.addr, &addr.ss, addr.len);
   h.dev = static_cast<uint32_t>(dev);
   h.listenId = lc->listenId;
-  h.hostId = HostId();
+  h.hostId = bootstrap::HostHash();
   h.checksum = Fnv1a32(&h, kChecksummedBytes);
   std::memcpy(handle, &h, sizeof(h));
   *out = lc.release();
@@ -574,7 +556,7 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
     c->ctx = ctx;
     c->dev = dev;
     c->listenId = h.listenId;
-    c->sameHost = h.hostId == HostId();
+    c->sameHost = h.hostId == bootstrap::HostHash();
     c->handshake = ucx::WantFailureReports(c->sameHost, ConfiguredTls());
     c->timeoutMs = ctx->timeoutMs;
     c->graceMs = ctx->graceMs;
@@ -598,7 +580,7 @@ Status Connect(NetContext* ctx, int dev, const DeviceRoute& route, void* handle,
                      static_cast<uint32_t>(getpid()),
                      0,
                      h.listenId,
-                     HostId()};
+                     bootstrap::HostHash()};
     token = RandomU64();
   } else {
     std::lock_guard<std::mutex> lk(g_connMu);

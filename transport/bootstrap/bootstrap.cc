@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -661,21 +660,6 @@ Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHa
   if (!rd.verdict().ok()) return rd.verdict();
   *table = std::move(rd.table());
   return Status::Ok();
-}
-
-uint64_t HostHash() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::string key = host;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string bootId;
-  if (boot >> bootId) key += bootId;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : key) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 }  // namespace bootstrap

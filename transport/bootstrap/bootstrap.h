@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "scape/scape.h"
+#include "transport/bootstrap/host.h"
 #include "transport/bootstrap/socket.h"
 
 namespace scape {
@@ -67,8 +68,7 @@ struct PeerEntry {
 Status Rendezvous(const RootAddress& root, int rank, int nranks, uint64_t hostHash,
                   const std::vector<uint8_t>& blob, int timeoutMs, std::vector<PeerEntry>* table);
 
-// A hash identifying this host (hostname and boot id), for counting ranks per host.
-uint64_t HostHash();
+// HostHash() (host.h): the hash identifying this host, for counting ranks per host.
 
 // ---- wire format, exposed for the tests and the fuzz targets ---------------------------------
 
