@@ -9,6 +9,12 @@ Reads every C/C++/CUDA source and header under the library's folders, takes each
 
 A line `// layer-exception: <reason>` on the include line itself lets one include through; each
 one is listed in docs/ARCHITECTURE.md with why it is still there.
+
+UCX stays inside the UCX layer (transport/ucx/): UCX's own headers (<ucp/...>, <ucs/...>,
+<uct/...>) are refused anywhere else, and so is any repository header that includes one,
+directly or through other repository headers (found by reading the tree, so a new header that
+pulls UCX in is covered without editing this file). The NCCL plugin reaches UCX through
+transport/ucx/ucx_layer.h, which names no UCX type.
 """
 import os
 import re
@@ -23,20 +29,23 @@ ALLOWED = {
     "transport/": ["transport/", "base/"],
     "plugin/coll/": ["plugin/coll/", "transport/transport.h", "kernels/", "base/"],
     "plugin/core/": ["plugin/core/", "plugin/coll/", "transport/transport.h",
-                     "transport/bootstrap/", "transport/ucx/", "base/"],
+                     "transport/bootstrap/", "base/"],
     "plugin/mask/": ["plugin/mask/", "plugin/core/", "plugin/coll/", "kernels/", "base/"],
     "plugin/optim/": ["plugin/optim/", "plugin/mask/", "plugin/core/", "plugin/coll/",
                       "plugin/device/", "kernels/", "base/"],
     "plugin/device/": ["plugin/device/", "plugin/core/", "plugin/coll/", "plugin/mask/",
                        "kernels/", "base/"],
     "plugin/api/": ["plugin/", "transport/bootstrap/", "kernels/", "base/"],
-    "plugin/nccl/": ["plugin/nccl/", "transport/bootstrap/socket.h", "transport/ucx/", "base/"],
+    "plugin/nccl/": ["plugin/nccl/", "transport/bootstrap/socket.h", "transport/bootstrap/host.h",
+                     "transport/ucx/ucx_layer.h", "base/"],
 }
-# System headers only some folders may include: UCX only where the transport is implemented (the
-# library's endpoint interface and the NCCL plugin's engine); CUDA and NCCL only in the kernels
-# and the device layer.
+# System headers only some folders may include: UCX only in the UCX layer (transport/ucx/: the
+# library's transport and the layer the NCCL plugin's engine goes through); CUDA and NCCL only
+# in the kernels and the device layer.
+UCX_SYSTEM = re.compile(r"^(ucp|uct|ucs)/")
+UCX_LAYER = "transport/ucx/"
 RESTRICTED_SYSTEM = [
-    (re.compile(r"^(ucp|uct|ucs)/"), ["transport/ucx/", "plugin/nccl/"]),
+    (UCX_SYSTEM, [UCX_LAYER]),
     (re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api|cuda_fp16|cuda_bf16)\.h$|^cub/|^thrust/"),
      ["kernels/cuda/", "plugin/device/", "kernels/"]),
     (re.compile(r"^nccl(_net)?\.h$"), ["plugin/device/"]),
@@ -53,9 +62,9 @@ def layer_of(path):
     return best
 
 
-def check(root):
-    errors = []
-    checked = 0
+def includes_of(root):
+    """{repo-relative path: [(lineno, kind, include, rest of line)]} for every library source."""
+    out = {}
     for top in ("include", "base", "kernels", "transport", "plugin"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in files:
@@ -63,29 +72,57 @@ def check(root):
                     continue
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root).replace(os.sep, "/")
-                layer = layer_of(rel)
-                if layer is None:
-                    errors.append(f"{rel}: in no layer of the table (add its folder to ALLOWED)")
-                    continue
-                checked += 1
+                incs = []
                 with open(full, encoding="utf-8", errors="replace") as f:
                     for lineno, line in enumerate(f, 1):
                         m = INCLUDE_RE.match(line)
-                        if not m:
-                            continue
-                        kind, inc, rest = m.groups()
-                        if "layer-exception:" in rest:
-                            continue
-                        where = f"{rel}:{lineno}"
-                        if kind == '"':
-                            if inc.startswith("scape/") or "/" not in inc:
-                                continue  # public header, the generated scape_config.h, or a file beside this one
-                            if not any(inc.startswith(p) for p in ALLOWED[layer]):
-                                errors.append(f'{where}: layer {layer} must not include "{inc}"')
-                        else:
-                            for pattern, allowed in RESTRICTED_SYSTEM:
-                                if pattern.search(inc) and not any(rel.startswith(a) for a in allowed):
-                                    errors.append(f"{where}: layer {layer} must not include <{inc}>")
+                        if m:
+                            incs.append((lineno,) + m.groups())
+                out[rel] = incs
+    return out
+
+
+def ucx_bearing(incs):
+    """Repository files that include a UCX header, directly or through repository headers."""
+    bearing = {rel for rel, lst in incs.items()
+               if any(kind == "<" and UCX_SYSTEM.search(inc) for _, kind, inc, _ in lst)}
+    grew = True
+    while grew:
+        grew = False
+        for rel, lst in incs.items():
+            if rel not in bearing and any(kind == '"' and inc in bearing for _, kind, inc, _ in lst):
+                bearing.add(rel)
+                grew = True
+    return bearing
+
+
+def check(root):
+    errors = []
+    incs = includes_of(root)
+    bearing = ucx_bearing(incs)
+    checked = 0
+    for rel in sorted(incs):
+        layer = layer_of(rel)
+        if layer is None:
+            errors.append(f"{rel}: in no layer of the table (add its folder to ALLOWED)")
+            continue
+        checked += 1
+        for lineno, kind, inc, rest in incs[rel]:
+            if "layer-exception:" in rest:
+                continue
+            where = f"{rel}:{lineno}"
+            if kind == '"':
+                if inc.startswith("scape/") or "/" not in inc:
+                    continue  # public header, the generated scape_config.h, or a file beside this one
+                if not any(inc.startswith(p) for p in ALLOWED[layer]):
+                    errors.append(f'{where}: layer {layer} must not include "{inc}"')
+                elif inc in bearing and not rel.startswith(UCX_LAYER):
+                    errors.append(f'{where}: "{inc}" brings UCX headers outside the UCX layer '
+                                  f"({UCX_LAYER})")
+            else:
+                for pattern, allowed in RESTRICTED_SYSTEM:
+                    if pattern.search(inc) and not any(rel.startswith(a) for a in allowed):
+                        errors.append(f"{where}: layer {layer} must not include <{inc}>")
     return checked, errors
 
 
@@ -99,15 +136,24 @@ def self_test():
                 f.write(text)
         put("kernels/cpu/k.cc", '#include "plugin/core/comm.h"\n')           # upward
         put("plugin/coll/c.cc", "#include <ucp/api/ucp.h>\n")                 # UCX in an algorithm
+        put("plugin/core/u.cc", "#include <ucs/type/status.h>\n")             # UCX above the layer
+        put("plugin/nccl/u.cc", "#include <ucp/api/ucp.h>\n")                 # ... in the plugin
+        # The plugin's one door into the layer, planted with a UCX include: refused where used,
+        # not where it is (a header that pulls UCX in is as bad as UCX's own).
+        put("transport/ucx/ucx_layer.h", "#include <ucp/api/ucp.h>\n")
+        put("transport/ucx/ucx_layer.cc", '#include "transport/ucx/ucx_layer.h"\n')
+        put("plugin/nccl/n.cc", '#include "transport/ucx/ucx_layer.h"\n')
+        put("plugin/core/s.cc", '#include "transport/ucx/ucx_status.h"\n')  # not the core's
         put("plugin/coll/ok.cc", '#include "plugin/coll/coll.h"\n#include "x.h"\n')
         put("base/b.cc", '#include "plugin/core/comm.h"  // layer-exception: test\n')
         checked, errors = check(tmp)
-        want = {"kernels/cpu/k.cc:1", "plugin/coll/c.cc:1"}
+        want = {"kernels/cpu/k.cc:1", "plugin/coll/c.cc:1", "plugin/core/u.cc:1",
+                "plugin/nccl/u.cc:1", "plugin/nccl/n.cc:1", "plugin/core/s.cc:1"}
         got = {e.split(": ")[0] for e in errors}
-        if checked != 4 or got != want:
+        if checked != 10 or got != want:
             print("check_layers self-test failed:", checked, errors)
             return 1
-    print("check_layers self-test: 2 planted violations found, exceptions honoured")
+    print(f"check_layers self-test: {len(want)} planted violations found, exceptions honoured")
     return 0
 
 
