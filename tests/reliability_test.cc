@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/harness.h"
+#include "transport/ucx/ucx_layer.h"
 #include "transport/ucx/ucx_status.h"
 
 namespace scape_test {
@@ -328,6 +329,43 @@ TEST(UcxStatus, PeerFailuresAreRemoteErrors) {
   EXPECT_EQ(UcxResult(UCS_ERR_INVALID_PARAM), scapeInternalError);
   EXPECT_EQ(UcxResult(UCS_ERR_NO_MEMORY), scapeSystemError);
   EXPECT_EQ(UcxResult(UCS_OK), scapeSuccess);
+  // The UCX layer's int-carried codes go through the same mapping.
+  EXPECT_EQ(scape::transport::ucx::CodeError("x", UCS_ERR_ENDPOINT_TIMEOUT).code(),
+            scapeRemoteError);
+  EXPECT_TRUE(scape::transport::ucx::IsTruncated(UCS_ERR_MESSAGE_TRUNCATED));
+  EXPECT_FALSE(scape::transport::ucx::IsTruncated(UCS_ERR_NO_MEMORY));
+}
+
+// The UCX 1.13 rule, written once in the UCX layer for both the communicator and the NCCL
+// plugin: only a same-host peer where shared memory is possible goes without failure reports;
+// the caller's knob wins over UCX_TLS, which is read when no knob is set.
+TEST(UcxLayer, FailureReportsFollowHostAndTls) {
+  using scape::transport::ucx::EffectiveTls;
+  using scape::transport::ucx::SharedMemoryPossible;
+  using scape::transport::ucx::WantFailureReports;
+  EXPECT_TRUE(SharedMemoryPossible(""));
+  EXPECT_TRUE(SharedMemoryPossible("all"));
+  EXPECT_TRUE(SharedMemoryPossible("sm,self"));
+  EXPECT_TRUE(SharedMemoryPossible("tcp,posix"));
+  EXPECT_FALSE(SharedMemoryPossible("tcp"));
+  EXPECT_FALSE(SharedMemoryPossible("^sm"));
+  EXPECT_TRUE(SharedMemoryPossible("^ib"));
+  const char* old = getenv("UCX_TLS");
+  const std::string saved = old ? old : "";
+  unsetenv("UCX_TLS");
+  EXPECT_EQ(EffectiveTls(""), "");
+  EXPECT_FALSE(WantFailureReports(true, ""));
+  EXPECT_TRUE(WantFailureReports(false, ""));
+  EXPECT_TRUE(WantFailureReports(true, "tcp"));
+  setenv("UCX_TLS", "tcp", 1);
+  EXPECT_EQ(EffectiveTls(""), "tcp");
+  EXPECT_EQ(EffectiveTls("sm,self"), "sm,self");
+  EXPECT_TRUE(WantFailureReports(true, ""));
+  EXPECT_FALSE(WantFailureReports(true, "sm,self"));
+  if (old)
+    setenv("UCX_TLS", saved.c_str(), 1);
+  else
+    unsetenv("UCX_TLS");
 }
 
 }  // namespace
