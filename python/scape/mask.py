@@ -352,8 +352,8 @@ class Mask:
             expect_count(r, "recv", k, "the current mask's count")
         o = to_enum(ReduceOp, op, "op")
         out = send if recv is None else recv
-        return self._coll("scapeMaskAllReducePacked", async_op, [(s, "send"), (r, "recv")], out, s.ptr,
-                          r.ptr, int(s.dtype), int(o))
+        return self._coll("scapeMaskAllReducePacked", async_op, [(s, "send"), (r, "recv")],
+                          out, s.ptr, r.ptr, int(s.dtype), int(o))
 
     def reduce_scatter(self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.AVG,
                        async_op: bool = False) -> Any:
@@ -369,8 +369,8 @@ class Mask:
         same_dtype(s, "send", r, "recv")
         expect_count(r, "recv", kr, "this rank's part of the current mask")
         o = to_enum(ReduceOp, op, "op")
-        return self._coll("scapeMaskReduceScatter", async_op, [(s, "send"), (r, "recv")], recv, s.ptr,
-                          r.ptr, int(s.dtype), int(o))
+        return self._coll("scapeMaskReduceScatter", async_op, [(s, "send"), (r, "recv")],
+                          recv, s.ptr, r.ptr, int(s.dtype), int(o))
 
     def all_gather(self, send: Any, recv: Any = None, *, async_op: bool = False) -> Any:
         """This rank contributes its part (``rank_count()[0]`` values); every rank receives
@@ -385,5 +385,5 @@ class Mask:
         r = as_buf(recv, "recv", writable=True)
         same_dtype(s, "send", r, "recv")
         expect_count(r, "recv", k, "the current mask's count")
-        return self._coll("scapeMaskAllGather", async_op, [(s, "send"), (r, "recv")], recv, s.ptr, r.ptr,
-                          int(s.dtype))
+        return self._coll("scapeMaskAllGather", async_op, [(s, "send"), (r, "recv")], recv,
+                          s.ptr, r.ptr, int(s.dtype))

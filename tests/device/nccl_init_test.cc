@@ -174,8 +174,8 @@ void CheckCollectives(scapeComm_t comm, int rank, unsigned seed) {
   auto in = Values<float>(n, rank, seed + 3);
   auto before = Values<float>(n, rank, seed + 4);  // recv's prior contents
   std::vector<float> ref = before;
-  EXPECT_SCAPE_OK(scapeAllReduce(in.data(), ref.data(), n, scapeFloat32, scapeSum, m, comm, nullptr),
-                  comm);
+  EXPECT_SCAPE_OK(
+      scapeAllReduce(in.data(), ref.data(), n, scapeFloat32, scapeSum, m, comm, nullptr), comm);
   EXPECT_NE(std::memcmp(ref.data(), before.data(), n * 4), 0) << "the host reference did nothing";
   void* dIn = ToDevice(in.data(), n * 4);
   void* dOut = ToDevice(before.data(), n * 4);
@@ -251,8 +251,8 @@ TEST(NcclInitEnv, FromEnvThenAbortEndsTheNcclCommunicator) {
         // A device all-reduce works before the abort.
         std::vector<int32_t> h(33, ctx.rank + 1);
         void* d = ToDevice(h.data(), h.size() * 4);
-        EXPECT_SCAPE_OK(scapeAllReduce(d, d, h.size(), scapeInt32, scapeSum, nullptr, comm, nullptr),
-                        comm);
+        EXPECT_SCAPE_OK(
+            scapeAllReduce(d, d, h.size(), scapeInt32, scapeSum, nullptr, comm, nullptr), comm);
         std::vector<char> out = FromDevice(d, h.size() * 4, nullptr);
         int32_t v = 0;
         std::memcpy(&v, out.data() + 32 * 4, 4);
