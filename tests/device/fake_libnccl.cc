@@ -373,9 +373,10 @@ FAKE_API int ncclGroupEnd() {
 // which rank 0 unlinks the name. So ranks that are separate processes (forked, or started by
 // Python) really exchange data, as with fakeNcclSharedCreate. Test controls, read from the
 // environment at ncclCommInitRank: FAKE_NCCL_INIT_FAIL_RANK=r makes rank r's call fail at once
-// (ncclSystemError, without meeting the others); FAKE_NCCL_NO_INIT_UNIQUE_ID=1 makes
-// ncclGetUniqueId fail. Counters: fakeNcclCommsLive (made and not yet destroyed/aborted),
-// fakeNcclCommsDestroyed, fakeNcclCommsAborted, fakeNcclLastInitNranks.
+// (ncclSystemError, without meeting the others; it unlinks the segment so that no name is left
+// behind); FAKE_NCCL_NO_INIT_UNIQUE_ID=1 makes ncclGetUniqueId fail. Counters: fakeNcclCommsLive
+// (made and not yet destroyed/aborted), fakeNcclCommsDestroyed, fakeNcclCommsAborted,
+// fakeNcclLastInitNranks.
 static const int kFakeMaxRanks = 8;
 static const size_t kFakeSlotBytes = size_t{1} << 20;
 static const char kFakeIdMagic[] = "fake-nccl-id";
@@ -431,11 +432,14 @@ FAKE_API int ncclGetUniqueId(FakeUniqueId* id) {
 FAKE_API int ncclCommInitRank(void** comm, int nranks, FakeUniqueId id, int rank) {
   if (!comm || nranks < 1 || nranks > kFakeMaxRanks || rank < 0 || rank >= nranks) return 4;
   if (std::memcmp(id.internal, kFakeIdMagic, sizeof(kFakeIdMagic)) != 0) return 4;
-  const char* fail = getenv("FAKE_NCCL_INIT_FAIL_RANK");
-  if (fail && *fail && atoi(fail) == rank) return 2;
   char name[101];
   std::memcpy(name, id.internal + 16, 100);
   name[100] = 0;
+  const char* fail = getenv("FAKE_NCCL_INIT_FAIL_RANK");
+  if (fail && *fail && atoi(fail) == rank) {
+    shm_unlink(name);  // nothing is left behind in /dev/shm by the ranks that wait for it
+    return 2;
+  }
   int fd = shm_open(name, O_RDWR, 0600);
   if (fd < 0) return 2;
   void* p = mmap(nullptr, SegmentBytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -72,8 +72,7 @@ __attribute__((visibility("default"))) int fakedev_sync(void* stream) {
   return -1;
 }
 // A copy in either direction on the default stream, waited for.
-__attribute__((visibility("default"))) int fakedev_copy(void* dst, const void* src,
-                                                        size_t bytes) {
+__attribute__((visibility("default"))) int fakedev_copy(void* dst, const void* src, size_t bytes) {
   scape::Status st = Fake().CopyAsync(dst, src, bytes, nullptr);
   if (st.ok()) st = Fake().StreamSynchronize(nullptr);
   if (st.ok()) return 0;
