@@ -298,7 +298,10 @@ class Communicator:
     their pending operations fail instead of waiting for the timeout.
 
     Collectives take torch CPU tensors or numpy arrays, contiguous, of dtype float32, float16,
-    bfloat16 (torch only), int32 or int64, and use their memory directly (zero-copy). Every
+    bfloat16 (torch only), int32 or int64, and use their memory directly (zero-copy); and
+    device memory the same way: torch CUDA tensors, objects with ``__cuda_array_interface__``
+    (CuPy, Numba) or DLPack on a CUDA device, enqueued on the tensor's current stream (or the
+    interface's) without a host wait (docs/python.md, "Device memory"). Every
     rank must issue the same collectives in the same order with the same sizes, dtypes and ops.
     A communicator is not thread-safe, except :meth:`abort`, which may be called from another
     thread to end a blocked call.
@@ -313,6 +316,10 @@ class Communicator:
             ``SCAPE_PROGRESS``).
         net_if: network interface for bootstrap and TCP, e.g. "lo" (default:
             ``SCAPE_SOCKET_IFNAME``).
+        backend: "ucx" (default; ``scapeCommInitRankConfig``) or "nccl"
+            (``scapeCommInitNcclRank``: the library also makes and owns an NCCL communicator
+            of the same ranks; see :meth:`from_env`).
+        device: the CUDA device index of this rank (see :meth:`from_env`).
     """
 
     def __init__(self, size: int, unique_id: UniqueId, rank: int, *,
