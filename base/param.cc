@@ -64,7 +64,8 @@ const ParamInfo kParams[] = {
      "directly, not staged, when every rank's UCX moves CUDA memory; `0`: always staged",
      ParamType::kInt, 0, 1},
     {"SCAPE_NCCL_LIBRARY", "libnccl.so.2",
-     "the NCCL library (name or path) that collectives on device buffers with a stream load",
+     "the NCCL library (name or path) the NCCL backend loads (`scapeCommInitNccl*`); the "
+     "Python package sets it to the NCCL PyTorch uses when it is unset and `backend=\"nccl\"`",
      ParamType::kString},
     {"SCAPE_NCCL_HOST_COMM", "1",
      "`1`: `scapeCommInitNccl` also joins a host (UCX) communicator of the same ranks, so masks, "

@@ -1112,7 +1112,8 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
 /** The backend that moves a communicator's bytes. */
 typedef enum {
   scapeBackendUcx = 0,  /**< scapeCommInit*: UCX (host buffers; device buffers staged) */
-  scapeBackendNccl = 1, /**< scapeCommInitNccl: a caller's NCCL communicator */
+  scapeBackendNccl = 1, /**< scapeCommInitNccl (a caller's NCCL communicator) and
+                             scapeCommInitNcclRank / scapeCommInitNcclFromEnv (the library's) */
   scapeNumBackends = 2
 } scapeBackend_t;
 
@@ -1147,6 +1148,65 @@ typedef enum {
  */
 SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
                                           const scapeConfig_t* config);
+
+/**
+ * Makes an NCCL-backend communicator whose NCCL communicator the library creates and owns, for
+ * callers that have no ncclComm_t (PyTorch does not hand out its own). Collective, with the
+ * same arguments as scapeCommInitRankConfig: every rank first joins the host (UCX)
+ * communicator with `uniqueId` exactly as scapeCommInitRankConfig does; then rank 0 gets an
+ * ncclUniqueId from NCCL (ncclGetUniqueId), broadcasts it to every rank over the host
+ * communicator (host memory: no device buffer, no stream), and every rank calls
+ * ncclCommInitRank(nranks, id, rank) on the calling thread's current CUDA device (set it
+ * first, e.g. cudaSetDevice(local_rank)). The ranks then agree on the outcome (a host
+ * all-reduce), so either every rank gets its communicator or every rank gets an error.
+ *
+ * NCCL is loaded at run time: SCAPE_NCCL_LIBRARY (a name or a path, e.g. the libnccl.so.2 that
+ * PyTorch's wheel brings in site-packages/nvidia/nccl/lib; the Python package sets it to that
+ * one when the variable is unset), else "libnccl.so.2" through the dynamic loader (a library of
+ * that name already loaded in the process, such as PyTorch's, is the one used). It must have
+ * ncclGetUniqueId, ncclCommInitRank and ncclCommDestroy; it is loaded before the host
+ * communicator is joined, so a missing library fails on every rank at once.
+ *
+ * The communicator behaves as one made by scapeCommInitNccl with SCAPE_NCCL_HOST_COMM=1 (the
+ * knob is not read: the host communicator always exists), rank and size are the host
+ * communicator's (and NCCL's: they are equal), and it OWNS the NCCL communicator:
+ * scapeCommDestroy ends it with ncclCommDestroy (after the device work of the SCAPE
+ * communicator has drained; waited for at most the timeout, then left behind with a warning),
+ * scapeCommAbort with ncclCommAbort (ncclCommDestroy if the library has no ncclCommAbort).
+ *
+ * Deadlines (config timeoutMs, else SCAPE_TIMEOUT_MS): the host join and the broadcast and
+ * all-reduce fail with scapeTimeout as the host collectives do; ncclCommInitRank, which waits
+ * for every rank, runs on a helper thread (with the caller's device) and is waited for at most
+ * the timeout: past it the call fails with scapeTimeout naming ncclCommInitRank, and the
+ * helper thread is left to finish on its own (what it makes is released, never used).
+ *
+ * @param comm      out: the new communicator; must not be NULL. Set only on success.
+ * @param nranks    number of ranks, >= 1.
+ * @param uniqueId  the token from scapeGetUniqueId.
+ * @param rank      this rank, 0 <= rank < nranks.
+ * @param config    NULL or a configuration (as for scapeCommInitRankConfig).
+ * @return scapeSuccess; scapeInvalidArgument (NULL comm, nranks < 1, rank out of range, a bad
+ *         config or token); scapeUnsupported (NCCL cannot be loaded, or lacks one of the entry
+ *         points above: the message names the library and why); scapeSystemError (not NCCL
+ *         >= 2.10); the errors of scapeCommInitRankConfig for the host communicator; NCCL's
+ *         errors from ncclGetUniqueId or ncclCommInitRank (the message names the call and
+ *         gives NCCL's error string); scapeRemoteError on the ranks whose peer failed;
+ *         scapeTimeout (above).
+ */
+SCAPE_API scapeResult_t scapeCommInitNcclRank(scapeComm_t* comm, int nranks, scapeUniqueId uniqueId,
+                                              int rank, const scapeConfig_t* config);
+
+/**
+ * As scapeCommInitNcclRank, with rank, size and the rendezvous from the launcher's
+ * environment, as scapeCommInitFromEnv reads them (torchrun, mpirun, srun). Set the CUDA
+ * device first (torchrun: LOCAL_RANK).
+ *
+ * @param comm    out: the communicator; must not be NULL.
+ * @param config  configuration, or NULL for defaults.
+ * @return as scapeCommInitNcclRank; scapeInvalidUsage when no launcher environment is found
+ *         (as scapeCommInitFromEnv).
+ */
+SCAPE_API scapeResult_t scapeCommInitNcclFromEnv(scapeComm_t* comm, const scapeConfig_t* config);
 
 /** Writes the communicator's scapeBackend_t to *backend. */
 SCAPE_API scapeResult_t scapeCommGetBackend(scapeComm_t comm, int* backend);

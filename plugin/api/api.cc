@@ -143,6 +143,60 @@ Status CheckInitArgs(scapeComm_t* comm, int nranks, int rank) {
 
 namespace scape {
 namespace api {
+
+Status InitRank(scapeComm_t* comm, int nranks, scapeUniqueId id, int rank,
+                const scapeConfig_t* config) {
+  SCAPE_RETURN_IF_ERROR(CheckInitArgs(comm, nranks, rank));
+  scape::CommConfig cfg;
+  SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
+  scape::bootstrap::RootAddress root;
+  SCAPE_RETURN_IF_ERROR(scape::bootstrap::DecodeUniqueId(id, &root));
+  Status st = InitWithRoot(comm, nranks, root, rank, cfg);
+  if (!st.ok()) st.Prepend(StrFormat("rank %d", rank));
+  return st;
+}
+
+Status InitFromEnv(scapeComm_t* comm, const scapeConfig_t* config) {
+  if (!comm) return scape::InvalidArgument("comm is NULL");
+  scape::CommConfig cfg;
+  SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
+  scape::bootstrap::LauncherInfo li;
+  SCAPE_RETURN_IF_ERROR(scape::bootstrap::ReadLauncherEnv(
+      [](const char* k) -> const char* {
+        // SCAPE_BOOTSTRAP_* are knobs (base/param.cc); the rest belong to the launchers.
+        return std::strncmp(k, "SCAPE_", 6) == 0 ? scape::ParamCString(k) : scape::ParamExternal(k);
+      },
+      &li));
+  scape::bootstrap::RootAddress root;
+  SCAPE_RETURN_IF_ERROR(scape::bootstrap::ResolveHost(li.rootHost, li.rootPort, &root.addr));
+  root.secret = li.secret;
+  if (li.rank == 0) {
+    // Rank 0 hosts the rendezvous root on the agreed address (any local address if the name
+    // does not belong to this host).
+    scape::bootstrap::RootAddress bound;
+    Status st = scape::bootstrap::StartRoot(root.addr, li.secret, cfg.timeoutMs, &bound);
+    if (!st.ok()) {
+      scape::bootstrap::SockAddr any = root.addr;
+      if (any.ss.ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in*>(&any.ss)->sin_addr.s_addr = htonl(INADDR_ANY);
+      else
+        reinterpret_cast<sockaddr_in6*>(&any.ss)->sin6_addr = in6addr_any;
+      Status st2 = scape::bootstrap::StartRoot(any, li.secret, cfg.timeoutMs, &bound);
+      if (!st2.ok())
+        return st.Prepend(StrFormat("%s rank 0: cannot host the bootstrap root on %s",
+                                    li.launcher.c_str(), root.addr.ToString().c_str()));
+    }
+  }
+  Status st = InitWithRoot(comm, li.nranks, root, li.rank, cfg);
+  if (!st.ok()) st.Prepend(StrFormat("%s rank %d", li.launcher.c_str(), li.rank));
+  return st;
+}
+
+}  // namespace api
+}  // namespace scape
+
+namespace scape {
+namespace api {
 namespace {
 
 struct Registry {
@@ -306,16 +360,8 @@ SCAPE_API scapeResult_t scapeGetUniqueId(scapeUniqueId* id) {
 
 SCAPE_API scapeResult_t scapeCommInitRankConfig(scapeComm_t* comm, int nranks, scapeUniqueId id,
                                                 int rank, const scapeConfig_t* config) {
-  return Guard(nullptr, "scapeCommInitRank", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckInitArgs(comm, nranks, rank));
-    scape::CommConfig cfg;
-    SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
-    scape::bootstrap::RootAddress root;
-    SCAPE_RETURN_IF_ERROR(scape::bootstrap::DecodeUniqueId(id, &root));
-    Status st = InitWithRoot(comm, nranks, root, rank, cfg);
-    if (!st.ok()) st.Prepend(StrFormat("rank %d", rank));
-    return st;
-  });
+  return Guard(nullptr, "scapeCommInitRank",
+               [&]() -> Status { return scape::api::InitRank(comm, nranks, id, rank, config); });
 }
 
 SCAPE_API scapeResult_t scapeCommInitRank(scapeComm_t* comm, int nranks, scapeUniqueId id,
@@ -324,42 +370,8 @@ SCAPE_API scapeResult_t scapeCommInitRank(scapeComm_t* comm, int nranks, scapeUn
 }
 
 SCAPE_API scapeResult_t scapeCommInitFromEnv(scapeComm_t* comm, const scapeConfig_t* config) {
-  return Guard(nullptr, "scapeCommInitFromEnv", [&]() -> Status {
-    if (!comm) return scape::InvalidArgument("comm is NULL");
-    scape::CommConfig cfg;
-    SCAPE_RETURN_IF_ERROR(scape::ResolveConfig(config, &cfg));
-    scape::bootstrap::LauncherInfo li;
-    SCAPE_RETURN_IF_ERROR(scape::bootstrap::ReadLauncherEnv(
-        [](const char* k) -> const char* {
-          // SCAPE_BOOTSTRAP_* are knobs (base/param.cc); the rest belong to the launchers.
-          return std::strncmp(k, "SCAPE_", 6) == 0 ? scape::ParamCString(k)
-                                                   : scape::ParamExternal(k);
-        },
-        &li));
-    scape::bootstrap::RootAddress root;
-    SCAPE_RETURN_IF_ERROR(scape::bootstrap::ResolveHost(li.rootHost, li.rootPort, &root.addr));
-    root.secret = li.secret;
-    if (li.rank == 0) {
-      // Rank 0 hosts the rendezvous root on the agreed address (any local address if the name
-      // does not belong to this host).
-      scape::bootstrap::RootAddress bound;
-      Status st = scape::bootstrap::StartRoot(root.addr, li.secret, cfg.timeoutMs, &bound);
-      if (!st.ok()) {
-        scape::bootstrap::SockAddr any = root.addr;
-        if (any.ss.ss_family == AF_INET)
-          reinterpret_cast<sockaddr_in*>(&any.ss)->sin_addr.s_addr = htonl(INADDR_ANY);
-        else
-          reinterpret_cast<sockaddr_in6*>(&any.ss)->sin6_addr = in6addr_any;
-        Status st2 = scape::bootstrap::StartRoot(any, li.secret, cfg.timeoutMs, &bound);
-        if (!st2.ok())
-          return st.Prepend(StrFormat("%s rank 0: cannot host the bootstrap root on %s",
-                                      li.launcher.c_str(), root.addr.ToString().c_str()));
-      }
-    }
-    Status st = InitWithRoot(comm, li.nranks, root, li.rank, cfg);
-    if (!st.ok()) st.Prepend(StrFormat("%s rank %d", li.launcher.c_str(), li.rank));
-    return st;
-  });
+  return Guard(nullptr, "scapeCommInitFromEnv",
+               [&]() -> Status { return scape::api::InitFromEnv(comm, config); });
 }
 
 SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {

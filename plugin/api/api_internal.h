@@ -174,6 +174,12 @@ inline Status CheckComm(scapeComm* comm) {
   return Status::Ok();
 }
 
+// The bodies of scapeCommInitRankConfig and scapeCommInitFromEnv (api.cc), for the entry points
+// that join a host communicator first (scapeCommInitNcclRank / scapeCommInitNcclFromEnv).
+Status InitRank(scapeComm_t* comm, int nranks, scapeUniqueId id, int rank,
+                const scapeConfig_t* config);
+Status InitFromEnv(scapeComm_t* comm, const scapeConfig_t* config);
+
 // Frees an optimizer for scapeCommAbort, which frees its mask with the other masks
 // (api_optim.cc).
 void DeleteOptimOnAbort(scapeOptim* optim);

@@ -546,6 +546,104 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   return Status::Ok();
 }
 
+Status MakeOwnedNccl(scapeComm* comm) {
+  if (!comm || !comm->impl) return InternalError("MakeOwnedNccl: no host communicator");
+  Comm& c = *comm->impl;
+  const int rank = c.rank(), p = c.nranks(), timeoutMs = c.config().timeoutMs;
+  const NcclApi* api = nullptr;
+  SCAPE_RETURN_IF_ERROR(LoadNccl(&api));
+  SCAPE_RETURN_IF_ERROR(CheckOwnedNccl(*api));
+  // Rank 0's ncclUniqueId goes to every rank over the host communicator (host memory, a host
+  // broadcast with the communicator's deadline). Word 0 says whether rank 0 got one: rank 0
+  // takes part even after a failure, so no rank waits for a broadcast that never comes.
+  int32_t msg[1 + sizeof(NcclUniqueId) / sizeof(int32_t)] = {0};
+  static_assert(sizeof(msg) == 4 + sizeof(NcclUniqueId), "ncclUniqueId is 128 bytes");
+  Status st;
+  if (rank == 0) {
+    NcclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    const int r = api->getUniqueId(&id);
+    if (r != kNcclSuccess)
+      st = FromNccl(r, "ncclGetUniqueId", api->getErrorString(r));
+    else
+      std::memcpy(&msg[1], &id, sizeof(id));
+    msg[0] = st.ok() ? 1 : 0;
+  }
+  coll::CollArgs b;
+  b.type = coll::CollType::kBroadcast;
+  b.send = b.recv = msg;
+  b.count = sizeof(msg) / sizeof(int32_t);
+  b.dtype = scapeInt32;
+  b.root = 0;
+  Status bs = api::SubmitOrRun(comm, b, nullptr);
+  if (!st.ok()) return st.Prepend(StrFormat("rank %d", rank));
+  if (!bs.ok())
+    return bs.Prepend(
+        StrFormat("rank %d: broadcasting the NCCL unique id over the host communicator", rank));
+  if (msg[0] != 1)
+    return RemoteError(StrFormat(
+        "rank %d: rank 0 could not get an NCCL unique id (ncclGetUniqueId failed there; its "
+        "message says why)",
+        rank));
+  NcclUniqueId id;
+  std::memcpy(&id, &msg[1], sizeof(id));
+  // ncclCommInitRank waits for every rank: on a helper thread with the caller's device, with
+  // the communicator's deadline.
+  void* nc = nullptr;
+  auto ncOut = std::make_shared<void*>(nullptr);
+  int r = kNcclSuccess;
+  const int device = GetRuntime()->GetDevice();
+  if (!RunWithDeadline(
+          [api, ncOut, p, id, rank] { return api->commInitRank(ncOut.get(), p, id, rank); }, device,
+          timeoutMs, &r)) {
+    st = TimeoutError(
+        StrFormat("rank %d: ncclCommInitRank (%d ranks, device %d) did not return within %d ms "
+                  "(does every rank call it? SCAPE_TIMEOUT_MS sets the limit)",
+                  rank, p, device, timeoutMs));
+  } else if (r != kNcclSuccess) {
+    st = FromNccl(r, "ncclCommInitRank", api->getErrorString(r))
+             .Prepend(StrFormat("rank %d (device %d)", rank, device));
+  } else {
+    nc = *ncOut;
+    if (!nc)
+      st = InternalError(StrFormat("rank %d: ncclCommInitRank returned no communicator", rank));
+  }
+  // Every rank learns whether every rank has its NCCL communicator (a host all-reduce with the
+  // deadline), so none keeps one its peers gave up on.
+  int32_t ok = st.ok() ? 1 : 0;
+  coll::CollArgs m;
+  m.type = coll::CollType::kAllReduce;
+  m.send = m.recv = &ok;
+  m.count = 1;
+  m.dtype = scapeInt32;
+  m.op = scapeMin;
+  Status as = api::SubmitOrRun(comm, m, nullptr);
+  std::unique_ptr<NcclBackend> backend;
+  if (st.ok() && !as.ok())
+    st = as.Prepend(StrFormat("rank %d: agreeing on the NCCL communicator's creation", rank));
+  if (st.ok() && ok != 1)
+    st = RemoteError(StrFormat(
+        "rank %d: another rank failed to make its NCCL communicator (its message says why)", rank));
+  if (st.ok()) st = NcclBackend::Create(nc, &backend, true);
+  if (st.ok() && (backend->rank() != rank || backend->nranks() != p))
+    st = InternalError(StrFormat("the NCCL communicator is rank %d of %d, the host one %d of %d",
+                                 backend->rank(), backend->nranks(), rank, p));
+  if (!st.ok()) {
+    if (nc) {
+      // Not used by anyone: abort it (no waiting for peers), or destroy it.
+      const int rr = api->commAbort ? api->commAbort(nc) : api->commDestroy(nc);
+      if (rr != kNcclSuccess) SCAPE_WARN("releasing a failed NCCL communicator: %d", rr);
+    }
+    return st;
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->nccl = std::move(backend);
+  entry->masked.reset(new NcclMaskCache(timeoutMs));
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_entries[comm] = entry;
+  return Status::Ok();
+}
+
 // True when a collective on an NCCL-backend communicator runs on its host communicator
 // instead of NCCL: it has one, and the call is a barrier or its buffers are host memory.
 static bool NcclOnHost(const scapeComm* comm, const coll::CollArgs& a) {
@@ -603,6 +701,9 @@ void ReleaseComm(scapeComm* comm) {
     Status st = e->staging->Drain(ms);
     if (!st.ok()) SCAPE_WARN("scapeCommDestroy: %s", st.message().c_str());
   }
+  // An NCCL communicator the library made (no-op for a caller's, or one already aborted).
+  if (e && e->nccl)
+    e->nccl->Close(false, comm->impl ? comm->impl->config().timeoutMs : kDefaultTimeoutMs);
   // The channel (its worker and child communicator) goes with the entry, before the parent.
   ReapRetired();  // device temporaries of mask calls whose work has completed
 }
@@ -611,6 +712,7 @@ void AbortComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Find(comm);
   if (e && e->staging) e->staging->Abort();
   if (e && e->masked) e->masked->Abandon();
+  if (e && e->nccl) e->nccl->Close(true, 1000);  // ncclCommAbort (an owned one only)
 }
 
 Status AsyncError(scapeComm* comm) {

@@ -76,6 +76,14 @@ bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a);
 Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                       bool async);
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);
+// scapeCommInitNcclRank / scapeCommInitNcclFromEnv, once `comm` (a new UCX communicator, not
+// yet handed out) is formed: rank 0's ncclUniqueId (from the dlopen'd NCCL) goes to every rank
+// over `comm` (a host broadcast), every rank calls ncclCommInitRank on the calling thread's
+// current device (waited for with the communicator's deadline), the ranks agree on the outcome
+// (a host all-reduce), and `comm` becomes an NCCL-backend communicator that owns the NCCL one
+// (scapeCommDestroy: ncclCommDestroy; scapeCommAbort: ncclCommAbort). On an error nothing is
+// attached (the caller destroys `comm`).
+Status MakeOwnedNccl(scapeComm* comm);
 // rank / nranks of an NCCL-backend communicator (false if `comm` is not one).
 bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank);
 

@@ -4,12 +4,16 @@
 #include <dlfcn.h>
 #include <time.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "base/param.h"
 
 namespace scape {
@@ -118,6 +122,10 @@ Status LoadNccl(const NcclApi** out) {
   if (st.ok()) st = Resolve(lib, path, "ncclReduce", &api->reduce, false);
   if (st.ok()) st = Resolve(lib, path, "ncclGroupStart", &api->groupStart, false);
   if (st.ok()) st = Resolve(lib, path, "ncclGroupEnd", &api->groupEnd, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclGetUniqueId", &api->getUniqueId, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommInitRank", &api->commInitRank, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommDestroy", &api->commDestroy, false);
+  if (st.ok()) st = Resolve(lib, path, "ncclCommAbort", &api->commAbort, false);
   if (st.ok()) {
     int v = 0;
     int r = api->getVersion(&v);
@@ -139,13 +147,56 @@ Status LoadNccl(const NcclApi** out) {
   return Status::Ok();
 }
 
-Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out) {
+Status CheckOwnedNccl(const NcclApi& api) {
+  const char* missing = !api.getUniqueId    ? "ncclGetUniqueId"
+                        : !api.commInitRank ? "ncclCommInitRank"
+                        : !api.commDestroy  ? "ncclCommDestroy"
+                                            : nullptr;
+  if (missing)
+    return Unsupported(
+        StrFormat("the NCCL library %s has no %s, which a communicator the library makes "
+                  "itself needs (set SCAPE_NCCL_LIBRARY to an NCCL 2.x library)",
+                  api.path.c_str(), missing));
+  return Status::Ok();
+}
+
+bool RunWithDeadline(std::function<int()> fn, int device, int timeoutMs, int* result) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int result = 0;
+  };
+  auto sh = std::make_shared<Shared>();
+  std::thread th([sh, fn = std::move(fn), device] {
+    GetRuntime()->SetDevice(device);
+    const int r = fn();
+    std::lock_guard<std::mutex> lk(sh->mu);
+    sh->result = r;
+    sh->done = true;
+    sh->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lk(sh->mu);
+  const bool done = sh->cv.wait_for(lk, std::chrono::milliseconds(timeoutMs < 0 ? 0 : timeoutMs),
+                                    [&] { return sh->done; });
+  lk.unlock();
+  if (done) {
+    th.join();
+    *result = sh->result;
+  } else {
+    th.detach();  // it holds `sh` and `fn`: nothing of the caller's
+  }
+  return done;
+}
+
+Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bool owned) {
   if (!ncclComm) return InvalidArgument("ncclComm is NULL");
   const NcclApi* api = nullptr;
   SCAPE_RETURN_IF_ERROR(LoadNccl(&api));
   std::unique_ptr<NcclBackend> b(new NcclBackend());
   b->api_ = api;
   b->comm_ = ncclComm;
+  b->owned_ = owned;
   int r = api->commCount(ncclComm, &b->nranks_);
   if (r != kNcclSuccess) return FromNccl(r, "ncclCommCount", api->getErrorString(r));
   r = api->commUserRank(ncclComm, &b->rank_);
@@ -154,6 +205,31 @@ Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out) {
     return InvalidArgument(StrFormat("ncclComm reports rank %d of %d", b->rank_, b->nranks_));
   *out = std::move(b);
   return Status::Ok();
+}
+
+void NcclBackend::Close(bool abort, int timeoutMs) {
+  if (!owned_ || closed_.exchange(true)) return;
+  void* comm = comm_;
+  const NcclApi* api = api_;
+  if (abort && api->commAbort) {
+    // ncclCommAbort returns without waiting for the other ranks or the work in flight.
+    const int r = api->commAbort(comm);
+    if (r != kNcclSuccess)
+      SCAPE_WARN("scapeCommAbort: ncclCommAbort returned %d: %s", r, api->getErrorString(r));
+    return;
+  }
+  int r = kNcclSuccess;
+  if (!RunWithDeadline([api, comm] { return api->commDestroy(comm); }, GetRuntime()->GetDevice(),
+                       timeoutMs, &r)) {
+    SCAPE_WARN(
+        "scapeComm%s: ncclCommDestroy did not return within %d ms (work still queued on a "
+        "stream that never completes?); it is left to finish on its own",
+        abort ? "Abort" : "Destroy", timeoutMs);
+    return;
+  }
+  if (r != kNcclSuccess)
+    SCAPE_WARN("scapeComm%s: ncclCommDestroy returned %d: %s", abort ? "Abort" : "Destroy", r,
+               api->getErrorString(r));
 }
 
 Status NcclBackend::Fail(int r, const char* what) {

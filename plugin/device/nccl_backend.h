@@ -5,6 +5,8 @@
 #ifndef SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
 #define SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -42,6 +44,11 @@ int NcclRedOp(scapeRedOp_t o);        // -1: none
 // Maps an ncclResult_t to a Status; `what` names the call.
 Status FromNccl(int r, const char* what, const char* ncclMessage);
 
+// ncclUniqueId (nccl.h): 128 opaque bytes, passed by value to ncclCommInitRank.
+struct NcclUniqueId {
+  char internal[128];
+};
+
 // The entry points the backend uses, resolved from the library.
 struct NcclApi {
   std::string path;
@@ -61,6 +68,13 @@ struct NcclApi {
   int (*reduce)(const void*, void*, size_t, int, int, int, void*, void*) = nullptr;
   int (*groupStart)() = nullptr;
   int (*groupEnd)() = nullptr;
+  // Optional at load; a communicator the library makes itself (scapeCommInitNcclRank /
+  // scapeCommInitNcclFromEnv) needs the first three (NCCL 2.x has them all), ncclCommAbort is
+  // used by scapeCommAbort when present (else ncclCommDestroy).
+  int (*getUniqueId)(NcclUniqueId*) = nullptr;
+  int (*commInitRank)(void**, int, NcclUniqueId, int) = nullptr;
+  int (*commDestroy)(void*) = nullptr;
+  int (*commAbort)(void*) = nullptr;
 };
 
 // Loads NCCL once per path and keeps it loaded: SCAPE_NCCL_LIBRARY if set, else
@@ -69,10 +83,28 @@ struct NcclApi {
 // point or is older than 2.10 (no ncclAvg).
 Status LoadNccl(const NcclApi** out);
 
+// For a communicator the library makes itself: scapeUnsupported naming the library when one of
+// ncclGetUniqueId, ncclCommInitRank, ncclCommDestroy is missing.
+Status CheckOwnedNccl(const NcclApi& api);
+
+// Runs fn() (an NCCL call that may wait for other ranks) on a helper thread whose current
+// device is `device`, and waits for it at most timeoutMs. True with *result = fn's result
+// when it returned in time; false on a timeout: the thread is left to finish on its own (it
+// owns everything it touches), what fn makes is then never used.
+bool RunWithDeadline(std::function<int()> fn, int device, int timeoutMs, int* result);
+
 // One communicator's NCCL state.
 class NcclBackend {
  public:
-  static Status Create(void* ncclComm, std::unique_ptr<NcclBackend>* out);
+  // owned: the library made `ncclComm` (scapeCommInitNcclRank/FromEnv) and Close() ends it;
+  // otherwise it stays the caller's and Close() does nothing.
+  static Status Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bool owned = false);
+  // Ends an owned NCCL communicator once: abort = ncclCommAbort (ncclCommDestroy when the
+  // library has no ncclCommAbort), else ncclCommDestroy on a helper thread with the calling
+  // thread's device, waited for at most timeoutMs (a destroy that does not return in time is
+  // left behind with a warning rather than hanging the caller). Later calls do nothing.
+  void Close(bool abort, int timeoutMs);
+  bool owned() const { return owned_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const NcclApi& api() const { return *api_; }
@@ -97,6 +129,8 @@ class NcclBackend {
   Status Fail(int r, const char* what);
   const NcclApi* api_ = nullptr;
   void* comm_ = nullptr;
+  bool owned_ = false;
+  std::atomic<bool> closed_{false};
   int rank_ = 0, nranks_ = 1;
 };
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ._lib import library_path
 from .comm import (BINDING_VERSION_CODE, Communicator, Request, SparseResult, UniqueId,
-                   get_unique_id, version)
+                   find_nccl_library, get_unique_id, version)
 from .errors import (ArgumentTypeError, InternalError, InvalidArgumentError, InvalidUsageError,
                      RemoteError, ScapeError, ScapeSystemError, ScapeTimeoutError,
                      UnsupportedError)
@@ -30,5 +30,5 @@ __all__ = [
     "InvalidArgumentError", "InvalidUsageError", "Mask", "MaskEncoding", "Ownership",
     "ProgressMode", "ReduceOp", "RemoteError", "Request", "ScapeError", "ScapeSystemError",
     "ScapeTimeoutError", "SparseAlgo", "SparseResult", "SyncInfo", "UniqueId",
-    "UnsupportedError", "get_unique_id", "library_path", "version",
+    "UnsupportedError", "find_nccl_library", "get_unique_id", "library_path", "version",
 ]

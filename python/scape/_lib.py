@@ -135,6 +135,10 @@ def _declare(L: ctypes.CDLL) -> None:
     d("scapeCommInitRankConfig", R, POINTER(p), c_int, UniqueIdStruct, c_int,
       POINTER(ConfigStruct))
     d("scapeCommInitFromEnv", R, POINTER(p), POINTER(ConfigStruct))
+    d("scapeCommInitNcclRank", R, POINTER(p), c_int, UniqueIdStruct, c_int, POINTER(ConfigStruct))
+    d("scapeCommInitNcclFromEnv", R, POINTER(p), POINTER(ConfigStruct))
+    d("scapeCommGetBackend", R, p, POINTER(c_int))
+    d("scapeGetDeviceSupport", R, POINTER(c_int), POINTER(c_int))
     d("scapeCommDestroy", R, p)
     d("scapeCommAbort", R, p)
     d("scapeCommCount", R, p, POINTER(c_int))

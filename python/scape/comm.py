@@ -1,14 +1,18 @@
 """The communicator, its collectives and non-blocking requests."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import sys
 import weakref
 from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from . import _lib
-from ._buffers import Buf, as_buf, empty_like, expect_count, overlaps, same_dtype
+from ._buffers import (Buf, as_buf, empty_like, expect_count, keepalive, overlaps, placement,
+                       same_dtype)
 from .errors import (INVALID_USAGE, SUCCESS, IN_PROGRESS, InvalidUsageError, ScapeError,
                      bad_arg, check, error_from_code)
 from .types import DataType, ProgressMode, ReduceOp, SparseAlgo, to_enum
@@ -95,6 +99,95 @@ def _config(timeout_ms: Optional[int], progress: Optional[Union[ProgressMode, st
             raise bad_arg("net_if", f"expected an interface name, got {net_if!r}")
         cfg.netIf = net_if.encode()
     return cfg
+
+
+BACKENDS = ("ucx", "nccl")
+
+
+def _backend(backend: Any) -> str:
+    if backend not in BACKENDS:
+        raise bad_arg("backend", f"{backend!r}: expected 'ucx' or 'nccl'")
+    return backend
+
+
+@contextlib.contextmanager
+def on_device(device: Optional[int]):
+    """Makes `device` torch's current CUDA device for the duration of a call when torch's
+    CUDA is in use and another device is current (the library allocates its device
+    temporaries on the calling thread's current device); otherwise does nothing."""
+    torch = sys.modules.get("torch")
+    if device is None or device < 0 or torch is None:
+        yield
+        return
+    try:
+        switch = torch.cuda.is_initialized() and torch.cuda.current_device() != device
+    except Exception:
+        switch = False
+    if not switch:
+        yield
+        return
+    with torch.cuda.device(device):
+        yield
+
+
+def find_nccl_library() -> Optional[str]:
+    """The NCCL library the NCCL backend will load when SCAPE_NCCL_LIBRARY is not set: an
+    libnccl already loaded in this process (PyTorch's, once torch has used NCCL), else the one
+    PyTorch's wheel brings (site-packages/nvidia/nccl/lib/libnccl.so.2), else None (the
+    library then loads "libnccl.so.2" through the dynamic loader)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(" ")[-1]
+                if os.path.basename(path).startswith("libnccl.so"):
+                    return path
+    except OSError:
+        pass
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        spec = None
+    for base in (list(spec.submodule_search_locations or []) if spec else []):
+        cand = os.path.join(base, "lib", "libnccl.so.2")
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def _prepare_nccl(device: Optional[int]) -> Optional[int]:
+    """Before an NCCL-backend init: points SCAPE_NCCL_LIBRARY at PyTorch's NCCL when the user
+    did not set it, and makes sure the CUDA device is set (with torch's CUDA: `device` if
+    given, else the current device if torch's CUDA is already initialised, else LOCAL_RANK
+    modulo the device count). Returns the device (None when torch's CUDA is not available)."""
+    if not os.environ.get("SCAPE_NCCL_LIBRARY"):
+        path = find_nccl_library()
+        if path:
+            os.environ["SCAPE_NCCL_LIBRARY"] = path
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int)
+                               or device < 0):
+        raise bad_arg("device", f"expected a CUDA device index, got {device!r}")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811
+        except ImportError:
+            return device
+    try:
+        if not torch.cuda.is_available():
+            return device
+    except Exception:
+        return device
+    if device is None:
+        if torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+        else:
+            local = os.environ.get("LOCAL_RANK")
+            device = (int(local) % torch.cuda.device_count()) if local and local.isdigit() \
+                else torch.cuda.current_device()
+    torch.cuda.set_device(device)
+    return device
 
 
 @dataclass
@@ -205,7 +298,10 @@ class Communicator:
     their pending operations fail instead of waiting for the timeout.
 
     Collectives take torch CPU tensors or numpy arrays, contiguous, of dtype float32, float16,
-    bfloat16 (torch only), int32 or int64, and use their memory directly (zero-copy). Every
+    bfloat16 (torch only), int32 or int64, and use their memory directly (zero-copy); and
+    device memory the same way: torch CUDA tensors, objects with ``__cuda_array_interface__``
+    (CuPy, Numba) or DLPack on a CUDA device, enqueued on the tensor's current stream (or the
+    interface's) without a host wait (docs/python.md, "Device memory"). Every
     rank must issue the same collectives in the same order with the same sizes, dtypes and ops.
     A communicator is not thread-safe, except :meth:`abort`, which may be called from another
     thread to end a blocked call.
@@ -220,9 +316,14 @@ class Communicator:
             ``SCAPE_PROGRESS``).
         net_if: network interface for bootstrap and TCP, e.g. "lo" (default:
             ``SCAPE_SOCKET_IFNAME``).
+        backend: "ucx" (default; ``scapeCommInitRankConfig``) or "nccl"
+            (``scapeCommInitNcclRank``: the library also makes and owns an NCCL communicator
+            of the same ranks; see :meth:`from_env`).
+        device: the CUDA device index of this rank (see :meth:`from_env`).
     """
 
     def __init__(self, size: int, unique_id: UniqueId, rank: int, *,
+                 backend: str = "ucx", device: Optional[int] = None,
                  timeout_ms: Optional[int] = None,
                  progress: Optional[Union[ProgressMode, str, int]] = None,
                  net_if: Optional[str] = None) -> None:
@@ -230,6 +331,8 @@ class Communicator:
         self._masks: "weakref.WeakSet[Mask]" = weakref.WeakSet()
         self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
         self._aborting = False
+        self._device: Optional[int] = None
+        self._backend = _backend(backend)
         if isinstance(size, bool) or not isinstance(size, int):
             raise bad_arg("size", f"expected an int, got {size!r}", type_error=True)
         if isinstance(rank, bool) or not isinstance(rank, int):
@@ -240,37 +343,110 @@ class Communicator:
         cfg = _config(timeout_ms, progress, net_if)
         h = c_void_p()
         L = _lib.lib()
-        if cfg is None:
+        if self._backend == "nccl":
+            self._device = _prepare_nccl(device)
+            code = L.scapeCommInitNcclRank(byref(h), size, unique_id._struct(), rank,
+                                           byref(cfg) if cfg is not None else None)
+            check(code, "scapeCommInitNcclRank", None)
+        elif cfg is None:
             code = L.scapeCommInitRank(byref(h), size, unique_id._struct(), rank)
+            check(code, "scapeCommInitRank", None)
         else:
             code = L.scapeCommInitRankConfig(byref(h), size, unique_id._struct(), rank,
                                              byref(cfg))
-        check(code, "scapeCommInitRank", None)
+            check(code, "scapeCommInitRank", None)
         self._handle = h.value
+        if self._backend == "ucx" and device is not None:
+            self._device = device
         self._init_queries()
 
     @classmethod
-    def from_env(cls, *, timeout_ms: Optional[int] = None,
+    def from_env(cls, *, backend: str = "ucx", device: Optional[int] = None,
+                 timeout_ms: Optional[int] = None,
                  progress: Optional[Union[ProgressMode, str, int]] = None,
                  net_if: Optional[str] = None) -> "Communicator":
         """Joins the communicator described by the launcher's environment
-        (``scapeCommInitFromEnv``): rank and size from RANK/WORLD_SIZE (torchrun),
-        OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/SIZE or SLURM_PROCID/NTASKS (srun).
-        Rank 0 hosts the rendezvous at SCAPE_BOOTSTRAP_ADDR, else MASTER_ADDR with port
-        MASTER_PORT + 1 (torchrun's store holds MASTER_PORT), else a local or Slurm default.
-        Keyword arguments as for the constructor."""
+        (``scapeCommInitFromEnv``; ``scapeCommInitNcclFromEnv`` for backend="nccl"): rank and
+        size from RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun),
+        PMI_RANK/SIZE or SLURM_PROCID/NTASKS (srun). Rank 0 hosts the rendezvous at
+        SCAPE_BOOTSTRAP_ADDR, else MASTER_ADDR with port MASTER_PORT + 1 (torchrun's store
+        holds MASTER_PORT), else a local or Slurm default.
+
+        Args:
+            backend: "ucx" (the default: host buffers, device buffers staged through host
+                memory) or "nccl" (the library makes an NCCL communicator of the same ranks
+                and owns it: device buffers go to NCCL on their stream; host buffers, masks
+                and barriers run on the host communicator it also joins). For "nccl" the CUDA
+                device is set first (`device`, else torch's current device if its CUDA is in
+                use, else LOCAL_RANK modulo the device count) and, when SCAPE_NCCL_LIBRARY is
+                unset, it is pointed at the NCCL PyTorch uses (:func:`find_nccl_library`).
+            device: the CUDA device index of this rank (see `backend`); for "ucx" it only
+                fixes the device the communicator's device buffers must be on (else the first
+                device buffer fixes it).
+            timeout_ms, progress, net_if: as for the constructor.
+        """
         self = cls.__new__(cls)
         self._handle = None
         self._masks = weakref.WeakSet()
         self._requests = weakref.WeakSet()
         self._aborting = False
+        self._device = None
+        self._backend = _backend(backend)
         cfg = _config(timeout_ms, progress, net_if)
         h = c_void_p()
-        code = _lib.lib().scapeCommInitFromEnv(byref(h), byref(cfg) if cfg is not None else None)
-        check(code, "scapeCommInitFromEnv", None)
+        if self._backend == "nccl":
+            self._device = _prepare_nccl(device)
+            code = _lib.lib().scapeCommInitNcclFromEnv(byref(h), byref(cfg) if cfg is not None
+                                                       else None)
+            check(code, "scapeCommInitNcclFromEnv", None)
+        else:
+            code = _lib.lib().scapeCommInitFromEnv(byref(h), byref(cfg) if cfg is not None
+                                                   else None)
+            check(code, "scapeCommInitFromEnv", None)
+            self._device = device
         self._handle = h.value
         self._init_queries()
         return self
+
+    @classmethod
+    def from_process_group(cls, pg: Any = None, *, backend: str = "ucx",
+                           device: Optional[int] = None, timeout_ms: Optional[int] = None,
+                           progress: Optional[Union[ProgressMode, str, int]] = None,
+                           net_if: Optional[str] = None) -> "Communicator":
+        """Makes a communicator of the ranks of a torch.distributed process group (`pg`, None
+        for the default group; torch.distributed must be initialised): the group's rank 0
+        makes a unique id (:func:`get_unique_id`) and it travels to the other ranks through
+        the group (``torch.distributed.broadcast_object_list``), so no rendezvous variable
+        is needed beyond the group's own. Collective over the group. Rank and size are the
+        group's. Other arguments as for :meth:`from_env`."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise bad_arg("pg", "torch.distributed is not initialised (call "
+                                "torch.distributed.init_process_group first)")
+        _backend(backend)
+        rank = dist.get_rank(pg)
+        size = dist.get_world_size(pg)
+        if rank < 0:
+            raise bad_arg("pg", "this process is not a member of the group")
+        if pg is None:
+            src = 0
+        elif hasattr(dist, "get_global_rank"):
+            src = dist.get_global_rank(pg, 0)
+        else:  # torch < 2.0
+            from torch.distributed import distributed_c10d as c10d
+
+            src = c10d._get_global_rank(pg, 0)
+        if backend == "nccl":
+            # An NCCL process group moves the object through the current CUDA device.
+            device = _prepare_nccl(device)
+        box = [bytes(get_unique_id()) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=src, group=pg)
+        if not isinstance(box[0], (bytes, bytearray)):
+            raise InvalidUsageError("the unique id did not arrive through the process group",
+                                    function="from_process_group")
+        return cls(size, UniqueId(box[0]), rank, backend=backend, device=device,
+                   timeout_ms=timeout_ms, progress=progress, net_if=net_if)
 
     def _init_queries(self) -> None:
         n, r = c_int(), c_int()
@@ -290,6 +466,21 @@ class Communicator:
     def size(self) -> int:
         """Number of ranks."""
         return self._size
+
+    @property
+    def backend(self) -> str:
+        """"ucx" or "nccl" (``scapeCommGetBackend``)."""
+        h = self._check_alive("scapeCommGetBackend")
+        b = c_int()
+        self._call("scapeCommGetBackend", h, byref(b))
+        return BACKENDS[b.value]
+
+    @property
+    def device(self) -> Optional[int]:
+        """The CUDA device this communicator's device buffers must be on: the device set at
+        an NCCL-backend init, the `device` argument, or the device of the first device
+        buffer passed to it; None while none is known."""
+        return self._device
 
     @property
     def alive(self) -> bool:
@@ -389,16 +580,17 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------------
 
     def _issue(self, function: str, async_op: bool, keep: Sequence[Any], result: Any,
-               *args: Any) -> Any:
+               *args: Any, device: Optional[int] = None) -> Any:
         self._check_alive(function)
         L = _lib.lib()
-        if async_op:
-            req = c_void_p()
-            code = getattr(L, function + "Async")(*args, byref(req))
-            if code != SUCCESS:
-                raise self._error(code, function + "Async")
-            return Request(self, req.value, function, keep, result)
-        code = getattr(L, function)(*args)
+        with on_device(device):
+            if async_op:
+                req = c_void_p()
+                code = getattr(L, function + "Async")(*args, byref(req))
+                if code != SUCCESS:
+                    raise self._error(code, function + "Async")
+                return Request(self, req.value, function, keep, result)
+            code = getattr(L, function)(*args)
         if code != SUCCESS:
             raise self._error(code, function)
         return result
@@ -440,9 +632,11 @@ class Communicator:
                 raise bad_arg("mask", "was created on another communicator")
             mh = mask._check_alive("scapeAllReduce")
             expect_count(s, "send", mask.n, "the mask's n")
+        dev, stream = placement([(s, "send"), (r, "recv")], self)
         out = recv if recv is not None else send
-        return self._issue("scapeAllReduce", async_op, (s.obj, r.obj, mask), out, s.ptr, r.ptr,
-                           s.count, int(s.dtype), int(o), mh, self._handle, None)
+        return self._issue("scapeAllReduce", async_op, keepalive(s, r) + [mask], out, s.ptr,
+                           r.ptr, s.count, int(s.dtype), int(o), mh, self._handle, stream,
+                           device=dev)
 
     def reduce_scatter(self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.SUM,
                        async_op: bool = False) -> Any:
@@ -459,8 +653,9 @@ class Communicator:
         same_dtype(s, "send", r, "recv")
         expect_count(s, "send", r.count * self.size, f"size ({self.size}) * len(recv)")
         o = to_enum(ReduceOp, op, "op")
-        return self._issue("scapeReduceScatter", async_op, (s.obj, r.obj), recv, s.ptr, r.ptr,
-                           r.count, int(s.dtype), int(o), self._handle, None)
+        dev, stream = placement([(s, "send"), (r, "recv")], self)
+        return self._issue("scapeReduceScatter", async_op, keepalive(s, r), recv, s.ptr, r.ptr,
+                           r.count, int(s.dtype), int(o), self._handle, stream, device=dev)
 
     def all_gather(self, send: Any, recv: Any = None, *, async_op: bool = False) -> Any:
         """All-gather: every rank contributes `send` (m elements); `recv` (``size * m``
@@ -472,8 +667,9 @@ class Communicator:
         r = as_buf(recv, "recv", writable=True)
         same_dtype(s, "send", r, "recv")
         expect_count(r, "recv", s.count * self.size, f"size ({self.size}) * len(send)")
-        return self._issue("scapeAllGather", async_op, (s.obj, r.obj), recv, s.ptr, r.ptr,
-                           s.count, int(s.dtype), self._handle, None)
+        dev, stream = placement([(s, "send"), (r, "recv")], self)
+        return self._issue("scapeAllGather", async_op, keepalive(s, r), recv, s.ptr, r.ptr,
+                           s.count, int(s.dtype), self._handle, stream, device=dev)
 
     def broadcast(self, buf: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Broadcast in place: the root's `buf` is copied into `buf` on every other rank.
@@ -482,8 +678,9 @@ class Communicator:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise bad_arg("root", f"{root!r} is not a rank of this communicator "
                                   f"(0..{self.size - 1})")
-        return self._issue("scapeBroadcast", async_op, (b.obj,), buf, b.ptr, b.ptr, b.count,
-                           int(b.dtype), root, self._handle, None)
+        dev, stream = placement([(b, "buf")], self)
+        return self._issue("scapeBroadcast", async_op, keepalive(b), buf, b.ptr, b.ptr, b.count,
+                           int(b.dtype), root, self._handle, stream, device=dev)
 
     def barrier(self, *, async_op: bool = False) -> Optional[Request]:
         """Returns once every rank has entered the barrier (or a Request)."""
@@ -523,7 +720,7 @@ class Communicator:
         import numpy as np
 
         ib = _index_buf(indices, "indices")
-        vb = as_buf(values, "values")
+        vb = as_buf(values, "values", device_ok=False)
         if vb.dtype not in (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16):
             raise bad_arg("values", f"dtype must be float32, float16 or bfloat16, got "
                                     f"{vb.dtype.label}", type_error=True)
@@ -538,7 +735,7 @@ class Communicator:
         if dense:
             if out is None:
                 out = empty_like(vb, n)
-            ob = as_buf(out, "out", writable=True)
+            ob = as_buf(out, "out", writable=True, device_ok=False)
             same_dtype(vb, "values", ob, "out")
             expect_count(ob, "out", n, "n")
         else:
@@ -582,7 +779,7 @@ def _index_buf(obj: Any, name: str) -> Buf:
             raise bad_arg(name, "array is not C-contiguous")
         return Buf(obj, obj.ctypes.data if obj.size else None, int(obj.size), DataType.INT64,
                    "numpy")
-    b = as_buf(obj, name)
+    b = as_buf(obj, name, device_ok=False)
     if b.dtype != DataType.INT64:
         raise bad_arg(name, f"indices must be uint64 or int64, got {b.dtype.label}",
                       type_error=True)
@@ -590,4 +787,4 @@ def _index_buf(obj: Any, name: str) -> Buf:
 
 
 __all__: List[str] = ["Communicator", "Request", "UniqueId", "SparseResult", "get_unique_id",
-                      "version"]
+                      "version", "find_nccl_library"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._buffers import as_buf, empty_like, expect_count, same_dtype
+from ._buffers import as_buf, empty_like, expect_count, keepalive, placement, same_dtype
 from .comm import Communicator, OpLike, Request
 from .errors import SUCCESS, IN_PROGRESS, InvalidUsageError, bad_arg
 from .types import DataType, MaskEncoding, Ownership, ReduceOp, to_enum
@@ -205,8 +205,12 @@ class Mask:
                           type_error=True) from None
         if not 0.0 < d <= 1.0:
             raise bad_arg("density", f"{density!r} is outside (0, 1]")
+        dev, _ = placement([(s, "statistic")], self._comm)
         h = self._check_alive("scapeMaskSelectNextTopk")
-        self._call("scapeMaskSelectNextTopk", h, s.ptr, d)
+        from .comm import on_device
+
+        with on_device(dev):
+            self._call("scapeMaskSelectNextTopk", h, s.ptr, d)
 
     def sync_start(self) -> None:
         """Starts the background all-gather of every rank's part of the next mask.
@@ -287,8 +291,12 @@ class Mask:
         p = as_buf(packed, "packed", writable=True)
         same_dtype(d, "dense", p, "packed")
         expect_count(p, "packed", k, "the current mask's count")
-        self._call("scapeMaskPack", self._check_alive("scapeMaskPack"), d.ptr, p.ptr,
-                   int(d.dtype))
+        dev, _ = placement([(d, "dense"), (p, "packed")], self._comm)
+        from .comm import on_device
+
+        with on_device(dev):
+            self._call("scapeMaskPack", self._check_alive("scapeMaskPack"), d.ptr, p.ptr,
+                       int(d.dtype))
         return packed
 
     def unpack(self, packed: Any, dense: Any) -> Any:
@@ -299,23 +307,33 @@ class Mask:
         same_dtype(p, "packed", d, "dense")
         expect_count(d, "dense", self._n, "the mask's n")
         expect_count(p, "packed", self.count, "the current mask's count")
-        self._call("scapeMaskUnpack", self._check_alive("scapeMaskUnpack"), p.ptr, d.ptr,
-                   int(d.dtype))
+        dev, _ = placement([(p, "packed"), (d, "dense")], self._comm)
+        from .comm import on_device
+
+        with on_device(dev):
+            self._call("scapeMaskUnpack", self._check_alive("scapeMaskUnpack"), p.ptr, d.ptr,
+                       int(d.dtype))
         return dense
 
-    def _coll(self, function: str, async_op: bool, keep: Sequence[Any], result: Any,
+    def _coll(self, function: str, async_op: bool, bufs: Sequence[Any], result: Any,
               *args: Any) -> Any:
+        """bufs: (Buf, argument name) pairs: checked for placement, kept alive."""
+        from .comm import on_device
+
         h = self._check_alive(function)
         L = _lib.lib()
         c = self._comm
         ch = c._check_alive(function)
-        if async_op:
-            req = c_void_p()
-            code = getattr(L, function + "Async")(*args, h, ch, None, byref(req))
-            if code != SUCCESS:
-                raise c._error(code, function + "Async")
-            return Request(c, req.value, function, tuple(keep) + (self,), result)
-        code = getattr(L, function)(*args, h, ch, None)
+        dev, stream = placement(bufs, c)
+        keep = keepalive(*(b for b, _ in bufs))
+        with on_device(dev):
+            if async_op:
+                req = c_void_p()
+                code = getattr(L, function + "Async")(*args, h, ch, stream, byref(req))
+                if code != SUCCESS:
+                    raise c._error(code, function + "Async")
+                return Request(c, req.value, function, tuple(keep) + (self,), result)
+            code = getattr(L, function)(*args, h, ch, stream)
         if code != SUCCESS:
             raise c._error(code, function)
         return result
@@ -334,8 +352,8 @@ class Mask:
             expect_count(r, "recv", k, "the current mask's count")
         o = to_enum(ReduceOp, op, "op")
         out = send if recv is None else recv
-        return self._coll("scapeMaskAllReducePacked", async_op, (s.obj, r.obj), out, s.ptr,
-                          r.ptr, int(s.dtype), int(o))
+        return self._coll("scapeMaskAllReducePacked", async_op, [(s, "send"), (r, "recv")],
+                          out, s.ptr, r.ptr, int(s.dtype), int(o))
 
     def reduce_scatter(self, send: Any, recv: Any = None, *, op: OpLike = ReduceOp.AVG,
                        async_op: bool = False) -> Any:
@@ -351,8 +369,8 @@ class Mask:
         same_dtype(s, "send", r, "recv")
         expect_count(r, "recv", kr, "this rank's part of the current mask")
         o = to_enum(ReduceOp, op, "op")
-        return self._coll("scapeMaskReduceScatter", async_op, (s.obj, r.obj), recv, s.ptr,
-                          r.ptr, int(s.dtype), int(o))
+        return self._coll("scapeMaskReduceScatter", async_op, [(s, "send"), (r, "recv")],
+                          recv, s.ptr, r.ptr, int(s.dtype), int(o))
 
     def all_gather(self, send: Any, recv: Any = None, *, async_op: bool = False) -> Any:
         """This rank contributes its part (``rank_count()[0]`` values); every rank receives
@@ -367,5 +385,5 @@ class Mask:
         r = as_buf(recv, "recv", writable=True)
         same_dtype(s, "send", r, "recv")
         expect_count(r, "recv", k, "the current mask's count")
-        return self._coll("scapeMaskAllGather", async_op, (s.obj, r.obj), recv, s.ptr, r.ptr,
-                          int(s.dtype))
+        return self._coll("scapeMaskAllGather", async_op, [(s, "send"), (r, "recv")], recv,
+                          s.ptr, r.ptr, int(s.dtype))

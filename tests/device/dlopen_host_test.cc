@@ -32,6 +32,11 @@ TEST(ShippedLibrary, LoadsAndRunsAHostCollectiveWithoutADriver) {
   auto lastError = Sym<const char* (*)(scapeComm_t)>(h, "scapeGetLastError");
   auto initNccl =
       Sym<scapeResult_t (*)(scapeComm_t*, void*, const scapeConfig_t*)>(h, "scapeCommInitNccl");
+  auto initNcclRank =
+      Sym<scapeResult_t (*)(scapeComm_t*, int, scapeUniqueId, int, const scapeConfig_t*)>(
+          h, "scapeCommInitNcclRank");
+  auto initNcclEnv =
+      Sym<scapeResult_t (*)(scapeComm_t*, const scapeConfig_t*)>(h, "scapeCommInitNcclFromEnv");
   ASSERT_FALSE(::testing::Test::HasFailure());
 
   int built = -1, avail = -1;
@@ -68,6 +73,13 @@ TEST(ShippedLibrary, LoadsAndRunsAHostCollectiveWithoutADriver) {
   EXPECT_EQ(initNccl(&nc, &fake, nullptr), scapeUnsupported);
   EXPECT_NE(std::string(lastError(nullptr)).find("/nonexistent/libnccl.so.2"), std::string::npos)
       << lastError(nullptr);
+  // The same for the communicators the library makes its NCCL communicator for: named, and
+  // before any host communicator is joined (so a 2-rank call returns at once here).
+  EXPECT_EQ(initNcclRank(&nc, 2, id, 1, nullptr), scapeUnsupported);
+  EXPECT_NE(std::string(lastError(nullptr)).find("/nonexistent/libnccl.so.2"), std::string::npos)
+      << lastError(nullptr);
+  EXPECT_EQ(initNcclEnv(nullptr, nullptr), scapeInvalidArgument);
+  EXPECT_EQ(nc, nullptr);
   unsetenv("SCAPE_NCCL_LIBRARY");
   // No dlclose (UCX must stay loaded, as in tests/dlopen_test.cc).
 }

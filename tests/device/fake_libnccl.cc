@@ -13,11 +13,18 @@
 //     says (the tests queue it on the fake device's stream, so it runs in stream order with
 //     the copies and kernels around it), else at once. ncclGroupStart/End defer the calls made
 //     between them to the end of the group, in order (every rank issues the same sequence).
-// Built in four flavours: complete, without ncclAllGather (FAKE_NCCL_NO_ALLGATHER), without
-// ncclReduce and the group calls (FAKE_NCCL_NO_GROUP), and reporting an old version
-// (FAKE_NCCL_VERSION).
+// Communicators can also be made by ncclGetUniqueId + ncclCommInitRank (see the end of this
+// file) and ended by ncclCommDestroy / ncclCommAbort.
+// Built in five flavours: complete, without the init entry points (FAKE_NCCL_NO_INIT), without
+// ncclAllGather (FAKE_NCCL_NO_ALLGATHER), without ncclReduce and the group calls
+// (FAKE_NCCL_NO_GROUP), and reporting an old version (FAKE_NCCL_VERSION).
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <atomic>
 #include <cstddef>
@@ -357,5 +364,115 @@ FAKE_API int ncclGroupEnd() {
   return 0;
 }
 #endif
+
+#ifndef FAKE_NCCL_NO_INIT
+// ---- communicators the library makes (scapeCommInitNcclRank / FromEnv) ----------------------
+// An id names a POSIX shared-memory segment that ncclGetUniqueId creates (room for
+// kFakeMaxRanks slots of kFakeSlotBytes); ncclCommInitRank maps it, makes a FakeNcclComm over
+// it in the shared mode above and meets the other ranks at a barrier (with a deadline), after
+// which rank 0 unlinks the name. So ranks that are separate processes (forked, or started by
+// Python) really exchange data, as with fakeNcclSharedCreate. Test controls, read from the
+// environment at ncclCommInitRank: FAKE_NCCL_INIT_FAIL_RANK=r makes rank r's call fail at once
+// (ncclSystemError, without meeting the others; it unlinks the segment so that no name is left
+// behind); FAKE_NCCL_NO_INIT_UNIQUE_ID=1 makes ncclGetUniqueId fail. Counters: fakeNcclCommsLive
+// (made and not yet destroyed/aborted), fakeNcclCommsDestroyed, fakeNcclCommsAborted,
+// fakeNcclLastInitNranks.
+static const int kFakeMaxRanks = 8;
+static const size_t kFakeSlotBytes = size_t{1} << 20;
+static const char kFakeIdMagic[] = "fake-nccl-id";
+
+struct FakeUniqueId {
+  char internal[128];
+};
+
+static std::atomic<int> g_live{0}, g_destroyed{0}, g_aborted{0}, g_lastInitNranks{0};
+
+FAKE_API int fakeNcclCommsLive() { return g_live.load(); }
+FAKE_API int fakeNcclCommsDestroyed() { return g_destroyed.load(); }
+FAKE_API int fakeNcclCommsAborted() { return g_aborted.load(); }
+FAKE_API int fakeNcclLastInitNranks() { return g_lastInitNranks.load(); }
+
+static size_t SegmentBytes() {
+  return sizeof(FakeNcclShared) + static_cast<size_t>(kFakeMaxRanks) * kFakeSlotBytes;
+}
+
+FAKE_API int ncclGetUniqueId(FakeUniqueId* id) {
+  const char* no = getenv("FAKE_NCCL_NO_INIT_UNIQUE_ID");
+  if (no && *no == '1') return 2;  // ncclSystemError
+  static std::atomic<unsigned> seq{0};
+  std::memset(id, 0, sizeof(*id));
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  char name[64];
+  snprintf(name, sizeof(name), "/fakenccl-%d-%u-%ld", static_cast<int>(getpid()), seq++,
+           static_cast<long>(t.tv_nsec));
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return 2;
+  if (ftruncate(fd, static_cast<off_t>(SegmentBytes())) != 0) {
+    close(fd);
+    shm_unlink(name);
+    return 2;
+  }
+  void* p = mmap(nullptr, SegmentBytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return 2;
+  }
+  auto* sh = new (p) FakeNcclShared();
+  sh->arrived.store(0);
+  sh->slotBytes = kFakeSlotBytes;
+  sh->nranks = 0;
+  munmap(p, SegmentBytes());
+  std::memcpy(id->internal, kFakeIdMagic, sizeof(kFakeIdMagic));
+  std::strncpy(id->internal + 16, name, 100);
+  return 0;
+}
+
+FAKE_API int ncclCommInitRank(void** comm, int nranks, FakeUniqueId id, int rank) {
+  if (!comm || nranks < 1 || nranks > kFakeMaxRanks || rank < 0 || rank >= nranks) return 4;
+  if (std::memcmp(id.internal, kFakeIdMagic, sizeof(kFakeIdMagic)) != 0) return 4;
+  char name[101];
+  std::memcpy(name, id.internal + 16, 100);
+  name[100] = 0;
+  const char* fail = getenv("FAKE_NCCL_INIT_FAIL_RANK");
+  if (fail && *fail && atoi(fail) == rank) {
+    shm_unlink(name);  // nothing is left behind in /dev/shm by the ranks that wait for it
+    return 2;
+  }
+  int fd = shm_open(name, O_RDWR, 0600);
+  if (fd < 0) return 2;
+  void* p = mmap(nullptr, SegmentBytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return 2;
+  auto* sh = static_cast<FakeNcclShared*>(p);
+  sh->nranks = nranks;
+  auto* c = new FakeNcclComm{nranks, rank, 0, 0, sh, 0, 20000, 0};
+  const bool met = Barrier(c);  // every rank has mapped the segment
+  if (rank == 0) shm_unlink(name);
+  if (!met) {
+    munmap(p, SegmentBytes());
+    delete c;
+    return 6;  // ncclRemoteError
+  }
+  g_lastInitNranks.store(nranks);
+  ++g_live;
+  *comm = c;
+  return 0;
+}
+
+static int EndComm(void* comm, std::atomic<int>* counter) {
+  auto* c = static_cast<FakeNcclComm*>(comm);
+  if (!c) return 4;
+  if (c->shared) munmap(c->shared, SegmentBytes());
+  delete c;
+  --g_live;
+  ++*counter;
+  return 0;
+}
+
+FAKE_API int ncclCommDestroy(void* comm) { return EndComm(comm, &g_destroyed); }
+FAKE_API int ncclCommAbort(void* comm) { return EndComm(comm, &g_aborted); }
+#endif  // FAKE_NCCL_NO_INIT
 
 }  // extern "C"

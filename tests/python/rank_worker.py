@@ -388,6 +388,10 @@ def main() -> int:
     case, outdir, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     if case in ("unique_id",):
         result = CASES[case](None, outdir)
+    elif case.startswith("device"):
+        import device_worker  # the device path with the fake device (test_device.py)
+
+        result = device_worker.run(case, outdir, args)
     elif case.startswith("optim") or case.startswith("smoke"):
         import optim_worker
 

@@ -1,0 +1,202 @@
+"""The binding's device path without a GPU (issue 22): the C tests' CPU fake device runtime
+installed into the library (tests/python/fakedev_shim.cc, SCAPE_TEST_FAKEDEV), stand-in CUDA
+arrays over its memory (``__cuda_array_interface__`` and DLPack, tests/python/_fakedev.py),
+and the fake libnccl (SCAPE_TEST_FAKE_NCCL) for the NCCL backend made from Python.
+
+- On 1-3 real ranks (device_worker.py): every collective and mask call on device stand-ins
+  gives the host path's bits; the stream of the interface is the one the work goes on, and
+  the call returns without waiting for it; UCX and NCCL backends, from_env and
+  from_process_group.
+- In this process: every refusal raises naming the argument.
+"""
+from __future__ import annotations
+
+import os
+import unittest
+
+import numpy as np
+
+import _fakedev as fd
+import scape
+from _harness import run_ranks
+
+HAVE = fd.available() and os.path.exists(os.environ.get("SCAPE_TEST_FAKE_NCCL", ""))
+
+
+@unittest.skipUnless(HAVE, "SCAPE_TEST_FAKEDEV / SCAPE_TEST_FAKE_NCCL not set (run by ctest)")
+class DeviceRanks(unittest.TestCase):
+    def _run(self, backend, how, sizes):
+        for n in sizes:
+            with self.subTest(backend=backend, how=how, nranks=n):
+                seed = int.from_bytes(os.urandom(2), "little")
+                res = run_ranks("device_coll", n, backend, how, seed, timeout=180)
+                self.assertEqual(len({r["hash"] for r in res}), 1,
+                                 "ranks received different bits")
+                self.assertIn("stream hand-off", res[0]["checked"])
+                self.assertIn("masked all_reduce", res[0]["checked"])
+                # The call returned while its stream was held (it did not wait for it).
+                for r in res:
+                    self.assertLess(r["returned_s"], 5.0)
+
+    def test_ucx_backend_from_env(self):
+        self._run("ucx", "env", (1, 2, 3))
+
+    def test_nccl_backend_from_env(self):
+        self._run("nccl", "env", (1, 2, 3))
+
+    def test_from_process_group(self):
+        self._run("nccl", "pg", (2,))
+        self._run("ucx", "pg", (3,))
+
+
+@unittest.skipUnless(HAVE, "SCAPE_TEST_FAKEDEV / SCAPE_TEST_FAKE_NCCL not set (run by ctest)")
+class Refusals(unittest.TestCase):
+    """Every refusal raises before the library is called, naming the argument."""
+
+    @classmethod
+    def setUpClass(cls):
+        fd.install()
+        cls.comm = scape.Communicator(1, scape.get_unique_id(), 0, device=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+    def refuse(self, arg, fn, *, type_error=False, contains=""):
+        exc = scape.ArgumentTypeError if type_error else scape.InvalidArgumentError
+        with self.assertRaises(exc) as cm:
+            fn()
+        self.assertEqual(cm.exception.argument, arg, str(cm.exception))
+        self.assertIn(contains, str(cm.exception))
+        return cm.exception
+
+    def test_host_device_mixes(self):
+        c = self.comm
+        h = np.zeros(8, np.float32)
+        d = fd.FakeCudaArray(np.zeros(8, np.float32))
+        self.refuse("recv", lambda: c.all_reduce(h, d), contains="device memory but send")
+        self.refuse("recv", lambda: c.all_reduce(d, h), contains="host memory but send")
+        self.refuse("recv", lambda: c.all_gather(d, h))
+        m = c.create_mask([8])
+        m.set_next_indices(np.array([1, 5], np.uint64))
+        m.sync_start(), m.sync_wait(), m.advance()
+        self.refuse("packed", lambda: m.pack(d, np.zeros(2, np.float32)))
+        self.refuse("dense", lambda: m.unpack(np.zeros(2, np.float32), d))
+        self.refuse("recv", lambda: m.all_reduce_packed(fd.FakeCudaArray(np.zeros(2, np.float32)),
+                                                        np.zeros(2, np.float32)))
+        m.destroy()
+
+    def test_wrong_device(self):
+        c = self.comm
+        self.assertEqual(c.device, 0)
+        d0 = fd.FakeCudaArray(np.zeros(8, np.float32), device=0)
+        d1 = fd.FakeCudaArray(np.zeros(8, np.float32), device=1)
+        self.refuse("send", lambda: c.all_reduce(d1), contains="cuda:1")
+        self.refuse("recv", lambda: c.all_reduce(d0, d1), contains="cuda:1")
+        self.refuse("buf", lambda: c.broadcast(d1), contains="communicator works on cuda:0")
+
+    def test_non_contiguous(self):
+        c = self.comm
+        a = fd.FakeCudaArray(np.zeros(16, np.float32), shape=(4, 2), strides=(16, 4))
+        self.refuse("send", lambda: c.all_reduce(a), contains="contiguous")
+        ok = fd.FakeCudaArray(np.zeros(8, np.float32), shape=(4, 2), strides=(8, 4))
+        c.all_reduce(ok)  # explicit C-contiguous strides are accepted
+        fd.sync(None)
+        dl = fd.FakeDLPack(bytes(64), 8, code=2, bits=32, shape=[4, 2], strides=[4, 1])
+        self.refuse("send", lambda: c.all_reduce(dl), contains="contiguous")
+
+    def test_wrong_dtype(self):
+        c = self.comm
+        f64 = fd.FakeCudaArray(np.zeros(8, np.float64))
+        self.refuse("send", lambda: c.all_reduce(f64), type_error=True, contains="'<f8'")
+        i32 = fd.FakeCudaArray(np.zeros(8, np.int32))
+        f32 = fd.FakeCudaArray(np.zeros(8, np.float32))
+        self.refuse("recv", lambda: c.all_reduce(f32, i32), type_error=True)
+        dl = fd.FakeDLPack(bytes(64), 8, code=2, bits=64)
+        self.refuse("send", lambda: c.all_reduce(dl), type_error=True, contains="64 bits")
+        m = c.create_mask([8])
+        self.refuse("statistic", lambda: m.select_next_topk(i32, 0.5), type_error=True)
+        m.destroy()
+
+    def test_other_refusals(self):
+        c = self.comm
+        ro = fd.FakeCudaArray(np.zeros(8, np.float32), readonly=True)
+        self.refuse("send", lambda: c.all_reduce(ro), contains="read-only")
+        s1, s2 = fd.new_stream(), fd.new_stream()
+        a = fd.FakeCudaArray(np.zeros(8, np.float32), stream=s1)
+        b = fd.FakeCudaArray(np.zeros(8, np.float32), stream=s2)
+        self.refuse("recv", lambda: c.all_reduce(a, b), contains="one stream")
+        z = fd.FakeCudaArray(np.zeros(8, np.float32), stream=0)
+        self.refuse("send", lambda: c.all_reduce(z), contains="0 is not allowed")
+        d = fd.FakeCudaArray(np.zeros(8, np.float32))
+        self.refuse("recv", lambda: c.all_gather(d), contains="pass it")
+        self.refuse("values", lambda: c.sparse_all_reduce(np.zeros(8, np.uint64), d, 100),
+                    contains="host memory only")
+        self.refuse("send", lambda: c.all_reduce(object()), type_error=True,
+                    contains="__cuda_array_interface__")
+
+    def test_host_path_unchanged(self):
+        x = np.arange(5, dtype=np.float32)
+        self.assertIs(self.comm.all_reduce(x), x)
+        np.testing.assert_array_equal(x, np.arange(5, dtype=np.float32))
+
+
+@unittest.skipUnless(HAVE, "SCAPE_TEST_FAKEDEV / SCAPE_TEST_FAKE_NCCL not set (run by ctest)")
+class NcclFromPython(unittest.TestCase):
+    def setUp(self):
+        self._saved = os.environ.get("SCAPE_NCCL_LIBRARY")
+
+    def tearDown(self):
+        if self._saved is None:
+            os.environ.pop("SCAPE_NCCL_LIBRARY", None)
+        else:
+            os.environ["SCAPE_NCCL_LIBRARY"] = self._saved
+
+    def test_one_rank_init_collective_destroy(self):
+        fd.install()
+        os.environ["SCAPE_NCCL_LIBRARY"] = os.environ["SCAPE_TEST_FAKE_NCCL"]
+        c = scape.Communicator(1, scape.get_unique_id(), 0, backend="nccl")
+        self.assertEqual(c.backend, "nccl")
+        self.assertEqual((c.rank, c.size), (0, 1))
+        x = fd.FakeCudaArray(np.arange(9, dtype=np.float32))
+        c.all_reduce(x)
+        np.testing.assert_array_equal(x.numpy(None), np.arange(9, dtype=np.float32))
+        c.destroy()
+
+    def test_nccl_missing_names_the_library(self):
+        os.environ["SCAPE_NCCL_LIBRARY"] = "/nonexistent/nvidia/nccl/lib/libnccl.so.2"
+        with self.assertRaises(scape.UnsupportedError) as cm:
+            scape.Communicator(1, scape.get_unique_id(), 0, backend="nccl")
+        self.assertIn("/nonexistent/nvidia/nccl/lib/libnccl.so.2", str(cm.exception))
+        self.assertIn("scapeCommInitNcclRank", str(cm.exception))
+
+    def test_bad_backend_and_device(self):
+        with self.assertRaises(scape.InvalidArgumentError) as cm:
+            scape.Communicator(1, scape.get_unique_id(), 0, backend="mpi")
+        self.assertEqual(cm.exception.argument, "backend")
+        with self.assertRaises(scape.InvalidArgumentError) as cm:
+            scape.Communicator.from_env(backend="gloo")
+        self.assertEqual(cm.exception.argument, "backend")
+        os.environ["SCAPE_NCCL_LIBRARY"] = os.environ["SCAPE_TEST_FAKE_NCCL"]
+        with self.assertRaises(scape.InvalidArgumentError) as cm:
+            scape.Communicator(1, scape.get_unique_id(), 0, backend="nccl", device=-1)
+        self.assertEqual(cm.exception.argument, "device")
+
+    def test_from_process_group_needs_torch_distributed(self):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.skipTest("a process group exists")
+        with self.assertRaises(scape.InvalidArgumentError) as cm:
+            scape.Communicator.from_process_group()
+        self.assertEqual(cm.exception.argument, "pg")
+
+    def test_find_nccl_library_without_torch_cuda(self):
+        # No libnccl is loaded here and Debian's CPU torch has no nvidia wheel: None, or a
+        # path that exists.
+        p = scape.find_nccl_library()
+        self.assertTrue(p is None or os.path.exists(p), p)
+
+
+if __name__ == "__main__":
+    unittest.main()
