@@ -175,6 +175,19 @@ else
   echo "$out"
   fail "import scape in a plain venv"
 fi
+# A _build_info.py left in the package folder (an earlier `cmake --install` into the same
+# site-packages) names another real copy of the library: the wheel's own copy still wins.
+pkg=$("$plain/bin/python" -c 'import os, scape; print(os.path.dirname(scape.__file__))')
+echo "LIBRARY_PATH = \"$work/run/x/scape/libnccl-net-scape.so\"" >"$pkg/_build_info.py"
+if out=$(cd "$work/run" && "${clean_env[@]}" "$plain/bin/python" -c '
+import sys, scape
+print(scape.library_path())
+assert scape.library_path().startswith(sys.prefix)' 2>&1); then
+  pass "the package's own library before a stale _build_info.py: $out"
+else
+  echo "$out"
+  fail "a stale _build_info.py made the wheel load another library"
+fi
 
 [ $failures -eq 0 ] && { echo "pip wheel test: all passed"; exit 0; }
 echo "pip wheel test: $failures failure(s)"
