@@ -42,10 +42,12 @@ def verdict(ratio: Optional[float], target: float) -> str:
         return "not measured"
     if DRY:
         return f"{ratio:.2f}x (dry run on the CPU: no verdict)"
-    return f"{ratio:.2f}x: " + ("**meets** the target" if ratio >= target else "**misses** the target")
+    met = "**meets** the target" if ratio >= target else "**misses** the target"
+    return f"{ratio:.2f}x: {met}"
 
 
-def plots(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]], title: str) -> List[str]:
+def plots(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
+          title: str) -> List[str]:
     try:
         import matplotlib
 
@@ -137,7 +139,8 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
     L.append("")
     if steps:
         L.append("| row | optimizer | density | payload | step ms (median) | dense AdamS / row | "
-                 + " | ".join(PHASES) + " | bytes sent/step/rank | peak GiB/rank | ranks identical |")
+                 + " | ".join(PHASES)
+                 + " | bytes sent/step/rank | peak GiB/rank | ranks identical |")
         L.append("|" + "---|" * (9 + len(PHASES)))
         for s in steps:
             if s.get("skipped"):
@@ -148,13 +151,15 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
             ph = " | ".join(fmt(s.get("phases_ms", {}).get(p)) for p in PHASES)
             mem = s.get("max_memory_allocated")
             L.append(f"| {s['row']} | {s['optimizer']} | {s['density']:g} | {s['payload']} | "
-                     f"{fmt(ms)} | {fmt(sp)} | {ph} | {fmt(s.get('bytes_sent_per_step'), ',.0f')} | "
+                     f"{fmt(ms)} | {fmt(sp)} | {ph} | "
+                     f"{fmt(s.get('bytes_sent_per_step'), ',.0f')} | "
                      f"{fmt(mem / 2**30 if mem else None, '.1f')} | "
                      f"{'yes' if s.get('ranks_identical') else 'NO'} |")
         s01 = by.get("scape-0.01", {}).get("step_ms_median")
         L.append("")
         L.append(f"- Target, the SCAPE step at density 0.01 >= {STEP_TARGET:g}x faster than the "
-                 f"dense AdamS step: {verdict(dense / s01 if dense and s01 else None, STEP_TARGET)}")
+                 f"dense AdamS step: "
+                 f"{verdict(dense / s01 if dense and s01 else None, STEP_TARGET)}")
         L.append("- Phases are rank 0's means (ScapeAdamS.info()); 'adamw' lists its all-reduce "
                  "as the exchange. The dense AdamS row is the library's step with every tensor "
                  "dense (no top-k).")
@@ -177,7 +182,8 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
                  f"({c.get('documents')} documents, {c.get('train_bytes')} training bytes; "
                  f"sha256 {str(c.get('sha256'))[:16]}...).")
         L.append("")
-        L.append("| configuration | payload | lr | steps run | tokens | final val loss | tokens/s | "
+        L.append("| configuration | payload | lr | steps run | tokens | final val loss | "
+                 "tokens/s | "
                  "tokens/s vs dense AdamS | step ms (median) | "
                  + " | ".join(PHASES) + " | bytes sent/step/rank | ranks identical at every eval |")
         L.append("|" + "---|" * (11 + len(PHASES)))
@@ -194,7 +200,8 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
                      f"{fmt(r.get('bytes_per_step'), ',.0f')} | "
                      f"{'yes' if r['ranks_identical'] else 'NO'} |")
         s01 = next((r for r in runs if r["config"] == "scape-0.01"), None)
-        tr = (s01["tokens_per_second"] / btps) if s01 and btps and s01.get("tokens_per_second") else None
+        tps01 = s01.get("tokens_per_second") if s01 else None
+        tr = tps01 / btps if tps01 and btps else None
         L.append("")
         L.append(f"- Target, training tokens/s at density 0.01 >= {TRAIN_TARGET:g}x dense "
                  f"AdamS's: {verdict(tr, TRAIN_TARGET)}")

@@ -153,8 +153,7 @@ class Bench:
         r = self.timed(opt.step, params, after)
         same = self.identical([p.detach() for p in params])
         state = opt.info()[0]
-        opt.destroy()
-        del opt, params
+        opt.destroy()  # the buffers go with this frame
         return self.summarise(name, "scapeadams", density, payload, r, same,
                               state_bytes=state.get("state_bytes"))
 
@@ -204,7 +203,6 @@ class Bench:
 
         r = self.timed(step, params, after)
         same = self.identical([flat.detach()])
-        del opt, params, flat, gflat, p
         return self.summarise("adamw-nccl" if ctx.device.type == "cuda" else "adamw-gloo",
                               "torch AdamW" + (" (fused)" if fused else ""), 1.0, "float32", r,
                               same, state_bytes=8 * n)
@@ -217,8 +215,6 @@ class Bench:
         mem = None
         if self.ctx.device.type == "cuda":
             mem = max(gc.gather(self.ctx, torch.cuda.max_memory_allocated(self.ctx.device)))
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.ctx.device)
         return {
             "row": name, "optimizer": optimizer, "density": density, "payload": payload,
             "params": self.a.params, "segments": len(self.shapes), "ranks": self.ctx.size,
@@ -252,6 +248,9 @@ class Bench:
                         gc.write_jsonl(os.path.join(a.out, "step_bench.jsonl"), rec)
                         print(f"[step] {row}: skipped ({rec['skipped']})", flush=True)
                     continue
+            if ctx.device.type == "cuda":  # the last row's buffers are gone: a fresh peak
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(ctx.device)
             t0 = time.monotonic()
             if row == "adams-dense":
                 rec = self.row_scape(row, 1.0, True, "float32")

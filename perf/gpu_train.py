@@ -327,7 +327,8 @@ class Trainer:
             "config": cfg["name"], "opt": cfg["opt"], "density": cfg["density"],
             "variant": cfg["variant"], "seed": a.seed, "shape": asdict(s), "params": n,
             "dtype": str(dtype).replace("torch.", ""),
-            "master_weights": "fp32" if dtype != torch.float32 or (masters and masters is not params)
+            "master_weights": "fp32"
+            if dtype != torch.float32 or (masters and masters is not params)
             else "none (fp32 model)",
             "payload": ("bf16 gradients (DDP)" if dtype == torch.bfloat16 else "fp32 (DDP)")
             if cfg["opt"] == "adamw" else ("float32" if cfg["opt"] == "adams" else "bfloat16"),

@@ -18,6 +18,8 @@
 #   bash perf/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
 #                                           # gloo + UCX, tiny sizes, a few steps (ctest
 #                                           # GpuTrain.DryRun); not a measurement
+#   GPU_TRAIN_CPU=1 bash perf/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
+#                                           # the bundle (its wheel, libraries and corpus)
 #
 # Outputs (in $OUT, at most 8 files, as the device tool returns them): gpu_train.md (a section
 # ready for perf/RESULTS_gpu.md, with the targets and verdicts), train_loss.png (validation
@@ -243,11 +245,16 @@ run_gpu() {
   start=$(date +%s)
   failed=() not_run=() vialog=()
   dry_flag=""
+  # GPU_TRAIN_CPU=1: a rehearsal of this mode on a machine without a GPU (the bundle's wheel
+  # and libraries, the same steps, but the CPU with gloo and UCX, 2 ranks and the dry run's
+  # sizes), to check a bundle before spending device time on it. Not a measurement.
+  local rehearse=${GPU_TRAIN_CPU:-0}
+  [ "$rehearse" = 1 ] && { dry_flag=--dry-run; ranks=${RANKS:-2}; }
   exec > >(tee -a "$out/gpu_train.log") 2>&1
   echo "== device"
-  nvidia-smi -L || die "no GPU (nvidia-smi)"
+  [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
   local site=$work/site
-  "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
+  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
     --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
   local nccl_dir=${NCCL_LIBRARY_DIR:-}
   if [ -z "$nccl_dir" ]; then
@@ -257,7 +264,7 @@ run_gpu() {
              find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
     [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
   fi
-  [ -n "$nccl_dir" ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
+  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
   export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
   export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
@@ -272,10 +279,16 @@ print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch
       "| python", sys.version.split()[0])
 assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
     die "the installed wheel does not import"
-  local gpu
-  gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
-  run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
-    --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
+  local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
+  if [ "$rehearse" = 1 ]; then
+    STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
+      run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
+      --shape dry --dtype auto --corpus "$bdir/corpus" --steps "${STEPS:-8}" --eval-every 4
+  else
+    gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
+    run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
+      --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
+  fi
   finish "command=bash perf/gpu_train.sh bundle .gpu-train-bundle   # here; then on the GPU machine: bash perf/gpu_train.sh run .gpu-train-bundle (device tool: carry .gpu-train-bundle)" \
     "bundle_commit=$(cat "$bdir/COMMIT" 2>/dev/null)" "wheel=$(basename "$bdir"/dist/*.whl)" \
     "nvidia_smi=$gpu" "nccl_library=$nccl_dir/libnccl.so.2" "budget_s=$budget"
