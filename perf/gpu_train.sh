@@ -194,7 +194,7 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
   local st=${STEP_BUDGET_S:-150}
   [ "$st" -gt "$(left)" ] && st=$(left)
   launch step "$st" "$root/perf/gpu_step.py" --device "$device" --backend "$backend" "${fh[@]}" \
-    --deadline-s "$((st - 15))" --out "$out" "${step_args[@]}"
+    --deadline-s "$((st - 25))" --out "$out" "${step_args[@]}"
 
   # The fast configurations first: each gets an equal share of the time left, and what one
   # does not use goes to those after it, so the slow dense ones at the end get the slack.
@@ -216,7 +216,7 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
       continue
     fi
     launch "train-$c" "$cap" "$root/perf/gpu_train.py" --config "$c" --device "$device" \
-      --backend "$backend" "${fh[@]}" --deadline-s "$((cap - 10))" --out "$out" "${train_args[@]}"
+      --backend "$backend" "${fh[@]}" --deadline-s "$((cap - 20))" --out "$out" "${train_args[@]}"
   done
 }
 
