@@ -92,7 +92,6 @@ def plots(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
         rest = [max(0.0, s["step_ms_median"] - b) for s, b in zip(done, bottom)]
         ax.bar(names, rest, bottom=bottom, label="other (outside the phases)", color="#cccccc")
         ax.set_ylabel("step time (ms, median of the slowest rank)")
-        ax.set_yscale("log")
         ax.legend(fontsize=8)
         ax.set_title(f"{title}: the step, {done[0]['params'] / 2**20:g} Mi parameters", fontsize=10)
         fig.tight_layout()
