@@ -22,11 +22,15 @@ the timed steps the parameters must be identical on every rank (a position-weigh
 of their bits). Rank 0 appends one JSON line per row to OUT/step_bench.jsonl.
 
 Memory (fp32, per rank): ScapeAdamS holds parameters, gradients, momentum and residual
-(16 B per parameter) plus the owned top-k statistic and payload scratch (~4/P + 2d*2 B); torch
-AdamW holds parameters, gradients and two moments (16 B). So about 17 B x params per rank:
-256 Mi parameters ~ 4.3 GiB per rank, 17 GiB for 4 ranks on one GPU (with 4 CUDA contexts and
-NCCL's buffers, ~20 GiB); 1 Gi parameters ~ 17 GiB per rank, ~70 GiB for 4 ranks: over what
-an 80 GB H100 leaves in practice, within an H200's 141 GB. The run checks the free memory first.
+(16 B per parameter), the owned top-k statistic (4/P B) and, per selected position, its index
+(8 B) and payload (2-4 B): ~17 B per parameter at density 0.01, up to ~28 B at density 1 (every
+position selected). torch AdamW holds parameters, gradients and two moments (16 B, plus the
+flat copy made here). Budget: 28 B per parameter per rank, so 256 Mi parameters take up to
+~7 GiB per rank, ~28 GiB for 4 ranks plus 4 CUDA contexts and NCCL's buffers (~6 GiB): an
+H100 (78 GiB) holds it; 1 Gi parameters take up to ~112 + 6 GiB for 4 ranks: only an H200
+(139 GiB). The run checks the free memory first and records each row's peak
+(torch.cuda.max_memory_allocated, the slowest rank's) and the library's state, mask-state and
+scratch bytes (ScapeAdamS.info()).
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ sys.path.insert(0, HERE)
 import gpu_common as gc  # noqa: E402
 
 LR, BETAS, EPS, WD, CLIP = 1e-4, (0.9, 0.95), 1e-8, 0.1, 1.0
-BYTES_PER_PARAM = 17.0  # see the module's docstring
+BYTES_PER_PARAM = 28.0  # see the module's docstring
 
 
 def layout(n: int, segments: int) -> List[torch.Size]:
@@ -154,8 +158,11 @@ class Bench:
         same = self.identical([p.detach() for p in params])
         state = opt.info()[0]
         opt.destroy()  # the buffers go with this frame
-        return self.summarise(name, "scapeadams", density, payload, r, same,
-                              state_bytes=state.get("state_bytes"))
+        rec = self.summarise(name, "ScapeAdamS", density, payload, r, same,
+                             state_bytes=state.get("state_bytes"))
+        rec["mask_state_bytes"] = state.get("mask_state_bytes")
+        rec["scratch_bytes"] = state.get("scratch_bytes")
+        return rec
 
     def row_adamw(self) -> Dict[str, Any]:
         import torch.distributed as dist

@@ -158,6 +158,9 @@ launch() {
   local via
   via=$(grep -c 'via NET/SCAPE' "$log")
   vialog+=("$name: $via lines 'via NET/SCAPE' in NCCL's log")
+  # On the GPU every launch uses NCCL (torch's process group, and the library's NCCL backend):
+  # it must have gone through this library's net plugin.
+  [ -z "$dry_flag" ] && [ "$via" -eq 0 ] && failed+=("$name: NCCL did not use the SCAPE net plugin")
   if [ $rc -ne 0 ]; then
     echo "gpu_train: $name exited $rc; the last 80 lines of its whole log ($log):"
     tail -n 80 "$log" | sed 's/^/  | /'
@@ -270,7 +273,7 @@ run_gpu() {
   export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
   local so=$site/scape/libnccl-net-scape.so
   export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
-  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
   export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
   (cd "$work" && "$py" -c 'import sys, scape, torch
