@@ -60,3 +60,10 @@ if(TARGET scape-perf)
   set_target_properties(scape-perf PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
   install(TARGETS scape-perf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+
+# The Python wheel (pyproject.toml; scikit-build-core installs this component only, into the
+# wheel's root): the library as scape/libnccl-net-scape.so beside the package, where
+# python/scape/_lib.py finds it. One file (a wheel holds no symbolic links); loaded by path,
+# its SONAME does not matter. Not part of a plain `cmake --install`.
+install(FILES $<TARGET_FILE:nccl-net-scape> DESTINATION scape RENAME libnccl-net-scape.so
+        COMPONENT wheel EXCLUDE_FROM_ALL)

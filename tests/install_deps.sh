@@ -13,7 +13,9 @@ pkgs=(build-essential cmake pkg-config libucx-dev ucx-utils libibverbs-dev librd
       # The Python package's tests and perf/train: Debian's torch (1.13) and numpy for
       # /usr/bin/python3, OpenBLAS (torch otherwise runs on the reference BLAS, ~10x slower),
       # and the fortune databases the training experiment reads.
-      python3-numpy python3-torch libopenblas0-pthread fortunes)
+      python3-numpy python3-torch libopenblas0-pthread fortunes
+      # The pip route (pyproject.toml) and its test: pip and venv for /usr/bin/python3.
+      python3-pip python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   # No pipe into grep -q: under pipefail an early grep exit can fail the writer (SIGPIPE).

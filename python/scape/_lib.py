@@ -3,10 +3,11 @@
 The library is found, in this order:
 
 1. the environment variable ``SCAPE_LIBRARY`` (a path to the .so);
-2. the path recorded when the package was staged by CMake (``_build_info.LIBRARY_PATH``:
+2. the copy inside the package (``scape/libnccl-net-scape.so``: a wheel installed by pip);
+3. the path recorded when the package was staged by CMake (``_build_info.LIBRARY_PATH``:
    the build tree's ``lib/`` for a build, ``<prefix>/lib`` for ``cmake --install``);
-3. a copy next to the package (``scape/libnccl-net-scape.so`` or ``scape/../lib/``);
-4. the system loader (``LD_LIBRARY_PATH``, ``ld.so.cache``).
+4. ``scape/../lib/``;
+5. the system loader (``LD_LIBRARY_PATH``, ``ld.so.cache``).
 
 Nothing here imports torch or numpy.
 """
@@ -62,6 +63,8 @@ def _candidates() -> List[str]:
     env = os.environ.get("SCAPE_LIBRARY")
     if env:
         out.append(env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append(os.path.join(here, LIBRARY_NAME))  # a wheel's own copy, before a stale record
     try:
         from . import _build_info  # written by CMake; absent in a bare source checkout
 
@@ -70,8 +73,6 @@ def _candidates() -> List[str]:
             out.append(path)
     except ImportError:
         pass
-    here = os.path.dirname(os.path.abspath(__file__))
-    out.append(os.path.join(here, LIBRARY_NAME))
     out.append(os.path.join(os.path.dirname(here), "lib", LIBRARY_NAME))
     return out
 

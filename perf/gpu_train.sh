@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# perf/gpu_train.sh: one prepared end-to-end run on one GPU, under 8 minutes on an H100 or H200:
+# the optimizer step on device (perf/gpu_step.py: 256 Mi fp32 parameters, 4 ranks, SCAPE at
+# density 1 / 0.1 / 0.01 against the dense AdamS step and torch AdamW + NCCL all-reduce), then
+# a GPT of ~25M parameters in bf16 with fp32 master weights trained on Debian's fortunes by 4
+# data-parallel ranks (perf/gpu_train.py: AdamW under torch DDP, dense AdamS through the
+# library, SCAPE at 0.1 and 0.01 with bf16 payloads, and the entering="segment_rms" variant
+# where this scape has it), every rank a process on the one GPU, NCCL forced through this
+# library's net plugin (NCCL_NET=SCAPE, a distinct NCCL_HOSTID per rank, as perf/gpu_check.sh).
+# The library's communicator is its NCCL backend (Communicator.from_env(backend="nccl")).
+#
+#   bash perf/gpu_train.sh bundle [DIR]     # here (no GPU): the wheel with CUDA kernels, the
+#                                           # shared libraries a bare machine lacks (UCX, ...),
+#                                           # the corpus -> DIR (default <repo>/.gpu-train-bundle)
+#   bash perf/gpu_train.sh run [DIR]        # on the GPU machine: installs the wheel from DIR
+#                                           # (pip --target, no network), runs both, figures ->
+#                                           # $OUT (default perf/out/gpu_train)
+#   bash perf/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
+#                                           # gloo + UCX, tiny sizes, a few steps (ctest
+#                                           # GpuTrain.DryRun); not a measurement
+#   GPU_TRAIN_CPU=1 bash perf/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
+#                                           # the bundle (its wheel, libraries and corpus)
+#
+# Outputs (in $OUT, at most 8 files, as the device tool returns them): gpu_train.md (a section
+# ready for perf/RESULTS_gpu.md, with the targets and verdicts), train_loss.png (validation
+# loss against step and against bytes sent), step_bench.png, train_runs.jsonl (one JSON line per
+# configuration), step_bench.jsonl (one per step row), meta.json, gpu_train.log.
+#
+# Environment: RANKS (4), PARAMS (268435456: the step benchmark's fp32 parameters; 1073741824
+# needs ~70 GiB for 4 ranks: an H200), STEPS (the training shape's 200), BUDGET_S (460: the
+# whole run; rows and configurations that would not fit are skipped or truncated and say so),
+# STEP_BUDGET_S (150), VARIANT (segment_rms; empty: no variant run), PYTHON (python3 there,
+# /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
+# otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
+# for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
+# scikit-build-core's wheel to build offline; else pip fetches it from PyPI).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mode=${1:-}
+shift || true
+ranks=${RANKS:-4}
+variant=${VARIANT-segment_rms}
+
+die() { echo "gpu_train: $*" >&2; exit 1; }
+
+# make_corpus DIR: the fortune databases perf/train/data.py reads (package_files: the text files
+# of Debian's `fortunes`), copied with a manifest (names in order, sha256, package version).
+make_corpus() {
+  local dir=$1
+  mkdir -p "$dir"
+  "${PYTHON:-/usr/bin/python3}" - "$dir" <<'EOF' || return 1
+import hashlib, json, os, shutil, sys
+sys.path.insert(0, os.path.join(os.environ["GT_ROOT"], "perf", "train"))
+import data
+out = sys.argv[1]
+files = data.package_files()
+if not files:
+    sys.exit(f"no fortune databases under {data.FORTUNE_DIR} (apt-get install fortunes)")
+names = [os.path.basename(f) for f in files]
+if len(set(names)) != len(names):
+    sys.exit("two fortune files share a name")
+h = hashlib.sha256()
+for f in files:
+    with open(f, "rb") as fh:
+        h.update(fh.read())
+    shutil.copyfile(f, os.path.join(out, os.path.basename(f)))
+man = {"package": data.PACKAGE, "version": data.package_version(), "files": names,
+       "sha256": h.hexdigest()}
+with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump(man, f, indent=1)
+print(f"corpus: {len(names)} files, sha256 {man['sha256'][:16]}..., {data.PACKAGE} {man['version']}")
+EOF
+}
+export GT_ROOT=$root
+
+# has_kwarg NAME: whether the importable scape.optim.ScapeAdamS takes keyword NAME.
+has_kwarg() {
+  "$py" -c 'import inspect, sys
+from scape.optim import ScapeAdamS
+sys.exit(0 if sys.argv[1] in inspect.signature(ScapeAdamS.__init__).parameters else 1)' "$1" \
+    >/dev/null 2>&1
+}
+
+# ------------------------------------------------------------------------------------------------
+bundle() {
+  local out=${1:-$root/.gpu-train-bundle}
+  local build=${BUILD_DIR:-$root/build-gpu-wheel}
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  local py=${PYTHON:-/usr/bin/python3}
+  [ -x "$cuda/bin/nvcc" ] || die "bundle: no nvcc at $cuda/bin/nvcc (set CUDA_HOME): the GPU wheel needs the CUDA kernels"
+  rm -rf "$out"
+  mkdir -p "$out/dist" "$out/lib/fallback" "$out/corpus"
+  out=$(cd "$out" && pwd)
+  local idx=()
+  [ -n "${WHEELHOUSE:-}" ] && idx=(--no-index --find-links "$WHEELHOUSE")
+  local launcher=()
+  command -v ccache >/dev/null 2>&1 &&
+    launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+              --config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache
+              --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  echo "== the wheel, with the CUDA kernels (CMake build folder $build)"
+  (cd "$root" && "$py" -m pip wheel --disable-pip-version-check --no-deps "${idx[@]}" -w "$out/dist" \
+     --config-settings=build-dir="$build" --config-settings=cmake.define.SCAPE_WITH_CUDA=ON \
+     --config-settings=cmake.define.CMAKE_CUDA_COMPILER="$cuda/bin/nvcc" "${launcher[@]}" .) ||
+    die "bundle: pip wheel failed"
+  local whl
+  whl=$(ls "$out"/dist/*.whl) || die "bundle: no wheel"
+  local tmp
+  tmp=$(mktemp -d)
+  "$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("scape/libnccl-net-scape.so", sys.argv[2])' \
+    "$whl" "$tmp" || die "bundle: the wheel has no scape/libnccl-net-scape.so"
+  local so=$tmp/scape/libnccl-net-scape.so
+  bash "$root/tests/device/check_needed.sh" "$so" || die "bundle: the library links CUDA or NCCL"
+  readelf -S "$so" | grep -q nv_fatbin || die "bundle: the wheel's library has no CUDA kernels (.nv_fatbin)"
+  # Shared libraries of this machine the library needs, except glibc's own and CUDA's/NCCL's
+  # (the GPU machine has those); libstdc++ and libgcc_s go to lib/fallback, searched last: the
+  # GPU machine's own (newer, torch's) must win.
+  local skip='^(libc|libm|libdl|libpthread|librt|ld-linux-x86-64|libcuda|libcudart|libnccl)\.so'
+  copy_deps() {
+    ldd "$1" 2>/dev/null | awk '/=> \//{print $3}' | while read -r lib; do
+      local name
+      name=$(basename "$lib")
+      [[ "$name" =~ $skip ]] && continue
+      case "$name" in
+        libstdc++.so*|libgcc_s.so*) [ -e "$out/lib/fallback/$name" ] || cp -L "$lib" "$out/lib/fallback/$name" ;;
+        *) [ -e "$out/lib/$name" ] || cp -L "$lib" "$out/lib/$name" ;;
+      esac
+    done
+  }
+  copy_deps "$so"
+  local ucxmod
+  ucxmod=$(pkg-config --variable=libdir ucx)/ucx
+  [ -d "$ucxmod" ] && cp -rL "$ucxmod" "$out/lib/ucx"
+  for f in "$out"/lib/ucx/*.so*; do [ -e "$f" ] && copy_deps "$f"; done
+  rm -rf "$tmp"
+  echo "== the corpus"
+  make_corpus "$out/corpus" || die "bundle: corpus"
+  git -C "$root" rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || echo unknown >"$out/COMMIT"
+  local kib
+  kib=$(du -sk "$out" | cut -f1)
+  echo "bundle: $out ($((kib / 1024)) MiB), commit $(cat "$out/COMMIT"), $(basename "$whl")"
+  [ "$kib" -lt $((56 * 1024)) ] ||
+    echo "WARNING: the bundle is over 56 MiB; with the working tree it may pass the device tool's 64 MiB"
+}
+
+# ------------------------------------------------------------------------------------------------
+# launch NAME TIMEOUT SCRIPT ARGS...: RANKS ranks of SCRIPT under scape.launch; its whole output
+# to $work/NAME.log, the lines that are not NCCL's INFO chatter to the console (and the log).
+launch() {
+  local name=$1 tmo=$2
+  shift 2
+  local log=$work/$name.log rc
+  echo "== $name ($ranks ranks, at most ${tmo} s, $(( $(date +%s) - start )) s into the run)"
+  timeout -k 10 "$((tmo + 15))" "$py" -m scape.launch -n "$ranks" --timeout "$tmo" --grace 20 \
+    "$@" >"$log" 2>&1
+  rc=$?
+  grep -v ' NCCL INFO ' "$log" | tail -n 60
+  local via
+  via=$(grep -c 'via NET/SCAPE' "$log")
+  vialog+=("$name: $via lines 'via NET/SCAPE' in NCCL's log")
+  # On the GPU every launch uses NCCL (torch's process group, and the library's NCCL backend):
+  # it must have gone through this library's net plugin.
+  [ -z "$dry_flag" ] && [ "$via" -eq 0 ] && failed+=("$name: NCCL did not use the SCAPE net plugin")
+  if [ $rc -ne 0 ]; then
+    echo "gpu_train: $name exited $rc; the last 80 lines of its whole log ($log):"
+    tail -n 80 "$log" | sed 's/^/  | /'
+    failed+=("$name (exit $rc)")
+  fi
+  return $rc
+}
+
+left() { echo $(( budget - ($(date +%s) - start) )); }
+
+write_meta() {
+  "$py" - "$out/meta.json" "$@" <<'EOF'
+import json, sys
+path, *kv = sys.argv[1:]
+meta = {}
+for item in kv:
+    k, _, v = item.partition("=")
+    meta[k] = v
+with open(path, "w") as f:
+    json.dump(meta, f, indent=1)
+EOF
+}
+
+run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
+  local device=$1 backend=$2 fake=$3
+  shift 3
+  local step_args=() train_args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do step_args+=("$1"); shift; done
+  shift || true
+  train_args=("$@")
+  local fh=()
+  [ "$fake" = 1 ] && fh=(--fake-hosts)
+
+  local st=${STEP_BUDGET_S:-150}
+  [ "$st" -gt "$(left)" ] && st=$(left)
+  launch step "$st" "$root/perf/gpu_step.py" --device "$device" --backend "$backend" "${fh[@]}" \
+    --deadline-s "$((st - 25))" --out "$out" "${step_args[@]}"
+
+  # The fast configurations first: each gets an equal share of the time left, and what one
+  # does not use goes to those after it, so the slow dense ones at the end get the slack.
+  local configs=(scape-0.01 scape-0.1)
+  if [ -n "$variant" ]; then
+    if has_kwarg entering; then configs+=("scape-0.01-$variant")
+    else not_run+=("scape-0.01-$variant (this scape's ScapeAdamS has no entering=)"); fi
+  fi
+  configs+=(adamw adams)
+  local i=0 n=${#configs[@]}
+  for c in "${configs[@]}"; do
+    local l cap
+    l=$(( $(left) - 20 ))  # 20 s for the report
+    # an equal share of what is left for each configuration still to run
+    cap=$(( l / (n - i) ))
+    i=$((i + 1))
+    if [ "$cap" -lt "${MIN_CONFIG_S:-30}" ]; then
+      not_run+=("$c (time budget: ${l} s left)")
+      continue
+    fi
+    launch "train-$c" "$cap" "$root/perf/gpu_train.py" --config "$c" --device "$device" \
+      --backend "$backend" "${fh[@]}" --deadline-s "$((cap - 20))" --out "$out" "${train_args[@]}"
+  done
+}
+
+finish() {  # extra meta key=value...
+  local not="" f=""
+  [ ${#not_run[@]} -gt 0 ] && not=$(IFS=';'; echo "${not_run[*]}")
+  [ ${#failed[@]} -gt 0 ] && f=$(IFS=';'; echo "${failed[*]}")
+  local vl=""
+  [ -z "$dry_flag" ] && vl=$(IFS=';'; echo "${vialog[*]}")
+  write_meta "total_seconds=$(( $(date +%s) - start ))" "not_run=$not" "failed=$f" \
+    "nccl_net_plugin=$vl" "$@"
+  "$py" "$root/perf/gpu_report.py" --out "$out" --meta "$out/meta.json" $dry_flag
+}
+
+# ------------------------------------------------------------------------------------------------
+run_gpu() {
+  local bdir=${1:-$root/.gpu-train-bundle}
+  [ -d "$bdir" ] || die "run: no bundle at $bdir (bash perf/gpu_train.sh bundle, then carry it)"
+  bdir=$(cd "$bdir" && pwd)
+  py=${PYTHON:-python3}
+  out=${OUT:-$root/perf/out/gpu_train}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  work=$(mktemp -d /tmp/gpu_train.XXXXXX)
+  budget=${BUDGET_S:-460}
+  start=$(date +%s)
+  failed=() not_run=() vialog=()
+  dry_flag=""
+  # GPU_TRAIN_CPU=1: a rehearsal of this mode on a machine without a GPU (the bundle's wheel
+  # and libraries, the same steps, but the CPU with gloo and UCX, 2 ranks and the dry run's
+  # sizes), to check a bundle before spending device time on it. Not a measurement.
+  local rehearse=${GPU_TRAIN_CPU:-0}
+  [ "$rehearse" = 1 ] && { dry_flag=--dry-run; ranks=${RANKS:-2}; }
+  exec > >(tee -a "$out/gpu_train.log") 2>&1
+  echo "== device"
+  [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
+  local site=$work/site
+  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
+  local nccl_dir=${NCCL_LIBRARY_DIR:-}
+  if [ -z "$nccl_dir" ]; then
+    local nccl
+    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
+             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
+  fi
+  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
+  export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
+  export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
+  local so=$site/scape/libnccl-net-scape.so
+  export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
+  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
+  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+  (cd "$work" && "$py" -c 'import sys, scape, torch
+p = scape.library_path()
+print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
+      "| python", sys.version.split()[0])
+assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
+    die "the installed wheel does not import"
+  local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
+  if [ "$rehearse" = 1 ]; then
+    STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
+      run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
+      --shape dry --dtype auto --corpus "$bdir/corpus" --steps "${STEPS:-8}" --eval-every 4
+  else
+    gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
+    run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
+      --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
+  fi
+  finish "command=bash perf/gpu_train.sh bundle .gpu-train-bundle   # here; then on the GPU machine: bash perf/gpu_train.sh run .gpu-train-bundle (device tool: carry .gpu-train-bundle)" \
+    "bundle_commit=$(cat "$bdir/COMMIT" 2>/dev/null)" "wheel=$(basename "$bdir"/dist/*.whl)" \
+    "nvidia_smi=$gpu" "nccl_library=$nccl_dir/libnccl.so.2" "budget_s=$budget"
+  echo "figures: $out"
+  sleep 1  # let tee write the log's end
+  [ ${#failed[@]} -eq 0 ]
+}
+
+# ------------------------------------------------------------------------------------------------
+dry_run() {
+  py=${PYTHON:-/usr/bin/python3}
+  out=${1:-$root/perf/out/gpu_train_dry}
+  rm -rf "$out"
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  work=$(mktemp -d /tmp/gpu_train_dry.XXXXXX)
+  ranks=${RANKS:-2}
+  budget=${BUDGET_S:-600}
+  start=$(date +%s)
+  failed=() not_run=() vialog=()
+  dry_flag=--dry-run
+  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n OMP_NUM_THREADS=1
+  export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+  "$py" -c 'import scape, torch' || die "dry-run: scape (PYTHONPATH=<build>/python) and torch must import"
+  make_corpus "$work/corpus" || die "dry-run: corpus"
+  STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
+    run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
+    --shape dry --dtype auto --corpus "$work/corpus" --steps "${STEPS:-8}" --eval-every 4
+  finish "command=bash perf/gpu_train.sh dry-run" "budget_s=$budget"
+  # The outputs a GPU run must leave, and what they must say.
+  local bad=0
+  for f in gpu_train.md train_runs.jsonl step_bench.jsonl meta.json; do
+    [ -s "$out/$f" ] || { echo "dry-run: no $out/$f"; bad=1; }
+  done
+  "$py" -c 'import matplotlib' 2>/dev/null && for f in train_loss.png step_bench.png; do
+    [ -s "$out/$f" ] || { echo "dry-run: no $out/$f"; bad=1; }
+  done
+  "$py" - "$out" "$variant" <<'EOF' || bad=1
+import inspect, json, os, sys
+from scape.optim import ScapeAdamS
+out, variant = sys.argv[1], sys.argv[2]
+runs = [json.loads(l) for l in open(os.path.join(out, "train_runs.jsonl")) if l.strip()]
+rows = [json.loads(l) for l in open(os.path.join(out, "step_bench.jsonl")) if l.strip()]
+want = ["scape-0.01", "scape-0.1"]
+if variant and "entering" in inspect.signature(ScapeAdamS.__init__).parameters:
+    want.append(f"scape-0.01-{variant}")
+want += ["adamw", "adams"]
+got = [r["config"] for r in runs]
+errors = []
+if got != want:
+    errors.append(f"configurations {got}, expected {want}")
+for r in runs:
+    if not r["ranks_identical"] or not all(c["identical"] for c in r["curve"]):
+        errors.append(f"{r['config']}: ranks differ")
+    if r["steps_done"] != r["steps"] or r["truncated"]:
+        errors.append(f"{r['config']}: {r['steps_done']} of {r['steps']} steps")
+    if len(r["curve"]) < 2 or not r["tokens_per_second"] or r["bytes_per_step"] <= 0:
+        errors.append(f"{r['config']}: empty figures {r['curve'][:1]} {r['tokens_per_second']}")
+    if r["opt"] != "adamw" and not r["phases_ms_mean"]:
+        errors.append(f"{r['config']}: no library phases")
+scape = {r["config"]: r for r in runs}
+if "scape-0.01" in scape and "adams" in scape and \
+        not scape["scape-0.01"]["bytes_per_step"] < scape["adams"]["bytes_per_step"]:
+    errors.append("SCAPE 0.01 did not send fewer bytes than dense AdamS")
+names = [r["row"] for r in rows]
+if names != ["adams-dense", "scape-0.01", "scape-0.1", "adamw-gloo", "scape-1"]:
+    errors.append(f"step rows {names}")
+for r in rows:
+    if r.get("skipped") or not r.get("ranks_identical") or not r.get("step_ms_median"):
+        errors.append(f"step row {r}")
+md = open(os.path.join(out, "gpu_train.md")).read()
+for s in ("DRY RUN", "### The optimizer step on device", "### Training", "Target"):
+    if s not in md:
+        errors.append(f"gpu_train.md lacks {s!r}")
+for e in errors:
+    print("dry-run check:", e)
+print(f"dry-run check: {len(runs)} configurations, {len(rows)} step rows, "
+      f"{'ok' if not errors else 'FAILED'}")
+sys.exit(1 if errors else 0)
+EOF
+  rm -rf "$work"
+  [ ${#failed[@]} -eq 0 ] && [ $bad -eq 0 ] || { echo "gpu_train dry-run: FAILED ${failed[*]}"; exit 1; }
+  echo "gpu_train dry-run: ok ($(( $(date +%s) - start )) s; outputs in $out)"
+}
+
+# One compound command, read whole before it runs: a script edited while it runs (a checkout
+# during a long run) cannot make bash read on at a stale offset after it.
+{
+  case "$mode" in
+    bundle) bundle "$@" ;;
+    run) run_gpu "$@" ;;
+    dry-run) dry_run "$@" ;;
+    *) sed -n '2,34p' "$0"; exit 2 ;;
+  esac
+  exit $?
+}
