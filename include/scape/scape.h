@@ -1063,11 +1063,15 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    of sendbuf into a device temporary, the staged all-reduce of the packed values, a device
  *    scatter into recvbuf; recvbuf's positions outside the mask keep their values, in place or
  *    not, as on the host (same bits). The mask's current positions are uploaded to the device
- *    once per mask generation and stream, into a device buffer kept per mask and stream with
- *    the packed temporary; both are reused by later calls on that stream and reallocated
- *    (cudaMalloc, which may synchronise the device) only when k outgrows them; they are freed
- *    when the mask is destroyed, once the work that uses them has completed. A mask advanced
- *    after a call does not affect that call.
+ *    once per mask generation and stream, and reused by later calls of that generation on that
+ *    stream. Every device temporary of the mask calls (positions, packed values, the device
+ *    top-k's output), on both backends, comes from one pool per communicator: a block goes
+ *    back to it once the work that uses it is enqueued, is reused at once on the same stream
+ *    and on other streams once that work has completed; at most 8 idle blocks are kept, and
+ *    the pool is freed with the communicator (waiting, within the timeout, for work in
+ *    flight). So a training loop's steady state makes no cudaMalloc / cudaFree (which may
+ *    synchronise the device); memory is allocated only when k outgrows what the pool holds.
+ *    A mask advanced after a call does not affect that call.
  *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
  *    their values but its masked positions may have been overwritten (the scatter runs on
  *    the stream regardless); the error is reported as for the other device collectives.

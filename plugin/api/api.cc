@@ -41,13 +41,15 @@ bool Overlap(const void* a, size_t alen, const void* b, size_t blen) {
 Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t mask, void* stream,
                  scapeRequest_t* request, bool blocking) {
   using scape::coll::CollType;
-  // NCCL-backend communicators (scapeCommInitNccl): device buffers go to NCCL; host buffers
-  // and barriers run on the host communicator below, when it has one.
-  if (scape::device::RunsOnNccl(comm, a))
-    return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
-  SCAPE_RETURN_IF_ERROR(CheckComm(comm));
-  scape::Comm& c = *comm->impl;
-  const int rank = c.rank(), p = c.nranks();
+  // Validated once, here, whichever backend runs it (rank and size: the host communicator's,
+  // or NCCL's on an NCCL-backend communicator without one).
+  if (!comm) return scape::InvalidArgument("comm is NULL");
+  int rank = 0, p = 1;
+  if (!scape::device::NcclCommInfo(comm, &p, &rank)) {
+    SCAPE_RETURN_IF_ERROR(CheckComm(comm));
+    rank = comm->impl->rank();
+    p = comm->impl->nranks();
+  }
   if (!blocking && !request) return scape::InvalidArgument("request is NULL");
   if (a.type != CollType::kBarrier) {
     if (!ValidType(a.dtype))
@@ -92,8 +94,13 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
       return scape::Unsupported(
           "a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
           "only (use scapeMaskReduceScatter and friends for the others)");
-    SCAPE_RETURN_IF_ERROR(scape::api::CheckMaskedAllReduce(comm, a.count, mask));
+    SCAPE_RETURN_IF_ERROR(scape::api::CheckMaskedAllReduce(comm, a.count, mask, rank));
   }
+  // NCCL-backend communicators (scapeCommInitNccl): device buffers go to NCCL; host buffers
+  // and barriers run on the host communicator below, when it has one.
+  if (scape::device::RunsOnNccl(comm, a))
+    return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
+  SCAPE_RETURN_IF_ERROR(CheckComm(comm));
   // Device buffers are staged on the stream; host buffers with a stream wait for it first.
   bool onDevice = false;
   Status dev = scape::device::UcxCollective(comm, a, mask, stream, !blocking, &onDevice);

@@ -193,7 +193,7 @@ Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t cou
 
 // The mask checks of scapeAllReduce with a mask (any buffers): a live mask of `comm`, count
 // equal to the mask's n (api_mask.cc).
-Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask);
+Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask, int rank);
 
 // Queues a validated collective: blocking (request NULL) waits for it; otherwise *request
 // receives a new handle registered with the communicator.

@@ -149,20 +149,21 @@ Status PackedAllGather(const void* sendbuf, void* recvbuf, scapeDataType_t dtype
 namespace scape {
 namespace api {
 
-Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask) {
-  SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
+Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask, int rank) {
+  // A UCX communicator, or an NCCL-backend one with or without a host communicator.
+  SCAPE_RETURN_IF_ERROR(comm->impl ? CheckMaskComm(mask, comm)
+                                   : CheckMaskNcclComm(mask, comm, rank));
   const Mask& m = *mask->impl;
   if (count != m.n())
-    return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu",
-                                     comm->impl->rank(), count,
-                                     static_cast<unsigned long long>(m.n())));
+    return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu", rank,
+                                     count, static_cast<unsigned long long>(m.n())));
   return Status::Ok();
 }
 
 Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
                        scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
                        scapeRequest_t* request) {
-  SCAPE_RETURN_IF_ERROR(CheckMaskedAllReduce(comm, count, mask));
+  // StartColl validated the call (CheckMaskedAllReduce) before routing it here.
   Mask& m = *mask->impl;
   const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
   if (count > 0 && (!send || !recv))

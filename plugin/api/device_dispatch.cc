@@ -13,8 +13,9 @@
 #include "kernels/cpu/topk.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/core/comm.h"
+#include "plugin/device/device_masked.h"
+#include "plugin/device/device_pool.h"
 #include "plugin/device/nccl_backend.h"
-#include "plugin/device/nccl_masked.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
 #include "plugin/mask/mask.h"
@@ -28,7 +29,10 @@ namespace {
 struct Entry {
   std::unique_ptr<StagingChannel> staging;  // UCX backend, after its first device call
   std::unique_ptr<NcclBackend> nccl;        // NCCL backend
-  std::unique_ptr<NcclMaskCache> masked;    // NCCL backend: masked all-reduces' device buffers
+  // Device temporaries of the mask calls (both backends); positions before pool: they go
+  // back to the pool when the entry is torn down.
+  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<MaskPositions> positions;
 };
 
 std::mutex g_mu;
@@ -47,6 +51,23 @@ std::shared_ptr<Entry> Take(const scapeComm* comm) {
   std::shared_ptr<Entry> e = it->second;
   g_entries.erase(it);
   return e;
+}
+
+void MakePool(Entry* e, Runtime* rt, int timeoutMs) {
+  e->pool.reset(new DevicePool(rt, timeoutMs));
+  e->positions.reset(new MaskPositions(e->pool.get()));
+}
+
+// The communicator's entry, made (with its device pool) at its first device call.
+std::shared_ptr<Entry> EntryOf(scapeComm* comm, Runtime* rt) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  std::shared_ptr<Entry>& slot = g_entries[comm];
+  if (!slot) slot = std::make_shared<Entry>();
+  if (!slot->pool) {
+    const int timeoutMs = comm->impl ? comm->impl->config().timeoutMs : kDefaultTimeoutMs;
+    MakePool(slot.get(), rt, timeoutMs);
+  }
+  return slot;
 }
 
 bool IsDev(PtrKind k) { return k != PtrKind::kHost; }
@@ -86,146 +107,13 @@ Status EnqueueStaged(scapeComm* comm, Runtime* rt, const coll::CollArgs& a, Stre
     std::unique_ptr<StagingChannel> ch;
     Status st = StagingChannel::Create(&c, rt, &ch);
     if (!st.ok()) return st.Prepend("setting up the device staging channel");
+    e = EntryOf(comm, rt);
     std::lock_guard<std::mutex> lk(g_mu);
-    auto& slot = g_entries[comm];
-    if (!slot) slot = std::make_shared<Entry>();
-    slot->staging = std::move(ch);
-    e = slot;
+    e->staging = std::move(ch);
   }
   if (e->staging->runtime() != rt)
     return InvalidUsage("the device runtime changed while device work was in flight");
   return e->staging->Enqueue(a, stream);
-}
-
-// ---- device memory of the mask calls -------------------------------------------------------
-// Device memory that stream work still reads or writes is kept (shared_ptr) until an event
-// recorded after that work has completed; it is then freed on the thread of a later call
-// (never from a stream callback, which must not call the runtime).
-
-// A device allocation, freed when the last holder lets go.
-struct DevBuf {
-  Runtime* rt = nullptr;
-  void* d = nullptr;
-  ~DevBuf() {
-    if (d) rt->DeviceFree(d);
-  }
-};
-
-// What the mask calls keep on the device per (mask, stream): the mask's current positions
-// (uploaded from `host`) and a packed temporary, both reused by later calls on that stream
-// (stream order makes that safe) and grown when too small. Every call hands the buffers it
-// used (and the host list of an upload) to RetireAfter on its stream, so dropping them here (a
-// larger buffer, the mask destroyed) never frees memory that queued work still uses. Holding
-// `host` also keeps the mask from decoding a later mask into that list (Mask::SyncStart
-// replaces a buffer someone still holds), so "host is the mask's current list" means the
-// device copy is current; scapeMaskAdvance makes a new current list.
-struct MaskCache {
-  Runtime* rt = nullptr;
-  std::shared_ptr<DevBuf> pos, packed;
-  size_t posCap = 0, packedCap = 0;
-  std::shared_ptr<const std::vector<uint64_t>> host;  // the list in `pos`; null: none
-};
-
-struct Retired {
-  Runtime* rt;
-  Event ev;
-  std::vector<std::shared_ptr<void>> keep;
-};
-
-std::mutex g_devMu;  // g_retired
-std::vector<Retired> g_retired;
-std::mutex g_cacheMu;  // g_masks (taken before g_devMu, never after)
-std::map<std::pair<const scapeMask*, Stream>, std::shared_ptr<MaskCache>> g_masks;
-
-// Frees what the streams have finished with.
-void ReapRetired() {
-  std::vector<Retired> done;
-  {
-    std::lock_guard<std::mutex> lk(g_devMu);
-    for (size_t i = 0; i < g_retired.size();) {
-      bool fin = false;
-      Status st = g_retired[i].rt->EventQuery(g_retired[i].ev, &fin);
-      if (fin || !st.ok()) {  // a failed stream runs nothing more
-        done.push_back(std::move(g_retired[i]));
-        g_retired.erase(g_retired.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-  for (Retired& r : done) r.rt->EventDestroy(r.ev);
-  // `done` goes out of scope here, outside the lock: the device memory is freed.
-}
-
-// Keeps `keep` alive until the stream has passed everything enqueued on it so far. If no event
-// can be recorded, waits for the stream instead (a host wait, bounded by the runtime's).
-void RetireAfter(Runtime* rt, Stream stream, std::vector<std::shared_ptr<void>> keep) {
-  Event ev = nullptr;
-  Status st = rt->EventCreate(&ev);
-  if (st.ok()) st = rt->EventRecord(ev, stream);
-  if (!st.ok()) {
-    if (ev) rt->EventDestroy(ev);
-    Status w = rt->StreamSynchronize(stream);
-    if (!w.ok()) SCAPE_WARN("device mask call: %s", w.message().c_str());
-    return;  // keep is released here, after the stream has finished with it
-  }
-  std::lock_guard<std::mutex> lk(g_devMu);
-  g_retired.push_back({rt, ev, std::move(keep)});
-}
-
-Status AllocDev(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* out) {
-  auto b = std::make_shared<DevBuf>();
-  b->rt = rt;
-  SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(bytes, &b->d));
-  *out = std::move(b);
-  return Status::Ok();
-}
-
-// Grows *buf to at least `bytes` (with a quarter to spare, so a mask whose k varies a little
-// does not reallocate every step); the old buffer goes when the calls holding it are done.
-Status Reserve(Runtime* rt, size_t bytes, std::shared_ptr<DevBuf>* buf, size_t* cap) {
-  if (*buf && *cap >= bytes) return Status::Ok();
-  const size_t want = bytes + bytes / 4;
-  std::shared_ptr<DevBuf> b;
-  SCAPE_RETURN_IF_ERROR(AllocDev(rt, want, &b));
-  *buf = std::move(b);
-  *cap = want;
-  return Status::Ok();
-}
-
-// For work enqueued now on `stream`: the mask's current positions on the device (uploaded on
-// that stream when they changed) and, if packedBytes > 0, a packed temporary of that size.
-// *keep: what the caller hands to RetireAfter once its work is enqueued.
-Status MaskBuffers(Runtime* rt, const scapeMask* mask, Stream stream, size_t packedBytes,
-                   const uint64_t** dPos, void** dPacked,
-                   std::vector<std::shared_ptr<void>>* keep) {
-  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
-  const size_t bytes = cur->size() * sizeof(uint64_t);
-  std::lock_guard<std::mutex> lk(g_cacheMu);
-  std::shared_ptr<MaskCache>& e = g_masks[std::make_pair(mask, stream)];
-  if (!e || e->rt != rt) {
-    e = std::make_shared<MaskCache>();
-    e->rt = rt;
-  }
-  if (e->host != cur) {
-    e->host = nullptr;  // until the new list is enqueued
-    Status st = Reserve(rt, bytes, &e->pos, &e->posCap);
-    if (st.ok() && bytes) st = rt->CopyAsync(e->pos->d, cur->data(), bytes, stream);
-    if (!st.ok()) return st.Prepend("uploading the mask's positions to the device");
-    e->host = cur;
-  }
-  keep->push_back(e->pos);
-  // The list stays alive until the upload (and every use) has run.
-  keep->push_back(std::const_pointer_cast<std::vector<uint64_t>>(e->host));
-  *dPos = static_cast<const uint64_t*>(e->pos->d);
-  if (packedBytes) {
-    Status st = Reserve(rt, packedBytes, &e->packed, &e->packedCap);
-    if (!st.ok())
-      return st.Prepend(StrFormat("allocating %zu bytes of packed values", packedBytes));
-    keep->push_back(e->packed);
-    *dPacked = e->packed->d;
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -256,37 +144,13 @@ Status UcxMaskedAllReduce(scapeComm* comm, const coll::CollArgs& dense, scapeMas
   Runtime* rt = GetRuntime();
   Comm& c = *comm->impl;
   if (!c.error().ok()) return c.error();
-  ReapRetired();
+  std::shared_ptr<Entry> e = EntryOf(comm, rt);
   const Mask& m = *mask->impl;
-  const size_t k = m.Current().size(), esz = scapeTypeSize(dense.dtype);
-  coll::CollArgs a = dense;
-  a.type = coll::CollType::kAllReduce;
-  a.count = k;
-  a.counts = m.RankCounts();  // owner blocks: the bits of the host masked all-reduce
-  if (m.CurrentIsIdentity()) return EnqueueStaged(comm, rt, a, stream);  // as the host path
-  const uint64_t* dPos = nullptr;
-  void* dPacked = nullptr;
-  std::vector<std::shared_ptr<void>> keep;
-  if (k > 0) {
-    Status st = MaskBuffers(rt, mask, stream, k * esz, &dPos, &dPacked, &keep);
-    if (st.ok()) st = rt->Gather(dense.send, dPos, k, esz, dPacked, stream);
-    if (!st.ok()) {
-      RetireAfter(rt, stream, std::move(keep));
-      return st.Prepend(
-          StrFormat("rank %d: gathering the mask's positions on the device", c.rank()));
-    }
-    a.send = a.recv = dPacked;
-  } else {
-    a.send = a.recv = nullptr;  // the rank still takes part (count 0)
-  }
-  Status st = EnqueueStaged(comm, rt, a, stream);
-  if (st.ok() && k > 0) {
-    // Only the mask's positions of recvbuf are written: the others keep their values.
-    st = rt->Scatter(dPacked, dPos, k, esz, dense.recv, stream);
-    if (!st.ok()) st.Prepend("scattering the reduced values on the device");
-  }
-  if (k > 0) RetireAfter(rt, stream, std::move(keep));
-  return st;
+  return MaskedAllReduce(*e->pool, *e->positions, m, dense, stream, c.rank(),
+                         [&](coll::CollArgs& packed) {
+                           packed.counts = m.RankCounts();  // owner blocks: the host path's bits
+                           return EnqueueStaged(comm, rt, packed, stream);
+                         });
 }
 
 Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t esz, bool unpack,
@@ -301,17 +165,16 @@ Status MaskPackDevice(scapeMask* mask, const void* dense, void* packed, size_t e
                   PtrKindName(kd), PtrKindName(kp)));
   if (!IsDev(kd) && !IsDev(kp)) return Status::Ok();
   *handled = true;
-  ReapRetired();
-  const size_t k = mask->impl->Current().size();
+  const Mask& m = *mask->impl;
+  const size_t k = m.Current().size();
   if (k == 0) return Status::Ok();
   if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+  std::shared_ptr<Entry> e = EntryOf(mask->comm, rt);
   const uint64_t* dPos = nullptr;
-  std::vector<std::shared_ptr<void>> keep;
-  Status st = MaskBuffers(rt, mask, nullptr, 0, &dPos, nullptr, &keep);
+  Status st = e->positions->Get(m, nullptr, &dPos);
   if (st.ok())
     st = unpack ? rt->Scatter(packed, dPos, k, esz, const_cast<void*>(dense), nullptr)
                 : rt->Gather(dense, dPos, k, esz, packed, nullptr);
-  RetireAfter(rt, nullptr, std::move(keep));
   if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
   return st;
 }
@@ -322,7 +185,6 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
   Runtime* rt = GetRuntime();
   if (!statistic || rt->Kind(statistic) == PtrKind::kHost) return Status::Ok();
   *handled = true;
-  ReapRetired();
   Mask& m = *mask->impl;
   if (m.SyncInFlight()) return InvalidUsage("a mask sync is in flight: wait for it first");
   // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
@@ -330,20 +192,17 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
   m.TopkPlan(density, &t);
   if (t.total == 0) return m.SetNextFromTopk(nullptr, 0);  // only always-dense pieces, or none
   const uint64_t total = t.total;
-  std::shared_ptr<DevBuf> dOut, dCounts;
-  SCAPE_RETURN_IF_ERROR(AllocDev(rt, total * sizeof(uint64_t), &dOut));
-  SCAPE_RETURN_IF_ERROR(AllocDev(rt, t.k.size() * sizeof(uint64_t), &dCounts));
+  DevicePool& pool = *EntryOf(mask->comm, rt)->pool;
+  DevicePool::Block dOut, dCounts;
+  Status st = pool.Acquire(total * sizeof(uint64_t), nullptr, &dOut);
+  if (st.ok()) st = pool.Acquire(t.k.size() * sizeof(uint64_t), nullptr, &dCounts);
   // Legacy default stream: ordered after the caller's work on blocking streams.
-  Status st =
-      rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(), static_cast<uint64_t*>(dOut->d),
-                  static_cast<uint64_t*>(dCounts->d), nullptr);
-  if (!st.ok()) {
-    RetireAfter(rt, nullptr, {dOut, dCounts});
-    return st.Prepend("top-k of the device statistic");
-  }
+  if (st.ok())
+    st = rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(),
+                     static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), nullptr);
   // Only the selected positions come back (a host wait on that copy, with a deadline).
   auto host = std::make_shared<std::vector<uint64_t>>(total);
-  if (total) st = rt->CopyAsync(host->data(), dOut->d, total * sizeof(uint64_t), nullptr);
+  if (st.ok()) st = rt->CopyAsync(host->data(), dOut.d, total * sizeof(uint64_t), nullptr);
   Event ev = nullptr;
   if (st.ok()) st = rt->EventCreate(&ev);
   if (st.ok()) st = rt->EventRecord(ev, nullptr);
@@ -360,54 +219,24 @@ Status MaskSelectTopkDevice(scapeMask* mask, const float* statistic, double dens
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (!done) {
-    // Not known to be finished: the buffers (and the host copy's target) stay until it is.
-    std::vector<std::shared_ptr<void>> keep = {dOut, dCounts, host};
-    if (ev) {
-      std::lock_guard<std::mutex> lk(g_devMu);
-      g_retired.push_back({rt, ev, std::move(keep)});
-    } else {
-      RetireAfter(rt, nullptr, std::move(keep));
-    }
-    return st.Prepend("top-k of the device statistic");
-  }
-  rt->EventDestroy(ev);
+  if (ev) rt->EventDestroy(ev);
+  // Back to the pool; if the work is not known to have finished, the copy's target stays
+  // alive until it has.
+  pool.Release(dOut, nullptr, done ? nullptr : host);
+  pool.Release(dCounts, nullptr);
+  if (!done) return st.Prepend("top-k of the device statistic");
   return m.SetNextFromTopk(host->data(), host->size());
 }
 
 void ReleaseMask(const scapeMask* mask) {
-  std::vector<std::shared_ptr<MaskCache>> drop;  // released outside the lock
-  {
-    std::lock_guard<std::mutex> lk(g_cacheMu);
-    for (auto it = g_masks.begin(); it != g_masks.end();) {
-      if (it->first.first == mask) {
-        drop.push_back(std::move(it->second));
-        it = g_masks.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  drop.clear();  // the buffers go once the calls that used them are done (RetireAfter)
-  ReapRetired();
+  std::shared_ptr<Entry> e = mask ? Find(mask->comm) : nullptr;
+  if (e && e->positions && mask->impl) e->positions->Drop(mask->impl.get());
 }
 
 void DropStaleMaskPositions(const scapeMask* mask) {
   if (!mask || !mask->impl) return;
-  std::shared_ptr<const std::vector<uint64_t>> cur = mask->impl->CurrentShared();
-  std::vector<std::shared_ptr<const std::vector<uint64_t>>> drop;
-  {
-    std::lock_guard<std::mutex> lk(g_cacheMu);
-    for (auto& kv : g_masks)
-      if (kv.first.first == mask && kv.second->host && kv.second->host != cur) {
-        // Let go of the old list (the mask may then reuse it); the device buffer stays for
-        // the next upload.
-        drop.push_back(std::move(kv.second->host));
-        kv.second->host = nullptr;
-      }
-  }
-  drop.clear();
-  ReapRetired();
+  std::shared_ptr<Entry> e = Find(mask->comm);
+  if (e && e->positions) e->positions->DropStale(*mask->impl);
 }
 
 bool IsNcclComm(const scapeComm* comm) {
@@ -430,55 +259,24 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
   std::shared_ptr<Entry> e = Find(comm);
   if (!e || !e->nccl) return InternalError("not an NCCL-backend communicator");
   NcclBackend& b = *e->nccl;
-  const int rank = b.rank(), p = b.nranks();
+  const int rank = b.rank();
   if (a.type == CollType::kBarrier)
     return Unsupported(
         "the NCCL backend has no barrier (NCCL has none): all-reduce one "
         "element on the stream and synchronise it instead");
   if (async) return AsyncWithDevice("*Async");
-  if (mask) {
-    if (a.type != CollType::kAllReduce)
-      return Unsupported(
-          "a mask is accepted by scapeAllReduce / scapeAllReduceAsync "
-          "only (use scapeMaskReduceScatter and friends for the others)");
-    if (!api::HandleLive(mask, api::HandleKind::kMask) || !mask->impl ||
-        comm->masks.count(mask) == 0)
-      return InvalidArgument(
-          StrFormat("rank %d: mask is not a live mask of this communicator (destroyed, or "
-                    "created on another communicator)",
-                    rank));
-    if (a.count != mask->impl->n())
-      return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu", rank,
-                                       a.count, static_cast<unsigned long long>(mask->impl->n())));
-  }
-  if (a.dtype < 0 || a.dtype >= scapeNumTypes)
-    return InvalidArgument(StrFormat("rank %d: datatype %d is not a scapeDataType_t (0..%d)", rank,
-                                     static_cast<int>(a.dtype), scapeNumTypes - 1));
-  if ((a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter) &&
-      (a.op < 0 || a.op >= scapeNumOps))
-    return InvalidArgument(StrFormat("rank %d: op %d is not a scapeRedOp_t (0..%d)", rank,
-                                     static_cast<int>(a.op), scapeNumOps - 1));
-  if (a.type == CollType::kBroadcast && (a.root < 0 || a.root >= p))
-    return InvalidArgument(StrFormat("rank %d: root %d out of range 0..%d", rank, a.root, p - 1));
+  // The API validated the arguments (type, op, root, NULLs, sizes, overlap, the mask) before
+  // routing the call here; what is left is what only this backend cannot do.
   const bool needSend = a.type != CollType::kBroadcast || rank == a.root;
   // Elements each side holds (per-rank blocks: a mask's packed values).
   size_t sendElems = a.count, recvElems = a.count;
-  if (!a.counts.empty()) {
-    if (a.type == CollType::kBroadcast)
-      return InvalidArgument(StrFormat("rank %d: a broadcast has no per-rank counts", rank));
-    if (a.counts.size() != static_cast<size_t>(p))
-      return InvalidArgument(
-          StrFormat("rank %d: %zu per-rank counts for %d ranks", rank, a.counts.size(), p));
+  if (!a.counts.empty()) {  // the packed forms: counts are the mask's, one per rank
     size_t total = 0;
     for (size_t c : a.counts) total += c;
     const size_t mine = a.counts[static_cast<size_t>(rank)];
     sendElems = a.type == CollType::kAllGather ? mine : total;
     recvElems = a.type == CollType::kReduceScatter ? mine : total;
   }
-  if (sendElems > 0 && needSend && !a.send)
-    return InvalidArgument(StrFormat("rank %d: sendbuf is NULL with count %zu", rank, sendElems));
-  if (recvElems > 0 && !a.recv)
-    return InvalidArgument(StrFormat("rank %d: recvbuf is NULL with count %zu", rank, recvElems));
   Runtime* rt = GetRuntime();
   if (sendElems > 0 || recvElems > 0) {
     bool dev = false;
@@ -490,7 +288,12 @@ Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask,
           "SCAPE_NCCL_HOST_COMM=0)",
           rank, needSend ? "sendbuf" : "recvbuf"));
   }
-  if (mask) return e->masked->AllReduce(b, *mask->impl, a, stream);
+  if (mask)
+    return MaskedAllReduce(*e->pool, *e->positions, *mask->impl, a, stream, rank,
+                           [&](coll::CollArgs& packed) {
+                             if (packed.count == 0) return Status::Ok();  // nothing moves
+                             return b.Run(packed, stream);
+                           });
   return b.Run(a, stream);
 }
 
@@ -503,7 +306,7 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_NCCL_HOST_COMM", &hostComm));
   auto entry = std::make_shared<Entry>();
   SCAPE_RETURN_IF_ERROR(NcclBackend::Create(ncclComm, &entry->nccl));
-  entry->masked.reset(new NcclMaskCache(cfg.timeoutMs));
+  MakePool(entry.get(), GetRuntime(), cfg.timeoutMs);
   NcclBackend& b = *entry->nccl;
   std::unique_ptr<Comm> impl;
   if (hostComm) {
@@ -638,7 +441,7 @@ Status MakeOwnedNccl(scapeComm* comm) {
   }
   auto entry = std::make_shared<Entry>();
   entry->nccl = std::move(backend);
-  entry->masked.reset(new NcclMaskCache(timeoutMs));
+  MakePool(entry.get(), GetRuntime(), timeoutMs);
   std::lock_guard<std::mutex> lk(g_mu);
   g_entries[comm] = entry;
   return Status::Ok();
@@ -704,14 +507,14 @@ void ReleaseComm(scapeComm* comm) {
   // An NCCL communicator the library made (no-op for a caller's, or one already aborted).
   if (e && e->nccl)
     e->nccl->Close(false, comm->impl ? comm->impl->config().timeoutMs : kDefaultTimeoutMs);
-  // The channel (its worker and child communicator) goes with the entry, before the parent.
-  ReapRetired();  // device temporaries of mask calls whose work has completed
+  // The channel (its worker and child communicator) and the device pool (waiting, within the
+  // timeout, for the work that uses its blocks) go with the entry, before the parent.
 }
 
 void AbortComm(scapeComm* comm) {
   std::shared_ptr<Entry> e = Find(comm);
   if (e && e->staging) e->staging->Abort();
-  if (e && e->masked) e->masked->Abandon();
+  if (e && e->pool) e->pool->Abandon();
   if (e && e->nccl) e->nccl->Close(true, 1000);  // ncclCommAbort (an owned one only)
 }
 

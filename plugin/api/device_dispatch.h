@@ -72,7 +72,7 @@ bool IsNcclComm(const scapeComm* comm);
 bool RunsOnNccl(const scapeComm* comm, const coll::CollArgs& a);
 // Validates and issues a collective on an NCCL-backend communicator (device buffers). a.counts
 // non-empty: the packed (V) forms (NcclBackend::Run); mask non-NULL: the masked dense-in/out
-// all-reduce (plugin/device/nccl_masked.h).
+// all-reduce (plugin/device/device_masked.h, with the communicator's device pool).
 Status NcclCollective(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                       bool async);
 Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config);

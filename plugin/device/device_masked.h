@@ -1,0 +1,75 @@
+// The masked (dense-in/dense-out) all-reduce on device buffers, written once for both
+// backends: the identity-mask shortcut, a device gather of the mask's positions into a packed
+// temporary, the backend's exchange of the k packed values (UCX: the staged V all-reduce over
+// the owners' blocks; NCCL: ncclAllReduce), a device scatter into recvbuf. Positions outside
+// the mask keep recvbuf's values, in place or not, as the host path does.
+//
+// MaskPositions keeps, per (mask, stream), the device copy of a mask's current positions: it
+// is uploaded on that stream from the mask's own host list when the mask's generation changes,
+// and reused by every later call of that generation on that stream. Holding the host list also
+// keeps the mask from decoding a later mask into it (Mask::SyncStart replaces a list someone
+// still holds); DropStale lets go of old generations (scapeMaskAdvance), Drop of a destroyed
+// mask. Device memory comes from the communicator's DevicePool and goes back to it once the
+// work that reads it is enqueued.
+#ifndef SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_
+#define SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "plugin/coll/coll.h"
+#include "plugin/device/device_pool.h"
+#include "plugin/device/runtime.h"
+#include "plugin/mask/mask.h"
+
+namespace scape {
+namespace device {
+
+class MaskPositions {
+ public:
+  explicit MaskPositions(DevicePool* pool) : pool_(pool) {}
+  ~MaskPositions() { Drop(nullptr); }
+
+  // The positions of m's current generation on the device, for work about to be enqueued on
+  // `s` (uploaded on `s` first when they changed). *dPos stays valid until Drop/DropStale.
+  Status Get(const Mask& m, Stream s, const uint64_t** dPos);
+  // Lets go of the copies of `m` (all masks when null): their blocks go back to the pool once
+  // the work enqueued so far on their streams has run.
+  void Drop(const Mask* m);
+  // Lets go of the copies of `m` that are not its current generation.
+  void DropStale(const Mask& m);
+
+ private:
+  struct Entry {
+    std::shared_ptr<const std::vector<uint64_t>> gen;  // the list in `blk`
+    DevicePool::Block blk;
+  };
+  using Key = std::pair<const Mask*, Stream>;
+  void ReleaseLocked(const Key& key, Entry* e);
+
+  DevicePool* const pool_;
+  std::mutex mu_;
+  std::map<Key, Entry> entries_;
+};
+
+// Enqueues the all-reduce of the packed values `packed` (send == recv == the packed buffer,
+// count = k; null buffers when k == 0) on the stream. The masked all-reduce calls it once.
+using PackedExchange = std::function<Status(coll::CollArgs& packed)>;
+
+// The masked all-reduce of `dense` (validated: all-reduce, count = m.n(), device buffers) on
+// `s`, for rank `rank` (messages). A full mask with shard ownership (mask order = buffer
+// order) exchanges the dense buffers directly.
+Status MaskedAllReduce(DevicePool& pool, MaskPositions& positions, const Mask& m,
+                       const coll::CollArgs& dense, Stream s, int rank,
+                       const PackedExchange& exchange);
+
+}  // namespace device
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_

@@ -1,0 +1,93 @@
+// The one home of the library's device temporaries (CUB's temp-storage discipline, stream-
+// ordered): the mask positions and packed values of the masked all-reduce on both backends,
+// the positions of scapeMaskPack / scapeMaskUnpack and the device top-k's output. One pool per
+// communicator, made at its first device call and torn down with it.
+//
+// Policy (what removed cudaMalloc / cudaFree from every per-call path: cudaFree synchronises
+// the whole device, a stall once a step):
+//  - Release(block, stream) hands a block back after the work that uses it was enqueued on
+//    `stream`; an event recorded there says when that work has finished.
+//  - Acquire(bytes, stream) takes the smallest block that fits among the ones last released on
+//    that same stream (stream order makes reuse safe at once; NULL is the legacy default
+//    stream), else among the idle ones (their work has finished); else it allocates, with a
+//    quarter to spare so that a mask whose k varies a little is served from the same block.
+//  - At most kMaxIdle finished blocks are kept (enough for two masks on two streams: positions,
+//    packed values and the top-k's output each); the smallest beyond that are freed.
+//  - Teardown waits (within the communicator's timeout) for the work still using a block, then
+//    frees everything; what is still in use after the deadline (after Abandon, the abort path:
+//    kAbandonWaitMs at most) is leaked with a warning rather than freed under the device.
+// Host memory that queued work still reads (an upload's source) rides along with a Release
+// and is held until the event says the work has run.
+#ifndef SCAPE_PLUGIN_DEVICE_DEVICE_POOL_H_
+#define SCAPE_PLUGIN_DEVICE_DEVICE_POOL_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/status.h"
+#include "plugin/device/runtime.h"
+
+namespace scape {
+namespace device {
+
+class DevicePool {
+ public:
+  static constexpr size_t kMaxIdle = 8;
+  static constexpr int kAbandonWaitMs = 200;
+
+  struct Block {
+    void* d = nullptr;
+    size_t bytes = 0;  // capacity
+  };
+
+  DevicePool(Runtime* rt, int timeoutMs) : rt_(rt), timeoutMs_(timeoutMs) {}
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  Runtime* runtime() const { return rt_; }
+
+  // A block of at least `bytes` for work about to be enqueued on `s` (see the policy above).
+  Status Acquire(size_t bytes, Stream s, Block* out);
+  // Hands `b` back once the work that uses it has been enqueued on `s`, with `keep` (may be
+  // null) held until that work has run. A null block only holds `keep`. If no event can be
+  // recorded, waits for the stream instead (a host wait, bounded by the runtime's).
+  void Release(Block b, Stream s, std::shared_ptr<const void> keep = nullptr);
+
+  // scapeCommAbort: teardown then waits kAbandonWaitMs at most for the work in flight.
+  void Abandon() { abandoned_.store(true); }
+
+  // For tests: blocks the pool owns (retired or idle), and allocations made so far.
+  size_t BlocksHeld();
+  uint64_t Allocations() const { return allocs_.load(); }
+
+ private:
+  struct Retired {
+    Block b;           // d == nullptr: taken again on its stream, or none (keep only)
+    Event ev = nullptr;
+    Stream s = nullptr;
+    bool idle = false;  // ev has completed
+    std::shared_ptr<const void> keep;
+  };
+  // Marks the records whose event has completed idle (dropping what they kept); frees the
+  // idle blocks beyond kMaxIdle, smallest first. With `teardown`, frees every finished block
+  // and waits (up to the deadline, unless abandoned) for the rest.
+  void SweepLocked(bool teardown);
+  void FreeLocked(Retired* r);
+
+  Runtime* const rt_;
+  const int timeoutMs_;
+  std::atomic<bool> abandoned_{false};
+  std::atomic<uint64_t> allocs_{0};
+  std::mutex mu_;
+  std::vector<Retired> retired_;
+};
+
+}  // namespace device
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_DEVICE_DEVICE_POOL_H_
