@@ -870,7 +870,13 @@ SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimCo
                                          scapeComm_t comm);
 
 /** Destroys an optimizer and its mask (waiting, within the timeout, for a sync in flight).
- *  NULL is a no-op. */
+ *  NULL is a no-op.
+ *
+ *  Handles: every optimizer call looks its handle up first (as for communicators and masks).
+ *  A destroyed optimizer (this call, or scapeCommAbort of its communicator), a second destroy,
+ *  or a pointer that is not an optimizer handle is scapeInvalidArgument ("optim is not a live
+ *  optimizer"; message in scapeGetLastError(NULL)) from every optimizer call, never a crash;
+ *  the mask of a destroyed optimizer is dead as well (the mask calls refuse it). */
 SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim);
 
 /** Sets the learning rate of the following steps (>= 0, finite; every rank the same). */
@@ -964,9 +970,11 @@ typedef struct {
                             the first step) */
   uint64_t denseCount; /**< positions of always-dense segments (always in the mask) */
   /* Bytes this rank sent in the last step, by category (ring volumes of the collectives:
-   * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves). */
+   * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves).
+   * maskBytes + payloadBytes + denseBytes + controlBytes is everything the step sent. */
   uint64_t maskBytes;      /**< encoded part of the last completed mask sync */
-  uint64_t payloadBytes;   /**< values of sparse positions (payload, and the all-gather) */
+  uint64_t payloadBytes;   /**< values of sparse positions (the payload exchange and, sharded,
+                                the all-gather of the updated (param, momentum) pairs) */
   uint64_t denseBytes;     /**< values of always-dense positions */
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
@@ -974,6 +982,10 @@ typedef struct {
   uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
+  /* Appended fields (the order above is the ABI's). */
+  uint64_t controlBytes; /**< the step's small control exchanges: sharded host step, the
+                              all-gather of the per-owner norm partials (one double per rank:
+                              8(P-1) bytes); 0 for the replicated and the device step */
 } scapeOptimInfo_t;
 
 /** Fills *info. Local. */

@@ -13,6 +13,14 @@
 #include "plugin/optim/optim.h"
 
 struct scapeOptim {
+  // In the handle registry from creation to destruction (api_internal.h), so that a destroyed
+  // or foreign handle is refused by every entry point before anything is read through it.
+  scapeOptim() { scape::api::RegisterHandle(this, scape::api::HandleKind::kOptim); }
+  ~scapeOptim() { scape::api::UnregisterHandle(this); }
+  static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
+  static void operator delete(void* p) {
+    scape::api::QuarantineFree(p, scape::api::HandleKind::kOptim);
+  }
   std::unique_ptr<scape::Optimizer> impl;
   scapeComm* comm = nullptr;
   scapeMask* mask = nullptr;  // registered in comm->masks; destroyed with the optimizer
@@ -25,10 +33,19 @@ using scape::StrFormat;
 using scape::api::CheckComm;
 using scape::api::Guard;
 
-scapeComm* CommOf(scapeOptim* o) { return o && o->impl ? o->comm : nullptr; }
+bool OptimLive(scapeOptim* o) {
+  return scape::api::HandleLive(o, scape::api::HandleKind::kOptim) && o->impl;
+}
+
+// Looked up in the registry before anything is read through the handle.
+scapeComm* CommOf(scapeOptim* o) { return OptimLive(o) ? o->comm : nullptr; }
 
 Status CheckOptim(scapeOptim* o) {
-  if (!o || !o->impl) return scape::InvalidArgument("optim is NULL");
+  if (!o) return scape::InvalidArgument("optim is NULL");
+  if (!OptimLive(o))
+    return scape::InvalidArgument(
+        "optim is not a live optimizer (destroyed, its communicator was aborted, or not made "
+        "by scapeOptimCreate)");
   return Status::Ok();
 }
 

@@ -451,10 +451,11 @@ Status Optimizer::Step(float* theta, const float* g) {
     payloadBytes_ = RingAllReduce(ks_ * esz, nranks_);
     denseBytes_ = RingAllReduce(kd * esz, nranks_);
   } else {
-    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_) +
-                    8 * static_cast<uint64_t>(nranks_ - 1);
+    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_);
     denseBytes_ = RingHalf(kd * esz, nranks_) + RingHalf(kd * 8, nranks_);
   }
+  // The all-gather of the norm partials (one double per rank): counted apart, not as payload.
+  controlBytes_ = sharded ? 8 * static_cast<uint64_t>(nranks_ - 1) : 0;
   KeepSupport();
   ++step_;
   return Status::Ok();
@@ -470,6 +471,7 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.maskBytes = maskBytes_;
   x.payloadBytes = payloadBytes_;
   x.denseBytes = denseBytes_;
+  x.controlBytes = controlBytes_;
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
   x.stateBytes = 8 * layout_.n;
@@ -699,7 +701,7 @@ Status Optimizer::Load(const void* buf, size_t size) {
   }
   step_ = st;
   hyper_ = h;
-  maskBytes_ = payloadBytes_ = denseBytes_ = 0;
+  maskBytes_ = payloadBytes_ = denseBytes_ = controlBytes_ = 0;
   // The checkpoint's momentum lives on its current mask (the mask of the step before the save;
   // the full mask of step 0 when no step ran), which is current again now.
   BuildRuns();

@@ -123,6 +123,7 @@ class Optimizer {
 
   // Last step's figures (scapeOptimInfo_t).
   uint64_t maskBytes_ = 0, payloadBytes_ = 0, denseBytes_ = 0;
+  uint64_t controlBytes_ = 0;  // the step's small control exchanges (scapeOptimInfo_t)
   double gradNorm_ = 0.0;
   float clipScale_ = 1.0f;
   double phase_[scapeOptimNumPhases] = {};

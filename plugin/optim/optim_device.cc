@@ -354,6 +354,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     payloadBytes_ = 2 * ring(ks_ * esz);
     denseBytes_ = 2 * ring(kd * esz);
   }
+  controlBytes_ = 0;  // the norm partials stay on this rank (no exchange)
   KeepSupport();
   ++step_;
   // Start the next mask's sync now if the selection is already done (no wait).

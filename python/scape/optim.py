@@ -47,6 +47,8 @@ class _OptimInfo(Structure):
         ("payloadBytes", c_uint64), ("denseBytes", c_uint64), ("gradNorm", c_double),
         ("clipScale", c_float), ("stateBytes", c_uint64), ("maskStateBytes", c_uint64),
         ("scratchBytes", c_uint64), ("phaseSeconds", c_double * NUM_PHASES),
+        # appended fields (scape.h keeps the order)
+        ("controlBytes", c_uint64),
     ]
 
 
@@ -198,15 +200,16 @@ class _Group:
     def info(self) -> StepInfo:
         if self.handle is None:
             return StepInfo(step=0, bytes_sent=0, mask_bytes=0, payload_bytes=0,
-                            dense_bytes=0, density=1.0, next_density=1.0, mask_count=0)
+                            dense_bytes=0, control_bytes=0, density=1.0, next_density=1.0,
+                            mask_count=0)
         i = _OptimInfo()
         self._check(_L().scapeOptimGetInfo(self.handle, byref(i)), "scapeOptimGetInfo")
         return StepInfo(
             step=int(i.step), density=float(i.density), next_density=float(i.nextDensity),
             mask_count=int(i.maskCount), dense_count=int(i.denseCount),
             mask_bytes=int(i.maskBytes), payload_bytes=int(i.payloadBytes),
-            dense_bytes=int(i.denseBytes),
-            bytes_sent=int(i.maskBytes + i.payloadBytes + i.denseBytes),
+            dense_bytes=int(i.denseBytes), control_bytes=int(i.controlBytes),
+            bytes_sent=int(i.maskBytes + i.payloadBytes + i.denseBytes + i.controlBytes),
             grad_norm=float(i.gradNorm), clip_scale=float(i.clipScale),
             state_bytes=int(i.stateBytes), mask_state_bytes=int(i.maskStateBytes),
             scratch_bytes=int(i.scratchBytes),
@@ -439,7 +442,8 @@ class ScapeAdamS(torch.optim.Optimizer):
         return [g.info() for g in self._groups]
 
     def bytes_sent(self) -> int:
-        """Bytes this rank sent in the last step, all groups (mask + payload + dense)."""
+        """Bytes this rank sent in the last step, all groups (mask + payload + dense +
+        control)."""
         return sum(i["bytes_sent"] for i in self.info())
 
     def flat_parameters(self) -> List[torch.Tensor]:
