@@ -883,6 +883,32 @@ SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim);
 SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
 
 /**
+ * @brief Sets the per-step hyperparameters between steps (what an LR / momentum scheduler
+ * changes: torch's OneCycleLR cycles beta1, for example).
+ *
+ * scapeOptimSetHyperparams sets all five at once; scapeOptimSetBeta1, scapeOptimSetBeta2,
+ * scapeOptimSetEps and scapeOptimSetWeightDecay set one and keep the others. The rules are
+ * scapeOptimSetLr's and the configuration's: lr and eps finite and >= 0, 0 <= beta1 < 1,
+ * 0 <= beta2 < 1, weightDecay finite and >= 0, and lr * weightDecay < 1 for the values in
+ * force after the call (set lr and weightDecay together with scapeOptimSetHyperparams when
+ * both change). Local calls: every rank must set the same values before its next step.
+ * The values take effect from the next step on and are saved in checkpoints (scapeOptimLoad
+ * restores the checkpoint's). What the step reads of them: beta1 in the candidate
+ * (c = b1*m + (1-b1)*g + e) and in the gradient recovery of the same step, beta2, eps, lr and
+ * weightDecay in the update; the next step uses the values in force when it is called.
+ * Changing a value between steps changes nothing else (momentum, residual and masks stay).
+ *
+ * @return scapeSuccess; scapeInvalidArgument (not a live optimizer; a value out of range, the
+ *         message names it: "beta1 = 1: expected 0 <= beta1 < 1"; nothing was changed).
+ */
+SCAPE_API scapeResult_t scapeOptimSetHyperparams(scapeOptim_t optim, float lr, float beta1,
+                                                 float beta2, float eps, float weightDecay);
+SCAPE_API scapeResult_t scapeOptimSetBeta1(scapeOptim_t optim, float beta1);
+SCAPE_API scapeResult_t scapeOptimSetBeta2(scapeOptim_t optim, float beta2);
+SCAPE_API scapeResult_t scapeOptimSetEps(scapeOptim_t optim, float eps);
+SCAPE_API scapeResult_t scapeOptimSetWeightDecay(scapeOptim_t optim, float weightDecay);
+
+/**
  * One SCAPE-AdamS step (all phases above). Collective: every rank calls it, in the same order
  * as its other collectives on the communicator.
  *

@@ -221,6 +221,57 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr) {
 
 namespace {
 
+// A setter of per-step hyperparameters: the optimizer's current ones, `edit`ed, validated
+// together (so lr * weightDecay < 1 holds for the pair in force), then in force from the next
+// step. A refused value changes nothing.
+template <typename F>
+scapeResult_t SetHyperparams(scapeOptim_t optim, const char* fn, F&& edit) {
+  return Guard(CommOf(optim), fn, [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    scape::OptimHyper h = optim->impl->hyper();
+    edit(&h);
+    return optim->impl->SetHyper(h);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+SCAPE_API scapeResult_t scapeOptimSetHyperparams(scapeOptim_t optim, float lr, float beta1,
+                                                 float beta2, float eps, float weightDecay) {
+  return SetHyperparams(optim, "scapeOptimSetHyperparams", [&](scape::OptimHyper* h) {
+    h->lr = lr;
+    h->beta1 = beta1;
+    h->beta2 = beta2;
+    h->eps = eps;
+    h->weightDecay = weightDecay;
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetBeta1(scapeOptim_t optim, float beta1) {
+  return SetHyperparams(optim, "scapeOptimSetBeta1",
+                        [&](scape::OptimHyper* h) { h->beta1 = beta1; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetBeta2(scapeOptim_t optim, float beta2) {
+  return SetHyperparams(optim, "scapeOptimSetBeta2",
+                        [&](scape::OptimHyper* h) { h->beta2 = beta2; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetEps(scapeOptim_t optim, float eps) {
+  return SetHyperparams(optim, "scapeOptimSetEps", [&](scape::OptimHyper* h) { h->eps = eps; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetWeightDecay(scapeOptim_t optim, float weightDecay) {
+  return SetHyperparams(optim, "scapeOptimSetWeightDecay",
+                        [&](scape::OptimHyper* h) { h->weightDecay = weightDecay; });
+}
+
+}  // extern "C"
+
+namespace {
+
 // The checks every step form makes; *device: the buffers are device (or managed) memory.
 Status CheckStepArgs(scapeOptim_t optim, float* params, const float* grads, uint64_t count,
                      bool* device) {

@@ -226,6 +226,12 @@ Status Optimizer::SetLr(float lr) {
   return Status::Ok();
 }
 
+Status Optimizer::SetHyper(const OptimHyper& h) {
+  SCAPE_RETURN_IF_ERROR(ValidateHyper(h));
+  hyper_ = h;
+  return Status::Ok();
+}
+
 double Optimizer::Density(int64_t t) const {
   if (t <= 0) return 1.0;
   if (hyper_.warmupSteps > 0 && t < hyper_.warmupSteps)

@@ -57,6 +57,10 @@ class Optimizer {
 
   uint64_t n() const { return layout_.n; }
   Status SetLr(float lr);
+  // The hyperparameters in force; SetHyper replaces the per-step ones (lr, beta1, beta2, eps,
+  // weight decay; the caller leaves the others as hyper() has them) after ValidateHyper.
+  const OptimHyper& hyper() const { return hyper_; }
+  Status SetHyper(const OptimHyper& h);
   // theta and g: n floats each, validated by the caller.
   Status Step(float* theta, const float* g);
   // The device step (optim_device.cc): dTheta and dG are n floats of device memory, validated

@@ -76,6 +76,8 @@ def _L() -> ctypes.CDLL:
         d("scapeOptimCreate", POINTER(p), POINTER(_OptimConfig), p)
         d("scapeOptimDestroy", p)
         d("scapeOptimSetLr", p, c_float)
+        if _lib.has_symbol("scapeOptimSetHyperparams"):
+            d("scapeOptimSetHyperparams", p, c_float, c_float, c_float, c_float, c_float)
         d("scapeOptimStep", p, p, p, c_uint64)
         d("scapeOptimGetInfo", p, POINTER(_OptimInfo))
         d("scapeOptimGetMask", p, POINTER(p))
@@ -86,11 +88,44 @@ def _L() -> ctypes.CDLL:
     return L
 
 
+def _f32(x: float) -> float:
+    return c_float(x).value
+
+
+def _step_hyper(group: Dict[str, Any]) -> tuple:
+    """A group's per-step hyperparameters (lr, beta1, beta2, eps, weight_decay) as the fp32
+    values the library holds, checked with the library's rules (the error names the key)."""
+    try:
+        lr = float(group["lr"])
+    except (TypeError, ValueError):
+        raise bad_arg("lr", f"expected a float, got {group['lr']!r}") from None
+    if not (lr >= 0.0 and lr != float("inf")):
+        raise bad_arg("lr", f"must be finite and >= 0, got {group['lr']!r}")
+    betas = group["betas"]
+    try:
+        b1, b2 = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise bad_arg("betas", f"expected two floats, got {betas!r}") from None
+    if not (0.0 <= _f32(b1) < 1.0 and 0.0 <= _f32(b2) < 1.0):
+        raise bad_arg("betas", f"expected two values in [0, 1), got {betas!r}")
+    out = [lr, b1, b2]
+    for k in ("eps", "weight_decay"):
+        try:
+            v = float(group[k])
+        except (TypeError, ValueError):
+            raise bad_arg(k, f"expected a float, got {group[k]!r}") from None
+        if not (v >= 0.0 and v != float("inf")):
+            raise bad_arg(k, f"must be finite and >= 0, got {group[k]!r}")
+        out.append(v)
+    return tuple(_f32(v) for v in out)
+
+
 class StepInfo(dict):
     """What one parameter group's optimizer did in the last step (``scapeOptimGetInfo``), as a
     dict with keys: step, density, next_density, mask_count, dense_count, mask_bytes,
-    payload_bytes, dense_bytes, bytes_sent (the sum of the three), grad_norm, clip_scale,
-    state_bytes, mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name)."""
+    payload_bytes, dense_bytes, control_bytes (the sharded step's all-gather of the norm
+    partials), bytes_sent (the sum of the four), grad_norm, clip_scale, state_bytes,
+    mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name)."""
 
 
 def dense_by_default(param: torch.Tensor) -> bool:
@@ -127,6 +162,8 @@ class _Group:
                 p.grad = self.grad[a:b].view_as(p)
         self.fixed = {k: group[k] for k in ScapeAdamS._FIXED if k in group}
         self.lr = float(group["lr"])
+        # the per-step hyperparameters in force in the library, as fp32 (see set_hyper)
+        self.hyper = _step_hyper(group)
         if self.n:
             self._create(group)
 
@@ -168,6 +205,22 @@ class _Group:
     def _check(self, code: int, fn: str) -> None:
         if code != SUCCESS:
             raise self.comm._error(code, fn)
+
+    def set_hyper(self, hyper: tuple) -> None:
+        """Pushes (lr, beta1, beta2, eps, weight_decay) to the library when any differs from
+        what is in force (one local call, scapeOptimSetHyperparams)."""
+        if self.handle is None or hyper == self.hyper:
+            return
+        L = _L()
+        if not _lib.has_symbol("scapeOptimSetHyperparams"):  # an older library: lr only
+            if self.hyper is not None and hyper[1:] != self.hyper[1:]:
+                raise InvalidUsageError(f"the loaded library ({_lib.library_path()}) can only "
+                                        f"change lr between steps: rebuild it",
+                                        function="ScapeAdamS.step")
+            return  # step() sets lr
+        self._check(L.scapeOptimSetHyperparams(self.handle, *hyper), "scapeOptimSetHyperparams")
+        self.hyper = hyper
+        self.lr = hyper[0]
 
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
@@ -237,6 +290,7 @@ class _Group:
         # the checkpoint's hyperparameters are now in force; make the group's lr the one used
         self._check(_L().scapeOptimSetLr(self.handle, float(lr)), "scapeOptimSetLr")
         self.lr = lr
+        self.hyper = None  # unknown: the next step pushes the group's values
 
     def destroy(self) -> None:
         if self.handle is not None:
@@ -293,13 +347,25 @@ class ScapeAdamS(torch.optim.Optimizer):
             construction (default True), so all ranks start identical.
 
     One library optimizer (and one exchange per step) is created per parameter group, so
-    groups may differ in every hyperparameter. After construction, only ``lr`` of a group may
-    change; changing another hyperparameter raises at the next step.
+    groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
+    ``weight_decay`` are read from each param group at every step, as torch optimizers do, so
+    schedulers that change them work (``OneCycleLR`` with ``cycle_momentum=True`` cycles
+    beta1); every rank must set the same values. The other keywords are fixed at construction
+    (changing one raises at the next step).
+
+    Mixed precision with ``torch.cuda.amp.GradScaler``: ``scaler.scale(loss).backward()``,
+    ``scaler.step(optimizer)``, ``scaler.update()``. ``scaler.step`` unscales the gradients in
+    place through ``param_groups`` (they are views into the flat buffer the library reads) and
+    calls ``step()`` only when they are finite on this rank; see docs/python.md for the rule
+    every rank must follow.
     """
 
-    _FIXED = ("betas", "eps", "weight_decay", "density", "warmup_steps", "max_grad_norm",
-              "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
-              "dense")
+    # torch's GradScaler hands itself to step() (grad_scaler=...) instead of skipping the call
+    # on the ranks that found an inf: see _amp_skip.
+    _step_supports_amp_scaling = True
+
+    _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
+              "sharded", "mask_ownership", "mask_encoding", "dense")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -411,22 +477,51 @@ class ScapeAdamS(torch.optim.Optimizer):
             g.grad.zero_()
             g.sync_views()
 
+    def _amp_skip(self, scaler: Any) -> bool:
+        """``GradScaler.step(optimizer)``: unscales the gradients (unless ``unscale_`` was
+        called already), agrees over the communicator whether any rank found an inf or NaN
+        (one all-reduce of one float), and records the agreed answer as this rank's
+        ``found_inf`` so that ``scaler.update()`` moves the scale identically on every rank.
+        True: every rank skips this step (GradScaler's rule, made collective)."""
+        states = getattr(scaler, "_per_optimizer_states", None)
+        if states is None or not hasattr(scaler, "unscale_"):
+            raise bad_arg("grad_scaler", f"expected a torch GradScaler, got "
+                                         f"{type(scaler).__name__}", type_error=True)
+        st = states[id(self)]
+        if not st["found_inf_per_device"]:
+            scaler.unscale_(self)
+        found = st["found_inf_per_device"]
+        local = any(float(t.sum()) != 0.0 for t in found.values())
+        flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float32)
+        self._comm.all_reduce(flag, op="max")
+        agreed = float(flag[0]) != 0.0
+        for t in found.values():
+            t.fill_(1.0 if agreed else 0.0)
+        return agreed
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Optional[Callable[[], float]] = None,
+             grad_scaler: Any = None) -> Optional[float]:
         """One SCAPE-AdamS step over every group (collective: every rank calls it). Reads each
-        group's current ``lr``. Returns the closure's loss, if a closure was given."""
+        group's current ``lr``, ``betas``, ``eps`` and ``weight_decay``. Returns the closure's
+        loss, if a closure was given. ``grad_scaler`` is passed by ``GradScaler.step`` (do not
+        pass it yourself): the step is then skipped on every rank when any rank's unscaled
+        gradients are not finite."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if grad_scaler is not None and self._amp_skip(grad_scaler):
+            return loss
         for pg, g in zip(self.param_groups, self._groups):
             for k, v in g.fixed.items():
                 if pg.get(k) != v:
                     raise bad_arg(k, f"changed from {v!r} to {pg.get(k)!r} after construction; "
-                                     f"only lr may change (the library optimizer is fixed)")
-            lr = float(pg["lr"])
-            if not lr >= 0.0:
-                raise bad_arg("lr", f"must be >= 0, got {pg['lr']!r}")
+                                     f"only lr, betas, eps and weight_decay may change (the "
+                                     f"library optimizer's layout and schedule are fixed)")
+            hyper = _step_hyper(pg)
+            g.set_hyper(hyper)
+            lr = hyper[0]
             g.sync_views()
             g.step(lr)
         return loss
