@@ -4,6 +4,7 @@
 // gradients. Over real UCX on loopback, like optim_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -155,9 +156,9 @@ uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * 
 uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
 
 // The byte counters say what they count: replicated, the payload all-reduce (sparse and dense
-// positions apart) and no control bytes; sharded, the reduce-scatter of the payload and the
-// all-gather of the (param, momentum) pairs, and the all-gather of the norm partials in
-// controlBytes (8(P-1)), not in payloadBytes.
+// positions apart); sharded, the reduce-scatter of the payload and the all-gather of the
+// (param, momentum) pairs. controlBytes: the non-finite agreement (8(P-1)) and, sharded, the
+// all-gather of the norm partials (8(P-1) more), not in payloadBytes.
 TEST(OptimCounters, BytesByCategory) {
   for (int P : {1, 2, 3}) {
     RunResult res = RunRanks(P, [&](RankCtx& c) {
@@ -172,6 +173,7 @@ TEST(OptimCounters, BytesByCategory) {
           scapeOptimInfo_t info;
           EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
           EXPECT_EQ(info.controlBytes, 0u) << "before the first step";
+          EXPECT_EQ(info.skippedSteps, 0);
           std::vector<float> theta = Theta(n);
           const uint64_t esz = pt == scapeFloat32 ? 4 : 2;
           for (int step = 0; step < 6; ++step) {
@@ -184,11 +186,11 @@ TEST(OptimCounters, BytesByCategory) {
             if (own == scapeOptimReplicated) {
               EXPECT_EQ(info.payloadBytes, RingAllReduce(ks * esz, P));
               EXPECT_EQ(info.denseBytes, RingAllReduce(kd * esz, P));
-              EXPECT_EQ(info.controlBytes, 0u);
+              EXPECT_EQ(info.controlBytes, 8u * static_cast<uint64_t>(P - 1));  // agreement
             } else {
               EXPECT_EQ(info.payloadBytes, RingHalf(ks * esz, P) + RingHalf(ks * 8, P));
               EXPECT_EQ(info.denseBytes, RingHalf(kd * esz, P) + RingHalf(kd * 8, P));
-              EXPECT_EQ(info.controlBytes, 8u * static_cast<uint64_t>(P - 1));
+              EXPECT_EQ(info.controlBytes, 16u * static_cast<uint64_t>(P - 1));  // + norms
             }
           }
           EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
@@ -363,6 +365,225 @@ TEST(OptimHyper, BadValuesAreRefusedAndChangeNothing) {
     return true;
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+std::vector<uint8_t> Checkpoint(scapeOptim_t opt, scapeComm_t comm) {
+  size_t sz = 0, w = 0;
+  EXPECT_SCAPE_OK(scapeOptimCheckpointSize(opt, &sz), comm);
+  std::vector<uint8_t> b(sz);
+  EXPECT_SCAPE_OK(scapeOptimSave(opt, b.data(), b.size(), &w), comm);
+  b.resize(w);
+  return b;
+}
+
+// The current mask of `opt` (all ranks' parts).
+std::vector<uint64_t> CurrentMask(scapeOptim_t opt, scapeComm_t comm) {
+  scapeMask_t m = nullptr;
+  EXPECT_SCAPE_OK(scapeOptimGetMask(opt, &m), comm);
+  uint64_t k = 0;
+  EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), comm);
+  std::vector<uint64_t> idx(k);
+  EXPECT_SCAPE_OK(scapeMaskGetIndices(m, idx.data(), k), comm);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+constexpr int kBadStep = 4, kSteps = 8;
+
+// One inf or NaN in one rank's gradients (inside or outside the mask the step would use): the
+// step is skipped on every rank, every byte of the parameters and of the checkpoint stays, the
+// step counter stays, skippedSteps counts it, and the following finite steps give the bits of a
+// run that never saw the bad step.
+void NonFiniteCase(int P, int ownership) {
+  RunResult res = RunRanks(P, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    const int badRank = P - 1;
+    for (scapeDataType_t pt : {scapeFloat32, scapeBfloat16}) {
+      const scapeOptimConfig_t cfg = Config(l, ownership, pt);
+      // The run that never sees the bad step, and the mask its step kBadStep used.
+      scapeOptim_t ref = nullptr;
+      EXPECT_SCAPE_OK(scapeOptimCreate(&ref, &cfg, c.comm), c.comm);
+      if (!ref) return false;
+      std::vector<std::vector<float>> refTheta;
+      std::vector<float> t = Theta(n);
+      std::vector<uint64_t> maskAtBad;
+      for (int s = 0; s < kSteps; ++s) {
+        t = Steps(ref, c.comm, c.rank, s, 1, t);
+        refTheta.push_back(t);
+        if (s == kBadStep) maskAtBad = CurrentMask(ref, c.comm);
+      }
+      const std::vector<uint8_t> refEnd = Checkpoint(ref, c.comm);
+      EXPECT_SCAPE_OK(scapeOptimDestroy(ref), c.comm);
+      const uint64_t inside = 705;  // an always-dense segment: always in the mask
+      uint64_t outside = 1000;      // a sparse position the mask of kBadStep left out
+      while (std::binary_search(maskAtBad.begin(), maskAtBad.end(), outside)) ++outside;
+      EXPECT_TRUE(std::binary_search(maskAtBad.begin(), maskAtBad.end(), inside));
+      EXPECT_LT(maskAtBad.size(), n / 2) << "the mask is not sparse at the bad step";
+
+      for (int where = 0; where < 2; ++where)
+        for (float bad : {INFINITY, -INFINITY, NAN}) {
+          const uint64_t pos = where == 0 ? inside : outside;
+          SCOPED_TRACE(testing::Message() << "payload " << pt << (where ? " outside" : " inside")
+                                          << " the mask, value " << bad);
+          scapeOptim_t opt = nullptr;
+          EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+          if (!opt) return false;
+          std::vector<float> theta = Steps(opt, c.comm, c.rank, 0, kBadStep, Theta(n));
+          EXPECT_EQ(std::memcmp(theta.data(), refTheta[kBadStep - 1].data(), 4 * n), 0);
+          const std::vector<uint8_t> before = Checkpoint(opt, c.comm);
+          const std::vector<float> thetaBefore = theta;
+          // The bad step: rank badRank's gradient at pos is not finite, the rest as usual.
+          std::vector<float> g = Grads(77, c.rank, kBadStep, n);
+          if (c.rank == badRank) g[pos] = bad;
+          EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
+          EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0)
+              << "the skipped step changed the parameters";
+          EXPECT_TRUE(Checkpoint(opt, c.comm) == before)
+              << "the skipped step changed the checkpointable state";
+          scapeOptimInfo_t info;
+          EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+          EXPECT_EQ(info.step, kBadStep);
+          EXPECT_EQ(info.skippedSteps, 1);
+          EXPECT_TRUE(std::isnan(info.gradNorm));
+          EXPECT_EQ(info.controlBytes, 8u * static_cast<uint64_t>(P - 1));
+          EXPECT_EQ(info.payloadBytes, 0u);
+          // The same step again with finite gradients, and the rest: the reference's bits.
+          for (int s = kBadStep; s < kSteps; ++s) {
+            theta = Steps(opt, c.comm, c.rank, s, 1, theta);
+            EXPECT_EQ(std::memcmp(theta.data(), refTheta[static_cast<size_t>(s)].data(), 4 * n), 0)
+                << "step " << s << " after the skip differs from the run without it";
+          }
+          EXPECT_TRUE(Checkpoint(opt, c.comm) == refEnd) << "the end state differs";
+          EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+          EXPECT_EQ(info.step, kSteps);
+          EXPECT_EQ(info.skippedSteps, 1);
+          EXPECT_TRUE(SameOnAllRanks(c, theta));
+          EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+        }
+    }
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+}
+
+class OptimNonFinite : public ::testing::TestWithParam<int> {};
+TEST_P(OptimNonFinite, ReplicatedSkipsOnEveryRank) {
+  NonFiniteCase(GetParam(), scapeOptimReplicated);
+}
+TEST_P(OptimNonFinite, ShardedSkipsOnEveryRank) { NonFiniteCase(GetParam(), scapeOptimSharded); }
+INSTANTIATE_TEST_SUITE_P(Ranks, OptimNonFinite, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "P" + std::to_string(i.param);
+                         });
+
+// nonFinite = Error: every rank fails with scapeInvalidArgument naming the rank (and, on that
+// rank, the position), and nothing changes; the run then continues as if the call never was.
+TEST(OptimNonFiniteOptions, ErrorModeFailsOnEveryRankAndChangesNothing) {
+  RunResult res = RunRanks(3, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    scapeOptimConfig_t cfg = Config(l);
+    cfg.nonFinite = scapeOptimNonFiniteError;
+    scapeOptim_t ref = nullptr, opt = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&ref, &cfg, c.comm), c.comm);
+    EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+    if (!ref || !opt) return false;
+    const std::vector<float> a = Steps(ref, c.comm, c.rank, 0, 6, Theta(n));
+    std::vector<float> theta = Steps(opt, c.comm, c.rank, 0, 3, Theta(n));
+    const std::vector<uint8_t> before = Checkpoint(opt, c.comm);
+    const std::vector<float> thetaBefore = theta;
+    std::vector<float> g = Grads(77, c.rank, 3, n);
+    if (c.rank == 1) g[2345] = NAN;
+    EXPECT_EQ(scapeOptimStep(opt, theta.data(), g.data(), n), scapeInvalidArgument);
+    const std::string msg = scapeGetLastError(c.comm);
+    EXPECT_NE(msg.find("rank 1 are not finite"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("scapeOptimNonFiniteError"), std::string::npos) << msg;
+    if (c.rank == 1) EXPECT_NE(msg.find("grads[2345] = nan"), std::string::npos) << msg;
+    EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
+    EXPECT_TRUE(Checkpoint(opt, c.comm) == before);
+    scapeOptimInfo_t info;
+    EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+    EXPECT_EQ(info.step, 3);
+    EXPECT_EQ(info.skippedSteps, 0);
+    theta = Steps(opt, c.comm, c.rank, 3, 3, theta);
+    EXPECT_EQ(std::memcmp(theta.data(), a.data(), 4 * n), 0);
+    // A bad value for nonFinite is refused at create.
+    cfg.nonFinite = 2;
+    scapeOptim_t x = nullptr;
+    EXPECT_EQ(scapeOptimCreate(&x, &cfg, c.comm), scapeInvalidArgument);
+    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("nonFinite"), std::string::npos);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(ref), c.comm);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The same agreement refuses per-step hyperparameters that differ between ranks, on every
+// rank, before anything changes.
+TEST(OptimNonFiniteOptions, RanksWithDifferentHyperparametersAreRefused) {
+  RunResult res = RunRanks(2, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    const scapeOptimConfig_t cfg = Config(l);
+    scapeOptim_t opt = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+    if (!opt) return false;
+    std::vector<float> theta = Steps(opt, c.comm, c.rank, 0, 2, Theta(n));
+    const std::vector<uint8_t> before = Checkpoint(opt, c.comm);
+    const std::vector<float> thetaBefore = theta;
+    if (c.rank == 1) EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.8f), c.comm);
+    std::vector<float> g = Grads(77, c.rank, 2, n);
+    EXPECT_EQ(scapeOptimStep(opt, theta.data(), g.data(), n), scapeInvalidUsage);
+    EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("per-step hyperparameters"),
+              std::string::npos)
+        << scapeGetLastError(c.comm);
+    EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
+    if (c.rank == 1) EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.9f), c.comm);
+    EXPECT_TRUE(Checkpoint(opt, c.comm) == before);  // (it holds the hyperparameters)
+    theta = Steps(opt, c.comm, c.rank, 2, 2, theta);
+    EXPECT_TRUE(SameOnAllRanks(c, theta));
+    EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// Finite gradients whose candidate overflows an fp16 payload (|c| > 65504) inside the mask: the
+// reduced payload is not finite on every rank; the update is left out (parameters, momentum,
+// step counter unchanged), counted as skipped; the run goes on with finite parameters.
+TEST(OptimNonFiniteOptions, PayloadOverflowAfterTheExchangeIsSkipped) {
+  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+    RunResult res = RunRanks(2, [&](RankCtx& c) {
+      Layout l;
+      const uint64_t n = l.n();
+      const scapeOptimConfig_t cfg = Config(l, own, scapeFloat16);
+      scapeOptim_t opt = nullptr;
+      EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+      if (!opt) return false;
+      std::vector<float> theta = Steps(opt, c.comm, c.rank, 0, 3, Theta(n));
+      const std::vector<float> thetaBefore = theta;
+      std::vector<float> g = Grads(77, c.rank, 3, n);
+      if (c.rank == 0) g[705] = 1e7f;  // finite; (1 - b1) * g = 1e6 > 65504
+      EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
+      EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
+      scapeOptimInfo_t info;
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+      EXPECT_EQ(info.step, 3);
+      EXPECT_EQ(info.skippedSteps, 1);
+      EXPECT_GT(info.payloadBytes, 0u);  // the exchange did run
+      theta = Steps(opt, c.comm, c.rank, 3, 4, theta);
+      for (float x : theta) EXPECT_TRUE(std::isfinite(x));
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+      EXPECT_EQ(info.step, 7);
+      EXPECT_EQ(info.skippedSteps, 1);
+      EXPECT_TRUE(SameOnAllRanks(c, theta));
+      EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+      return true;
+    });
+    EXPECT_TRUE(res.AllOk()) << "ownership " << own << ": " << res.Describe();
+  }
 }
 
 }  // namespace

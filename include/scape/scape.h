@@ -826,6 +826,9 @@ typedef enum {
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
+ *
+ * nonFinite: a scapeOptimNonFinite_t, what a step with an inf or NaN in some rank's gradients
+ * does (default scapeOptimNonFiniteSkip: skipped on every rank, nothing changes).
  */
 typedef struct {
   size_t size;    /**< sizeof(scapeOptimConfig_t); set by scapeOptimConfigInit */
@@ -847,7 +850,42 @@ typedef struct {
   int64_t warmupSteps;
   int payloadType;  /**< scapeDataType_t */
   int maskEncoding; /**< scapeMaskEncoding_t */
+  int nonFinite;    /**< scapeOptimNonFinite_t: a step with non-finite gradients (default: skip) */
 } scapeOptimConfig_t;
+
+/**
+ * What a step does when a rank's gradients hold an inf or NaN (config.nonFinite).
+ *
+ * Every step starts with an agreement (before anything of the state is written): each rank
+ * scans its gradients for a non-finite value (one read of the n gradients) and the ranks
+ * all-gather one 8-byte word each: that flag, and a fingerprint of the per-step
+ * hyperparameters (lr, beta1, beta2, eps, weightDecay), which must be the same on every rank
+ * (scapeInvalidUsage on every rank otherwise, nothing changed). If any rank's gradients are not
+ * finite, every rank then:
+ *  - scapeOptimNonFiniteSkip (default, what Megatron-LM and DeepSpeed do): skips the step.
+ *    Nothing of the parameters or of the checkpointable state changes (momentum, residual,
+ *    masks, the mask sync in flight, the step counter and with it the density schedule and the
+ *    bias correction); the call returns scapeSuccess and scapeOptimInfo_t.skippedSteps counts
+ *    it. The next step with finite gradients gives the bits of a run that never saw this one.
+ *  - scapeOptimNonFiniteError: fails with scapeInvalidArgument naming the rank(s) (and, on such
+ *    a rank, the first position and its value); nothing changes, nothing is counted.
+ * The agreement is its own exchange: no exchange of the step comes before its first state
+ * write (the candidate pass writes the residual), and undoing that write bit-exactly would need
+ * a copy of the residual every step (docs/ALGORITHM.md gives the cost measured for both).
+ *
+ * Finite gradients can still give a non-finite payload: a candidate beyond the payload type's
+ * range (fp16 holds |c| <= 65504) or an overflow of the average. Every rank sees it in the
+ * reduced payload (the gradient norm is not finite, the same on every rank), and the step is
+ * skipped (or fails, with Error) after the exchange: parameters, momentum, step counter and
+ * schedule are unchanged, but the residual and the masks have moved on (the residual holds +0
+ * where the payload was not finite). The device step (scapeOptimStepStream) checks its
+ * gradients on the device and waits on the host for the flag (see there).
+ */
+typedef enum {
+  scapeOptimNonFiniteSkip = 0,
+  scapeOptimNonFiniteError = 1,
+  scapeNumOptimNonFinite = 2
+} scapeOptimNonFinite_t;
 
 #define SCAPE_OPTIM_CONFIG_MAGIC 0x5CA90u
 
@@ -976,7 +1014,8 @@ SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, 
 
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
-  scapeOptimPhaseSyncWait = 0,  /**< waiting for the mask sync of the previous step, advance */
+  scapeOptimPhaseSyncWait = 0,  /**< the non-finite check and agreement (scapeOptimNonFinite_t),
+                                     waiting for the mask sync of the previous step, advance */
   scapeOptimPhaseCandidate = 1, /**< candidate + pack + residual (one fused pass) */
   scapeOptimPhaseSelect = 2,    /**< top-k of the owned part, start of the mask sync */
   scapeOptimPhaseExchange = 3,  /**< the values-only all-reduce (or reduce-scatter) */
@@ -1009,9 +1048,15 @@ typedef struct {
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
   /* Appended fields (the order above is the ABI's). */
-  uint64_t controlBytes; /**< the step's small control exchanges: sharded host step, the
-                              all-gather of the per-owner norm partials (one double per rank:
-                              8(P-1) bytes); 0 for the replicated and the device step */
+  uint64_t controlBytes; /**< the step's small control exchanges: the all-gather of the
+                              non-finite agreement (8 bytes per rank: 8(P-1) bytes), and in the
+                              sharded host step the all-gather of the per-owner norm partials
+                              (one double per rank: 8(P-1) bytes more) */
+  int64_t skippedSteps;  /**< steps skipped for non-finite gradients since the optimizer was
+                              made (scapeOptimNonFinite_t; not in checkpoints, kept by
+                              scapeOptimLoad). A skipped step leaves the other fields as the
+                              last completed step set them, except gradNorm (NaN), clipScale
+                              (1), the phase times and the byte counters (what it sent) */
 } scapeOptimInfo_t;
 
 /** Fills *info. Local. */

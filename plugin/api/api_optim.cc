@@ -98,6 +98,10 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
         StrFormat("config->maskEncoding = %d: expected a "
                   "scapeMaskEncoding_t (0..%d)",
                   c->maskEncoding, scapeNumMaskEncodings - 1));
+  if (c->nonFinite < 0 || c->nonFinite >= scapeNumOptimNonFinite)
+    return scape::InvalidArgument(
+        StrFormat("config->nonFinite = %d: expected a scapeOptimNonFinite_t (0..%d)", c->nonFinite,
+                  scapeNumOptimNonFinite - 1));
   scape::OptimHyper h;
   h.lr = c->lr;
   h.beta1 = c->beta1;
@@ -121,6 +125,7 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
                           : layout->ownership == scapeOptimSharded ? scapeOwnershipShards
                                                                    : scapeOwnershipSegments;
   layout->encoding = static_cast<scapeMaskEncoding_t>(c->maskEncoding);
+  layout->nonFinite = static_cast<scapeOptimNonFinite_t>(c->nonFinite);
   *hyper = h;
   return Status::Ok();
 }
@@ -162,6 +167,7 @@ SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
     c->warmupSteps = 0;
     c->payloadType = scapeFloat32;
     c->maskEncoding = scapeMaskEncodingAuto;
+    c->nonFinite = scapeOptimNonFiniteSkip;
     return Status::Ok();
   });
 }

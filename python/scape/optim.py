@@ -27,6 +27,7 @@ OPTIM_CONFIG_MAGIC = 0x5CA90
 NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
+NONFINITE = {"skip": 0, "error": 1}  # scapeOptimNonFinite_t
 
 
 class _OptimConfig(Structure):
@@ -37,6 +38,7 @@ class _OptimConfig(Structure):
         ("beta2", c_float), ("eps", c_float), ("weightDecay", c_float),
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
+        ("nonFinite", c_int),
     ]
 
 
@@ -48,7 +50,7 @@ class _OptimInfo(Structure):
         ("clipScale", c_float), ("stateBytes", c_uint64), ("maskStateBytes", c_uint64),
         ("scratchBytes", c_uint64), ("phaseSeconds", c_double * NUM_PHASES),
         # appended fields (scape.h keeps the order)
-        ("controlBytes", c_uint64),
+        ("controlBytes", c_uint64), ("skippedSteps", c_int64),
     ]
 
 
@@ -125,7 +127,8 @@ class StepInfo(dict):
     dict with keys: step, density, next_density, mask_count, dense_count, mask_bytes,
     payload_bytes, dense_bytes, control_bytes (the sharded step's all-gather of the norm
     partials), bytes_sent (the sum of the four), grad_norm, clip_scale, state_bytes,
-    mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name)."""
+    mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name), skipped_steps (steps
+    skipped for non-finite gradients since construction; a skipped step leaves ``step``)."""
 
 
 def dense_by_default(param: torch.Tensor) -> bool:
@@ -191,6 +194,7 @@ class _Group:
         cfg.warmupSteps = int(group["warmup_steps"])
         cfg.payloadType = int(group["payload_dtype"])
         cfg.maskEncoding = int(group["mask_encoding"])
+        cfg.nonFinite = NONFINITE[group["nonfinite"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -254,7 +258,7 @@ class _Group:
         if self.handle is None:
             return StepInfo(step=0, bytes_sent=0, mask_bytes=0, payload_bytes=0,
                             dense_bytes=0, control_bytes=0, density=1.0, next_density=1.0,
-                            mask_count=0)
+                            mask_count=0, skipped_steps=0)
         i = _OptimInfo()
         self._check(_L().scapeOptimGetInfo(self.handle, byref(i)), "scapeOptimGetInfo")
         return StepInfo(
@@ -265,7 +269,7 @@ class _Group:
             bytes_sent=int(i.maskBytes + i.payloadBytes + i.denseBytes + i.controlBytes),
             grad_norm=float(i.gradNorm), clip_scale=float(i.clipScale),
             state_bytes=int(i.stateBytes), mask_state_bytes=int(i.maskStateBytes),
-            scratch_bytes=int(i.scratchBytes),
+            scratch_bytes=int(i.scratchBytes), skipped_steps=int(i.skippedSteps),
             phase_seconds={PHASES[k]: float(i.phaseSeconds[k]) for k in range(NUM_PHASES)})
 
     def save(self) -> torch.Tensor:
@@ -345,6 +349,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             overrides it for that group.
         broadcast_parameters: broadcast rank 0's initial parameters to every rank at
             construction (default True), so all ranks start identical.
+        nonfinite: what a step does when some rank's gradients hold an inf or NaN: "skip"
+            (default, as Megatron-LM and DeepSpeed do: every rank skips the step, nothing of
+            the parameters or the optimizer state changes, ``info()[i]["skipped_steps"]``
+            counts it) or "error" (every rank raises ``scape.InvalidArgumentError`` naming the
+            rank; nothing changes).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
@@ -365,7 +374,7 @@ class ScapeAdamS(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
-              "sharded", "mask_ownership", "mask_encoding", "dense")
+              "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -375,7 +384,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                  mask_encoding: Union[MaskEncoding, str, int] = "auto",
                  mask_ownership: Union[None, Ownership, str, int] = None,
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
-                 broadcast_parameters: bool = True) -> None:
+                 broadcast_parameters: bool = True, nonfinite: str = "skip") -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -394,7 +403,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                         density=density, warmup_steps=warmup_steps, max_grad_norm=max_grad_norm,
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
-                        mask_ownership=mask_ownership, dense=None)
+                        mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -455,6 +464,10 @@ class ScapeAdamS(torch.optim.Optimizer):
         else:
             raise bad_arg("payload_dtype", f"{pd!r} is not float32, bfloat16 or float16")
         group["mask_encoding"] = to_enum(MaskEncoding, group["mask_encoding"], "mask_encoding")
+        nf = group["nonfinite"]
+        if not isinstance(nf, str) or nf.lower() not in NONFINITE:
+            raise bad_arg("nonfinite", f"{nf!r} is not 'skip' or 'error'")
+        group["nonfinite"] = nf.lower()
         group["sharded"] = bool(group["sharded"])
         if group["mask_ownership"] is not None:
             group["mask_ownership"] = to_enum(Ownership, group["mask_ownership"],

@@ -232,3 +232,51 @@ def case_optim_gradscaler(comm, steps=6, bad_step=3):
     h_all, _ = run("plain_all")
     return {"hash": h_scaler, "plain": h_plain, "disabled": h_disabled, "plain_all": h_all,
             "scales": scales}
+
+
+def case_optim_nonfinite(comm, steps=6, bad_step=3):
+    """An inf in the last rank's gradient at `bad_step`: nonfinite="skip" (default) skips the
+    step on every rank (parameters unchanged, counted in skipped_steps) and the run gives the
+    bits of one that never took it; nonfinite="error" raises on every rank, changing nothing."""
+    import scape
+
+    def run(mode: str):
+        m = _model()
+        kw = dict(KW)
+        if mode != "plain":
+            kw["nonfinite"] = mode
+        opt = ScapeAdamS(m.parameters(), comm, **kw)
+        err = None
+        for s in range(steps):
+            opt.zero_grad()
+            _loss(m, s, RANK).backward()
+            if s == bad_step:
+                if mode == "plain":
+                    continue
+                if RANK == SIZE - 1:
+                    next(m.parameters()).grad[0, 0] = float("inf")
+                before = _hash(opt.flat_parameters())
+                try:
+                    opt.step()
+                except scape.InvalidArgumentError as e:
+                    err = [type(e).__name__, str(e)]
+                assert _hash(opt.flat_parameters()) == before, "the bad step changed params"
+                info = opt.info()[0]
+                assert info["step"] == bad_step, info["step"]
+                assert info["skipped_steps"] == (1 if mode == "skip" else 0), info
+                continue
+            opt.step()
+        out = _hash(opt.flat_parameters())
+        skipped = opt.info()[0]["skipped_steps"]
+        opt.destroy()
+        return out, err, skipped
+
+    h_skip, e_skip, n_skip = run("skip")
+    h_err, e_err, _ = run("error")
+    h_plain, _, _ = run("plain")
+    try:
+        ScapeAdamS(_model().parameters(), comm, nonfinite="ignore")
+    except scape.InvalidArgumentError as e:
+        bad_kw = e.argument
+    return {"hash": h_skip, "plain": h_plain, "error_hash": h_err, "skip_error": e_skip,
+            "error": e_err, "skipped": n_skip, "bad_kw": bad_kw}

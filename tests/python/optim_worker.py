@@ -250,7 +250,7 @@ def case_optim_errors(comm):
 
 # the cases of test_optim_api.py join CASES
 from optim_api_worker import (case_optim_gradscaler, case_optim_hyper_errors,  # noqa: E402,F401
-                              case_optim_onecycle)
+                              case_optim_nonfinite, case_optim_onecycle)
 
 CASES = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}
 

@@ -1,6 +1,7 @@
 """ScapeAdamS as torch users expect of an optimizer (issue 22): every hyperparameter a scheduler
 may change is read at each step (OneCycleLR cycles beta1), checked against the C API driven
-directly; bad values raise naming the key; GradScaler skips a step on every rank together."""
+directly; bad values raise naming the key; GradScaler skips a step on every rank together;
+non-finite gradients skip the step on every rank (or raise, nonfinite="error")."""
 from __future__ import annotations
 
 import unittest
@@ -48,6 +49,22 @@ class GradScalerTest(unittest.TestCase):
                     # the disabled (CPU) GradScaler passes step() through (no bad step there)
                     self.assertEqual(r["disabled"], r["plain_all"])
                     self.assertNotEqual(r["plain_all"], r["plain"])
+
+
+class NonFiniteTest(unittest.TestCase):
+    def test_skip_by_default_error_on_request(self):
+        for n in (1, 2, 3):
+            with self.subTest(nranks=n):
+                res = run_ranks("optim_nonfinite", n, 6, 3, timeout=180)
+                self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                for r in res:
+                    self.assertEqual(r["hash"], r["plain"], "skip != a run without the step")
+                    self.assertEqual(r["error_hash"], r["plain"], "error mode changed the run")
+                    self.assertIsNone(r["skip_error"])
+                    self.assertEqual(r["skipped"], 1)
+                    self.assertEqual(r["error"][0], "InvalidArgumentError")
+                    self.assertIn(f"rank {n - 1} are not finite", r["error"][1])
+                    self.assertEqual(r["bad_kw"], "nonfinite")
 
 
 if __name__ == "__main__":
