@@ -509,7 +509,7 @@ TEST(OptimNonFiniteOptions, ErrorModeFailsOnEveryRankAndChangesNothing) {
     theta = Steps(opt, c.comm, c.rank, 3, 3, theta);
     EXPECT_EQ(std::memcmp(theta.data(), a.data(), 4 * n), 0);
     // A bad value for nonFinite is refused at create.
-    cfg.nonFinite = 2;
+    cfg.nonFinite = scapeNumOptimNonFinite;
     scapeOptim_t x = nullptr;
     EXPECT_EQ(scapeOptimCreate(&x, &cfg, c.comm), scapeInvalidArgument);
     EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("nonFinite"), std::string::npos);

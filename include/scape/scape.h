@@ -878,13 +878,22 @@ typedef struct {
  * reduced payload (the gradient norm is not finite, the same on every rank), and the step is
  * skipped (or fails, with Error) after the exchange: parameters, momentum, step counter and
  * schedule are unchanged, but the residual and the masks have moved on (the residual holds +0
- * where the payload was not finite). The device step (scapeOptimStepStream) checks its
- * gradients on the device and waits on the host for the flag (see there).
+ * where the payload was not finite). The device step computes that norm only with
+ * maxGradNorm > 0; without clipping it does not see this case.
+ *
+ * Device buffers (scapeOptimStepStream): the scan runs on the device, on the stream, and the
+ * call waits on the host for its one-word result before the agreement (a stream
+ * synchronisation at the start of every device step: the step is enqueued after the work
+ * queued before it has run). scapeOptimNonFiniteIgnore removes that wait.
  */
 typedef enum {
   scapeOptimNonFiniteSkip = 0,
   scapeOptimNonFiniteError = 1,
-  scapeNumOptimNonFinite = 2
+  /** No check and no agreement: a non-finite gradient reaches the parameters (the behaviour
+   *  before the check existed); saves the scan, the 8-byte all-gather and, on the device, the
+   *  host wait for the flag. */
+  scapeOptimNonFiniteIgnore = 2,
+  scapeNumOptimNonFinite = 3
 } scapeOptimNonFinite_t;
 
 #define SCAPE_OPTIM_CONFIG_MAGIC 0x5CA90u
@@ -984,7 +993,11 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
  *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
- *  - a step on another stream than the last device step first waits for that stream.
+ *  - a step on another stream than the last device step first waits for that stream;
+ *  - the non-finite check (scapeOptimNonFinite_t, default Skip): the scan of the gradients
+ *    runs on the stream and the call waits for its one-word result (a stream synchronisation
+ *    at the start of the call, so the step is enqueued after the work queued before it has
+ *    run); scapeOptimNonFiniteIgnore removes this wait.
  * The caller must not change params or grads until the stream has run the step, and must
  * keep the stream of the last device step alive until the optimizer is destroyed (destroy
  * waits for it). A host wait for the selected positions fails with scapeTimeout after the

@@ -345,10 +345,12 @@ Status Optimizer::AgreeFinite(bool bad, uint64_t first, float value, bool* skip)
   }
   if (nbad == 0) return Status::Ok();
   if (layout_.nonFinite == scapeOptimNonFiniteError) {
-    const std::string here =
-        bad ? StrFormat(" (rank %d: grads[%llu] = %g)", rank_,
-                        static_cast<unsigned long long>(first), static_cast<double>(value))
-            : std::string();
+    std::string here;
+    if (bad && first == UINT64_MAX)  // the device check gives no position
+      here = StrFormat(" (rank %d: found on the device)", rank_);
+    else if (bad)
+      here = StrFormat(" (rank %d: grads[%llu] = %g)", rank_,
+                       static_cast<unsigned long long>(first), static_cast<double>(value));
     return InvalidArgument(StrFormat(
         "the gradients of rank%s %s are not finite%s and the optimizer was made with nonFinite "
         "= scapeOptimNonFiniteError: no rank took the step (nothing was changed)",
@@ -384,14 +386,17 @@ Status Optimizer::Step(float* theta, const float* g) {
 
   int64_t t0 = NowNs();
   // Non-finite gradients: every rank agrees before anything changes (timed with the sync wait).
-  size_t first = n;
-  kernels::KernelStatus fk = kernels::FirstNonFinite(g, n, &first, threads_);
-  if (fk != kernels::KernelStatus::kOk) return KernelError("non-finite check", fk);
-  bool skip = false;
-  SCAPE_RETURN_IF_ERROR(AgreeFinite(first < n, first, first < n ? g[first] : 0.0f, &skip));
-  if (skip) {
-    phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
-    return Status::Ok();
+  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
+  if (agree) {
+    size_t first = n;
+    kernels::KernelStatus fk = kernels::FirstNonFinite(g, n, &first, threads_);
+    if (fk != kernels::KernelStatus::kOk) return KernelError("non-finite check", fk);
+    bool skip = false;
+    SCAPE_RETURN_IF_ERROR(AgreeFinite(first < n, first, first < n ? g[first] : 0.0f, &skip));
+    if (skip) {
+      phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+      return Status::Ok();
+    }
   }
   SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
@@ -487,7 +492,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
   }
   phase_[scapeOptimPhaseNorm] = Seconds(t0);
-  if (!std::isfinite(gradNorm_)) {
+  if (agree && !std::isfinite(gradNorm_)) {
     // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every
     // rank: replicated, each sums the same payload; sharded, the all-gathered partials).
     SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
@@ -551,7 +556,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   }
   // The non-finite agreement and (sharded) the all-gather of the norm partials, one 8-byte word
   // per rank each: counted apart, not as payload.
-  controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * (sharded ? 2 : 1);
+  controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
   KeepSupport();
   ++step_;
   return Status::Ok();

@@ -27,7 +27,7 @@ OPTIM_CONFIG_MAGIC = 0x5CA90
 NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
-NONFINITE = {"skip": 0, "error": 1}  # scapeOptimNonFinite_t
+NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
 
 
 class _OptimConfig(Structure):
@@ -352,8 +352,9 @@ class ScapeAdamS(torch.optim.Optimizer):
         nonfinite: what a step does when some rank's gradients hold an inf or NaN: "skip"
             (default, as Megatron-LM and DeepSpeed do: every rank skips the step, nothing of
             the parameters or the optimizer state changes, ``info()[i]["skipped_steps"]``
-            counts it) or "error" (every rank raises ``scape.InvalidArgumentError`` naming the
-            rank; nothing changes).
+            counts it), "error" (every rank raises ``scape.InvalidArgumentError`` naming the
+            rank; nothing changes) or "ignore" (no check: a non-finite gradient reaches the
+            parameters; saves one read of the gradients and an 8-byte all-gather per step).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
@@ -466,7 +467,7 @@ class ScapeAdamS(torch.optim.Optimizer):
         group["mask_encoding"] = to_enum(MaskEncoding, group["mask_encoding"], "mask_encoding")
         nf = group["nonfinite"]
         if not isinstance(nf, str) or nf.lower() not in NONFINITE:
-            raise bad_arg("nonfinite", f"{nf!r} is not 'skip' or 'error'")
+            raise bad_arg("nonfinite", f"{nf!r} is not 'skip', 'error' or 'ignore'")
         group["nonfinite"] = nf.lower()
         group["sharded"] = bool(group["sharded"])
         if group["mask_ownership"] is not None:

@@ -275,7 +275,7 @@ def case_optim_nonfinite(comm, steps=6, bad_step=3):
     h_err, e_err, _ = run("error")
     h_plain, _, _ = run("plain")
     try:
-        ScapeAdamS(_model().parameters(), comm, nonfinite="ignore")
+        ScapeAdamS(_model().parameters(), comm, nonfinite="drop")
     except scape.InvalidArgumentError as e:
         bad_kw = e.argument
     return {"hash": h_skip, "plain": h_plain, "error_hash": h_err, "skip_error": e_skip,
