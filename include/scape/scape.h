@@ -926,7 +926,8 @@ SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimCo
  *  the mask of a destroyed optimizer is dead as well (the mask calls refuse it). */
 SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim);
 
-/** Sets the learning rate of the following steps (>= 0, finite; every rank the same). */
+/** Sets the learning rate of the following steps (>= 0, finite; every rank the same: checked
+ *  at the next step, see scapeOptimSetHyperparams). */
 SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
 
 /**
@@ -938,7 +939,10 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
  * scapeOptimSetLr's and the configuration's: lr and eps finite and >= 0, 0 <= beta1 < 1,
  * 0 <= beta2 < 1, weightDecay finite and >= 0, and lr * weightDecay < 1 for the values in
  * force after the call (set lr and weightDecay together with scapeOptimSetHyperparams when
- * both change). Local calls: every rank must set the same values before its next step.
+ * both change). Local calls: every rank must set the same values before its next step; the
+ * step checks it in its non-finite agreement (a fingerprint of the five values travels with
+ * the flag, scapeOptimNonFinite_t) and fails with scapeInvalidUsage on every rank, changing
+ * nothing, when they differ (not checked with scapeOptimNonFiniteIgnore).
  * The values take effect from the next step on and are saved in checkpoints (scapeOptimLoad
  * restores the checkpoint's). What the step reads of them: beta1 in the candidate
  * (c = b1*m + (1-b1)*g + e) and in the gradient recovery of the same step, beta2, eps, lr and
