@@ -826,6 +826,9 @@ typedef enum {
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
+ *
+ * nonFinite: a scapeOptimNonFinite_t, what a step with an inf or NaN in some rank's gradients
+ * does (default scapeOptimNonFiniteSkip: skipped on every rank, nothing changes).
  */
 typedef struct {
   size_t size;    /**< sizeof(scapeOptimConfig_t); set by scapeOptimConfigInit */
@@ -847,7 +850,51 @@ typedef struct {
   int64_t warmupSteps;
   int payloadType;  /**< scapeDataType_t */
   int maskEncoding; /**< scapeMaskEncoding_t */
+  int nonFinite;    /**< scapeOptimNonFinite_t: a step with non-finite gradients (default: skip) */
 } scapeOptimConfig_t;
+
+/**
+ * What a step does when a rank's gradients hold an inf or NaN (config.nonFinite).
+ *
+ * Every step starts with an agreement (before anything of the state is written): each rank
+ * scans its gradients for a non-finite value (one read of the n gradients) and the ranks
+ * all-gather one 8-byte word each: that flag, and a fingerprint of the per-step
+ * hyperparameters (lr, beta1, beta2, eps, weightDecay), which must be the same on every rank
+ * (scapeInvalidUsage on every rank otherwise, nothing changed). If any rank's gradients are not
+ * finite, every rank then:
+ *  - scapeOptimNonFiniteSkip (default, what Megatron-LM and DeepSpeed do): skips the step.
+ *    Nothing of the parameters or of the checkpointable state changes (momentum, residual,
+ *    masks, the mask sync in flight, the step counter and with it the density schedule and the
+ *    bias correction); the call returns scapeSuccess and scapeOptimInfo_t.skippedSteps counts
+ *    it. The next step with finite gradients gives the bits of a run that never saw this one.
+ *  - scapeOptimNonFiniteError: fails with scapeInvalidArgument naming the rank(s) (and, on such
+ *    a rank, the first position and its value); nothing changes, nothing is counted.
+ * The agreement is its own exchange: no exchange of the step comes before its first state
+ * write (the candidate pass writes the residual), and undoing that write bit-exactly would need
+ * a copy of the residual every step (docs/ALGORITHM.md gives the cost measured for both).
+ *
+ * Finite gradients can still give a non-finite payload: a candidate beyond the payload type's
+ * range (fp16 holds |c| <= 65504) or an overflow of the average. Every rank sees it in the
+ * reduced payload (the gradient norm is not finite, the same on every rank), and the step is
+ * skipped (or fails, with Error) after the exchange: parameters, momentum, step counter and
+ * schedule are unchanged, but the residual and the masks have moved on (the residual holds +0
+ * where the payload was not finite). The device step computes that norm only with
+ * maxGradNorm > 0; without clipping it does not see this case.
+ *
+ * Device buffers (scapeOptimStepStream): the scan runs on the device, on the stream, and the
+ * call waits on the host for its one-word result before the agreement (a stream
+ * synchronisation at the start of every device step: the step is enqueued after the work
+ * queued before it has run). scapeOptimNonFiniteIgnore removes that wait.
+ */
+typedef enum {
+  scapeOptimNonFiniteSkip = 0,
+  scapeOptimNonFiniteError = 1,
+  /** No check and no agreement: a non-finite gradient reaches the parameters (the behaviour
+   *  before the check existed); saves the scan, the 8-byte all-gather and, on the device, the
+   *  host wait for the flag. */
+  scapeOptimNonFiniteIgnore = 2,
+  scapeNumOptimNonFinite = 3
+} scapeOptimNonFinite_t;
 
 #define SCAPE_OPTIM_CONFIG_MAGIC 0x5CA90u
 
@@ -870,11 +917,47 @@ SCAPE_API scapeResult_t scapeOptimCreate(scapeOptim_t* optim, const scapeOptimCo
                                          scapeComm_t comm);
 
 /** Destroys an optimizer and its mask (waiting, within the timeout, for a sync in flight).
- *  NULL is a no-op. */
+ *  NULL is a no-op.
+ *
+ *  Handles: every optimizer call looks its handle up first (as for communicators and masks).
+ *  A destroyed optimizer (this call, or scapeCommAbort of its communicator), a second destroy,
+ *  or a pointer that is not an optimizer handle is scapeInvalidArgument ("optim is not a live
+ *  optimizer"; message in scapeGetLastError(NULL)) from every optimizer call, never a crash;
+ *  the mask of a destroyed optimizer is dead as well (the mask calls refuse it). */
 SCAPE_API scapeResult_t scapeOptimDestroy(scapeOptim_t optim);
 
-/** Sets the learning rate of the following steps (>= 0, finite; every rank the same). */
+/** Sets the learning rate of the following steps (>= 0, finite; every rank the same: checked
+ *  at the next step, see scapeOptimSetHyperparams). */
 SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr);
+
+/**
+ * @brief Sets the per-step hyperparameters between steps (what an LR / momentum scheduler
+ * changes: torch's OneCycleLR cycles beta1, for example).
+ *
+ * scapeOptimSetHyperparams sets all five at once; scapeOptimSetBeta1, scapeOptimSetBeta2,
+ * scapeOptimSetEps and scapeOptimSetWeightDecay set one and keep the others. The rules are
+ * scapeOptimSetLr's and the configuration's: lr and eps finite and >= 0, 0 <= beta1 < 1,
+ * 0 <= beta2 < 1, weightDecay finite and >= 0, and lr * weightDecay < 1 for the values in
+ * force after the call (set lr and weightDecay together with scapeOptimSetHyperparams when
+ * both change). Local calls: every rank must set the same values before its next step; the
+ * step checks it in its non-finite agreement (a fingerprint of the five values travels with
+ * the flag, scapeOptimNonFinite_t) and fails with scapeInvalidUsage on every rank, changing
+ * nothing, when they differ (not checked with scapeOptimNonFiniteIgnore).
+ * The values take effect from the next step on and are saved in checkpoints (scapeOptimLoad
+ * restores the checkpoint's). What the step reads of them: beta1 in the candidate
+ * (c = b1*m + (1-b1)*g + e) and in the gradient recovery of the same step, beta2, eps, lr and
+ * weightDecay in the update; the next step uses the values in force when it is called.
+ * Changing a value between steps changes nothing else (momentum, residual and masks stay).
+ *
+ * @return scapeSuccess; scapeInvalidArgument (not a live optimizer; a value out of range, the
+ *         message names it: "beta1 = 1: expected 0 <= beta1 < 1"; nothing was changed).
+ */
+SCAPE_API scapeResult_t scapeOptimSetHyperparams(scapeOptim_t optim, float lr, float beta1,
+                                                 float beta2, float eps, float weightDecay);
+SCAPE_API scapeResult_t scapeOptimSetBeta1(scapeOptim_t optim, float beta1);
+SCAPE_API scapeResult_t scapeOptimSetBeta2(scapeOptim_t optim, float beta2);
+SCAPE_API scapeResult_t scapeOptimSetEps(scapeOptim_t optim, float eps);
+SCAPE_API scapeResult_t scapeOptimSetWeightDecay(scapeOptim_t optim, float weightDecay);
 
 /**
  * One SCAPE-AdamS step (all phases above). Collective: every rank calls it, in the same order
@@ -914,7 +997,11 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
  *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
- *  - a step on another stream than the last device step first waits for that stream.
+ *  - a step on another stream than the last device step first waits for that stream;
+ *  - the non-finite check (scapeOptimNonFinite_t, default Skip): the scan of the gradients
+ *    runs on the stream and the call waits for its one-word result (a stream synchronisation
+ *    at the start of the call, so the step is enqueued after the work queued before it has
+ *    run); scapeOptimNonFiniteIgnore removes this wait.
  * The caller must not change params or grads until the stream has run the step, and must
  * keep the stream of the last device step alive until the optimizer is destroyed (destroy
  * waits for it). A host wait for the selected positions fails with scapeTimeout after the
@@ -944,7 +1031,8 @@ SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, 
 
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
-  scapeOptimPhaseSyncWait = 0,  /**< waiting for the mask sync of the previous step, advance */
+  scapeOptimPhaseSyncWait = 0,  /**< the non-finite check and agreement (scapeOptimNonFinite_t),
+                                     waiting for the mask sync of the previous step, advance */
   scapeOptimPhaseCandidate = 1, /**< candidate + pack + residual (one fused pass) */
   scapeOptimPhaseSelect = 2,    /**< top-k of the owned part, start of the mask sync */
   scapeOptimPhaseExchange = 3,  /**< the values-only all-reduce (or reduce-scatter) */
@@ -964,9 +1052,11 @@ typedef struct {
                             the first step) */
   uint64_t denseCount; /**< positions of always-dense segments (always in the mask) */
   /* Bytes this rank sent in the last step, by category (ring volumes of the collectives:
-   * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves). */
+   * all-reduce 2(P-1)/P, reduce-scatter and all-gather (P-1)/P of the values each moves).
+   * maskBytes + payloadBytes + denseBytes + controlBytes is everything the step sent. */
   uint64_t maskBytes;      /**< encoded part of the last completed mask sync */
-  uint64_t payloadBytes;   /**< values of sparse positions (payload, and the all-gather) */
+  uint64_t payloadBytes;   /**< values of sparse positions (the payload exchange and, sharded,
+                                the all-gather of the updated (param, momentum) pairs) */
   uint64_t denseBytes;     /**< values of always-dense positions */
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
@@ -974,6 +1064,16 @@ typedef struct {
   uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
+  /* Appended fields (the order above is the ABI's). */
+  uint64_t controlBytes; /**< the step's small control exchanges: the all-gather of the
+                              non-finite agreement (8 bytes per rank: 8(P-1) bytes), and in the
+                              sharded host step the all-gather of the per-owner norm partials
+                              (one double per rank: 8(P-1) bytes more) */
+  int64_t skippedSteps;  /**< steps skipped for non-finite gradients since the optimizer was
+                              made (scapeOptimNonFinite_t; not in checkpoints, kept by
+                              scapeOptimLoad). A skipped step leaves the other fields as the
+                              last completed step set them, except gradNorm (NaN), clipScale
+                              (1), the phase times and the byte counters (what it sent) */
 } scapeOptimInfo_t;
 
 /** Fills *info. Local. */

@@ -209,7 +209,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::unordered_map<const void*, HandleKind> live;
-  std::deque<void*> quarantine[4];  // per kind: destroyed handles kept out of reuse
+  std::deque<void*> quarantine[5];  // per kind (HandleKind): destroyed handles kept out of reuse
 };
 
 Registry& Reg() {

@@ -23,13 +23,13 @@ struct scapeOptim;
 namespace scape {
 namespace api {
 
-// Handle registry (api.cc): every communicator, mask and request handle is registered when it
-// is made and unregistered when it is destroyed, and every entry point looks a handle up
+// Handle registry (api.cc): every communicator, mask, request and optimizer handle is registered
+// when it is made and unregistered when it is destroyed, and every entry point looks a handle up
 // before it touches it, so a destroyed (or never created) handle is an error, not a crash.
 // The memory of a destroyed handle is kept out of reuse for a while (kHandleQuarantine later
 // destructions of the same kind), so that a stale handle is not mistaken for a newer one that
 // the allocator placed at the same address.
-enum class HandleKind { kComm = 1, kMask = 2, kRequest = 3 };
+enum class HandleKind { kComm = 1, kMask = 2, kRequest = 3, kOptim = 4 };
 constexpr size_t kHandleQuarantine = 4096;
 void RegisterHandle(const void* h, HandleKind kind);
 void UnregisterHandle(const void* h);

@@ -13,6 +13,14 @@
 #include "plugin/optim/optim.h"
 
 struct scapeOptim {
+  // In the handle registry from creation to destruction (api_internal.h), so that a destroyed
+  // or foreign handle is refused by every entry point before anything is read through it.
+  scapeOptim() { scape::api::RegisterHandle(this, scape::api::HandleKind::kOptim); }
+  ~scapeOptim() { scape::api::UnregisterHandle(this); }
+  static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
+  static void operator delete(void* p) {
+    scape::api::QuarantineFree(p, scape::api::HandleKind::kOptim);
+  }
   std::unique_ptr<scape::Optimizer> impl;
   scapeComm* comm = nullptr;
   scapeMask* mask = nullptr;  // registered in comm->masks; destroyed with the optimizer
@@ -25,10 +33,19 @@ using scape::StrFormat;
 using scape::api::CheckComm;
 using scape::api::Guard;
 
-scapeComm* CommOf(scapeOptim* o) { return o && o->impl ? o->comm : nullptr; }
+bool OptimLive(scapeOptim* o) {
+  return scape::api::HandleLive(o, scape::api::HandleKind::kOptim) && o->impl;
+}
+
+// Looked up in the registry before anything is read through the handle.
+scapeComm* CommOf(scapeOptim* o) { return OptimLive(o) ? o->comm : nullptr; }
 
 Status CheckOptim(scapeOptim* o) {
-  if (!o || !o->impl) return scape::InvalidArgument("optim is NULL");
+  if (!o) return scape::InvalidArgument("optim is NULL");
+  if (!OptimLive(o))
+    return scape::InvalidArgument(
+        "optim is not a live optimizer (destroyed, its communicator was aborted, or not made "
+        "by scapeOptimCreate)");
   return Status::Ok();
 }
 
@@ -81,6 +98,10 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
         StrFormat("config->maskEncoding = %d: expected a "
                   "scapeMaskEncoding_t (0..%d)",
                   c->maskEncoding, scapeNumMaskEncodings - 1));
+  if (c->nonFinite < 0 || c->nonFinite >= scapeNumOptimNonFinite)
+    return scape::InvalidArgument(
+        StrFormat("config->nonFinite = %d: expected a scapeOptimNonFinite_t (0..%d)", c->nonFinite,
+                  scapeNumOptimNonFinite - 1));
   scape::OptimHyper h;
   h.lr = c->lr;
   h.beta1 = c->beta1;
@@ -104,6 +125,7 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
                           : layout->ownership == scapeOptimSharded ? scapeOwnershipShards
                                                                    : scapeOwnershipSegments;
   layout->encoding = static_cast<scapeMaskEncoding_t>(c->maskEncoding);
+  layout->nonFinite = static_cast<scapeOptimNonFinite_t>(c->nonFinite);
   *hyper = h;
   return Status::Ok();
 }
@@ -145,6 +167,7 @@ SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
     c->warmupSteps = 0;
     c->payloadType = scapeFloat32;
     c->maskEncoding = scapeMaskEncodingAuto;
+    c->nonFinite = scapeOptimNonFiniteSkip;
     return Status::Ok();
   });
 }
@@ -198,6 +221,57 @@ SCAPE_API scapeResult_t scapeOptimSetLr(scapeOptim_t optim, float lr) {
     SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
     return optim->impl->SetLr(lr);
   });
+}
+
+}  // extern "C"
+
+namespace {
+
+// A setter of per-step hyperparameters: the optimizer's current ones, `edit`ed, validated
+// together (so lr * weightDecay < 1 holds for the pair in force), then in force from the next
+// step. A refused value changes nothing.
+template <typename F>
+scapeResult_t SetHyperparams(scapeOptim_t optim, const char* fn, F&& edit) {
+  return Guard(CommOf(optim), fn, [&]() -> Status {
+    SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+    scape::OptimHyper h = optim->impl->hyper();
+    edit(&h);
+    return optim->impl->SetHyper(h);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+SCAPE_API scapeResult_t scapeOptimSetHyperparams(scapeOptim_t optim, float lr, float beta1,
+                                                 float beta2, float eps, float weightDecay) {
+  return SetHyperparams(optim, "scapeOptimSetHyperparams", [&](scape::OptimHyper* h) {
+    h->lr = lr;
+    h->beta1 = beta1;
+    h->beta2 = beta2;
+    h->eps = eps;
+    h->weightDecay = weightDecay;
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetBeta1(scapeOptim_t optim, float beta1) {
+  return SetHyperparams(optim, "scapeOptimSetBeta1",
+                        [&](scape::OptimHyper* h) { h->beta1 = beta1; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetBeta2(scapeOptim_t optim, float beta2) {
+  return SetHyperparams(optim, "scapeOptimSetBeta2",
+                        [&](scape::OptimHyper* h) { h->beta2 = beta2; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetEps(scapeOptim_t optim, float eps) {
+  return SetHyperparams(optim, "scapeOptimSetEps", [&](scape::OptimHyper* h) { h->eps = eps; });
+}
+
+SCAPE_API scapeResult_t scapeOptimSetWeightDecay(scapeOptim_t optim, float weightDecay) {
+  return SetHyperparams(optim, "scapeOptimSetWeightDecay",
+                        [&](scape::OptimHyper* h) { h->weightDecay = weightDecay; });
 }
 
 }  // extern "C"

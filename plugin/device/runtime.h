@@ -102,6 +102,9 @@ class Runtime {
   virtual Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                      float beta1, double* dSqNorm, Stream s);
+  // kernels/cpu/finite.h in the device form: *dFlag (device, one uint32) = 1 when dX[0, n)
+  // holds an inf or NaN, else 0 (the optimizer's non-finite check of device gradients).
+  virtual Status AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s);
 };
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/topk_common.h"
+#include "kernels/cuda/finite.cuh"
 #include "kernels/cuda/scape_kernels.cuh"
 #include "plugin/device/runtime.h"
 
@@ -415,6 +416,14 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tempBytes, &dTemp));
     return KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
                                                       dSqNorm, dTemp, &tempBytes, stream));
+  }
+  Status AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s) override {
+    const char* op = "non-finite check kernel";
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dFlag", dFlag));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dFlag", dFlag, 4));
+    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dX", dX));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, 4));
+    return KernelFail(op, kc::AnyNonFiniteCuda(dX, n, dFlag, static_cast<cudaStream_t>(s)));
   }
 
  private:

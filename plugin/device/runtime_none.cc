@@ -92,6 +92,9 @@ Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");
 }
+Status Runtime::AnyNonFinite(const float*, size_t, uint32_t*, Stream) {
+  return NoDeviceOp(this, "non-finite check kernel");
+}
 
 Runtime* NoneRuntime() {
   static None none;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "kernels/cpu/finite.h"
 #include "kernels/cpu/kernel_status.h"
 #include "plugin/coll/coll.h"
 #include "plugin/optim/optim_device.h"
@@ -160,6 +161,7 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
   h = Fnv(Fnv(Fnv(Fnv(h, d), static_cast<uint64_t>(hyper.warmupSteps)),
               static_cast<uint64_t>(hyper.bias)),
           static_cast<uint64_t>(hyper.payload));
+  h = Fnv(h, static_cast<uint64_t>(layout.nonFinite));
   int64_t mine = static_cast<int64_t>(h);
   std::vector<int64_t> all(static_cast<size_t>(o->nranks_));
   coll::CollArgs ag;
@@ -173,8 +175,8 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
     if (all[r] != mine)
       return InvalidUsage(
           StrFormat("rank %zu passed a different optimizer configuration than "
-                    "rank %d (ownership, hyperparameters, density schedule or "
-                    "payload type): every rank must pass the same",
+                    "rank %d (ownership, hyperparameters, density schedule, "
+                    "payload type or nonFinite): every rank must pass the same",
                     r, o->rank_));
 
   const uint64_t n = layout.n;
@@ -221,6 +223,12 @@ Status Optimizer::SyncOwnPart(const uint64_t* idx, size_t k) {
 Status Optimizer::SetLr(float lr) {
   OptimHyper h = hyper_;
   h.lr = lr;
+  SCAPE_RETURN_IF_ERROR(ValidateHyper(h));
+  hyper_ = h;
+  return Status::Ok();
+}
+
+Status Optimizer::SetHyper(const OptimHyper& h) {
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h));
   hyper_ = h;
   return Status::Ok();
@@ -297,6 +305,75 @@ kernels::MaskView Optimizer::View() const {
   return v;
 }
 
+void Optimizer::MarkSkipped() {
+  ++skipped_;
+  gradNorm_ = std::nan("");
+  clipScale_ = 1.0f;
+  maskBytes_ = payloadBytes_ = denseBytes_ = 0;
+  controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1);
+}
+
+Status Optimizer::AgreeFinite(bool bad, uint64_t first, float value, bool* skip) {
+  *skip = false;
+  // One word per rank: a fingerprint of the per-step hyperparameters (they must agree), its
+  // lowest bit replaced by this rank's non-finite flag.
+  uint64_t h = 1469598103934665603ull;
+  for (float f : {hyper_.lr, hyper_.beta1, hyper_.beta2, hyper_.eps, hyper_.weightDecay}) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    h = Fnv(h, u);
+  }
+  const int64_t mine = static_cast<int64_t>((h & ~uint64_t{1}) | (bad ? 1u : 0u));
+  std::vector<int64_t> all(static_cast<size_t>(nranks_));
+  coll::CollArgs ag;
+  ag.type = coll::CollType::kAllGather;
+  ag.send = &mine;
+  ag.recv = all.data();
+  ag.count = 1;
+  ag.dtype = scapeInt64;
+  SCAPE_RETURN_IF_ERROR(comm_->Run(ag).Prepend("non-finite agreement"));
+  std::string badRanks;
+  int nbad = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if ((all[r] | 1) != (mine | 1))
+      return InvalidUsage(
+          StrFormat("rank %zu set other per-step hyperparameters (lr, beta1, beta2, eps, "
+                    "weightDecay) than rank %d: every rank must set the same values "
+                    "(scapeOptimSetLr, scapeOptimSetHyperparams, ...); nothing was changed",
+                    r, rank_));
+    if (all[r] & 1) badRanks += (nbad++ ? ", " : "") + std::to_string(r);
+  }
+  if (nbad == 0) return Status::Ok();
+  if (layout_.nonFinite == scapeOptimNonFiniteError) {
+    std::string here;
+    if (bad && first == UINT64_MAX)  // the device check gives no position
+      here = StrFormat(" (rank %d: found on the device)", rank_);
+    else if (bad)
+      here = StrFormat(" (rank %d: grads[%llu] = %g)", rank_,
+                       static_cast<unsigned long long>(first), static_cast<double>(value));
+    return InvalidArgument(StrFormat(
+        "the gradients of rank%s %s are not finite%s and the optimizer was made with nonFinite "
+        "= scapeOptimNonFiniteError: no rank took the step (nothing was changed)",
+        nbad > 1 ? "s" : "", badRanks.c_str(), here.c_str()));
+  }
+  MarkSkipped();
+  *skip = true;
+  return Status::Ok();
+}
+
+Status Optimizer::SkipAfterExchange() {
+  if (layout_.nonFinite == scapeOptimNonFiniteError)
+    return InvalidArgument(
+        "the reduced payload is not finite although every rank's gradients were (a candidate "
+        "beyond the payload type's range, fp16: |c| > 65504, or an overflow of the average), "
+        "and the optimizer was made with nonFinite = scapeOptimNonFiniteError: parameters, "
+        "momentum and the step counter are unchanged, the residual and the masks moved on");
+  const uint64_t mb = maskBytes_;
+  MarkSkipped();
+  maskBytes_ = mb;  // that sync did complete
+  return Status::Ok();
+}
+
 Status Optimizer::Step(float* theta, const float* g) {
   if (!comm_->error().ok()) return comm_->error();
   // State left on the device by device steps comes back to the host (a host wait).
@@ -308,6 +385,19 @@ Status Optimizer::Step(float* theta, const float* g) {
   const size_t esz = scapeTypeSize(pt);
 
   int64_t t0 = NowNs();
+  // Non-finite gradients: every rank agrees before anything changes (timed with the sync wait).
+  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
+  if (agree) {
+    size_t first = n;
+    kernels::KernelStatus fk = kernels::FirstNonFinite(g, n, &first, threads_);
+    if (fk != kernels::KernelStatus::kOk) return KernelError("non-finite check", fk);
+    bool skip = false;
+    SCAPE_RETURN_IF_ERROR(AgreeFinite(first < n, first, first < n ? g[first] : 0.0f, &skip));
+    if (skip) {
+      phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+      return Status::Ok();
+    }
+  }
   SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
 
@@ -402,6 +492,16 @@ Status Optimizer::Step(float* theta, const float* g) {
     if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
   }
   phase_[scapeOptimPhaseNorm] = Seconds(t0);
+  if (agree && !std::isfinite(gradNorm_)) {
+    // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every
+    // rank: replicated, each sums the same payload; sharded, the all-gathered partials).
+    SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
+    const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
+    payloadBytes_ = sharded ? RingHalf(ks_ * esz, nranks_) : RingAllReduce(ks_ * esz, nranks_);
+    denseBytes_ = sharded ? RingHalf(kd * esz, nranks_) : RingAllReduce(kd * esz, nranks_);
+    controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * (sharded ? 2 : 1);
+    return Status::Ok();
+  }
 
   kernels::AdamSParams ap;
   ap.lr = hyper_.lr;
@@ -451,10 +551,12 @@ Status Optimizer::Step(float* theta, const float* g) {
     payloadBytes_ = RingAllReduce(ks_ * esz, nranks_);
     denseBytes_ = RingAllReduce(kd * esz, nranks_);
   } else {
-    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_) +
-                    8 * static_cast<uint64_t>(nranks_ - 1);
+    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_);
     denseBytes_ = RingHalf(kd * esz, nranks_) + RingHalf(kd * 8, nranks_);
   }
+  // The non-finite agreement and (sharded) the all-gather of the norm partials, one 8-byte word
+  // per rank each: counted apart, not as payload.
+  controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
   KeepSupport();
   ++step_;
   return Status::Ok();
@@ -470,6 +572,8 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.maskBytes = maskBytes_;
   x.payloadBytes = payloadBytes_;
   x.denseBytes = denseBytes_;
+  x.controlBytes = controlBytes_;
+  x.skippedSteps = skipped_;
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
   x.stateBytes = 8 * layout_.n;
@@ -699,7 +803,7 @@ Status Optimizer::Load(const void* buf, size_t size) {
   }
   step_ = st;
   hyper_ = h;
-  maskBytes_ = payloadBytes_ = denseBytes_ = 0;
+  maskBytes_ = payloadBytes_ = denseBytes_ = controlBytes_ = 0;
   // The checkpoint's momentum lives on its current mask (the mask of the step before the save;
   // the full mask of step 0 when no step ran), which is current again now.
   BuildRuns();

@@ -44,6 +44,7 @@ struct OptimLayout {
   scapeOptimOwnership_t ownership = scapeOptimReplicated;
   scapeOwnership_t maskOwnership = scapeOwnershipSegments;
   scapeMaskEncoding_t encoding = scapeMaskEncodingAuto;
+  scapeOptimNonFinite_t nonFinite = scapeOptimNonFiniteSkip;
 };
 
 class Optimizer {
@@ -57,6 +58,10 @@ class Optimizer {
 
   uint64_t n() const { return layout_.n; }
   Status SetLr(float lr);
+  // The hyperparameters in force; SetHyper replaces the per-step ones (lr, beta1, beta2, eps,
+  // weight decay; the caller leaves the others as hyper() has them) after ValidateHyper.
+  const OptimHyper& hyper() const { return hyper_; }
+  Status SetHyper(const OptimHyper& h);
   // theta and g: n floats each, validated by the caller.
   Status Step(float* theta, const float* g);
   // The device step (optim_device.cc): dTheta and dG are n floats of device memory, validated
@@ -86,6 +91,16 @@ class Optimizer {
                             bool* hasNext, uint64_t* kc, uint64_t* kn) const;
   Status ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const;
   uint64_t LayoutFingerprint() const;
+  // Non-finite gradients (issue 24 item 9). AgreeFinite: collective, before any state change
+  // of a step; `bad`: this rank's gradients hold a non-finite value (the first at `first`, of
+  // value `value`). Fails (nothing changed) when the ranks' per-step hyperparameters differ or,
+  // with nonFinite = Error, when any rank's gradients are not finite; *skip: some rank's are
+  // (the step is counted as skipped). SkipAfterExchange: the reduced payload was not finite
+  // although every rank's gradients were (see scape.h); the update is left out.
+  Status AgreeFinite(bool bad, uint64_t first, float value, bool* skip);
+  Status SkipAfterExchange();
+  void MarkSkipped();
+  int64_t skipped_ = 0;  // steps skipped for non-finite gradients (not checkpointed)
   // Device state (optim_device.cc). Finish: the host part of the last device step that waits
   // for the device (the selected positions; the mask sync start). ToHost: waits for the
   // device work, copies m and e back into m_, e_ and frees the device state.
@@ -123,6 +138,7 @@ class Optimizer {
 
   // Last step's figures (scapeOptimInfo_t).
   uint64_t maskBytes_ = 0, payloadBytes_ = 0, denseBytes_ = 0;
+  uint64_t controlBytes_ = 0;  // the step's small control exchanges (scapeOptimInfo_t)
   double gradNorm_ = 0.0;
   float clipScale_ = 1.0f;
   double phase_[scapeOptimNumPhases] = {};

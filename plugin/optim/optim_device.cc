@@ -86,13 +86,15 @@ Status Optimizer::DeviceState::AllocPayload(uint64_t n, size_t esz) {
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
-  for (void* p : {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat),
-                  dPaySorted, dSend, dRecv, static_cast<void*>(dMaskOrder),
-                  static_cast<void*>(dSorted), static_cast<void*>(dPerm), static_cast<void*>(dInv),
-                  static_cast<void*>(dTop), static_cast<void*>(dCounts), static_cast<void*>(dSq)})
+  for (void* p :
+       {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat), dPaySorted,
+        dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
+        static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
+        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
+  if (hFlag) rt->HostFree(hFlag);
   if (selDone) rt->EventDestroy(selDone);
 }
 
@@ -169,6 +171,9 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     d->hTop = static_cast<uint64_t*>(h);
     SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(nranks_), &h));
     d->hSq = static_cast<double*>(h);
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, 1, &d->dFlag));
+    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(4, &h));
+    d->hFlag = static_cast<uint32_t*>(h);
     SCAPE_RETURN_IF_ERROR(rt->EventCreate(&d->selDone));
     dev_ = std::move(d);
     Status st = DevicePush();
@@ -195,6 +200,20 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   for (double& p : phase_) p = 0.0;
 
   int64_t t0 = NowNs();
+  // Non-finite gradients (scape.h, scapeOptimNonFinite_t): the scan on the stream, a HOST WAIT
+  // for its one-word result, then the ranks' agreement, before anything of the state changes.
+  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
+  if (agree) {
+    SCAPE_RETURN_IF_ERROR(rt->AnyNonFinite(dG, n, d.dFlag, stream).Prepend("non-finite check"));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hFlag, d.dFlag, 4, stream));
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("non-finite check (host wait)"));
+    bool skip = false;
+    SCAPE_RETURN_IF_ERROR(AgreeFinite(*d.hFlag != 0, UINT64_MAX, 0.0f, &skip));
+    if (skip) {
+      phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
+      return Status::Ok();
+    }
+  }
   SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
   phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
 
@@ -322,6 +341,16 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     }
   }
   phase_[scapeOptimPhaseNorm] = static_cast<double>(NowNs() - t0) * 1e-9;
+  if (agree && !std::isfinite(gradNorm_)) {
+    // Finite gradients, a reduced payload that is not (seen only with clipping, where the norm
+    // is computed): the update is left out, as in the host step.
+    SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
+    const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
+    const uint64_t r = nranks_ <= 1 ? 0 : static_cast<uint64_t>(nranks_ - 1);
+    payloadBytes_ = 2 * (ks_ * esz * r / static_cast<uint64_t>(nranks_));
+    denseBytes_ = 2 * (kd * esz * r / static_cast<uint64_t>(nranks_));
+    return Status::Ok();
+  }
 
   kernels::AdamSParams ap;
   ap.lr = hyper_.lr;
@@ -354,6 +383,8 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     payloadBytes_ = 2 * ring(ks_ * esz);
     denseBytes_ = 2 * ring(kd * esz);
   }
+  // The non-finite agreement; the norm partials stay on this rank (no exchange).
+  controlBytes_ = agree ? 8 * static_cast<uint64_t>(nranks_ - 1) : 0;
   KeepSupport();
   ++step_;
   // Start the next mask's sync now if the selection is already done (no wait).

@@ -33,6 +33,8 @@ struct Optimizer::DeviceState {
   std::vector<uint64_t> hMaskOrder, hSorted, hPerm, hInv;
   uint64_t* hTop = nullptr;         // pinned, owned size
   double* hSq = nullptr;            // pinned, nranks
+  uint32_t* dFlag = nullptr;        // the non-finite check's result (device, one word)
+  uint32_t* hFlag = nullptr;        // its pinned copy
   device::Event selDone = nullptr;  // recorded after the copy of the selected positions
   bool selPending = false;          // a selection waits to be handed to the mask sync
   uint64_t selCount = 0;

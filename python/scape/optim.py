@@ -27,6 +27,7 @@ OPTIM_CONFIG_MAGIC = 0x5CA90
 NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
+NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
 
 
 class _OptimConfig(Structure):
@@ -37,6 +38,7 @@ class _OptimConfig(Structure):
         ("beta2", c_float), ("eps", c_float), ("weightDecay", c_float),
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
+        ("nonFinite", c_int),
     ]
 
 
@@ -47,6 +49,8 @@ class _OptimInfo(Structure):
         ("payloadBytes", c_uint64), ("denseBytes", c_uint64), ("gradNorm", c_double),
         ("clipScale", c_float), ("stateBytes", c_uint64), ("maskStateBytes", c_uint64),
         ("scratchBytes", c_uint64), ("phaseSeconds", c_double * NUM_PHASES),
+        # appended fields (scape.h keeps the order)
+        ("controlBytes", c_uint64), ("skippedSteps", c_int64),
     ]
 
 
@@ -74,6 +78,8 @@ def _L() -> ctypes.CDLL:
         d("scapeOptimCreate", POINTER(p), POINTER(_OptimConfig), p)
         d("scapeOptimDestroy", p)
         d("scapeOptimSetLr", p, c_float)
+        if _lib.has_symbol("scapeOptimSetHyperparams"):
+            d("scapeOptimSetHyperparams", p, c_float, c_float, c_float, c_float, c_float)
         d("scapeOptimStep", p, p, p, c_uint64)
         d("scapeOptimGetInfo", p, POINTER(_OptimInfo))
         d("scapeOptimGetMask", p, POINTER(p))
@@ -84,11 +90,45 @@ def _L() -> ctypes.CDLL:
     return L
 
 
+def _f32(x: float) -> float:
+    return c_float(x).value
+
+
+def _step_hyper(group: Dict[str, Any]) -> tuple:
+    """A group's per-step hyperparameters (lr, beta1, beta2, eps, weight_decay) as the fp32
+    values the library holds, checked with the library's rules (the error names the key)."""
+    try:
+        lr = float(group["lr"])
+    except (TypeError, ValueError):
+        raise bad_arg("lr", f"expected a float, got {group['lr']!r}") from None
+    if not (lr >= 0.0 and lr != float("inf")):
+        raise bad_arg("lr", f"must be finite and >= 0, got {group['lr']!r}")
+    betas = group["betas"]
+    try:
+        b1, b2 = (float(b) for b in betas)
+    except (TypeError, ValueError):
+        raise bad_arg("betas", f"expected two floats, got {betas!r}") from None
+    if not (0.0 <= _f32(b1) < 1.0 and 0.0 <= _f32(b2) < 1.0):
+        raise bad_arg("betas", f"expected two values in [0, 1), got {betas!r}")
+    out = [lr, b1, b2]
+    for k in ("eps", "weight_decay"):
+        try:
+            v = float(group[k])
+        except (TypeError, ValueError):
+            raise bad_arg(k, f"expected a float, got {group[k]!r}") from None
+        if not (v >= 0.0 and v != float("inf")):
+            raise bad_arg(k, f"must be finite and >= 0, got {group[k]!r}")
+        out.append(v)
+    return tuple(_f32(v) for v in out)
+
+
 class StepInfo(dict):
     """What one parameter group's optimizer did in the last step (``scapeOptimGetInfo``), as a
     dict with keys: step, density, next_density, mask_count, dense_count, mask_bytes,
-    payload_bytes, dense_bytes, bytes_sent (the sum of the three), grad_norm, clip_scale,
-    state_bytes, mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name)."""
+    payload_bytes, dense_bytes, control_bytes (the sharded step's all-gather of the norm
+    partials), bytes_sent (the sum of the four), grad_norm, clip_scale, state_bytes,
+    mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name), skipped_steps (steps
+    skipped for non-finite gradients since construction; a skipped step leaves ``step``)."""
 
 
 def dense_by_default(param: torch.Tensor) -> bool:
@@ -125,6 +165,8 @@ class _Group:
                 p.grad = self.grad[a:b].view_as(p)
         self.fixed = {k: group[k] for k in ScapeAdamS._FIXED if k in group}
         self.lr = float(group["lr"])
+        # the per-step hyperparameters in force in the library, as fp32 (see set_hyper)
+        self.hyper = _step_hyper(group)
         if self.n:
             self._create(group)
 
@@ -152,6 +194,7 @@ class _Group:
         cfg.warmupSteps = int(group["warmup_steps"])
         cfg.payloadType = int(group["payload_dtype"])
         cfg.maskEncoding = int(group["mask_encoding"])
+        cfg.nonFinite = NONFINITE[group["nonfinite"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -166,6 +209,22 @@ class _Group:
     def _check(self, code: int, fn: str) -> None:
         if code != SUCCESS:
             raise self.comm._error(code, fn)
+
+    def set_hyper(self, hyper: tuple) -> None:
+        """Pushes (lr, beta1, beta2, eps, weight_decay) to the library when any differs from
+        what is in force (one local call, scapeOptimSetHyperparams)."""
+        if self.handle is None or hyper == self.hyper:
+            return
+        L = _L()
+        if not _lib.has_symbol("scapeOptimSetHyperparams"):  # an older library: lr only
+            if self.hyper is not None and hyper[1:] != self.hyper[1:]:
+                raise InvalidUsageError(f"the loaded library ({_lib.library_path()}) can only "
+                                        f"change lr between steps: rebuild it",
+                                        function="ScapeAdamS.step")
+            return  # step() sets lr
+        self._check(L.scapeOptimSetHyperparams(self.handle, *hyper), "scapeOptimSetHyperparams")
+        self.hyper = hyper
+        self.lr = hyper[0]
 
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
@@ -198,18 +257,19 @@ class _Group:
     def info(self) -> StepInfo:
         if self.handle is None:
             return StepInfo(step=0, bytes_sent=0, mask_bytes=0, payload_bytes=0,
-                            dense_bytes=0, density=1.0, next_density=1.0, mask_count=0)
+                            dense_bytes=0, control_bytes=0, density=1.0, next_density=1.0,
+                            mask_count=0, skipped_steps=0)
         i = _OptimInfo()
         self._check(_L().scapeOptimGetInfo(self.handle, byref(i)), "scapeOptimGetInfo")
         return StepInfo(
             step=int(i.step), density=float(i.density), next_density=float(i.nextDensity),
             mask_count=int(i.maskCount), dense_count=int(i.denseCount),
             mask_bytes=int(i.maskBytes), payload_bytes=int(i.payloadBytes),
-            dense_bytes=int(i.denseBytes),
-            bytes_sent=int(i.maskBytes + i.payloadBytes + i.denseBytes),
+            dense_bytes=int(i.denseBytes), control_bytes=int(i.controlBytes),
+            bytes_sent=int(i.maskBytes + i.payloadBytes + i.denseBytes + i.controlBytes),
             grad_norm=float(i.gradNorm), clip_scale=float(i.clipScale),
             state_bytes=int(i.stateBytes), mask_state_bytes=int(i.maskStateBytes),
-            scratch_bytes=int(i.scratchBytes),
+            scratch_bytes=int(i.scratchBytes), skipped_steps=int(i.skippedSteps),
             phase_seconds={PHASES[k]: float(i.phaseSeconds[k]) for k in range(NUM_PHASES)})
 
     def save(self) -> torch.Tensor:
@@ -234,6 +294,7 @@ class _Group:
         # the checkpoint's hyperparameters are now in force; make the group's lr the one used
         self._check(_L().scapeOptimSetLr(self.handle, float(lr)), "scapeOptimSetLr")
         self.lr = lr
+        self.hyper = None  # unknown: the next step pushes the group's values
 
     def destroy(self) -> None:
         if self.handle is not None:
@@ -288,15 +349,33 @@ class ScapeAdamS(torch.optim.Optimizer):
             overrides it for that group.
         broadcast_parameters: broadcast rank 0's initial parameters to every rank at
             construction (default True), so all ranks start identical.
+        nonfinite: what a step does when some rank's gradients hold an inf or NaN: "skip"
+            (default, as Megatron-LM and DeepSpeed do: every rank skips the step, nothing of
+            the parameters or the optimizer state changes, ``info()[i]["skipped_steps"]``
+            counts it), "error" (every rank raises ``scape.InvalidArgumentError`` naming the
+            rank; nothing changes) or "ignore" (no check: a non-finite gradient reaches the
+            parameters; saves one read of the gradients and an 8-byte all-gather per step).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
-    groups may differ in every hyperparameter. After construction, only ``lr`` of a group may
-    change; changing another hyperparameter raises at the next step.
+    groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
+    ``weight_decay`` are read from each param group at every step, as torch optimizers do, so
+    schedulers that change them work (``OneCycleLR`` with ``cycle_momentum=True`` cycles
+    beta1); every rank must set the same values. The other keywords are fixed at construction
+    (changing one raises at the next step).
+
+    Mixed precision with ``torch.cuda.amp.GradScaler``: ``scaler.scale(loss).backward()``,
+    ``scaler.step(optimizer)``, ``scaler.update()``. ``scaler.step`` unscales the gradients in
+    place through ``param_groups`` (they are views into the flat buffer the library reads) and
+    calls ``step()`` only when they are finite on this rank; see docs/python.md for the rule
+    every rank must follow.
     """
 
-    _FIXED = ("betas", "eps", "weight_decay", "density", "warmup_steps", "max_grad_norm",
-              "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
-              "dense")
+    # torch's GradScaler hands itself to step() (grad_scaler=...) instead of skipping the call
+    # on the ranks that found an inf: see _amp_skip.
+    _step_supports_amp_scaling = True
+
+    _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
+              "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -306,7 +385,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                  mask_encoding: Union[MaskEncoding, str, int] = "auto",
                  mask_ownership: Union[None, Ownership, str, int] = None,
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
-                 broadcast_parameters: bool = True) -> None:
+                 broadcast_parameters: bool = True, nonfinite: str = "skip") -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -325,7 +404,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                         density=density, warmup_steps=warmup_steps, max_grad_norm=max_grad_norm,
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
-                        mask_ownership=mask_ownership, dense=None)
+                        mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -386,6 +465,10 @@ class ScapeAdamS(torch.optim.Optimizer):
         else:
             raise bad_arg("payload_dtype", f"{pd!r} is not float32, bfloat16 or float16")
         group["mask_encoding"] = to_enum(MaskEncoding, group["mask_encoding"], "mask_encoding")
+        nf = group["nonfinite"]
+        if not isinstance(nf, str) or nf.lower() not in NONFINITE:
+            raise bad_arg("nonfinite", f"{nf!r} is not 'skip', 'error' or 'ignore'")
+        group["nonfinite"] = nf.lower()
         group["sharded"] = bool(group["sharded"])
         if group["mask_ownership"] is not None:
             group["mask_ownership"] = to_enum(Ownership, group["mask_ownership"],
@@ -408,22 +491,51 @@ class ScapeAdamS(torch.optim.Optimizer):
             g.grad.zero_()
             g.sync_views()
 
+    def _amp_skip(self, scaler: Any) -> bool:
+        """``GradScaler.step(optimizer)``: unscales the gradients (unless ``unscale_`` was
+        called already), agrees over the communicator whether any rank found an inf or NaN
+        (one all-reduce of one float), and records the agreed answer as this rank's
+        ``found_inf`` so that ``scaler.update()`` moves the scale identically on every rank.
+        True: every rank skips this step (GradScaler's rule, made collective)."""
+        states = getattr(scaler, "_per_optimizer_states", None)
+        if states is None or not hasattr(scaler, "unscale_"):
+            raise bad_arg("grad_scaler", f"expected a torch GradScaler, got "
+                                         f"{type(scaler).__name__}", type_error=True)
+        st = states[id(self)]
+        if not st["found_inf_per_device"]:
+            scaler.unscale_(self)
+        found = st["found_inf_per_device"]
+        local = any(float(t.sum()) != 0.0 for t in found.values())
+        flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float32)
+        self._comm.all_reduce(flag, op="max")
+        agreed = float(flag[0]) != 0.0
+        for t in found.values():
+            t.fill_(1.0 if agreed else 0.0)
+        return agreed
+
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Optional[Callable[[], float]] = None,
+             grad_scaler: Any = None) -> Optional[float]:
         """One SCAPE-AdamS step over every group (collective: every rank calls it). Reads each
-        group's current ``lr``. Returns the closure's loss, if a closure was given."""
+        group's current ``lr``, ``betas``, ``eps`` and ``weight_decay``. Returns the closure's
+        loss, if a closure was given. ``grad_scaler`` is passed by ``GradScaler.step`` (do not
+        pass it yourself): the step is then skipped on every rank when any rank's unscaled
+        gradients are not finite."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if grad_scaler is not None and self._amp_skip(grad_scaler):
+            return loss
         for pg, g in zip(self.param_groups, self._groups):
             for k, v in g.fixed.items():
                 if pg.get(k) != v:
                     raise bad_arg(k, f"changed from {v!r} to {pg.get(k)!r} after construction; "
-                                     f"only lr may change (the library optimizer is fixed)")
-            lr = float(pg["lr"])
-            if not lr >= 0.0:
-                raise bad_arg("lr", f"must be >= 0, got {pg['lr']!r}")
+                                     f"only lr, betas, eps and weight_decay may change (the "
+                                     f"library optimizer's layout and schedule are fixed)")
+            hyper = _step_hyper(pg)
+            g.set_hyper(hyper)
+            lr = hyper[0]
             g.sync_views()
             g.step(lr)
         return loss
@@ -439,7 +551,8 @@ class ScapeAdamS(torch.optim.Optimizer):
         return [g.info() for g in self._groups]
 
     def bytes_sent(self) -> int:
-        """Bytes this rank sent in the last step, all groups (mask + payload + dense)."""
+        """Bytes this rank sent in the last step, all groups (mask + payload + dense +
+        control)."""
         return sum(i["bytes_sent"] for i in self.info())
 
     def flat_parameters(self) -> List[torch.Tensor]:

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -37,6 +39,7 @@ struct Cfg {
   float clip = 0.0f;
   int payload = scapeFloat32;
   bool allDense = false;  // every segment always dense: a dense AdamS step
+  int nonFinite = scapeOptimNonFiniteSkip;
 };
 
 scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
@@ -55,6 +58,7 @@ scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
   c.density = 0.05;
   c.warmupSteps = 4;
   c.payloadType = k.payload;
+  c.nonFinite = k.nonFinite;
   scapeOptim_t o = nullptr;
   EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, ctx.comm), ctx.comm);
   return o;
@@ -312,13 +316,16 @@ TEST_P(DeviceOptim, LoadedCheckpointChangesThePayloadType) {
 }
 
 // The call enqueues and returns while its stream is held: nothing is written until the stream
-// runs, and then the result is the host step's.
+// runs, and then the result is the host step's. (With scapeOptimNonFiniteIgnore: the default
+// non-finite check waits on the host for its flag, see the next test.)
 TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
   auto res = RunRanks(P, [&](RankCtx& ctx) {
     FakeRuntime& rt = Fake();
-    Pair p(ctx, Cfg(), seed);
+    Cfg ignore;
+    ignore.nonFinite = scapeOptimNonFiniteIgnore;
+    Pair p(ctx, Cfg(), seed, &ignore);
     for (int t = 0; t < 3; ++t)
       if (!p.Step(seed, t, false)) return false;
     for (int t = 3; t < 6; ++t) {
@@ -342,6 +349,97 @@ TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
     return !::testing::Test::HasFailure();
   });
   EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+}
+
+// Non-finite gradients on the device (the default scapeOptimNonFiniteSkip): an inf or NaN in
+// the last rank's device gradients, inside the mask (an always-dense position) and outside it
+// (sparse positions the step's mask left out), skips the step on every rank: the device params
+// and the whole checkpoint are unchanged, skippedSteps counts it, and every later step still
+// gives the host step's bits (the host optimizer saw the same bad steps). With
+// scapeOptimNonFiniteError the call fails on every rank, naming the rank.
+TEST_P(DeviceOptim, NonFiniteGradientsSkipTheStepOnEveryRank) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (int own : {scapeOptimReplicated, scapeOptimSharded})
+    for (float clip : {0.0f, 1.0f}) {
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        Fake();
+        Cfg k;
+        k.ownership = own;
+        k.clip = clip;
+        Pair p(ctx, k, seed);
+        for (int t = 0; t < 4; ++t)
+          if (!p.Step(seed, t, true)) return false;
+        const std::vector<uint8_t> before = Save(p.dev, ctx.comm);
+        const std::vector<float> dpBefore(p.dp, p.dp + p.n);
+        // Bad step 4, several times: inside the mask, then at sparse positions 1500..1509.
+        const std::vector<uint64_t> where = {405,  1500, 1501, 1502, 1503, 1504,
+                                             1505, 1506, 1507, 1508, 1509};
+        const float bad[] = {INFINITY, -INFINITY, NAN};
+        for (size_t w = 0; w < where.size(); ++w) {
+          std::vector<float> g = Grads(seed, ctx.rank, 4, p.n);
+          if (ctx.rank == P - 1) g[where[w]] = bad[w % 3];
+          EXPECT_SCAPE_OK(scapeOptimStep(p.host, p.hp.data(), g.data(), p.n), ctx.comm);
+          std::memcpy(p.dg, g.data(), 4 * p.n);
+          EXPECT_SCAPE_OK(scapeOptimStepStream(p.dev, p.dp, p.dg, p.n, p.s), ctx.comm);
+          EXPECT_TRUE(Fake().StreamSynchronize(p.s).ok());
+          if (!SameBits(p.dp, dpBefore.data(), p.n, "params after a skipped step")) return false;
+          EXPECT_EQ(Save(p.dev, ctx.comm), before) << "the skipped step changed the state";
+          scapeOptimInfo_t info;
+          EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
+          EXPECT_EQ(info.step, 4);
+          EXPECT_EQ(info.skippedSteps, static_cast<int64_t>(w + 1));
+        }
+        for (int t = 4; t < 8; ++t) {
+          if (!p.Step(seed, t, true)) return false;
+          if (t != 4) continue;
+          // The mask step 4 used (current now): 405 was inside, some of 1500..1509 outside.
+          scapeMask_t m = nullptr;
+          uint64_t k = 0;
+          EXPECT_SCAPE_OK(scapeOptimGetMask(p.dev, &m), ctx.comm);
+          EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+          std::vector<uint64_t> idx(k);
+          EXPECT_SCAPE_OK(scapeMaskGetIndices(m, idx.data(), k), ctx.comm);
+          auto in = [&](uint64_t x) { return std::find(idx.begin(), idx.end(), x) != idx.end(); };
+          EXPECT_TRUE(in(405));
+          int outside = 0;
+          for (size_t w = 1; w < where.size(); ++w) outside += in(where[w]) ? 0 : 1;
+          EXPECT_GT(outside, 0) << "every sparse bad position was inside the mask";
+        }
+        scapeOptimInfo_t info;
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
+        EXPECT_EQ(info.step, 8);
+        EXPECT_EQ(info.skippedSteps, static_cast<int64_t>(where.size()));
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << " clip=" << clip
+                               << " seed=" << seed << ": " << res.Describe();
+    }
+  // Error mode.
+  auto res = RunRanks(P, [&](RankCtx& ctx) {
+    Fake();
+    Cfg k;
+    k.nonFinite = scapeOptimNonFiniteError;
+    Pair p(ctx, k, seed);
+    for (int t = 0; t < 2; ++t)
+      if (!p.Step(seed, t, true)) return false;
+    const std::vector<uint8_t> before = Save(p.dev, ctx.comm);
+    std::vector<float> g = Grads(seed, ctx.rank, 2, p.n);
+    if (ctx.rank == P - 1) g[7] = NAN;
+    std::memcpy(p.dg, g.data(), 4 * p.n);
+    EXPECT_EQ(scapeOptimStepStream(p.dev, p.dp, p.dg, p.n, p.s), scapeInvalidArgument);
+    const std::string msg = scapeGetLastError(ctx.comm);
+    EXPECT_NE(msg.find("rank " + std::to_string(P - 1) + " are not finite"), std::string::npos)
+        << msg;
+    if (ctx.rank == P - 1) EXPECT_NE(msg.find("found on the device"), std::string::npos) << msg;
+    EXPECT_EQ(Save(p.dev, ctx.comm), before);
+    // The host optimizer gets the same call (it fails the same way), then both go on.
+    EXPECT_EQ(scapeOptimStep(p.host, p.hp.data(), g.data(), p.n), scapeInvalidArgument);
+    for (int t = 2; t < 5; ++t)
+      if (!p.Step(seed, t, true)) return false;
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << "error mode, P=" << P << ": " << res.Describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceOptim, ::testing::Values(1, 2, 3),

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/finite.h"
 #include "kernels/cpu/gather.h"
 #include "kernels/cpu/topk_common.h"
 
@@ -614,6 +615,24 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
         kn::RecoveredGradSqNorm(dPayload, payloadType, dMask, k, dM, n, beta1, &r, threads),
         "dMask not strictly increasing, or an entry >= n"));
     std::memcpy(dSqNorm, &r, sizeof r);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s) {
+  const char* op = "AnyNonFinite";
+  if (n > SIZE_MAX / 4) return scape::InvalidArgument("fake device: AnyNonFinite: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dFlag", dFlag, 4, 4));
+  if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX", dX, n * 4, 4));
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dFlag (freed?)", dFlag, 4));
+    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX (freed?)", dX, n * 4));
+    size_t first = n;
+    SCAPE_RETURN_IF_ERROR(KernelResult(kn::FirstNonFinite(dX, n, &first, threads), "dX"));
+    const uint32_t f = first < n ? 1u : 0u;
+    std::memcpy(dFlag, &f, 4);
     return Status::Ok();
   });
   return Status::Ok();

@@ -234,9 +234,9 @@ def case_optim_errors(comm):
     expect("payload", lambda: ScapeAdamS(m.parameters(), comm, payload_dtype=torch.int8))
     expect("comm", lambda: ScapeAdamS(m.parameters(), "comm"))
     opt = ScapeAdamS(m.parameters(), comm, density=0.5)
-    opt.param_groups[0]["betas"] = (0.8, 0.95)
+    opt.param_groups[0]["density"] = 0.3
     expect("changed", opt.step)
-    opt.param_groups[0]["betas"] = (0.9, 0.95)
+    opt.param_groups[0]["density"] = 0.5
     opt.zero_grad()
     opt.step()
     # a library error with the library's message: ranks that disagree on the layout
@@ -247,6 +247,10 @@ def case_optim_errors(comm):
     opt.destroy()
     return {"errors": errs}
 
+
+# the cases of test_optim_api.py join CASES
+from optim_api_worker import (case_optim_gradscaler, case_optim_hyper_errors,  # noqa: E402,F401
+                              case_optim_nonfinite, case_optim_onecycle)
 
 CASES = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}
 

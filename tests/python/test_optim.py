@@ -41,7 +41,7 @@ class ScapeAdamSTest(unittest.TestCase):
             self.assertEqual(e["betas"][1], "betas")
             self.assertEqual(e["payload"][1], "payload_dtype")
             self.assertEqual(e["comm"][1], "comm")
-            self.assertEqual(e["changed"][1], "betas")
+            self.assertEqual(e["changed"][1], "density")
             self.assertIn("scapeOptimCreate", e["layout"][2])
 
 

@@ -1,0 +1,25 @@
+// Contract: finding a non-finite value (inf or NaN) in an fp32 buffer, for the optimizer's
+// agreement on non-finite gradients (plugin/optim, issue 24 item 9).
+//
+// FirstNonFinite writes to *first the lowest index i < n with x[i] infinite or NaN (exponent
+// bits all ones), or n when every value is finite. n == 0 is valid (x may then be null).
+// The common case (all finite) is one read of x on up to max_threads threads (0: all cores;
+// inputs below 512 Ki elements on the calling thread), a compare-and-or per element that the
+// compiler vectorises; the index is searched only when something was found.
+// Errors: kInvalidArgument (x null with n > 0).
+#ifndef SCAPE_KERNELS_CPU_FINITE_H_
+#define SCAPE_KERNELS_CPU_FINITE_H_
+
+#include <cstddef>
+
+#include "kernels/cpu/kernel_status.h"
+
+namespace scape {
+namespace kernels {
+
+KernelStatus FirstNonFinite(const float* x, size_t n, size_t* first, int max_threads = 0);
+
+}  // namespace kernels
+}  // namespace scape
+
+#endif  // SCAPE_KERNELS_CPU_FINITE_H_

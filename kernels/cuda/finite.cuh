@@ -1,0 +1,26 @@
+// Contract: kernels/cpu/finite.h on the device (the optimizer's non-finite check of device
+// gradients, plugin/optim/optim_device.cc).
+#ifndef SCAPE_KERNELS_CUDA_FINITE_CUH_
+#define SCAPE_KERNELS_CUDA_FINITE_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/kernel_status.h"
+
+namespace scape {
+namespace kernels {
+namespace cuda {
+
+// Enqueued on `stream`: *d_flag (device) = 1 when d_x[0, n) holds an inf or NaN, else 0 (the
+// flag is cleared first, on the stream). One read of d_x. kInvalidArgument: d_flag null, or
+// d_x null with n > 0; kCudaError: a launch failed.
+KernelStatus AnyNonFiniteCuda(const float* d_x, size_t n, uint32_t* d_flag, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace scape
+
+#endif  // SCAPE_KERNELS_CUDA_FINITE_CUH_

@@ -1,0 +1,71 @@
+"""ScapeAdamS as torch users expect of an optimizer (issue 22): every hyperparameter a scheduler
+may change is read at each step (OneCycleLR cycles beta1), checked against the C API driven
+directly; bad values raise naming the key; GradScaler skips a step on every rank together;
+non-finite gradients skip the step on every rank (or raise, nonfinite="error")."""
+from __future__ import annotations
+
+import unittest
+
+from _harness import run_ranks
+
+
+class HyperparametersTest(unittest.TestCase):
+    def test_onecycle_with_cycle_momentum_matches_the_c_api(self):
+        res = run_ranks("optim_onecycle", 2, 20, timeout=180)
+        self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+        for r in res:
+            self.assertEqual(r["hash"], r["raw"], "ScapeAdamS + OneCycleLR != the C API setters")
+            self.assertNotEqual(r["hash"], r["nocycle"], "cycling beta1 had no effect")
+        b1 = res[0]["beta1"]
+        self.assertEqual(len(b1), 20)
+        self.assertLess(min(b1), 0.86)  # base_momentum 0.85 at the peak of the lr
+        self.assertGreater(max(b1), 0.94)  # max_momentum 0.95 at both ends
+
+    def test_bad_values_raise_naming_the_key(self):
+        res = run_ranks("optim_hyper_errors", 2, timeout=120)
+        for r in res:
+            e = r["errors"]
+            for key in ("betas", "eps", "weight_decay", "lr"):
+                for name, arg in e[key]:
+                    self.assertEqual(name, "InvalidArgumentError", key)
+                    self.assertEqual(arg, key)
+            self.assertEqual(e["pair"][0], "InvalidArgumentError")
+            self.assertIn("lr * weightDecay", e["pair"][1])
+
+
+class GradScalerTest(unittest.TestCase):
+    def test_one_rank_inf_skips_the_step_on_every_rank(self):
+        for n in (1, 2, 3):
+            with self.subTest(nranks=n):
+                res = run_ranks("optim_gradscaler", n, 6, 3, timeout=180)
+                self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                self.assertEqual(len({tuple(r["scales"]) for r in res}), 1, "scales differ")
+                for r in res:
+                    self.assertEqual(r["hash"], r["plain"])
+                    s = r["scales"]
+                    # growth_interval 2: x2 after step 1, /2 after the bad step 3
+                    self.assertEqual(s[3], s[2] / 2, s)
+                    self.assertEqual(s[1], 2 * s[0], s)
+                    # the disabled (CPU) GradScaler passes step() through (no bad step there)
+                    self.assertEqual(r["disabled"], r["plain_all"])
+                    self.assertNotEqual(r["plain_all"], r["plain"])
+
+
+class NonFiniteTest(unittest.TestCase):
+    def test_skip_by_default_error_on_request(self):
+        for n in (1, 2, 3):
+            with self.subTest(nranks=n):
+                res = run_ranks("optim_nonfinite", n, 6, 3, timeout=180)
+                self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                for r in res:
+                    self.assertEqual(r["hash"], r["plain"], "skip != a run without the step")
+                    self.assertEqual(r["error_hash"], r["plain"], "error mode changed the run")
+                    self.assertIsNone(r["skip_error"])
+                    self.assertEqual(r["skipped"], 1)
+                    self.assertEqual(r["error"][0], "InvalidArgumentError")
+                    self.assertIn(f"rank {n - 1} are not finite", r["error"][1])
+                    self.assertEqual(r["bad_kw"], "nonfinite")
+
+
+if __name__ == "__main__":
+    unittest.main()
