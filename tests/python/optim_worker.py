@@ -248,7 +248,11 @@ def case_optim_errors(comm):
     return {"errors": errs}
 
 
+# the mixed-precision cases (test_optim_mixed.py) live in their own module
+from optim_mixed_worker import CASES as _MIXED_CASES  # noqa: E402
+
 CASES = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}
+CASES.update(_MIXED_CASES)
 
 
 def run(case: str, outdir: str, args: List[str]):
