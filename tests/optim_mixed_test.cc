@@ -138,8 +138,8 @@ bool IsRounded(const std::vector<uint16_t>& p16, const std::vector<float>& ref, 
                const std::string& what) {
   for (size_t i = 0; i < ref.size(); ++i)
     if (p16[i] != Round16(t, ref[i])) {
-      ADD_FAILURE() << what << ": position " << i << ": params16 " << p16[i]
-                    << " != round(master " << ref[i] << ") = " << Round16(t, ref[i]);
+      ADD_FAILURE() << what << ": position " << i << ": params16 " << p16[i] << " != round(master "
+                    << ref[i] << ") = " << Round16(t, ref[i]);
       return false;
     }
   return true;
@@ -190,8 +190,8 @@ void FiftySteps(int P) {
       for (int step = 0; step < kSteps; ++step) {
         GradBufs g = MakeGrads(Grads(seed, c.rank, step, n), k.gt);
         EXPECT_SCAPE_OK(scapeOptimStep(ref, theta.data(), g.wide.data(), n), c.comm);
-        EXPECT_SCAPE_OK(
-            scapeOptimStepMixed(mix, p16.data(), k.pt, g.raw.data(), k.gt, n, nullptr), c.comm);
+        EXPECT_SCAPE_OK(scapeOptimStepMixed(mix, p16.data(), k.pt, g.raw.data(), k.gt, n, nullptr),
+                        c.comm);
         const std::string at = tag + ", step " + std::to_string(step);
         if (!IsRounded(p16, theta, k.pt, at)) return false;
         if (step % 7 == 0 || step == kSteps - 1) {
@@ -436,9 +436,9 @@ TEST(OptimMixed, BadArgumentsAreRefused) {
     EXPECT_EQ(scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeInt64, n, nullptr),
               scapeInvalidArgument);
     EXPECT_NE(last().find("gradType"), std::string::npos) << last();
-    EXPECT_EQ(scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeFloat32, n + 1,
-                                  nullptr),
-              scapeInvalidArgument);
+    EXPECT_EQ(
+        scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeFloat32, n + 1, nullptr),
+        scapeInvalidArgument);
     EXPECT_NE(last().find("count"), std::string::npos) << last();
     EXPECT_EQ(scapeOptimStepMixed(o, nullptr, scapeBfloat16, g.data(), scapeFloat32, n, nullptr),
               scapeInvalidArgument);
@@ -447,9 +447,9 @@ TEST(OptimMixed, BadArgumentsAreRefused) {
                                   g.data(), scapeFloat32, n, nullptr),
               scapeInvalidArgument);
     EXPECT_NE(last().find("aligned"), std::string::npos) << last();
-    EXPECT_EQ(scapeOptimStepMixed(o, p16.data(), scapeBfloat16, p16.data(), scapeBfloat16, n,
-                                  nullptr),
-              scapeInvalidArgument);
+    EXPECT_EQ(
+        scapeOptimStepMixed(o, p16.data(), scapeBfloat16, p16.data(), scapeBfloat16, n, nullptr),
+        scapeInvalidArgument);
     EXPECT_NE(last().find("overlap"), std::string::npos) << last();
     int dummy = 0;
     EXPECT_EQ(scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeFloat32, n, &dummy),

@@ -765,7 +765,8 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  * Results: parameters and momentum are bit-identical on every rank after every step, and the
  * sharded state gives the same bits as the replicated one (same mask ownership assumed: the
  * mask depends on how selection is partitioned). State per rank: momentum and residual, fp32,
- * 8 bytes per parameter, plus the mask's index buffers (16 bytes per masked position), a copy
+ * 8 bytes per parameter (12 with the fp32 master weights of scapeOptimStepMixed), plus the
+ * mask's index buffers (16 bytes per masked position), a copy
  * of the last step's mask while its density is at most 1/4 (8 bytes per masked position: the
  * passes then touch the momentum only at the two masks) and a scratch buffer for the
  * statistic of the owned part.
@@ -1028,7 +1029,8 @@ SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask)
  * master weights if the optimizer holds them (scapeOptimStepMixed), this
  * rank's parts of the current and the next mask, the step counter (the schedule position),
  * the hyperparameters and a fingerprint of the layout and of the rank count; it is versioned
- * and checksummed. Parameters are not included (save them as usual). Each rank saves and
+ * and checksummed (format version 2; version 1 still loads). Parameters are not included (save
+ * them as usual), but the fp32 master weights of scapeOptimStepMixed are. Each rank saves and
  * loads its own checkpoint.
  *
  * scapeOptimCheckpointSize writes the bytes scapeOptimSave needs to *bytes. Both wait for the

@@ -179,8 +179,8 @@ TEST_P(DeviceOptimMixed, TwentyStepsMatchTheHostMixedStep) {
       return !::testing::Test::HasFailure();
     });
     EXPECT_TRUE(res.AllOk()) << "P=" << P << " own=" << k.own << " clip=" << k.clip
-                             << " payload=" << k.payload << " params=" << k.pt
-                             << " grads=" << k.gt << " seed=" << seed << ": " << res.Describe();
+                             << " payload=" << k.payload << " params=" << k.pt << " grads=" << k.gt
+                             << " seed=" << seed << ": " << res.Describe();
   }
 }
 
@@ -275,10 +275,9 @@ TEST_P(DeviceOptimMixed, EnqueuesAndRefusesMixes) {
       if (!p.Step(seed, t, false)) return false;
     for (int t = 2; t < 4; ++t) {
       std::vector<uint8_t> g = Grads(seed, ctx.rank, t, p.n, scapeFloat32);
-      EXPECT_SCAPE_OK(
-          scapeOptimStepMixed(p.host, p.hp.data(), scapeBfloat16, g.data(), scapeFloat32, p.n,
-                              nullptr),
-          ctx.comm);
+      EXPECT_SCAPE_OK(scapeOptimStepMixed(p.host, p.hp.data(), scapeBfloat16, g.data(),
+                                          scapeFloat32, p.n, nullptr),
+                      ctx.comm);
       std::memcpy(p.dg, g.data(), g.size());
       std::vector<uint16_t> before(p.dp, p.dp + p.n);
       Gate gate;
