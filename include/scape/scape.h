@@ -1012,7 +1012,8 @@ typedef struct {
   uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter), + fp32 master
                                 weights with 16-bit params (12 bytes per parameter) */
   uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
-  uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
+  uint64_t scratchBytes;   /**< payload, statistic and exchange buffers (and the fp32
+                                copy of 16-bit grads of scapeOptimStepMixed on the host) */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
 } scapeOptimInfo_t;
 

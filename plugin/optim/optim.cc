@@ -546,8 +546,9 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
   x.maskStateBytes =
       8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
-  x.scratchBytes =
-      send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) + 4 * ownedSize_;
+  x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
+                   4 * ownedSize_ +
+                   4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;
 }

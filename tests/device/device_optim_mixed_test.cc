@@ -234,6 +234,20 @@ TEST_P(DeviceOptimMixed, CheckpointResumeOnDeviceIsBitIdentical) {
       EXPECT_EQ(Save(p.dev, ctx.comm), end);
       EXPECT_EQ(Save(d2, ctx.comm), end);
       EXPECT_EQ(Save(h2, ctx.comm), end);
+      // d2 holds its state (masters included) on the device now: loading the step-17
+      // checkpoint there restores the device masters, and a replay reaches the same bits.
+      std::memcpy(dp2, p17.data(), 2 * n);
+      EXPECT_SCAPE_OK(scapeOptimLoad(d2, ck.data(), ck.size()), ctx.comm);
+      for (int t = 17; t < 50; ++t) {
+        std::vector<uint8_t> g = Grads(seed, ctx.rank, t, n, scapeBfloat16);
+        std::memcpy(dg2, g.data(), g.size());
+        EXPECT_SCAPE_OK(scapeOptimStepMixed(d2, dp2, scapeBfloat16, dg2, scapeBfloat16, n, p.s),
+                        ctx.comm);
+        EXPECT_TRUE(rt.StreamSynchronize(p.s).ok());
+      }
+      EXPECT_EQ(std::memcmp(dp2, p.hp.data(), 2 * n), 0) << "replay after a load into device "
+                                                            "state differs at step 50";
+      EXPECT_EQ(Save(d2, ctx.comm), end);
       // Device state -> a host step (the masters come back to the host) and on.
       std::vector<uint16_t> dcopy(dp2, dp2 + n);
       for (int t = 50; t < 53; ++t) {
