@@ -122,6 +122,17 @@ def _cuda_built() -> bool:
     return bool(built.value)
 
 
+def _group_grad_dtype(param_dtype: torch.dtype, grad_dtype: Any) -> torch.dtype:
+    """The flat gradient's dtype: the parameters' (None), or float32 for 16-bit parameters."""
+    if grad_dtype is None or grad_dtype == param_dtype:
+        return param_dtype
+    if grad_dtype == torch.float32 and param_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    raise bad_arg("grad_dtype", f"{grad_dtype!r} with {param_dtype} parameters: expected None "
+                                f"(the parameters' dtype) or torch.float32 for bfloat16/float16 "
+                                f"parameters")
+
+
 def _group_placement(params: List[torch.Tensor], master_weights: Optional[bool]):
     """(device, dtype, masters) of a group's parameters; raises naming the argument for mixed
     devices or dtypes, unsupported dtypes, and master_weights that cannot apply."""
@@ -193,8 +204,12 @@ class _Group:
         self.dense = [bool(gd) if gd is not None else bool(rule(p)) for p in self.params]
         self.device, self.dtype, self.masters = _group_placement(self.params,
                                                                  group.get("master_weights"))
+        self.grad_dtype = _group_grad_dtype(self.dtype, group.get("grad_dtype"))
+        # fp32 gradients of 16-bit parameters: Megatron-LM's main_grad (torch keeps p.grad in
+        # the parameter's dtype, so they cannot be p.grad views)
+        self.main_grad = self.grad_dtype != self.dtype
         self.flat = torch.empty(self.n, dtype=self.dtype, device=self.device)
-        self.grad = torch.zeros(self.n, dtype=self.dtype, device=self.device)
+        self.grad = torch.zeros(self.n, dtype=self.grad_dtype, device=self.device)
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
             self.flat[a:b].copy_(p.detach().reshape(-1))
         if opt._broadcast and self.n:
@@ -202,7 +217,11 @@ class _Group:
         with torch.no_grad():
             for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
                 p.data = self.flat[a:b].view_as(p)
-                p.grad = self.grad[a:b].view_as(p)
+                if self.main_grad:
+                    p.grad = None
+                    p.main_grad = self.grad[a:b].view_as(p)
+                else:
+                    p.grad = self.grad[a:b].view_as(p)
         self.fixed = {k: group[k] for k in ScapeAdamS._FIXED if k in group}
         self.lr = float(group["lr"])
         if self.n:
@@ -250,6 +269,25 @@ class _Group:
         self.comm.broadcast(tmp, root=0)
         self.flat.copy_(tmp)
 
+    def _sync_main_grads(self) -> None:
+        """grad_dtype=float32 with 16-bit parameters: ``p.main_grad`` are fp32 views into the
+        flat gradient; a ``p.grad`` that autograd left (in the parameter's dtype) is added into
+        ``p.main_grad`` (exactly: widening is exact) and set to None."""
+        for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
+            if p.data_ptr() != self.flat[a:b].data_ptr() or p.data.shape != p.shape:
+                self.flat[a:b].copy_(p.detach().reshape(-1))
+                p.data = self.flat[a:b].view_as(p)
+            mg = getattr(p, "main_grad", None)
+            view = self.grad[a:b]
+            if mg is None or mg.data_ptr() != view.data_ptr() or mg.shape != p.shape:
+                if mg is not None:
+                    view.copy_(mg.reshape(-1))
+                p.main_grad = view.view_as(p)
+            if p.grad is not None:
+                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                view.add_(g.reshape(-1).to(self.grad_dtype))
+                p.grad = None
+
     def _lib_step(self, L: ctypes.CDLL) -> int:
         """The library step on the flat buffers: scapeOptimStep for CPU fp32 parameters,
         scapeOptimStepMixed otherwise (16-bit parameters with fp32 masters held by the library;
@@ -260,14 +298,14 @@ class _Group:
         if not _lib.has_symbol("scapeOptimStepMixed"):
             raise InvalidUsageError(f"the loaded library ({_lib.library_path()}) has no "
                                     f"scapeOptimStepMixed: rebuild it", function="ScapeAdamS")
-        t = _PARAM_TYPES[self.dtype]
+        t, gt = _PARAM_TYPES[self.dtype], _PARAM_TYPES[self.grad_dtype]
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
                 stream = torch.cuda.current_stream(self.device).cuda_stream
                 return L.scapeOptimStepMixed(self.handle, self.flat.data_ptr(), t,
-                                             self.grad.data_ptr(), t, self.n, stream or None)
+                                             self.grad.data_ptr(), gt, self.n, stream or None)
         return L.scapeOptimStepMixed(self.handle, self.flat.data_ptr(), t, self.grad.data_ptr(),
-                                     t, self.n, None)
+                                     gt, self.n, None)
 
     def master_weights(self) -> Optional[torch.Tensor]:
         """A CPU fp32 copy of the group's master weights (None without masters or before the
@@ -286,6 +324,8 @@ class _Group:
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
         ``p.data = ...``) at the flat buffers, copying their values in."""
+        if self.main_grad:
+            return self._sync_main_grads()
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
             if p.data_ptr() != self.flat[a:b].data_ptr() or p.data.shape != p.shape:
                 self.flat[a:b].copy_(p.detach().reshape(-1))
@@ -385,7 +425,8 @@ class ScapeAdamS(torch.optim.Optimizer):
             that stream) and returns without a host synchronisation, except where the C API
             waits (scape.h: the first step of 16-bit parameters copies them to the host once to
             make the masters; ``max_grad_norm > 0`` waits for the norm; the next mask's
-            positions). Gradients have the parameters' dtype (torch's rule).
+            positions). Gradients have the parameters' dtype (torch's rule), or fp32 with
+            ``grad_dtype``.
         comm: the :class:`scape.Communicator` of the data-parallel ranks.
         lr: learning rate; read from each param group at every step, so LR schedulers and
             manual changes of ``group["lr"]`` take effect.
@@ -419,6 +460,12 @@ class ScapeAdamS(torch.optim.Optimizer):
             nearest even, in the same pass (Megatron-LM's mixed-precision optimizer, DeepSpeed's
             bf16 optimizer). The masters start from the parameters at the first step and are
             in :meth:`state_dict`.
+        grad_dtype: None (default: gradients in the parameters' dtype, ``p.grad`` views into
+            the flat gradient) or torch.float32 with bfloat16/float16 parameters: fp32
+            gradients as Megatron-LM's ``main_grad``: ``p.main_grad`` are fp32 views into the
+            flat gradient (accumulate into them, e.g. from backward hooks); a ``p.grad`` that
+            autograd leaves is added into ``p.main_grad`` (exactly) at the next ``step()`` or
+            ``zero_grad()`` and set to None. ``zero_grad()`` zeroes ``main_grad``.
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. After construction, only ``lr`` of a group may
@@ -427,7 +474,7 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     _FIXED = ("betas", "eps", "weight_decay", "density", "warmup_steps", "max_grad_norm",
               "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
-              "dense", "master_weights")
+              "dense", "master_weights", "grad_dtype")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -438,7 +485,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                  mask_ownership: Union[None, Ownership, str, int] = None,
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
                  broadcast_parameters: bool = True,
-                 master_weights: Optional[bool] = None) -> None:
+                 master_weights: Optional[bool] = None,
+                 grad_dtype: Optional[torch.dtype] = None) -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -458,7 +506,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
                         mask_ownership=mask_ownership, dense=None,
-                        master_weights=master_weights)
+                        master_weights=master_weights, grad_dtype=grad_dtype)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -539,6 +587,9 @@ class ScapeAdamS(torch.optim.Optimizer):
         """Zeroes the flat gradient buffers (one fill per group). ``set_to_none`` is ignored:
         the gradients stay views into the buffer the library reads."""
         for g in self._groups:
+            if g.main_grad:  # grad_dtype=float32: autograd's p.grad is dropped, not added
+                for p in g.params:
+                    p.grad = None
             g.grad.zero_()
             g.sync_views()
 

@@ -151,6 +151,43 @@ def case_optim_mixed_fp16_sharded(comm, steps=12):
     return {"hash": out[True][0]}
 
 
+def case_optim_mixed_fp32_grads(comm, steps=10):
+    """grad_dtype=float32 with a bf16 model (Megatron's main_grad): with one backward per step
+    the fp32 gradients are the bf16 ones widened, so the run equals the default (bf16 gradient)
+    run bit for bit while going through the library's fp32-gradient path; two micro-batches
+    accumulate in fp32 in p.main_grad."""
+    dt = torch.bfloat16
+    kw: Dict[str, Any] = dict(lr=0.02, density=0.2, weight_decay=0.01,
+                              payload_dtype=torch.bfloat16)
+    hashes = {}
+    for gd in (None, torch.float32):
+        m = model16(dt, width=24)
+        opt = ScapeAdamS(m.parameters(), comm, grad_dtype=gd, **kw)
+        for step in range(steps):
+            steps_(m, opt, dt, step, step + 1)
+            check_rounded(opt, f"grad_dtype={gd} step {step}")
+        hashes[str(gd)] = (model_hash(m), bits(opt.master_weights()[0]))
+        if gd is not None:
+            ps = list(m.parameters())
+            assert all(p.grad is None and p.main_grad.dtype == torch.float32 for p in ps)
+            # two micro-batches: main_grad holds their sum in fp32
+            opt.zero_grad()
+            want = [torch.zeros(p.shape) for p in ps]
+            for mb in range(2):
+                x, y = data(100 + mb, RANK, dt)
+                ((m(x).float() - y.float()) ** 2).mean().backward()
+                for w, p in zip(want, ps):
+                    w.add_(p.grad.float())
+                opt._groups[0].sync_views()  # what step() does first
+            for w, p in zip(want, ps):
+                assert bits(w) == bits(p.main_grad), "main_grad is not the fp32 sum"
+            opt.zero_grad()
+            assert all(float(p.main_grad.abs().sum()) == 0.0 for p in ps)
+        opt.destroy()
+    assert hashes["None"] == hashes["torch.float32"], "fp32 gradients gave other bits"
+    return {"hash": hashes["None"][0]}
+
+
 def case_optim_mixed_errors(comm):
     errs: Dict[str, Any] = {}
 
@@ -170,6 +207,7 @@ def case_optim_mixed_errors(comm):
                                                       requires_grad=True)], comm))
     expect("no_masters_16", lambda: ScapeAdamS([bf], comm, master_weights=False))
     expect("masters_fp32", lambda: ScapeAdamS([fp], comm, master_weights=True))
+    expect("grad_dtype", lambda: ScapeAdamS([fp], comm, grad_dtype=torch.bfloat16))
     # a group per dtype is fine, each with its own masters rule
     opt = ScapeAdamS([{"params": [bf]}, {"params": [fp]}, {"params": [hf]}], comm, density=1.0)
     for p in (bf, fp, hf):

@@ -19,6 +19,10 @@ class ScapeAdamSMixedTest(unittest.TestCase):
         res = run_ranks("optim_mixed_fp16_sharded", 3, timeout=240)
         self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
 
+    def test_fp32_grads_as_main_grad(self):
+        res = run_ranks("optim_mixed_fp32_grads", 2, timeout=240)
+        self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+
     def test_errors_name_the_argument(self):
         res = run_ranks("optim_mixed_errors", 2, timeout=120)
         for r in res:
@@ -29,6 +33,7 @@ class ScapeAdamSMixedTest(unittest.TestCase):
             self.assertEqual(e["no_masters_16"][1], "master_weights")
             self.assertEqual(e["masters_fp32"][1], "master_weights")
             self.assertEqual(e["changed"][1], "master_weights")
+            self.assertEqual(e["grad_dtype"][1], "grad_dtype")
 
 
 if __name__ == "__main__":
