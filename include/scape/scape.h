@@ -765,7 +765,8 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  * Results: parameters and momentum are bit-identical on every rank after every step, and the
  * sharded state gives the same bits as the replicated one (same mask ownership assumed: the
  * mask depends on how selection is partitioned). State per rank: momentum and residual, fp32,
- * 8 bytes per parameter, plus the mask's index buffers (16 bytes per masked position), a copy
+ * 8 bytes per parameter (12 with the fp32 master weights of scapeOptimStepMixed), plus the
+ * mask's index buffers (16 bytes per masked position), a copy
  * of the last step's mask while its density is at most 1/4 (8 bytes per masked position: the
  * passes then touch the momentum only at the two masks) and a scratch buffer for the
  * statistic of the owned part.
@@ -1029,6 +1030,44 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
 SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, const float* grads,
                                              uint64_t count, void* stream);
 
+/**
+ * @brief Mixed precision: the optimizer step with 16-bit params and fp32 master weights (the
+ * layout of Megatron-LM's mixed-precision optimizer and DeepSpeed's bf16 optimizer).
+ *
+ * params: n elements of paramType, updated in place. paramType scapeBfloat16 or scapeFloat16:
+ * the optimizer holds fp32 master weights (the AdamS update runs on them) and the update
+ * writes the master and params in the same pass: after every step, params[i] is the master
+ * rounded to nearest even, at every position (also outside the mask and with weightDecay 0).
+ * The masters are initialised from params (widened exactly) at the first mixed step; params
+ * must be identical on every rank then (as for scapeOptimStep), so the masters are too. Between
+ * steps the masters are the parameters' truth: a change the caller makes to params is
+ * overwritten by the next step. paramType scapeFloat32: no masters, the same as
+ * scapeOptimStep / scapeOptimStepStream.
+ * grads: n elements of gradType (scapeFloat32, scapeBfloat16 or scapeFloat16), read only;
+ * widened exactly to fp32 (host: one pass into fp32 scratch, 4 bytes per parameter; device: in
+ * the candidate kernel).
+ * Host or device memory (both the same kind): device buffers behave as scapeOptimStepStream
+ * (enqueued on `stream`, NULL = default stream; the same host waits), plus, at the first mixed
+ * step only, one host wait: params are copied to the host to initialise the masters, which
+ * then move to the device with the rest of the state. Host buffers need stream = NULL.
+ *
+ * State: the masters add 4 bytes per parameter (12 in all with momentum and residual; see
+ * scapeOptimInfo_t.stateBytes); they are in the checkpoint (format version 2; version-1
+ * checkpoints, which have none, still load, and the next mixed step initialises the masters
+ * from its params), so resuming is bit-identical. Once an optimizer holds masters (after a
+ * mixed step or a loaded checkpoint with masters), the param type is fixed and
+ * scapeOptimStep / scapeOptimStepStream fail with scapeInvalidUsage.
+ * Bits: every rank ends with the same masters and params; host and device steps agree.
+ *
+ * @return scapeSuccess; scapeInvalidArgument (as scapeOptimStep, and: paramType or gradType
+ *         not scapeFloat32 / scapeBfloat16 / scapeFloat16, a buffer not aligned to its element
+ *         size, paramType different from the type the masters were made for, a non-NULL
+ *         stream with host buffers; the message names the argument).
+ */
+SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
+                                            scapeDataType_t paramType, const void* grads,
+                                            scapeDataType_t gradType, uint64_t count, void* stream);
+
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
   scapeOptimPhaseSyncWait = 0,  /**< the non-finite check and agreement (scapeOptimNonFinite_t),
@@ -1060,9 +1099,11 @@ typedef struct {
   uint64_t denseBytes;     /**< values of always-dense positions */
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
-  uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter) */
+  uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter), + fp32 master
+                                weights with 16-bit params (12 bytes per parameter) */
   uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
-  uint64_t scratchBytes;   /**< payload, statistic and exchange buffers */
+  uint64_t scratchBytes;   /**< payload, statistic and exchange buffers (and the fp32
+                                copy of 16-bit grads of scapeOptimStepMixed on the host) */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
   /* Appended fields (the order above is the ABI's). */
   uint64_t controlBytes; /**< the step's small control exchanges: the all-gather of the
@@ -1085,10 +1126,12 @@ SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* 
 SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask);
 
 /**
- * Checkpoints. A checkpoint holds this rank's whole optimizer state: momentum, residual, this
+ * Checkpoints. A checkpoint holds this rank's whole optimizer state: momentum, residual, the fp32
+ * master weights if the optimizer holds them (scapeOptimStepMixed), this
  * rank's parts of the current and the next mask, the step counter (the schedule position),
  * the hyperparameters and a fingerprint of the layout and of the rank count; it is versioned
- * and checksummed. Parameters are not included (save them as usual). Each rank saves and
+ * and checksummed (format version 2; version 1 still loads). Parameters are not included (save
+ * them as usual), but the fp32 master weights of scapeOptimStepMixed are. Each rank saves and
  * loads its own checkpoint.
  *
  * scapeOptimCheckpointSize writes the bytes scapeOptimSave needs to *bytes. Both wait for the

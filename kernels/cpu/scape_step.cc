@@ -221,35 +221,97 @@ void DecayZeroRun(float* theta, float* m, size_t b, size_t end, float decay, boo
   if (end > b) std::fill(m + b, m + end, 0.0f);
 }
 
-template <typename Index, typename Load>
+// The 16-bit model copy of a mixed-precision update (ModelCopy): NoCopy compiles to nothing.
+struct NoCopy {
+  static constexpr bool kOn = false;
+  void operator()(size_t, float) const {}
+};
+struct CopyBf16 {
+  uint16_t* p;
+  static constexpr bool kOn = true;
+  void operator()(size_t i, float v) const { p[i] = FloatToBf16(v); }
+};
+struct CopyFp16 {
+  uint16_t* p;
+  static constexpr bool kOn = true;
+  void operator()(size_t i, float v) const { p[i] = FloatToFp16(v); }
+};
+
+// kOk, or why the copy cannot be written.
+KernelStatus CheckCopy(const ModelCopy* c, size_t n) {
+  if (c == nullptr) return KernelStatus::kOk;
+  if (c->type != scapeBfloat16 && c->type != scapeFloat16) return KernelStatus::kUnsupported;
+  if (n > 0 && c->p == nullptr) return KernelStatus::kInvalidArgument;
+  return KernelStatus::kOk;
+}
+
+// Calls fn with the copy functor of `c` (NoCopy for nullptr).
+template <typename F>
+bool WithCopy(const ModelCopy* c, F&& fn) {
+  if (c == nullptr) return fn(NoCopy{});
+  if (c->type == scapeBfloat16) return fn(CopyBf16{static_cast<uint16_t*>(c->p)});
+  return fn(CopyFp16{static_cast<uint16_t*>(c->p)});
+}
+
+// Positions [b, end) outside the mask: theta *= decay (when do_decay), the copy of every
+// position (also when theta keeps its bits), m = +0 when zero_m.
+template <typename Copy>
+void DecayRunCopy(float* theta, float* m, size_t b, size_t end, float decay, bool do_decay,
+                  bool zero_m, Copy copy) {
+  if (!Copy::kOn) {
+    if (zero_m) {
+      DecayZeroRun(theta, m, b, end, decay, do_decay);
+    } else if (do_decay) {
+      for (size_t i = b; i < end; ++i) theta[i] = theta[i] * decay;
+    }
+    return;
+  }
+  if (do_decay) {
+    for (size_t i = b; i < end; ++i) {
+      const float t = theta[i] * decay;
+      theta[i] = t;
+      copy(i, t);
+    }
+  } else {
+    for (size_t i = b; i < end; ++i) copy(i, theta[i]);
+  }
+  if (zero_m && end > b) std::fill(m + b, m + end, 0.0f);
+}
+
+template <typename Index, typename Load, typename Copy>
 void UpdateChunk(const Index* mask, size_t jb, size_t je, float* theta, float* m, size_t b,
-                 size_t end, const AdamSScalars& s, Load load) {
+                 size_t end, const AdamSScalars& s, Load load, Copy copy) {
   const bool do_decay = s.decay != 1.0f;
   size_t i = b;
   for (size_t j = jb; j < je; ++j) {
     const size_t p = static_cast<size_t>(mask[j]);
-    DecayZeroRun(theta, m, i, p, s.decay, do_decay);
+    DecayRunCopy(theta, m, i, p, s.decay, do_decay, true, copy);
     AdamSPoint(load(j), theta + p, m + p, s);
+    copy(p, theta[p]);
     i = p + 1;
   }
-  DecayZeroRun(theta, m, i, end, s.decay, do_decay);
+  DecayRunCopy(theta, m, i, end, s.decay, do_decay, true, copy);
 }
 
 template <typename Index>
 KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         float* theta, float* m, size_t n, const AdamSParams& params,
-                        int max_threads) {
+                        int max_threads, const ModelCopy* copy) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
+  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   auto run = [&](auto load) {
-    return ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-      UpdateChunk(mask, jb, je, theta, m, b, end, s, load);
+    return WithCopy(copy, [&](auto cp) {
+      return ForMaskChunks(n, mask, k, max_threads,
+                           [&](size_t b, size_t end, size_t jb, size_t je) {
+                             UpdateChunk(mask, jb, je, theta, m, b, end, s, load, cp);
+                           });
     });
   };
   const bool ok = WithPayloadLoader(type, payload, run);
@@ -409,13 +471,13 @@ KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, siz
 
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
                                const uint32_t* mask, size_t k, float* theta, float* m, size_t n,
-                               const AdamSParams& params, int max_threads) {
-  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads);
+                               const AdamSParams& params, int max_threads, const ModelCopy* copy) {
+  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads, copy);
 }
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
                                const uint64_t* mask, size_t k, float* theta, float* m, size_t n,
-                               const AdamSParams& params, int max_threads) {
-  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads);
+                               const AdamSParams& params, int max_threads, const ModelCopy* copy) {
+  return UpdateImpl(payload, payload_type, mask, k, theta, m, n, params, max_threads, copy);
 }
 
 KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_type,
@@ -602,29 +664,30 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
 
 KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type, const MaskView& mask,
                                    float* theta, float* m, size_t n, const AdamSParams& params,
-                                   int max_threads, bool keep_m_outside) {
+                                   int max_threads, bool keep_m_outside, const ModelCopy* copy) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
+  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const bool do_decay = s.decay != 1.0f;
   auto run = [&](auto load) {
-    return ForChunks(n, max_threads, [&](size_t b, size_t end) {
-      WalkView(
-          mask, b, end,
-          [&](size_t i0, size_t i1, const MaskRun&) {
-            if (keep_m_outside) {
-              if (do_decay)
-                for (size_t i = i0; i < i1; ++i) theta[i] = theta[i] * s.decay;
-            } else {
-              DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
-            }
-          },
-          [&](size_t p, size_t j, const MaskRun&) { AdamSPoint(load(j), theta + p, m + p, s); });
+    return WithCopy(copy, [&](auto cp) {
+      return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+        WalkView(
+            mask, b, end,
+            [&](size_t i0, size_t i1, const MaskRun&) {
+              DecayRunCopy(theta, m, i0, i1, s.decay, do_decay, !keep_m_outside, cp);
+            },
+            [&](size_t p, size_t j, const MaskRun&) {
+              AdamSPoint(load(j), theta + p, m + p, s);
+              cp(p, theta[p]);
+            });
+      });
     });
   };
   const bool ok = WithPayloadLoader(type, payload, run);
@@ -661,30 +724,29 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const u
 
 KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta, float* m,
                                   size_t n, const AdamSParams& params, int max_threads,
-                                  bool keep_m_outside) {
+                                  bool keep_m_outside, const ModelCopy* copy) {
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
+  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && pairs == nullptr) return KernelStatus::kInvalidArgument;
   if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const bool do_decay = s.decay != 1.0f;
-  const bool ok = ForChunks(n, max_threads, [&](size_t b, size_t end) {
-    WalkView(
-        mask, b, end,
-        [&](size_t i0, size_t i1, const MaskRun&) {
-          if (keep_m_outside) {
-            if (do_decay)
-              for (size_t i = i0; i < i1; ++i) theta[i] = theta[i] * s.decay;
-          } else {
-            DecayZeroRun(theta, m, i0, i1, s.decay, do_decay);
-          }
-        },
-        [&](size_t p, size_t j, const MaskRun&) {
-          theta[p] = pairs[2 * j];
-          m[p] = pairs[2 * j + 1];
-        });
+  const bool ok = WithCopy(copy, [&](auto cp) {
+    return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+      WalkView(
+          mask, b, end,
+          [&](size_t i0, size_t i1, const MaskRun&) {
+            DecayRunCopy(theta, m, i0, i1, s.decay, do_decay, !keep_m_outside, cp);
+          },
+          [&](size_t p, size_t j, const MaskRun&) {
+            theta[p] = pairs[2 * j];
+            m[p] = pairs[2 * j + 1];
+            cp(p, theta[p]);
+          });
+    });
   });
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }

@@ -71,6 +71,20 @@ KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, siz
 // 4. Unpack and AdamS update (fused).
 // ---------------------------------------------------------------------------------------------
 
+// Mixed precision: the update kernels that write theta (UnpackAdamSUpdate,
+// UnpackAdamSUpdateView, UnpackPairsDecayView) take an optional ModelCopy. theta is then the
+// fp32 master weight, and the same pass also stores copy[i] = convert(theta[i]) (round to
+// nearest even, kernels/cpu/dtype.h; the value theta[i] holds after the call) at EVERY
+// position i < n: inside the mask, outside it, and with decay == 1 (where theta keeps its bits
+// and only the copy is written). So the copy equals the rounded master after every call, what
+// ever it held before. copy == nullptr: no copy (the fp32 form, unchanged).
+// Errors: kUnsupported (type not scapeBfloat16 / scapeFloat16), kInvalidArgument (copy->p null
+// with n > 0). The copy must not overlap any other buffer of the call.
+struct ModelCopy {
+  void* p = nullptr;                     // n elements of `type`
+  scapeDataType_t type = scapeBfloat16;  // scapeBfloat16 or scapeFloat16
+};
+
 // Which bias correction the update applies (prior-art.md, "The optimizer").
 enum class BiasCorrection : int {
   kNone = 0,            // the AdamS paper form (DEFAULT): no correction
@@ -128,12 +142,15 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out);
 // leaves the same bits), m[i] = +0.0f.
 // Aliasing: theta, m, payload and mask must not overlap.
 // Errors: kInvalidArgument (null pointer, k > n, bad mask, bad parameters), kUnsupported.
+// copy: optional 16-bit model copy of theta (ModelCopy above).
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
                                const uint32_t* mask, size_t k, float* theta, float* m, size_t n,
-                               const AdamSParams& params, int max_threads = 0);
+                               const AdamSParams& params, int max_threads = 0,
+                               const ModelCopy* copy = nullptr);
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,
                                const uint64_t* mask, size_t k, float* theta, float* m, size_t n,
-                               const AdamSParams& params, int max_threads = 0);
+                               const AdamSParams& params, int max_threads = 0,
+                               const ModelCopy* copy = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Squared L2 norm of the recovered gradient at the mask (for global-norm clipping); must run
@@ -221,10 +238,11 @@ KernelStatus ZeroOutsideMask(float* m, size_t n, const MaskView& support, const 
 // position idx[j]), decay and m = 0 outside the mask.
 // keep_m_outside: m is not written outside the mask (the caller zeroes what is left of the
 // previous mask with ZeroOutsideMask), which saves reading and writing m on every position.
+// copy: optional 16-bit model copy of theta (ModelCopy above).
 KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t payload_type,
                                    const MaskView& mask, float* theta, float* m, size_t n,
                                    const AdamSParams& params, int max_threads = 0,
-                                   bool keep_m_outside = false);
+                                   bool keep_m_outside = false, const ModelCopy* copy = nullptr);
 
 // The AdamS update of k sorted positions without touching theta or m (the sharded owner's
 // part): for j < k, with i = idx[j], mp = m[i], th = theta[i] and mt = convert(payload[j]),
@@ -237,10 +255,11 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t payload_type,
 
 // Unpack of gathered (theta', m') pairs at a view: theta[idx[j]] = pairs[2j],
 // m[idx[j]] = pairs[2j+1]; outside the mask theta *= decay (skipped when decay == 1) and
-// m = +0.0f, with decay = 1 - lr*wd from `params` as in UnpackAdamSUpdate.
+// m = +0.0f, with decay = 1 - lr*wd from `params` as in UnpackAdamSUpdate. copy: optional
+// 16-bit model copy of theta (ModelCopy above).
 KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, float* theta, float* m,
                                   size_t n, const AdamSParams& params, int max_threads = 0,
-                                  bool keep_m_outside = false);
+                                  bool keep_m_outside = false, const ModelCopy* copy = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Dense baselines (scape-perf --mode step): one fused pass over n.

@@ -83,6 +83,21 @@ KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payloa
                                    const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
                                    size_t n, const AdamSParams& params, cudaStream_t stream);
 
+// Mixed precision (kernels/cpu/scape_step.h, ModelCopy). The candidate with gradients of
+// grad_type (fp32, bf16 or fp16), widened exactly as they are read: the same bits as the fp32
+// form on the widened gradients. The update that also stores the 16-bit copy of theta at every
+// element in the same pass (copy.type bf16 or fp16, else kUnsupported).
+KernelStatus CandidatePackResidualGradCuda(const float* d_m, const void* d_g,
+                                           scapeDataType_t grad_type, float* d_e, size_t n,
+                                           float beta1, const uint64_t* d_mask, size_t k,
+                                           scapeDataType_t payload_type, void* d_payload,
+                                           float* d_c_out, cudaStream_t stream,
+                                           bool keep_rounding = false);
+KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t payload_type,
+                                       const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                       size_t n, const AdamSParams& params, const ModelCopy& copy,
+                                       cudaStream_t stream);
+
 // Same contract and the same bits as RecoveredGradSqNorm; the result goes to *d_sq_norm
 // (device). Temp storage: about k/256 doubles.
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,

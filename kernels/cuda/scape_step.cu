@@ -66,9 +66,10 @@ __device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1
 
 // keep: the residual at a masked element is the rounding error c - stored (+0 when the stored
 // value is not finite; always +0 for fp32), else +0 (the contract's keep_rounding).
-template <typename Index, int kType, bool kCOut>
+// kG: the gradients' type (dev::PayloadKind: 0 fp32, 1 bf16, 2 fp16), widened exactly as read.
+template <typename Index, int kType, bool kCOut, int kG>
 __global__ void __launch_bounds__(kThreads)
-    CandidateKernel(const float* m, const float* g, float* e, uint64_t n, float b1, float omb1,
+    CandidateKernel(const float* m, const void* g, float* e, uint64_t n, float b1, float omb1,
                     const Index* mask, uint64_t k, void* payload, float* c_out, bool keep) {
   __shared__ int slot[kTile];
   __shared__ uint64_t range[2];
@@ -78,7 +79,8 @@ __global__ void __launch_bounds__(kThreads)
     uint64_t jb;
     MarkTile(mask, k, t0, t1, slot, range, &jb);
     for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
-      const float c = __fadd_rn(__fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, g[i])), e[i]);
+      const float gi = dev::LoadPayload<kG>(g, i);
+      const float c = __fadd_rn(__fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, gi)), e[i]);
       const int s = slot[i - t0];
       if (s >= 0 && jb + static_cast<uint64_t>(s) < k) {
         const float q = dev::StorePayload<kType>(payload, jb + static_cast<uint64_t>(s), c);
@@ -142,10 +144,18 @@ __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, f
 // stores theta and m as float4; m_{t-1} is read only at masked elements (m is 0 elsewhere).
 // Otherwise (the last partial tile, decay == 1 where theta is only touched at masked
 // elements, unaligned pointers) element by element as before. Same results either way.
-template <typename Index, int kType, bool kVec>
+// kCopy (mixed precision, kernels::ModelCopy): 0 none, 1 bf16, 2 fp16; the 16-bit copy of
+// theta is stored at every element in the same pass (also where decay == 1 leaves theta).
+template <int kCopy>
+__device__ __forceinline__ void StoreCopy(void* copy, uint64_t i, float v) {
+  if (kCopy == 1) static_cast<uint16_t*>(copy)[i] = dev::FloatToBf16(v);
+  if (kCopy == 2) static_cast<uint16_t*>(copy)[i] = dev::FloatToFp16(v);
+}
+
+template <typename Index, int kType, bool kVec, int kCopy>
 __global__ void __launch_bounds__(kThreads, 4)
     UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
-                 uint64_t n, AdamSScalars s) {
+                 uint64_t n, AdamSScalars s, void* copy) {
   __shared__ __align__(16) short slot[kUTile];
   __shared__ uint64_t range[2];
   const bool do_decay = s.decay != 1.0f;
@@ -187,18 +197,26 @@ __global__ void __launch_bounds__(kThreads, 4)
         }
         th4[v] = make_float4(t[0], t[1], t[2], t[3]);
         m4[v] = make_float4(mo[0], mo[1], mo[2], mo[3]);
+        if (kCopy != 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            StoreCopy<kCopy>(copy, t0 + static_cast<uint64_t>(v) * 4 + q, t[q]);
+        }
       }
     } else {
       for (uint64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
         const int sl = slot[i - t0];
         if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
           float mn;
-          theta[i] =
+          const float t =
               MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl), m[i], theta[i], s, &mn);
+          theta[i] = t;
           m[i] = mn;
+          if (kCopy != 0) StoreCopy<kCopy>(copy, i, t);
         } else {
           if (do_decay) theta[i] = __fmul_rn(theta[i], s.decay);
           m[i] = 0.0f;
+          if (kCopy != 0) StoreCopy<kCopy>(copy, i, theta[i]);
         }
       }
     }
@@ -257,23 +275,13 @@ __global__ void __launch_bounds__(kSqNormBlock)
   }
 }
 
-template <typename Index>
-KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
-                           const Index* mask, size_t k, scapeDataType_t type, void* payload,
-                           float* c_out, bool keep_rounding, cudaStream_t stream) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
-  if (k > n) return KernelStatus::kInvalidArgument;
-  if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
-  if (n == 0) return KernelStatus::kOk;
-  const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
-  const unsigned grid = dev::GridFor(n, kTile);
-#define SCAPE_CAND_LAUNCH(T, C)                                                                 \
-  CandidateKernel<Index, T, C><<<grid, kThreads, 0, stream>>>(m, g, e, n, beta1, omb1, mask, k, \
-                                                              payload, c_out, keep_rounding)
+template <typename Index, int kG>
+void LaunchCandidate(const float* m, const void* g, float* e, size_t n, float beta1, float omb1,
+                     const Index* mask, size_t k, int kind, void* payload, float* c_out,
+                     bool keep_rounding, unsigned grid, cudaStream_t stream) {
+#define SCAPE_CAND_LAUNCH(T, C)                                    \
+  CandidateKernel<Index, T, C, kG><<<grid, kThreads, 0, stream>>>( \
+      m, g, e, n, beta1, omb1, mask, k, payload, c_out, keep_rounding)
   if (c_out) {
     if (kind == 0)
       SCAPE_CAND_LAUNCH(0, true);
@@ -290,34 +298,51 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
       SCAPE_CAND_LAUNCH(2, false);
   }
 #undef SCAPE_CAND_LAUNCH
+}
+
+template <typename Index>
+KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, float beta1,
+                           const Index* mask, size_t k, scapeDataType_t type, void* payload,
+                           float* c_out, bool keep_rounding, cudaStream_t stream,
+                           scapeDataType_t grad_type = scapeFloat32) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  const int gkind = dev::PayloadKind(grad_type);
+  if (gkind < 0) return KernelStatus::kUnsupported;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
+  const unsigned grid = dev::GridFor(n, kTile);
+  if (gkind == 0)
+    LaunchCandidate<Index, 0>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
+                              grid, stream);
+  else if (gkind == 1)
+    LaunchCandidate<Index, 1>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
+                              grid, stream);
+  else
+    LaunchCandidate<Index, 2>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
+                              grid, stream);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
 
-template <typename Index>
-KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
-                        float* theta, float* m, size_t n, const AdamSParams& params,
-                        cudaStream_t stream) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
-  AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
-  if (st != KernelStatus::kOk) return st;
-  if (k > n) return KernelStatus::kInvalidArgument;
-  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
-  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
-  if (n == 0) return KernelStatus::kOk;
-  const unsigned grid = dev::GridFor(n, kUTile);
-  const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
-#define SCAPE_UPDATE_LAUNCH(KT)                                              \
-  do {                                                                       \
-    if (vec) {                                                               \
-      UpdateKernel<Index, KT, true>                                          \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s); \
-    } else {                                                                 \
-      UpdateKernel<Index, KT, false>                                         \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s); \
-    }                                                                        \
+template <typename Index, int kCopy>
+void LaunchUpdate(const void* payload, int kind, const Index* mask, size_t k, float* theta,
+                  float* m, size_t n, const AdamSScalars& s, void* copy, bool vec, unsigned grid,
+                  cudaStream_t stream) {
+#define SCAPE_UPDATE_LAUNCH(KT)                                                    \
+  do {                                                                             \
+    if (vec) {                                                                     \
+      UpdateKernel<Index, KT, true, kCopy>                                         \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, copy); \
+    } else {                                                                       \
+      UpdateKernel<Index, KT, false, kCopy>                                        \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, copy); \
+    }                                                                              \
   } while (0)
   if (kind == 0) {
     SCAPE_UPDATE_LAUNCH(0);
@@ -327,6 +352,33 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
     SCAPE_UPDATE_LAUNCH(2);
   }
 #undef SCAPE_UPDATE_LAUNCH
+}
+
+template <typename Index>
+KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
+                        float* theta, float* m, size_t n, const AdamSParams& params,
+                        cudaStream_t stream, const ModelCopy* copy = nullptr) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  const int ckind = copy ? dev::PayloadKind(copy->type) : 0;
+  if (copy && ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
+  if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const unsigned grid = dev::GridFor(n, kUTile);
+  const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
+  void* cp = copy ? copy->p : nullptr;
+  if (ckind == 0)
+    LaunchUpdate<Index, 0>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
+  else if (ckind == 1)
+    LaunchUpdate<Index, 1>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
+  else
+    LaunchUpdate<Index, 2>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -412,6 +464,23 @@ KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payloa
                                    const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
                                    size_t n, const AdamSParams& params, cudaStream_t stream) {
   return UpdateImpl(d_payload, payload_type, d_mask, k, d_theta, d_m, n, params, stream);
+}
+
+KernelStatus CandidatePackResidualGradCuda(const float* d_m, const void* d_g,
+                                           scapeDataType_t grad_type, float* d_e, size_t n,
+                                           float beta1, const uint64_t* d_mask, size_t k,
+                                           scapeDataType_t payload_type, void* d_payload,
+                                           float* d_c_out, cudaStream_t stream,
+                                           bool keep_rounding) {
+  return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
+                       keep_rounding, stream, grad_type);
+}
+
+KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t payload_type,
+                                       const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
+                                       size_t n, const AdamSParams& params, const ModelCopy& copy,
+                                       cudaStream_t stream) {
+  return UpdateImpl(d_payload, payload_type, d_mask, k, d_theta, d_m, n, params, stream, &copy);
 }
 
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,

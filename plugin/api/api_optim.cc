@@ -359,6 +359,95 @@ SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, 
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+const char* TypeName(int t) {
+  return t == scapeFloat32    ? "scapeFloat32"
+         : t == scapeBfloat16 ? "scapeBfloat16"
+         : t == scapeFloat16  ? "scapeFloat16"
+                              : "unsupported";
+}
+
+// The checks of scapeOptimStepMixed (CheckStepArgs with per-buffer element types).
+Status CheckMixedStepArgs(scapeOptim_t optim, void* params, int paramType, const void* grads,
+                          int gradType, uint64_t count, bool* device) {
+  SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
+  const int rank = optim->comm->impl->rank();
+  const uint64_t n = optim->impl->n();
+  auto okType = [](int t) { return t == scapeFloat32 || t == scapeBfloat16 || t == scapeFloat16; };
+  if (!okType(paramType))
+    return scape::InvalidArgument(
+        StrFormat("rank %d: paramType = %d: expected scapeFloat32, scapeBfloat16 or scapeFloat16",
+                  rank, paramType));
+  if (!okType(gradType))
+    return scape::InvalidArgument(
+        StrFormat("rank %d: gradType = %d: expected scapeFloat32, scapeBfloat16 or scapeFloat16",
+                  rank, gradType));
+  if (count != n)
+    return scape::InvalidArgument(
+        StrFormat("rank %d: count = %llu differs from the layout's n = %llu", rank,
+                  static_cast<unsigned long long>(count), static_cast<unsigned long long>(n)));
+  if (!params) return scape::InvalidArgument(StrFormat("rank %d: params is NULL", rank));
+  if (!grads) return scape::InvalidArgument(StrFormat("rank %d: grads is NULL", rank));
+  const size_t pe = scapeTypeSize(static_cast<scapeDataType_t>(paramType));
+  const size_t ge = scapeTypeSize(static_cast<scapeDataType_t>(gradType));
+  const uintptr_t p = reinterpret_cast<uintptr_t>(params), g = reinterpret_cast<uintptr_t>(grads);
+  if (p % pe != 0)
+    return scape::InvalidArgument(StrFormat("rank %d: params = %p is not %zu-byte aligned (%s)",
+                                            rank, params, pe, TypeName(paramType)));
+  if (g % ge != 0)
+    return scape::InvalidArgument(StrFormat("rank %d: grads = %p is not %zu-byte aligned (%s)",
+                                            rank, grads, ge, TypeName(gradType)));
+  if (p < g + ge * n && g < p + pe * n)
+    return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
+  scape::device::Runtime* rt = scape::device::GetRuntime();
+  const scape::device::PtrKind kp = rt->Kind(params), kg = rt->Kind(grads);
+  const bool dp = kp != scape::device::PtrKind::kHost, dg = kg != scape::device::PtrKind::kHost;
+  if (dp != dg)
+    return scape::InvalidArgument(
+        StrFormat("rank %d: params is %s but grads is %s: both must be host memory or both "
+                  "device memory",
+                  rank, scape::device::PtrKindName(kp), scape::device::PtrKindName(kg)));
+  *device = dp;
+  return Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
+                                            scapeDataType_t paramType, const void* grads,
+                                            scapeDataType_t gradType, uint64_t count,
+                                            void* stream) {
+  return Guard(CommOf(optim), "scapeOptimStepMixed", [&]() -> Status {
+    bool device = false;
+    SCAPE_RETURN_IF_ERROR(CheckMixedStepArgs(optim, params, static_cast<int>(paramType), grads,
+                                             static_cast<int>(gradType), count, &device));
+    if (device) {
+      scapeComm* comm = optim->comm;
+      auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
+        if (scape::device::RunsOnNccl(comm, a))
+          return scape::device::NcclCollective(comm, a, nullptr, s, false);
+        bool handled = false;
+        SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
+        if (!handled)
+          return scape::InternalError("the device dispatch did not take the device exchange");
+        return Status::Ok();
+      };
+      return optim->impl->StepDeviceMixed(params, paramType, grads, gradType, stream, exchange);
+    }
+    if (stream)
+      return scape::InvalidArgument(
+          StrFormat("rank %d: stream = %p with host params and grads: a stream orders device "
+                    "work only (pass NULL for host buffers)",
+                    optim->comm->impl->rank(), stream));
+    return optim->impl->StepMixed(params, paramType, grads, gradType);
+  });
+}
+
 SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* info) {
   return Guard(CommOf(optim), "scapeOptimGetInfo", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckOptim(optim));

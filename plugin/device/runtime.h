@@ -98,6 +98,22 @@ class Runtime {
   virtual Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                    const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                    size_t n, const kernels::AdamSParams& params, Stream s);
+  // Mixed precision (scapeOptimStepMixed). CandidatePackResidualGrad: CandidatePackResidual with
+  // gradients dG of gradType (scapeFloat32, scapeBfloat16 or scapeFloat16, widened exactly:
+  // the same bits as the fp32 form on the widened values). UnpackAdamSUpdateCopy:
+  // UnpackAdamSUpdate that also writes the 16-bit model copy dCopy (copyType scapeBfloat16 or
+  // scapeFloat16) of theta at every position in the same pass (kernels::ModelCopy). The
+  // defaults forward an fp32 gradType to CandidatePackResidual and say scapeUnsupported
+  // otherwise.
+  virtual Status CandidatePackResidualGrad(const float* dM, const void* dG,
+                                           scapeDataType_t gradType, float* dE, size_t n,
+                                           float beta1, const uint64_t* dMask, size_t k,
+                                           scapeDataType_t payloadType, void* dPayload,
+                                           float* dCOut, Stream s);
+  virtual Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
+                                       const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                       size_t n, const kernels::AdamSParams& params, void* dCopy,
+                                       scapeDataType_t copyType, Stream s);
   // *dSqNorm (device, one double) = RecoveredGradSqNorm's result, the same bits.
   virtual Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dMask, size_t k, const float* dM, size_t n,

@@ -387,6 +387,66 @@ class Cuda final : public Runtime {
     return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n,
                                                     params, static_cast<cudaStream_t>(s)));
   }
+  Status CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
+                                   float* dE, size_t n, float beta1, const uint64_t* dMask,
+                                   size_t k, scapeDataType_t payloadType, void* dPayload,
+                                   float* dCOut, Stream s) override {
+    if (gradType == scapeFloat32)
+      return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
+                                   payloadType, dPayload, dCOut, s);
+    const char* op = "candidate kernel (16-bit gradients)";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, gradType));
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    if (n == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dG", dG));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dE", dE));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dG", dG, 2));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    return KernelFail(op, kc::CandidatePackResidualGradCuda(
+                              dM, dG, gradType, dE, n, beta1, dMask, k, payloadType, dPayload,
+                              dCOut, static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
+  }
+  Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
+                               const uint64_t* dMask, size_t k, float* dTheta, float* dM, size_t n,
+                               const kn::AdamSParams& params, void* dCopy, scapeDataType_t copyType,
+                               Stream s) override {
+    const char* op = "AdamS update kernel (16-bit model copy)";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    if (copyType != scapeBfloat16 && copyType != scapeFloat16)
+      return Status(scapeUnsupported,
+                    StrFormat("%s: copyType = %d: expected scapeBfloat16 or scapeFloat16", op,
+                              static_cast<int>(copyType)));
+    kn::AdamSScalars sc;
+    if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk)
+      return InvalidArgument(StrFormat("%s: bad AdamS parameters", op));
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    if (n == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCopy", dCopy));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCopy", dCopy, 2));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    kn::ModelCopy c;
+    c.p = dCopy;
+    c.type = copyType;
+    return KernelFail(
+        op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, params, c,
+                                          static_cast<cudaStream_t>(s)));
+  }
   Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                              const uint64_t* dMask, size_t k, const float* dM, size_t n,
                              float beta1, double* dSqNorm, Stream s) override {

@@ -88,6 +88,20 @@ Status Runtime::UnpackAdamSUpdate(const void*, scapeDataType_t, const uint64_t*,
                                   float*, size_t, const kernels::AdamSParams&, Stream) {
   return NoDeviceOp(this, "AdamS update kernel");
 }
+Status Runtime::CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
+                                          float* dE, size_t n, float beta1, const uint64_t* dMask,
+                                          size_t k, scapeDataType_t payloadType, void* dPayload,
+                                          float* dCOut, Stream s) {
+  if (gradType == scapeFloat32)
+    return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
+                                 payloadType, dPayload, dCOut, s);
+  return NoDeviceOp(this, "candidate kernel (16-bit gradients)");
+}
+Status Runtime::UnpackAdamSUpdateCopy(const void*, scapeDataType_t, const uint64_t*, size_t, float*,
+                                      float*, size_t, const kernels::AdamSParams&, void*,
+                                      scapeDataType_t, Stream) {
+  return NoDeviceOp(this, "AdamS update kernel (16-bit model copy)");
+}
 Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t*, size_t,
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");

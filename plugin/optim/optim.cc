@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/finite.h"
 #include "kernels/cpu/kernel_status.h"
 #include "plugin/coll/coll.h"
@@ -24,8 +25,12 @@ namespace {
 //   112 f64 density | 120 i64 warm-up steps | 128 u64 kc | 136 u64 kn |
 //   144 momentum (n f32) | residual (n f32) | this rank's part of the current mask (kc u64) |
 //   its part of the next mask (kn u64).
+// Version 2 (written since mixed precision) is version 1 with: 108 i32 the type of the params
+// the fp32 master weights shadow (scapeBfloat16 or scapeFloat16; 0 = scapeFloat32: no masters),
+// and with masters, n f32 master weights after the residual (before the mask parts). Version 1
+// checkpoints (108 is 0, no masters) still load.
 constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeader = 144;
 
 template <typename T>
@@ -376,6 +381,10 @@ Status Optimizer::SkipAfterExchange() {
 
 Status Optimizer::Step(float* theta, const float* g) {
   if (!comm_->error().ok()) return comm_->error();
+  if (masterType_ != scapeFloat32 && copy_ == nullptr)
+    return InvalidUsage(
+        "this optimizer holds fp32 master weights of 16-bit params: step with "
+        "scapeOptimStepMixed and those params (nothing was changed)");
   // State left on the device by device steps comes back to the host (a host wait).
   if (dev_) SCAPE_RETURN_IF_ERROR(DeviceToHost().Prepend("moving the state to the host"));
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
@@ -517,7 +526,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   t0 = NowNs();
   if (!sharded) {
     ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_,
-                                        useSup);
+                                        useSup, copy_);
     if (ks == kernels::KernelStatus::kOk && useSup)
       ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
@@ -539,7 +548,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     for (size_t& c : gg.counts) c *= 2;
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
     ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_,
-                                       useSup);
+                                       useSup, copy_);
     if (ks == kernels::KernelStatus::kOk && useSup)
       ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
@@ -562,6 +571,66 @@ Status Optimizer::Step(float* theta, const float* g) {
   return Status::Ok();
 }
 
+Status Optimizer::CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const {
+  auto name = [](scapeDataType_t t) {
+    return t == scapeFloat32    ? "scapeFloat32"
+           : t == scapeBfloat16 ? "scapeBfloat16"
+                                : "scapeFloat16";
+  };
+  if (paramType != scapeFloat32 && paramType != scapeBfloat16 && paramType != scapeFloat16)
+    return InvalidArgument(
+        StrFormat("rank %d: paramType = %d: expected scapeFloat32, scapeBfloat16 or scapeFloat16",
+                  rank_, static_cast<int>(paramType)));
+  if (gradType != scapeFloat32 && gradType != scapeBfloat16 && gradType != scapeFloat16)
+    return InvalidArgument(
+        StrFormat("rank %d: gradType = %d: expected scapeFloat32, scapeBfloat16 or scapeFloat16",
+                  rank_, static_cast<int>(gradType)));
+  if (masterType_ != scapeFloat32 && paramType != masterType_)
+    return InvalidArgument(
+        StrFormat("rank %d: paramType = %s but this optimizer holds fp32 master weights of %s "
+                  "params (since its first mixed step or a loaded checkpoint): the params' type "
+                  "cannot change",
+                  rank_, name(paramType), name(masterType_)));
+  return Status::Ok();
+}
+
+Status Optimizer::StepMixed(void* params, scapeDataType_t paramType, const void* grads,
+                            scapeDataType_t gradType) {
+  SCAPE_RETURN_IF_ERROR(CheckMixedTypes(paramType, gradType));
+  if (!comm_->error().ok()) return comm_->error();
+  // State left on the device by device steps comes back to the host (master included).
+  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceToHost().Prepend("moving the state to the host"));
+  const uint64_t n = layout_.n;
+  const float* g = static_cast<const float*>(grads);
+  if (gradType != scapeFloat32) {
+    // 16-bit gradients: widened exactly (one pass over g) into fp32 scratch.
+    if (gWide_.size() < n) gWide_.resize(n);
+    if (gradType == scapeBfloat16)
+      kernels::ConvertBf16ToFloat(static_cast<const uint16_t*>(grads), gWide_.data(), n);
+    else
+      kernels::ConvertFp16ToFloat(static_cast<const uint16_t*>(grads), gWide_.data(), n);
+    g = gWide_.data();
+  }
+  if (paramType == scapeFloat32) return Step(static_cast<float*>(params), g);
+  if (masterType_ == scapeFloat32) {
+    // The first mixed step: the masters are the params, widened exactly (the same bits on
+    // every rank, whose params are identical).
+    master_.resize(n);
+    if (paramType == scapeBfloat16)
+      kernels::ConvertBf16ToFloat(static_cast<const uint16_t*>(params), master_.data(), n);
+    else
+      kernels::ConvertFp16ToFloat(static_cast<const uint16_t*>(params), master_.data(), n);
+    masterType_ = paramType;
+  }
+  kernels::ModelCopy c;
+  c.p = params;
+  c.type = paramType;
+  copy_ = &c;
+  Status st = Step(master_.data(), g);
+  copy_ = nullptr;
+  return st;
+}
+
 void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   scapeOptimInfo_t x{};
   x.step = step_;
@@ -576,13 +645,14 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.skippedSteps = skipped_;
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
-  x.stateBytes = 8 * layout_.n;
+  x.stateBytes = (masterType_ != scapeFloat32 ? 12 : 8) * layout_.n;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
   x.maskStateBytes =
       8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
-  x.scratchBytes =
-      send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) + 4 * ownedSize_;
+  x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
+                   4 * ownedSize_ +
+                   4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;
 }
@@ -605,7 +675,8 @@ Status Optimizer::CheckpointSize(size_t* bytes) {
     SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the last step"));
   const uint64_t kc = mask_->RankCount(rank_);
   const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
-  *bytes = kHeader + 8 * layout_.n + 8 * (kc + kn);
+  const uint64_t masterBytes = masterType_ != scapeFloat32 ? 4 * layout_.n : 0;
+  *bytes = kHeader + 8 * layout_.n + masterBytes + 8 * (kc + kn);
   return Status::Ok();
 }
 
@@ -644,6 +715,7 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
   Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
   Put<int32_t>(b, 104, pending_ ? 1 : 0);
+  Put<int32_t>(b, 108, static_cast<int32_t>(masterType_));
   Put<double>(b, 112, hyper_.density);
   Put<int64_t>(b, 120, hyper_.warmupSteps);
   Put<uint64_t>(b, 128, kc);
@@ -653,6 +725,10 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   off += 4 * n;
   if (n) std::memcpy(b + off, e_.data(), 4 * n);
   off += 4 * n;
+  if (masterType_ != scapeFloat32) {
+    if (n) std::memcpy(b + off, master_.data(), 4 * n);
+    off += 4 * n;
+  }
   if (kc) std::memcpy(b + off, mask_->Current().data() + mask_->RankOffset(rank_), 8 * kc);
   off += 8 * kc;
   if (kn) std::memcpy(b + off, mask_->Next().data() + mask_->NextRankOffset(rank_), 8 * kn);
@@ -682,8 +758,8 @@ Status Optimizer::ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* w
 }
 
 Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper,
-                                     int64_t* step, bool* hasNext, uint64_t* kc,
-                                     uint64_t* kn) const {
+                                     int64_t* step, bool* hasNext, uint64_t* kc, uint64_t* kn,
+                                     scapeDataType_t* masterType) const {
   if (size < kHeader)
     return InvalidArgument(
         StrFormat("checkpoint: size = %zu is below the %zu-byte header "
@@ -692,9 +768,9 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   if (std::memcmp(b, kMagic, 8) != 0)
     return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
   const uint32_t ver = Get<uint32_t>(b, 8);
-  if (ver != kVersion || Get<uint32_t>(b, 12) != kHeader)
+  if ((ver != 1 && ver != kVersion) || Get<uint32_t>(b, 12) != kHeader)
     return InvalidArgument(
-        StrFormat("checkpoint: version %u, this library reads version %u", ver, kVersion));
+        StrFormat("checkpoint: version %u, this library reads versions 1 to %u", ver, kVersion));
   const uint64_t total = Get<uint64_t>(b, 16);
   if (total != size)
     return InvalidArgument(
@@ -739,13 +815,16 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
   const int64_t st = Get<int64_t>(b, 56);
   const int32_t nx = Get<int32_t>(b, 104);
-  if (st < 0 || (nx != 0 && nx != 1) || Get<int32_t>(b, 108) != 0)
+  const int32_t mt = Get<int32_t>(b, 108);
+  if (st < 0 || (nx != 0 && nx != 1) ||
+      (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))))
     return InvalidArgument("checkpoint: bad step counter or flags");
   const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
   const uint64_t n = layout_.n;
-  if (c > n || x > n || (nx == 0 && x != 0) || size != kHeader + 8 * n + 8 * (c + x))
+  const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
+  if (c > n || x > n || (nx == 0 && x != 0) || size != kHeader + 8 * n + masterBytes + 8 * (c + x))
     return InvalidArgument("checkpoint: mask part sizes do not match the checkpoint's size");
-  const uint8_t* idx = b + kHeader + 8 * n;
+  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
   SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx, c, "current"));
   SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx + 8 * c, x, "next"));
   *hyper = h;
@@ -753,6 +832,7 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   *hasNext = nx != 0;
   *kc = c;
   *kn = x;
+  *masterType = static_cast<scapeDataType_t>(mt);
   return Status::Ok();
 }
 
@@ -765,7 +845,8 @@ Status Optimizer::Load(const void* buf, size_t size) {
   int64_t st = 0;
   bool hasNext = false;
   uint64_t kc = 0, kn = 0;
-  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn)
+  scapeDataType_t mt = scapeFloat32;
+  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn, &mt)
                  : InvalidArgument("buf is NULL");
   // Every rank validates first; they agree on the outcome before anything changes.
   if (!comm_->error().ok()) return comm_->error();
@@ -786,7 +867,8 @@ Status Optimizer::Load(const void* buf, size_t size) {
                     "(this optimizer is unchanged)",
                     r));
   const uint64_t n = layout_.n;
-  const uint8_t* idx = b + kHeader + 8 * n;
+  const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
+  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
   std::vector<uint64_t> cur(kc), next(kn);
   if (kc) std::memcpy(cur.data(), idx, 8 * kc);
   if (kn) std::memcpy(next.data(), idx + 8 * kc, 8 * kn);
@@ -800,6 +882,16 @@ Status Optimizer::Load(const void* buf, size_t size) {
   if (n) {
     std::memcpy(m_.data(), b + kHeader, 4 * n);
     std::memcpy(e_.data(), b + kHeader + 4 * n, 4 * n);
+  }
+  // The master weights are the checkpoint's (none in a checkpoint without: the next mixed step
+  // initialises them from its params).
+  masterType_ = mt;
+  if (mt != scapeFloat32) {
+    master_.resize(n);
+    if (n) std::memcpy(master_.data(), b + kHeader + 8 * n, 4 * n);
+  } else {
+    master_.clear();
+    master_.shrink_to_fit();
   }
   step_ = st;
   hyper_ = h;

@@ -70,6 +70,17 @@ class Optimizer {
   using DeviceExchange = std::function<Status(const coll::CollArgs&, void* stream)>;
   Status StepDevice(float* dTheta, const float* dG, void* stream, const DeviceExchange& exchange);
   bool OnDevice() const { return dev_ != nullptr; }
+  // Mixed precision (scapeOptimStepMixed): params are n elements of paramType (scapeBfloat16 or
+  // scapeFloat16; the optimizer holds fp32 master weights, initialised from params at the
+  // first mixed step, and the update writes the master and params in the same pass), grads n
+  // elements of gradType (fp32, bf16 or fp16; widened exactly). Host memory.
+  Status StepMixed(void* params, scapeDataType_t paramType, const void* grads,
+                   scapeDataType_t gradType);
+  // The same on device memory (optim_device.cc), enqueued on `stream`.
+  Status StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
+                         scapeDataType_t gradType, void* stream, const DeviceExchange& exchange);
+  // The 16-bit type the master weights shadow; scapeFloat32 while there are none.
+  scapeDataType_t MasterType() const { return masterType_; }
   void GetInfo(scapeOptimInfo_t* info) const;
 
   Status CheckpointSize(size_t* bytes);
@@ -88,7 +99,8 @@ class Optimizer {
   kernels::MaskView View() const;
   Status SyncOwnPart(const uint64_t* idx, size_t k);  // set + sync + wait (collective)
   Status ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper, int64_t* step,
-                            bool* hasNext, uint64_t* kc, uint64_t* kn) const;
+                            bool* hasNext, uint64_t* kc, uint64_t* kn,
+                            scapeDataType_t* masterType) const;
   Status ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const;
   uint64_t LayoutFingerprint() const;
   // Non-finite gradients (issue 24 item 9). AgreeFinite: collective, before any state change
@@ -118,7 +130,16 @@ class Optimizer {
   OptimLayout layout_;
   OptimHyper hyper_;
 
-  std::vector<float> m_, e_;       // momentum (identical on every rank), residual (this rank)
+  std::vector<float> m_, e_;  // momentum (identical on every rank), residual (this rank)
+  // Mixed precision: fp32 master weights (n floats, identical on every rank) of the 16-bit
+  // params of type masterType_ (scapeFloat32: none, master_ empty). copy_: the 16-bit copy the
+  // step in progress writes beside theta (nullptr: none); gWide_: 16-bit grads widened.
+  scapeDataType_t masterType_ = scapeFloat32;
+  std::vector<float> master_;
+  const kernels::ModelCopy* copy_ = nullptr;
+  std::vector<float> gWide_;
+  scapeDataType_t devGradType_ = scapeFloat32;  // the device step in progress: dG's type
+  Status CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const;
   std::unique_ptr<float[]> stat_;  // n floats; only this rank's owned part is ever touched
   uint64_t ownedSize_ = 0, denseCount_ = 0;
   std::vector<char> send_, recv_;            // payload before / after the exchange

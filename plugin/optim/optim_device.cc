@@ -34,6 +34,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "kernels/cpu/dtype.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/optim_device.h"
 
@@ -90,7 +91,8 @@ Optimizer::DeviceState::~DeviceState() {
        {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat), dPaySorted,
         dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
         static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
-        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag)})
+        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag),
+        static_cast<void*>(dMaster)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
@@ -125,6 +127,10 @@ Status Optimizer::DevicePull() {
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(m_.data(), d.dM, 4 * n, d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(e_.data(), d.dE, 4 * n, d.stream));
+  if (masterType_ != scapeFloat32 && d.dMaster) {
+    master_.resize(n);
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(master_.data(), d.dMaster, 4 * n, d.stream));
+  }
   return d.rt->StreamSynchronize(d.stream);
 }
 
@@ -134,6 +140,14 @@ Status Optimizer::DevicePush() {
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dM, m_.data(), 4 * n, d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
+  // The master weights live beside the state while the optimizer has them.
+  if (masterType_ != scapeFloat32) {
+    if (!d.dMaster) SCAPE_RETURN_IF_ERROR(Alloc(d.rt, n, &d.dMaster));
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMaster, master_.data(), 4 * n, d.stream));
+  } else if (d.dMaster) {
+    d.rt->DeviceFree(d.dMaster);
+    d.dMaster = nullptr;
+  }
   return d.rt->StreamSynchronize(d.stream);
 }
 
@@ -143,9 +157,49 @@ Status Optimizer::DeviceToHost() {
   return Status::Ok();
 }
 
+Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
+                                  scapeDataType_t gradType, void* stream,
+                                  const DeviceExchange& exchange) {
+  SCAPE_RETURN_IF_ERROR(CheckMixedTypes(paramType, gradType));
+  if (!comm_->error().ok()) return comm_->error();
+  device::Runtime* rt = device::GetRuntime();
+  const uint64_t n = layout_.n;
+  if (paramType != scapeFloat32 && masterType_ == scapeFloat32) {
+    // The first mixed step: the masters are the params, widened exactly. A host wait (once):
+    // params come to the host after the work queued before them on the stream.
+    if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("finishing the previous device step"));
+    std::vector<uint16_t> h(n);
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h.data(), dParams, 2 * n, stream));
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("copying params to the host"));
+    master_.resize(n);
+    if (paramType == scapeBfloat16)
+      kernels::ConvertBf16ToFloat(h.data(), master_.data(), n);
+    else
+      kernels::ConvertFp16ToFloat(h.data(), master_.data(), n);
+    masterType_ = paramType;
+    if (dev_)
+      SCAPE_RETURN_IF_ERROR(DevicePush().Prepend("moving the master weights to the device"));
+  }
+  kernels::ModelCopy c;
+  c.p = dParams;
+  c.type = paramType;
+  copy_ = paramType != scapeFloat32 ? &c : nullptr;
+  devGradType_ = gradType;
+  // dTheta = nullptr: the device master weights (StepDevice).
+  Status st = StepDevice(paramType != scapeFloat32 ? nullptr : static_cast<float*>(dParams),
+                         static_cast<const float*>(dG), stream, exchange);
+  copy_ = nullptr;
+  devGradType_ = scapeFloat32;
+  return st;
+}
+
 Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
                              const DeviceExchange& exchange) {
   if (!comm_->error().ok()) return comm_->error();
+  if (masterType_ != scapeFloat32 && copy_ == nullptr)
+    return InvalidUsage(
+        "this optimizer holds fp32 master weights of 16-bit params: step with "
+        "scapeOptimStepMixed and those params (nothing was changed)");
   device::Runtime* rt = device::GetRuntime();
   const uint64_t n = layout_.n;
   // The payload type (validated at create and load: fp32, bf16 or fp16) and its element size.
@@ -184,6 +238,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   }
   DeviceState& d = *dev_;
   if (d.rt != rt) return InvalidUsage("the device runtime changed since the last device step");
+  if (copy_ != nullptr) dTheta = d.dMaster;  // mixed precision: the update runs on the masters
   // The previous step's selection starts its mask sync now, at the latest.
   SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
   if (stream != d.stream) {
@@ -260,9 +315,16 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   // error stays in the residual inside the mask, as in the host step.
   t0 = NowNs();
   void* paySorted = identity ? d.dSend : d.dPaySorted;
-  SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
-                                                  pt, paySorted, d.dStat, st)
-                            .Prepend("candidate"));
+  if (devGradType_ == scapeFloat32) {
+    SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
+                                                    pt, paySorted, d.dStat, st)
+                              .Prepend("candidate"));
+  } else {
+    SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(d.dM, dG, devGradType_, d.dE, n,
+                                                        hyper_.beta1, dSortedMask, k, pt, paySorted,
+                                                        d.dStat, st)
+                              .Prepend("candidate"));
+  }
   if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
   phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
 
@@ -369,9 +431,16 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     SCAPE_RETURN_IF_ERROR(rt->Gather(d.dRecv, d.dPerm, k, esz, d.dPaySorted, st));
     recvSorted = d.dPaySorted;
   }
-  SCAPE_RETURN_IF_ERROR(
-      rt->UnpackAdamSUpdate(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n, ap, st)
-          .Prepend("AdamS update"));
+  if (copy_ == nullptr) {
+    SCAPE_RETURN_IF_ERROR(
+        rt->UnpackAdamSUpdate(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n, ap, st)
+            .Prepend("AdamS update"));
+  } else {
+    // Mixed precision: the masters and the 16-bit params in the same pass.
+    SCAPE_RETURN_IF_ERROR(rt->UnpackAdamSUpdateCopy(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n,
+                                                    ap, copy_->p, copy_->type, st)
+                              .Prepend("AdamS update"));
+  }
   phase_[scapeOptimPhaseUpdate] = static_cast<double>(NowNs() - t0) * 1e-9;
 
   const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);

@@ -16,6 +16,8 @@ struct Optimizer::DeviceState {
   void* stream = nullptr;  // the stream of the last device step
   // n floats each: momentum, residual, the candidate (statistic).
   float *dM = nullptr, *dE = nullptr, *dStat = nullptr;
+  // n floats: the fp32 master weights (mixed precision; allocated while the optimizer has them).
+  float* dMaster = nullptr;
   // n payload elements of payEsz bytes each (the payload type's size: 4 for fp32, 2 for
   // bf16/fp16; reallocated when a loaded checkpoint changes the payload type): the packed
   // payload in sorted order, the exchange's send and receive buffers.

@@ -86,6 +86,10 @@ def _L() -> ctypes.CDLL:
         d("scapeOptimCheckpointSize", p, POINTER(c_size_t))
         d("scapeOptimSave", p, p, c_size_t, POINTER(c_size_t))
         d("scapeOptimLoad", p, p, c_size_t)
+        if _lib.has_symbol("scapeOptimStepMixed"):
+            d("scapeOptimStepMixed", p, p, c_int, p, c_int, c_uint64, p)
+        if _lib.has_symbol("scapeGetDeviceSupport"):
+            d("scapeGetDeviceSupport", POINTER(c_int), POINTER(c_int))
         _declared = True
     return L
 
@@ -122,6 +126,91 @@ def _step_hyper(group: Dict[str, Any]) -> tuple:
     return tuple(_f32(v) for v in out)
 
 
+# -- mixed precision and device tensors ------------------------------------------------------
+
+# torch dtype of the parameters -> the library's scapeDataType_t
+_PARAM_TYPES = {torch.float32: int(DataType.FLOAT32), torch.bfloat16: int(DataType.BFLOAT16),
+                torch.float16: int(DataType.FLOAT16)}
+
+# Checkpoint layout (plugin/optim/optim.cc, format version 2): a 144-byte header whose i32 at
+# byte 108 is the type the master weights shadow (0: none), then momentum and residual (n f32
+# each), then the n f32 master weights when there are masters.
+_CK_HEADER = 144
+
+
+def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
+    """The fp32 master weights inside a library checkpoint (a copy), or None without masters."""
+    if blob.numel() < _CK_HEADER:
+        return None
+    b = blob.detach().cpu().contiguous()
+    mt = int(b[108:112].view(torch.int32)[0])
+    if mt == 0 or b.numel() < _CK_HEADER + 12 * n:
+        return None
+    lo = _CK_HEADER + 8 * n
+    return b[lo:lo + 4 * n].clone().view(torch.float32)
+
+
+def _cuda_built() -> bool:
+    L = _L()
+    if not _lib.has_symbol("scapeGetDeviceSupport"):
+        return False
+    built, avail = c_int(0), c_int(0)
+    if L.scapeGetDeviceSupport(byref(built), byref(avail)) != SUCCESS:
+        return False
+    return bool(built.value)
+
+
+def _group_grad_dtype(param_dtype: torch.dtype, grad_dtype: Any) -> torch.dtype:
+    """The flat gradient's dtype: the parameters' (None), or float32 for 16-bit parameters."""
+    if grad_dtype is None or grad_dtype == param_dtype:
+        return param_dtype
+    if grad_dtype == torch.float32 and param_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    raise bad_arg("grad_dtype", f"{grad_dtype!r} with {param_dtype} parameters: expected None "
+                                f"(the parameters' dtype) or torch.float32 for bfloat16/float16 "
+                                f"parameters")
+
+
+def _group_placement(params: List[torch.Tensor], master_weights: Optional[bool]):
+    """(device, dtype, masters) of a group's parameters; raises naming the argument for mixed
+    devices or dtypes, unsupported dtypes, and master_weights that cannot apply."""
+    if not params:
+        return torch.device("cpu"), torch.float32, False
+    dev, dt = params[0].device, params[0].dtype
+    for p in params[1:]:
+        if p.device != dev:
+            raise bad_arg("params", f"a parameter group mixes devices ({dev} and {p.device}): "
+                                    f"put each device's parameters in their own group",
+                          type_error=True)
+        if p.dtype != dt:
+            raise bad_arg("params", f"a parameter group mixes dtypes ({dt} and {p.dtype}): "
+                                    f"put each dtype's parameters in their own group",
+                          type_error=True)
+    if dev.type not in ("cpu", "cuda"):
+        raise bad_arg("params", f"ScapeAdamS needs CPU or CUDA parameters, got {dev}",
+                      type_error=True)
+    if dt not in _PARAM_TYPES:
+        raise bad_arg("params", f"ScapeAdamS needs float32, bfloat16 or float16 parameters, "
+                                f"got {dt} on {dev}", type_error=True)
+    if dev.type == "cuda" and not _cuda_built():
+        raise bad_arg("params", f"parameters on {dev}, but the loaded library "
+                                f"({_lib.library_path()}) was built without CUDA",
+                      type_error=True)
+    sixteen = dt != torch.float32
+    if master_weights is None:
+        masters = sixteen
+    elif bool(master_weights) and not sixteen:
+        raise bad_arg("master_weights", "True with float32 parameters: fp32 parameters are "
+                                        "their own master weights (use None or False)")
+    elif not bool(master_weights) and sixteen:
+        raise bad_arg("master_weights", f"False with {dt} parameters: the update needs fp32 "
+                                        f"master weights for 16-bit parameters (use None or "
+                                        f"True)")
+    else:
+        masters = bool(master_weights)
+    return dev, dt, masters
+
+
 class StepInfo(dict):
     """What one parameter group's optimizer did in the last step (``scapeOptimGetInfo``), as a
     dict with keys: step, density, next_density, mask_count, dense_count, mask_bytes,
@@ -153,16 +242,26 @@ class _Group:
         rule = opt._dense_rule
         gd = group.get("dense")
         self.dense = [bool(gd) if gd is not None else bool(rule(p)) for p in self.params]
-        self.flat = torch.empty(self.n, dtype=torch.float32)
-        self.grad = torch.zeros(self.n, dtype=torch.float32)
+        self.device, self.dtype, self.masters = _group_placement(self.params,
+                                                                 group.get("master_weights"))
+        self.grad_dtype = _group_grad_dtype(self.dtype, group.get("grad_dtype"))
+        # fp32 gradients of 16-bit parameters: Megatron-LM's main_grad (torch keeps p.grad in
+        # the parameter's dtype, so they cannot be p.grad views)
+        self.main_grad = self.grad_dtype != self.dtype
+        self.flat = torch.empty(self.n, dtype=self.dtype, device=self.device)
+        self.grad = torch.zeros(self.n, dtype=self.grad_dtype, device=self.device)
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
             self.flat[a:b].copy_(p.detach().reshape(-1))
         if opt._broadcast and self.n:
-            self.comm.broadcast(self.flat, root=0)
+            self._broadcast_flat()
         with torch.no_grad():
             for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
                 p.data = self.flat[a:b].view_as(p)
-                p.grad = self.grad[a:b].view_as(p)
+                if self.main_grad:
+                    p.grad = None
+                    p.main_grad = self.grad[a:b].view_as(p)
+                else:
+                    p.grad = self.grad[a:b].view_as(p)
         self.fixed = {k: group[k] for k in ScapeAdamS._FIXED if k in group}
         self.lr = float(group["lr"])
         # the per-step hyperparameters in force in the library, as fp32 (see set_hyper)
@@ -203,6 +302,61 @@ class _Group:
         # the communicator destroys (or, on abort, forgets) it before itself
         self.comm._masks.add(self)
 
+    def _broadcast_flat(self) -> None:
+        """Rank 0's initial parameters to every rank. Non-CPU-fp32 buffers travel as a CPU fp32
+        copy (16-bit values widen and narrow back exactly); once, at construction."""
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            self.comm.broadcast(self.flat, root=0)
+            return
+        tmp = self.flat.detach().to(device="cpu", dtype=torch.float32)
+        self.comm.broadcast(tmp, root=0)
+        self.flat.copy_(tmp)
+
+    def _sync_main_grads(self) -> None:
+        """grad_dtype=float32 with 16-bit parameters: ``p.main_grad`` are fp32 views into the
+        flat gradient; a ``p.grad`` that autograd left (in the parameter's dtype) is added into
+        ``p.main_grad`` (exactly: widening is exact) and set to None."""
+        for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
+            if p.data_ptr() != self.flat[a:b].data_ptr() or p.data.shape != p.shape:
+                self.flat[a:b].copy_(p.detach().reshape(-1))
+                p.data = self.flat[a:b].view_as(p)
+            mg = getattr(p, "main_grad", None)
+            view = self.grad[a:b]
+            if mg is None or mg.data_ptr() != view.data_ptr() or mg.shape != p.shape:
+                if mg is not None:
+                    view.copy_(mg.reshape(-1))
+                p.main_grad = view.view_as(p)
+            if p.grad is not None:
+                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                view.add_(g.reshape(-1).to(self.grad_dtype))
+                p.grad = None
+
+    def _lib_step(self, L: ctypes.CDLL) -> int:
+        """The library step on the flat buffers: scapeOptimStep for CPU fp32 parameters,
+        scapeOptimStepMixed otherwise (16-bit parameters with fp32 masters held by the library;
+        CUDA buffers on the current stream of their device, enqueued without a host wait)."""
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            return L.scapeOptimStep(self.handle, self.flat.data_ptr(), self.grad.data_ptr(),
+                                    self.n)
+        if not _lib.has_symbol("scapeOptimStepMixed"):
+            raise InvalidUsageError(f"the loaded library ({_lib.library_path()}) has no "
+                                    f"scapeOptimStepMixed: rebuild it", function="ScapeAdamS")
+        t, gt = _PARAM_TYPES[self.dtype], _PARAM_TYPES[self.grad_dtype]
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                stream = torch.cuda.current_stream(self.device).cuda_stream
+                return L.scapeOptimStepMixed(self.handle, self.flat.data_ptr(), t,
+                                             self.grad.data_ptr(), gt, self.n, stream or None)
+        return L.scapeOptimStepMixed(self.handle, self.flat.data_ptr(), t, self.grad.data_ptr(),
+                                     gt, self.n, None)
+
+    def master_weights(self) -> Optional[torch.Tensor]:
+        """A CPU fp32 copy of the group's master weights (None without masters or before the
+        first step). Reads the library checkpoint: a host wait for device state."""
+        if self.handle is None or not self.masters:
+            return None
+        return _checkpoint_masters(self.save(), self.n)
+
     def _forget(self) -> None:  # the communicator was aborted: the library freed it
         self.handle = None
 
@@ -229,6 +383,8 @@ class _Group:
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
         ``p.data = ...``) at the flat buffers, copying their values in."""
+        if self.main_grad:
+            return self._sync_main_grads()
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
             if p.data_ptr() != self.flat[a:b].data_ptr() or p.data.shape != p.shape:
                 self.flat[a:b].copy_(p.detach().reshape(-1))
@@ -251,8 +407,8 @@ class _Group:
             self._check(L.scapeOptimSetLr(self.handle, float(lr)), "scapeOptimSetLr")
             self.lr = lr
         self.comm._check_alive("scapeOptimStep")
-        self._check(L.scapeOptimStep(self.handle, self.flat.data_ptr(), self.grad.data_ptr(),
-                                     self.n), "scapeOptimStep")
+        self._check(self._lib_step(L), "scapeOptimStep" if self.dtype == torch.float32 and
+                    self.device.type == "cpu" else "scapeOptimStepMixed")
 
     def info(self) -> StepInfo:
         if self.handle is None:
@@ -314,15 +470,24 @@ class ScapeAdamS(torch.optim.Optimizer):
     the AdamS update with decoupled weight decay. Parameters end every step bit-identical on
     every rank. At ``density=1`` it is dense AdamS.
 
-    Each parameter group's parameters are flattened into one fp32 buffer: after construction
+    Each parameter group's parameters are flattened into one buffer of their dtype on their
+    device: after construction
     ``p.data`` and ``p.grad`` are views into it, so backward writes gradients straight into
     the buffer the library reads (no copy per step). Keep them that way: ``zero_grad()`` zeroes
     the buffer (``set_to_none`` is ignored); a parameter or gradient that user code replaces
     anyway is copied back in at the next step.
 
     Args:
-        params: parameters or parameter groups (dicts), as for any torch optimizer. CPU fp32
-            tensors only. A group may set any keyword below except ``comm``.
+        params: parameters or parameter groups (dicts), as for any torch optimizer. CPU or
+            CUDA tensors of float32, bfloat16 or float16; every parameter of a group on the
+            same device with the same dtype (else ``InvalidArgumentError`` naming ``params``).
+            A group may set any keyword below except ``comm``. CUDA parameters: the step is
+            enqueued on ``torch.cuda.current_stream(device)`` (``scapeOptimStepMixed`` with
+            that stream) and returns without a host synchronisation, except where the C API
+            waits (scape.h: the first step of 16-bit parameters copies them to the host once to
+            make the masters; ``max_grad_norm > 0`` waits for the norm; the next mask's
+            positions). Gradients have the parameters' dtype (torch's rule), or fp32 with
+            ``grad_dtype``.
         comm: the :class:`scape.Communicator` of the data-parallel ranks.
         lr: learning rate; read from each param group at every step, so LR schedulers and
             manual changes of ``group["lr"]`` take effect.
@@ -355,6 +520,19 @@ class ScapeAdamS(torch.optim.Optimizer):
             counts it), "error" (every rank raises ``scape.InvalidArgumentError`` naming the
             rank; nothing changes) or "ignore" (no check: a non-finite gradient reaches the
             parameters; saves one read of the gradients and an 8-byte all-gather per step).
+        master_weights: None (default: fp32 master weights for bfloat16/float16 parameters,
+            none for float32), True (16-bit parameters only) or False (float32 only). With
+            masters the library holds an fp32 copy of the parameters (4 more bytes per
+            parameter), runs the update on it, and writes the 16-bit parameters, rounded to
+            nearest even, in the same pass (Megatron-LM's mixed-precision optimizer, DeepSpeed's
+            bf16 optimizer). The masters start from the parameters at the first step and are
+            in :meth:`state_dict`.
+        grad_dtype: None (default: gradients in the parameters' dtype, ``p.grad`` views into
+            the flat gradient) or torch.float32 with bfloat16/float16 parameters: fp32
+            gradients as Megatron-LM's ``main_grad``: ``p.main_grad`` are fp32 views into the
+            flat gradient (accumulate into them, e.g. from backward hooks); a ``p.grad`` that
+            autograd leaves is added into ``p.main_grad`` (exactly) at the next ``step()`` or
+            ``zero_grad()`` and set to None. ``zero_grad()`` zeroes ``main_grad``.
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
@@ -375,7 +553,8 @@ class ScapeAdamS(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
-              "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite")
+              "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite",
+              "master_weights", "grad_dtype")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -385,7 +564,9 @@ class ScapeAdamS(torch.optim.Optimizer):
                  mask_encoding: Union[MaskEncoding, str, int] = "auto",
                  mask_ownership: Union[None, Ownership, str, int] = None,
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
-                 broadcast_parameters: bool = True, nonfinite: str = "skip") -> None:
+                 broadcast_parameters: bool = True, nonfinite: str = "skip",
+                 master_weights: Optional[bool] = None,
+                 grad_dtype: Optional[torch.dtype] = None) -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -404,7 +585,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                         density=density, warmup_steps=warmup_steps, max_grad_norm=max_grad_norm,
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
-                        mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite)
+                        mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite,
+                        master_weights=master_weights, grad_dtype=grad_dtype)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -418,9 +600,10 @@ class ScapeAdamS(torch.optim.Optimizer):
             if not isinstance(p, torch.Tensor):
                 raise bad_arg("params", f"expected tensors, got {type(p).__name__}",
                               type_error=True)
-            if p.device.type != "cpu" or p.dtype != torch.float32:
-                raise bad_arg("params", f"ScapeAdamS needs CPU float32 parameters, got "
-                                        f"{p.dtype} on {p.device}", type_error=True)
+            if p.device.type not in ("cpu", "cuda") or p.dtype not in _PARAM_TYPES:
+                raise bad_arg("params", f"ScapeAdamS needs CPU or CUDA float32, bfloat16 or "
+                                        f"float16 parameters, got {p.dtype} on {p.device}",
+                              type_error=True)
             if p.is_sparse:
                 raise bad_arg("params", "sparse parameters are not supported", type_error=True)
         try:
@@ -488,6 +671,9 @@ class ScapeAdamS(torch.optim.Optimizer):
         """Zeroes the flat gradient buffers (one fill per group). ``set_to_none`` is ignored:
         the gradients stay views into the buffer the library reads."""
         for g in self._groups:
+            if g.main_grad:  # grad_dtype=float32: autograd's p.grad is dropped, not added
+                for p in g.params:
+                    p.grad = None
             g.grad.zero_()
             g.sync_views()
 
@@ -556,7 +742,8 @@ class ScapeAdamS(torch.optim.Optimizer):
         return sum(i["bytes_sent"] for i in self.info())
 
     def flat_parameters(self) -> List[torch.Tensor]:
-        """The flat fp32 parameter buffer of each group (the parameters are views into it)."""
+        """The flat parameter buffer of each group, in the parameters' dtype and on their
+        device (the parameters are views into it)."""
         return [g.flat for g in self._groups]
 
     def parameter_hash(self) -> str:
@@ -565,20 +752,36 @@ class ScapeAdamS(torch.optim.Optimizer):
 
         h = hashlib.sha256()
         for g in self._groups:
-            h.update(g.flat.numpy().tobytes())
+            f = g.flat.detach().cpu()
+            if f.dtype != torch.float32:
+                f = f.view(torch.int16)  # the 16-bit values' bits
+            h.update(f.numpy().tobytes())
         return h.hexdigest()
+
+    def master_weights(self) -> List[Optional[torch.Tensor]]:
+        """Per group: a CPU fp32 copy of the master weights the library holds (flat, in the
+        order of the group's parameters), or None for a group without masters (float32
+        parameters) or before its first step. The group's 16-bit parameters are these rounded
+        to nearest even after every step."""
+        return [g.master_weights() for g in self._groups]
 
     # -- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
         """This rank's optimizer state: the param groups (hyperparameters, as torch does) and,
         per group, the library checkpoint (momentum, residual, masks, step counter,
-        hyperparameters; versioned and checksummed) as a uint8 tensor. Parameters are not
-        included: save the model's state_dict as usual. Each rank saves its own."""
+        hyperparameters, and the fp32 master weights of 16-bit parameters; versioned and
+        checksummed) as a uint8 tensor. ``state_dict()["scape"]["master_weights"]`` shows the
+        masters (a CPU fp32 tensor per group, None without): a copy of what the checkpoint
+        holds, which is what :meth:`load_state_dict` restores. Parameters are not included:
+        save the model's state_dict as usual. Each rank saves its own."""
         sd = super().state_dict()
+        blobs = [g.save() for g in self._groups]
         sd["scape"] = {
             "format": 1, "rank": self._comm.rank, "size": self._comm.size,
-            "checkpoints": [g.save() for g in self._groups],
+            "checkpoints": blobs,
+            "master_weights": [_checkpoint_masters(b, g.n) if g.masters else None
+                               for b, g in zip(blobs, self._groups)],
         }
         for pg in sd["param_groups"]:
             pg["payload_dtype"] = int(pg["payload_dtype"])

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/finite.h"
 #include "kernels/cpu/gather.h"
 #include "kernels/cpu/topk_common.h"
@@ -578,6 +579,95 @@ Status FakeRuntime::UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payl
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
     return KernelResult(
         kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads),
+        "dMask not strictly increasing, or an entry >= n");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::CandidatePackResidualGrad(const float* dM, const void* dG,
+                                              scapeDataType_t gradType, float* dE, size_t n,
+                                              float beta1, const uint64_t* dMask, size_t k,
+                                              scapeDataType_t payloadType, void* dPayload,
+                                              float* dCOut, Stream s) {
+  if (gradType == scapeFloat32)
+    return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
+                                 payloadType, dPayload, dCOut, s);
+  const char* op = "CandidatePackResidualGrad";
+  if (gradType != scapeBfloat16 && gradType != scapeFloat16)
+    return scape::Status(scapeUnsupported,
+                         scape::StrFormat("fake device: %s: gradType = %d: expected fp32, bf16 "
+                                          "or fp16",
+                                          op, static_cast<int>(gradType)));
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: CandidatePackResidualGrad: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG", dG, n * 2, 2));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dE", dE, n * 4, 4));
+  if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut", dCOut, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  ++candidates;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG (freed?)", dG, n * 2));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dE (freed?)", dE, n * 4));
+    if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut (freed?)", dCOut, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    // The CUDA kernel widens each gradient as it reads it; widening is exact, so widening
+    // first gives the same bits.
+    std::vector<float> g(n);
+    if (gradType == scapeBfloat16)
+      kn::ConvertBf16ToFloat(static_cast<const uint16_t*>(dG), g.data(), n);
+    else
+      kn::ConvertFp16ToFloat(static_cast<const uint16_t*>(dG), g.data(), n);
+    return KernelResult(kn::CandidatePackResidual(dM, g.data(), dE, n, beta1, dMask, k, payloadType,
+                                                  dPayload, dCOut, threads,
+                                                  /*keep_rounding=*/true),
+                        "dMask not strictly increasing, or an entry >= n");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
+                                          const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                          size_t n, const kn::AdamSParams& params, void* dCopy,
+                                          scapeDataType_t copyType, Stream s) {
+  const char* op = "UnpackAdamSUpdateCopy";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  if (copyType != scapeBfloat16 && copyType != scapeFloat16)
+    return scape::Status(scapeUnsupported,
+                         scape::StrFormat("fake device: %s: copyType = %d: expected bf16 or fp16",
+                                          op, static_cast<int>(copyType)));
+  kn::AdamSScalars sc;
+  if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk)
+    return scape::InvalidArgument(scape::StrFormat("fake device: %s: bad AdamS parameters", op));
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: UnpackAdamSUpdateCopy: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta", dTheta, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCopy", dCopy, n * 2, 2));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  ++updates;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCopy (freed?)", dCopy, n * 2));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    kn::ModelCopy c;
+    c.p = dCopy;
+    c.type = copyType;
+    return KernelResult(
+        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads, &c),
         "dMask not strictly increasing, or an entry >= n");
   });
   return Status::Ok();

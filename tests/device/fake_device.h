@@ -122,6 +122,15 @@ class FakeRuntime final : public scape::device::Runtime {
                                   const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                   size_t n, const scape::kernels::AdamSParams& params,
                                   scape::device::Stream s) override;
+  scape::Status CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
+                                          float* dE, size_t n, float beta1, const uint64_t* dMask,
+                                          size_t k, scapeDataType_t payloadType, void* dPayload,
+                                          float* dCOut, scape::device::Stream s) override;
+  scape::Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
+                                      const uint64_t* dMask, size_t k, float* dTheta, float* dM,
+                                      size_t n, const scape::kernels::AdamSParams& params,
+                                      void* dCopy, scapeDataType_t copyType,
+                                      scape::device::Stream s) override;
   scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;

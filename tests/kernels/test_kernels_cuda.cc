@@ -254,6 +254,87 @@ TEST(CudaUnpackAdamSUpdate, MatchesCpu) {
   UpdateCase<uint32_t>(rng, (size_t{1} << 24) + 1, 1.0, scapeFloat32, AdamSParams{});
 }
 
+// ---- mixed precision: the 16-bit model copy and 16-bit gradients ------------------------------
+
+// UnpackAdamSUpdateCopyCuda against the CPU kernel with a ModelCopy: theta, m and the copy bit
+// for bit; the copy starts as garbage and must be round(theta) at every element (decay 1 too).
+void UpdateCopyCase(std::mt19937_64& rng, size_t n, double density, scapeDataType_t ctype,
+                    float wd) {
+  SCOPED_TRACE(::testing::Message()
+               << "n=" << n << " density=" << density << " copy=" << ctype << " wd=" << wd);
+  std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
+  std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, density);
+  const size_t k = mask.size();
+  std::vector<float> payload = RandomNormal(rng, k, 0.01f);
+  AdamSParams p;
+  p.weight_decay = wd;
+  std::vector<float> theta_cpu = theta, m_cpu = m;
+  std::vector<uint16_t> copy_cpu(n, 0x7fc1), copy0(n, 0x7fc1);
+  ModelCopy c;
+  c.p = copy_cpu.data();
+  c.type = ctype;
+  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask.data(), k, theta_cpu.data(),
+                              m_cpu.data(), n, p, 0, &c),
+            KernelStatus::kOk);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy_cpu[i],
+              ctype == scapeBfloat16 ? FloatToBf16(theta_cpu[i]) : FloatToFp16(theta_cpu[i]));
+  DevBuf dtheta(theta), dm(m), dmask(mask), dp(payload), dcopy(copy0);
+  ModelCopy dc;
+  dc.p = dcopy.get();
+  dc.type = ctype;
+  CUDA_OK(kc::UnpackAdamSUpdateCopyCuda(dp.get(), scapeFloat32, dmask.get<uint64_t>(), k,
+                                        dtheta.get<float>(), dm.get<float>(), n, p, dc, nullptr));
+  CUDA_OK(kc::StreamSynchronize(nullptr));
+  EXPECT_TRUE(SameBytes(dtheta.Read<float>(n), theta_cpu)) << "theta differs";
+  EXPECT_TRUE(SameBytes(dm.Read<float>(n), m_cpu)) << "m differs";
+  EXPECT_TRUE(SameBytes(dcopy.Read<uint16_t>(n), copy_cpu)) << "16-bit copy differs";
+}
+
+TEST(CudaUnpackAdamSUpdateCopy, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : kSizes)
+    for (float wd : {0.0f, 0.1f}) {
+      UpdateCopyCase(rng, n, 0.05, scapeBfloat16, wd);
+      UpdateCopyCase(rng, n, 1.0, scapeFloat16, wd);
+    }
+  UpdateCopyCase(rng, 300007, 0.01, scapeBfloat16, 0.1f);  // vectorised full tiles
+}
+
+// CandidatePackResidualGradCuda with bf16/fp16 gradients: the CPU kernel on the widened
+// gradients, bit for bit.
+TEST(CudaCandidatePackResidualGrad, MatchesCpuOnWidenedGradients) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : kSizes)
+    for (scapeDataType_t gt : {scapeBfloat16, scapeFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " grad=" << gt);
+      std::vector<float> m = RandomNormal(rng, n), g = RandomNormal(rng, n, 2.0f),
+                         e = RandomNormal(rng, n, 0.1f);
+      std::vector<uint16_t> g16(n);
+      for (size_t i = 0; i < n; ++i) {
+        g16[i] = gt == scapeBfloat16 ? FloatToBf16(g[i]) : FloatToFp16(g[i]);
+        g[i] = gt == scapeBfloat16 ? Bf16ToFloat(g16[i]) : Fp16ToFloat(g16[i]);
+      }
+      std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, 0.05);
+      const size_t k = mask.size();
+      std::vector<float> e_cpu = e, c_cpu(n);
+      std::vector<uint16_t> p_cpu(k);
+      ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), e_cpu.data(), n, 0.9f, mask.data(), k,
+                                      scapeBfloat16, p_cpu.data(), c_cpu.data(), 0, true),
+                KernelStatus::kOk);
+      DevBuf dm(m), dg(g16), de(e), dmask(mask), dp(k * 2 + 2), dc(n * sizeof(float) + 4);
+      CUDA_OK(kc::CandidatePackResidualGradCuda(dm.get<float>(), dg.get(), gt, de.get<float>(), n,
+                                                0.9f, dmask.get<uint64_t>(), k, scapeBfloat16,
+                                                dp.get(), dc.get<float>(), nullptr, true));
+      CUDA_OK(kc::StreamSynchronize(nullptr));
+      EXPECT_TRUE(SameBytes(de.Read<float>(n), e_cpu)) << "residual differs";
+      EXPECT_TRUE(SameBytes(dp.Read<uint16_t>(k), p_cpu)) << "payload differs";
+      EXPECT_TRUE(SameBytes(dc.Read<float>(n), c_cpu)) << "candidate differs";
+    }
+}
+
 // ---- top-k ------------------------------------------------------------------------------------
 
 template <typename Index>

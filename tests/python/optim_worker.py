@@ -251,8 +251,11 @@ def case_optim_errors(comm):
 # the cases of test_optim_api.py join CASES
 from optim_api_worker import (case_optim_gradscaler, case_optim_hyper_errors,  # noqa: E402,F401
                               case_optim_nonfinite, case_optim_onecycle)
+# the mixed-precision cases (test_optim_mixed.py) live in their own module
+from optim_mixed_worker import CASES as _MIXED_CASES  # noqa: E402
 
 CASES = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}
+CASES.update(_MIXED_CASES)
 
 
 def run(case: str, outdir: str, args: List[str]):
