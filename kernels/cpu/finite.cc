@@ -32,6 +32,17 @@ bool AnyNonFinite(const float* x, size_t n) {
 
 }  // namespace
 
+KernelStatus FirstNonFinite16(const uint16_t* x, size_t n, uint16_t exp_mask, size_t* first) {
+  if (!first || (n > 0 && !x)) return KernelStatus::kInvalidArgument;
+  *first = n;
+  for (size_t i = 0; i < n; ++i)
+    if ((x[i] & exp_mask) == exp_mask) {
+      *first = i;
+      break;
+    }
+  return KernelStatus::kOk;
+}
+
 KernelStatus FirstNonFinite(const float* x, size_t n, size_t* first, int max_threads) {
   if (!first || (n > 0 && !x)) return KernelStatus::kInvalidArgument;
   *first = n;

@@ -11,6 +11,7 @@
 #define SCAPE_KERNELS_CPU_FINITE_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cpu/kernel_status.h"
 
@@ -18,6 +19,10 @@ namespace scape {
 namespace kernels {
 
 KernelStatus FirstNonFinite(const float* x, size_t n, size_t* first, int max_threads = 0);
+
+// The same for n 16-bit floats whose exponent bits are `exp_mask` (bf16: 0x7f80, fp16: 0x7c00):
+// non-finite when they are all ones. One thread. Errors: kInvalidArgument (x null with n > 0).
+KernelStatus FirstNonFinite16(const uint16_t* x, size_t n, uint16_t exp_mask, size_t* first);
 
 }  // namespace kernels
 }  // namespace scape

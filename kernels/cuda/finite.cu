@@ -14,7 +14,29 @@ __global__ void AnyNonFiniteKernel(const float* __restrict__ x, size_t n, uint32
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = 1;
 }
 
+__global__ void AnyNonFinite16Kernel(const uint16_t* __restrict__ x, size_t n, uint16_t mask,
+                                     uint32_t* flag) {
+  uint32_t bad = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    bad |= (x[i] & mask) == mask;
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = 1;
+}
+
 }  // namespace
+
+KernelStatus AnyNonFinite16Cuda(const uint16_t* d_x, size_t n, uint16_t exp_mask, uint32_t* d_flag,
+                                cudaStream_t stream) {
+  if (!d_flag || (n > 0 && !d_x)) return KernelStatus::kInvalidArgument;
+  if (cudaMemsetAsync(d_flag, 0, sizeof(uint32_t), stream) != cudaSuccess)
+    return KernelStatus::kCudaError;
+  if (n == 0) return KernelStatus::kOk;
+  constexpr int kThreads = 256;
+  const size_t want = (n + kThreads - 1) / kThreads;
+  const int blocks = static_cast<int>(want < 4096 ? want : 4096);
+  AnyNonFinite16Kernel<<<blocks, kThreads, 0, stream>>>(d_x, n, exp_mask, d_flag);
+  return cudaGetLastError() == cudaSuccess ? KernelStatus::kOk : KernelStatus::kCudaError;
+}
 
 KernelStatus AnyNonFiniteCuda(const float* d_x, size_t n, uint32_t* d_flag, cudaStream_t stream) {
   if (!d_flag || (n > 0 && !d_x)) return KernelStatus::kInvalidArgument;

@@ -112,8 +112,7 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out) {
   for (int pass = 0; pass < 2 && best == retired_.end(); ++pass)
     for (auto it = retired_.begin(); it != retired_.end(); ++it) {
       const bool usable = it->b.d && (pass == 0 ? it->s == s : it->idle);
-      if (usable && it->b.bytes >= bytes &&
-          (best == retired_.end() || it->b.bytes < best->b.bytes))
+      if (usable && it->b.bytes >= bytes && (best == retired_.end() || it->b.bytes < best->b.bytes))
         best = it;
     }
   if (best != retired_.end()) {

@@ -67,7 +67,7 @@ class DevicePool {
 
  private:
   struct Retired {
-    Block b;           // d == nullptr: taken again on its stream, or none (keep only)
+    Block b;  // d == nullptr: taken again on its stream, or none (keep only)
     Event ev = nullptr;
     Stream s = nullptr;
     bool idle = false;  // ev has completed

@@ -120,7 +120,9 @@ class Runtime {
                                      float beta1, double* dSqNorm, Stream s);
   // kernels/cpu/finite.h in the device form: *dFlag (device, one uint32) = 1 when dX[0, n)
   // holds an inf or NaN, else 0 (the optimizer's non-finite check of device gradients).
-  virtual Status AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s);
+  // type: scapeFloat32, scapeBfloat16 or scapeFloat16 (n elements of that type).
+  virtual Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
+                              Stream s);
 };
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".

@@ -477,13 +477,23 @@ class Cuda final : public Runtime {
     return KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
                                                       dSqNorm, dTemp, &tempBytes, stream));
   }
-  Status AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s) override {
+  Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
+                      Stream s) override {
     const char* op = "non-finite check kernel";
     SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dFlag", dFlag));
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dFlag", dFlag, 4));
     if (n > 0) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dX", dX));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, 4));
-    return KernelFail(op, kc::AnyNonFiniteCuda(dX, n, dFlag, static_cast<cudaStream_t>(s)));
+    if (type == scapeFloat32) {
+      SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, 4));
+      return KernelFail(op, kc::AnyNonFiniteCuda(static_cast<const float*>(dX), n, dFlag,
+                                                 static_cast<cudaStream_t>(s)));
+    }
+    if (type != scapeBfloat16 && type != scapeFloat16)
+      return InvalidArgument(StrFormat("%s: element type %d", op, static_cast<int>(type)));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, 2));
+    return KernelFail(op, kc::AnyNonFinite16Cuda(static_cast<const uint16_t*>(dX), n,
+                                                 type == scapeBfloat16 ? 0x7f80 : 0x7c00, dFlag,
+                                                 static_cast<cudaStream_t>(s)));
   }
 
  private:

@@ -106,7 +106,7 @@ Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");
 }
-Status Runtime::AnyNonFinite(const float*, size_t, uint32_t*, Stream) {
+Status Runtime::AnyNonFinite(const void*, size_t, scapeDataType_t, uint32_t*, Stream) {
   return NoDeviceOp(this, "non-finite check kernel");
 }
 

@@ -87,12 +87,11 @@ Status Optimizer::DeviceState::AllocPayload(uint64_t n, size_t esz) {
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
-  for (void* p :
-       {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat), dPaySorted,
-        dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
-        static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
-        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag),
-        static_cast<void*>(dMaster)})
+  for (void* p : {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat),
+                  dPaySorted, dSend, dRecv, static_cast<void*>(dMaskOrder),
+                  static_cast<void*>(dSorted), static_cast<void*>(dPerm), static_cast<void*>(dInv),
+                  static_cast<void*>(dTop), static_cast<void*>(dCounts), static_cast<void*>(dSq),
+                  static_cast<void*>(dFlag), static_cast<void*>(dMaster)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
@@ -259,7 +258,8 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   // for its one-word result, then the ranks' agreement, before anything of the state changes.
   const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
   if (agree) {
-    SCAPE_RETURN_IF_ERROR(rt->AnyNonFinite(dG, n, d.dFlag, stream).Prepend("non-finite check"));
+    SCAPE_RETURN_IF_ERROR(
+        rt->AnyNonFinite(dG, n, devGradType_, d.dFlag, stream).Prepend("non-finite check"));
     SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hFlag, d.dFlag, 4, stream));
     SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("non-finite check (host wait)"));
     bool skip = false;

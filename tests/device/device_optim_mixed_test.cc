@@ -184,6 +184,40 @@ TEST_P(DeviceOptimMixed, TwentyStepsMatchTheHostMixedStep) {
   }
 }
 
+// A non-finite 16-bit gradient on one rank (at an even index: read as fp32 words, its exponent
+// would sit in the low half of a word and look finite): the device step, like the host step,
+// is skipped on every rank, and the runs stay bit-identical afterwards.
+TEST_P(DeviceOptimMixed, NonFiniteSixteenBitGradientIsSkippedLikeOnTheHost) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (scapeDataType_t gt : {scapeBfloat16, scapeFloat16}) {
+    auto res = RunRanks(P, [&](RankCtx& ctx) {
+      Fake();
+      Pair p(ctx, Cfg(), seed, scapeBfloat16, gt);
+      for (int t = 0; t < 8; ++t) {
+        std::vector<uint8_t> g = Grads(seed, ctx.rank, t, p.n, gt);
+        if (t == 4 && ctx.rank == P - 1)
+          reinterpret_cast<uint16_t*>(g.data())[2] = gt == scapeBfloat16 ? 0x7f80 : 0x7c00;
+        EXPECT_SCAPE_OK(scapeOptimStepMixed(p.host, p.hp.data(), p.pt, g.data(), gt, p.n, nullptr),
+                        ctx.comm);
+        std::memcpy(p.dg, g.data(), g.size());
+        EXPECT_SCAPE_OK(scapeOptimStepMixed(p.dev, p.dp, p.pt, p.dg, gt, p.n, p.s), ctx.comm);
+        EXPECT_TRUE(Fake().StreamSynchronize(p.s).ok());
+        EXPECT_EQ(std::memcmp(p.dp, p.hp.data(), 2 * p.n), 0) << "params after step " << t;
+        EXPECT_EQ(Save(p.host, ctx.comm), Save(p.dev, ctx.comm)) << "state after step " << t;
+      }
+      scapeOptimInfo_t hi, di;
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &hi), ctx.comm);
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &di), ctx.comm);
+      EXPECT_EQ(hi.skippedSteps, 1u);
+      EXPECT_EQ(di.skippedSteps, 1u) << "the device step did not see the 16-bit inf";
+      return !::testing::Test::HasFailure();
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << " grads=" << gt << " seed=" << seed << ": "
+                             << res.Describe();
+  }
+}
+
 // Checkpoint at step 17 from the device state, loaded into a fresh optimizer that steps on the
 // device: step 50 equals the uninterrupted device run and the host run; a device checkpoint
 // loads into a host optimizer and the reverse.

@@ -710,17 +710,25 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
   return Status::Ok();
 }
 
-Status FakeRuntime::AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag, Stream s) {
+Status FakeRuntime::AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
+                                 Stream s) {
   const char* op = "AnyNonFinite";
+  if (type != scapeFloat32 && type != scapeBfloat16 && type != scapeFloat16)
+    return scape::InvalidArgument("fake device: AnyNonFinite: type");
+  const size_t esz = type == scapeFloat32 ? 4 : 2;
   if (n > SIZE_MAX / 4) return scape::InvalidArgument("fake device: AnyNonFinite: n");
   SCAPE_RETURN_IF_ERROR(CheckRange(op, "dFlag", dFlag, 4, 4));
-  if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX", dX, n * 4, 4));
+  if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX", dX, n * esz, esz));
   const int threads = kernelThreads.load();
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dFlag (freed?)", dFlag, 4));
-    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX (freed?)", dX, n * 4));
+    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX (freed?)", dX, n * esz));
     size_t first = n;
-    SCAPE_RETURN_IF_ERROR(KernelResult(kn::FirstNonFinite(dX, n, &first, threads), "dX"));
+    SCAPE_RETURN_IF_ERROR(KernelResult(
+        esz == 4 ? kn::FirstNonFinite(static_cast<const float*>(dX), n, &first, threads)
+                 : kn::FirstNonFinite16(static_cast<const uint16_t*>(dX), n,
+                                        type == scapeBfloat16 ? 0x7f80 : 0x7c00, &first),
+        "dX"));
     const uint32_t f = first < n ? 1u : 0u;
     std::memcpy(dFlag, &f, 4);
     return Status::Ok();

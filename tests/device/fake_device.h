@@ -134,7 +134,7 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;
-  scape::Status AnyNonFinite(const float* dX, size_t n, uint32_t* dFlag,
+  scape::Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                              scape::device::Stream s) override;
 
   // "Device" memory, zero-filled (the tests' own helper; DeviceFree releases it too).
