@@ -27,6 +27,7 @@ OPTIM_CONFIG_MAGIC = 0x5CA90
 NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
+ENTERINGS = {"payload": 0, "segment_rms": 1}
 
 
 class _OptimConfig(Structure):
@@ -37,6 +38,7 @@ class _OptimConfig(Structure):
         ("beta2", c_float), ("eps", c_float), ("weightDecay", c_float),
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
+        ("entering", c_int),
     ]
 
 
@@ -152,6 +154,7 @@ class _Group:
         cfg.warmupSteps = int(group["warmup_steps"])
         cfg.payloadType = int(group["payload_dtype"])
         cfg.maskEncoding = int(group["mask_encoding"])
+        cfg.entering = ENTERINGS[group["entering"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -288,6 +291,12 @@ class ScapeAdamS(torch.optim.Optimizer):
             overrides it for that group.
         broadcast_parameters: broadcast rank 0's initial parameters to every rank at
             construction (default True), so all ranks start identical.
+        entering: the AdamS denominator of a coordinate entering the mask (its previous
+            momentum is 0): "payload" (the paper's form, default: it moves
+            ``lr*(1-b1)/sqrt(1-b2)`` whatever residual it carries) or "segment_rms" (from the
+            mean square of the recovered gradient over the coordinates of the same tensor that
+            stay in the mask, so the residual moves it in proportion; capped at 100 lr; issue
+            23, docs/ALGORITHM.md section 4.12).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. After construction, only ``lr`` of a group may
@@ -296,7 +305,7 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     _FIXED = ("betas", "eps", "weight_decay", "density", "warmup_steps", "max_grad_norm",
               "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
-              "dense")
+              "dense", "entering")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -306,7 +315,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                  mask_encoding: Union[MaskEncoding, str, int] = "auto",
                  mask_ownership: Union[None, Ownership, str, int] = None,
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
-                 broadcast_parameters: bool = True) -> None:
+                 broadcast_parameters: bool = True, entering: str = "payload") -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -325,7 +334,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                         density=density, warmup_steps=warmup_steps, max_grad_norm=max_grad_norm,
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
-                        mask_ownership=mask_ownership, dense=None)
+                        mask_ownership=mask_ownership, dense=None, entering=entering)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -372,6 +381,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             raise bad_arg("bias_correction", f"{group['bias_correction']!r} is not one of "
                                              f"{', '.join(BIAS_CORRECTIONS)}")
         group["bias_correction"] = bc
+        en = str(group.get("entering", "payload")).lower()
+        if en not in ENTERINGS:
+            raise bad_arg("entering", f"{group.get('entering')!r} is not one of "
+                                      f"{', '.join(ENTERINGS)}")
+        group["entering"] = en
         pd = group["payload_dtype"]
         names = {torch.float32: DataType.FLOAT32, torch.bfloat16: DataType.BFLOAT16,
                  torch.float16: DataType.FLOAT16, "float32": DataType.FLOAT32,
