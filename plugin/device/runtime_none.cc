@@ -92,6 +92,11 @@ Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");
 }
+Status Runtime::StayingGradSqBlocks(const void*, scapeDataType_t, const uint64_t*, const float*,
+                                    size_t, float, const uint64_t*, size_t, double*, uint64_t*,
+                                    Stream) {
+  return NoDeviceOp(this, "segment_rms sums kernel");
+}
 
 Runtime* NoneRuntime() {
   static None none;
