@@ -935,6 +935,8 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
  *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
+ *  - with entering = scapeOptimEnteringSegmentRms the call waits for the per-segment staying
+ *    sums (a few bytes per segment; the segment values are an argument of the update);
  *  - a step on another stream than the last device step first waits for that stream.
  * The caller must not change params or grads until the stream has run the step, and must
  * keep the stream of the last device step alive until the optimizer is destroyed (destroy
