@@ -376,7 +376,7 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   do {                                                                           \
     if (vec) {                                                                   \
       UpdateKernel<Index, KT, true>                                              \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s);     \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et); \
     } else {                                                                     \
       UpdateKernel<Index, KT, false>                                             \
           <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et); \
