@@ -802,6 +802,25 @@ typedef enum {
 } scapeBiasCorrection_t;
 
 /**
+ * How the AdamS denominator of an entering coordinate is built (issue 23; docs/ALGORITHM.md
+ * section 4.13). An entering coordinate is a masked position whose previous momentum is 0: it
+ * was not in the previous step's mask (momentum is zeroed outside the mask), or its momentum
+ * was exactly 0.
+ */
+typedef enum {
+  /** The paper's form (default): v = (1 - b2) g^2 from the payload the coordinate carries, so
+   *  it moves lr (1 - b1) / sqrt(1 - b2) whatever residual it carried. */
+  scapeOptimEnteringPayload = 0,
+  /** v = the mean of g^2 over the staying coordinates (previous momentum non-zero) of the same
+   *  segment, from the reduced payload; the update is capped at 100 lr. A segment with no
+   *  staying coordinate (step 0 included) uses the paper's form. No extra wire bytes in the
+   *  replicated mode; the sharded mode adds 16 bytes per segment piece to the all-gather of
+   *  the gradient-norm partials it already makes. */
+  scapeOptimEnteringSegmentRms = 1,
+  scapeNumOptimEnterings = 2
+} scapeOptimEntering_t;
+
+/**
  * Optimizer configuration. Fill it with scapeOptimConfigInit (defaults below), then set the
  * layout and what differs. Every rank must pass the same configuration (checked: a layout
  * that differs between ranks fails scapeOptimCreate on every rank).
@@ -824,6 +843,7 @@ typedef enum {
  * rho(t) = rho*^(t/W) for t < W, then rho* (W = 0: fixed) | 0     | | payloadType    |
  * scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         | | maskEncoding   | a
  * scapeMaskEncoding_t                                    | auto         |
+ * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)          | payload      |
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
@@ -852,6 +872,7 @@ typedef struct {
   int payloadType;  /**< scapeDataType_t */
   int maskEncoding; /**< scapeMaskEncoding_t */
   int nonFinite;    /**< scapeOptimNonFinite_t: a step with non-finite gradients (default: skip) */
+  int entering;     /**< scapeOptimEntering_t (default scapeOptimEnteringPayload) */
 } scapeOptimConfig_t;
 
 /**
@@ -998,6 +1019,8 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
  *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
+ *  - with entering = scapeOptimEnteringSegmentRms the call waits for the per-segment staying
+ *    sums (a few bytes per segment; the segment values are an argument of the update);
  *  - a step on another stream than the last device step first waits for that stream;
  *  - the non-finite check (scapeOptimNonFinite_t, default Skip): the scan of the gradients
  *    runs on the stream and the call waits for its one-word result (a stream synchronisation

@@ -3,6 +3,7 @@
 #include "kernels/cpu/scape_step.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <new>
 #include <utility>
@@ -214,6 +215,76 @@ inline void AdamSPoint(float mt, float* theta, float* m, const AdamSScalars& s) 
   *m = mn;
 }
 
+// AdamSPoint with the "segment_rms" entering rule (AdamSParams.enter_vs): vs is the segment's
+// enter_vs value (not finite or <= 0: the paper's form).
+inline void AdamSPointEnter(float mt, float* theta, float* m, const AdamSScalars& s, float vs) {
+  const float mp = *m;
+  if (!(mp == 0.0f && vs > 0.0f && vs <= FLT_MAX)) {
+    AdamSPoint(mt, theta, m, s);
+    return;
+  }
+  const float g = RecoveredGrad(mt, mp, s) * s.clip;
+  const float mn = s.rebuild_momentum ? ((s.b1 * mp) + (s.omb1 * g)) : mt;
+  const float v = s.clip2 * vs;
+  const float den = std::sqrt(v * s.vscale) + s.eps;
+  float u = (s.lr * (mn * s.mscale)) / den;
+  u = u > s.cap_lr ? s.cap_lr : (u < -s.cap_lr ? -s.cap_lr : u);  // NaN stays NaN
+  *theta = (*theta * s.decay) - u;
+  *m = mn;
+}
+
+// The segment of position p under AdamSParams' enter table, with a cursor for ascending p.
+struct EnterLookup {
+  const uint64_t* off = nullptr;
+  const float* vs = nullptr;
+  size_t nseg = 0;
+  uint64_t lo = 1, hi = 0;  // current segment's [lo, hi) (empty: none yet)
+  float cur = -1.0f;
+  float operator()(uint64_t p) {
+    if (p < lo || p >= hi) {
+      const size_t sidx = static_cast<size_t>(std::upper_bound(off, off + nseg + 1, p) - off) - 1;
+      lo = off[sidx];
+      hi = off[sidx + 1];
+      cur = vs[sidx];
+    }
+    return cur;
+  }
+};
+
+// The enter table of `p` describes [0, n): nseg >= 1, offsets from 0 to n, non-decreasing.
+bool ValidEnter(const AdamSParams& p, size_t n) {
+  if (p.enter_vs == nullptr) return true;
+  if (p.enter_offsets == nullptr || p.enter_nseg == 0) return false;
+  if (p.enter_offsets[0] != 0 || p.enter_offsets[p.enter_nseg] != n) return false;
+  for (size_t i = 0; i < p.enter_nseg; ++i)
+    if (p.enter_offsets[i + 1] < p.enter_offsets[i]) return false;
+  return true;
+}
+
+// Calls point(load(j), theta + p, m + p) with the paper's or the entering rule.
+template <typename Load>
+struct PointFn {
+  const AdamSScalars& s;
+  Load load;
+  bool enter;
+  EnterLookup look;
+  void operator()(size_t j, size_t p, float* theta, float* m) {
+    if (enter) {
+      AdamSPointEnter(load(j), theta + p, m + p, s, look(p));
+    } else {
+      AdamSPoint(load(j), theta + p, m + p, s);
+    }
+  }
+};
+template <typename Load>
+PointFn<Load> MakePointFn(const AdamSScalars& s, Load load, const AdamSParams& params) {
+  PointFn<Load> f{s, load, params.enter_vs != nullptr, EnterLookup{}};
+  f.look.off = params.enter_offsets;
+  f.look.vs = params.enter_vs;
+  f.look.nseg = params.enter_nseg;
+  return f;
+}
+
 void DecayZeroRun(float* theta, float* m, size_t b, size_t end, float decay, bool do_decay) {
   if (do_decay) {
     for (size_t i = b; i < end; ++i) theta[i] = theta[i] * decay;
@@ -278,15 +349,15 @@ void DecayRunCopy(float* theta, float* m, size_t b, size_t end, float decay, boo
   if (zero_m && end > b) std::fill(m + b, m + end, 0.0f);
 }
 
-template <typename Index, typename Load, typename Copy>
+template <typename Index, typename Point, typename Copy>
 void UpdateChunk(const Index* mask, size_t jb, size_t je, float* theta, float* m, size_t b,
-                 size_t end, const AdamSScalars& s, Load load, Copy copy) {
+                 size_t end, const AdamSScalars& s, Point point, Copy copy) {
   const bool do_decay = s.decay != 1.0f;
   size_t i = b;
   for (size_t j = jb; j < je; ++j) {
     const size_t p = static_cast<size_t>(mask[j]);
     DecayRunCopy(theta, m, i, p, s.decay, do_decay, true, copy);
-    AdamSPoint(load(j), theta + p, m + p, s);
+    point(j, p, theta, m);
     copy(p, theta[p]);
     i = p + 1;
   }
@@ -305,12 +376,14 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
+  if (!ValidEnter(params, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   auto run = [&](auto load) {
     return WithCopy(copy, [&](auto cp) {
       return ForMaskChunks(n, mask, k, max_threads,
                            [&](size_t b, size_t end, size_t jb, size_t je) {
-                             UpdateChunk(mask, jb, je, theta, m, b, end, s, load, cp);
+                             UpdateChunk(mask, jb, je, theta, m, b, end, s,
+                                         MakePointFn(s, load, params), cp);
                            });
     });
   };
@@ -384,7 +457,73 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
   return KernelStatus::kOk;
 }
 
+template <typename Load>
+void StayingBlock(Load load, const uint64_t* idx, const float* m, const AdamSScalars& s,
+                  uint64_t lo, uint64_t hi, double* sum, uint64_t* count) {
+  double acc = 0.0;
+  uint64_t c = 0;
+  for (uint64_t j = lo; j < hi; ++j) {
+    const float mp = m[idx[j]];
+    if (mp != 0.0f) {  // a staying coordinate; the others add +0.0, which changes nothing
+      const double gh = static_cast<double>(RecoveredGrad(load(j), mp, s));
+      acc = acc + gh * gh;
+      ++c;
+    }
+  }
+  *sum = acc;
+  *count = c;
+}
+
 }  // namespace
+
+double BlockedSum(double* v, size_t count) { return BlockedReduce(v, count); }
+
+size_t StayingBlockBounds(uint64_t jb, uint64_t je, uint64_t* out) {
+  size_t nb = 0;
+  for (uint64_t lo = jb; lo < je; lo += kSqNormBlock)
+    out[nb++] = std::min<uint64_t>(je, lo + kSqNormBlock);
+  return nb;
+}
+
+float SegmentEnterVs(double sum, uint64_t count) {
+  if (count == 0) return -1.0f;
+  const float vs = static_cast<float>(sum / static_cast<double>(count));
+  return (vs > 0.0f && vs <= FLT_MAX) ? vs : -1.0f;
+}
+
+KernelStatus StayingGradSqBlocks(const void* payload, scapeDataType_t type, const uint64_t* idx,
+                                 const float* m, size_t n, float beta1, const uint64_t* bounds,
+                                 size_t nb, double* sums, uint64_t* counts, int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (nb == 0) return KernelStatus::kOk;
+  if (bounds == nullptr || sums == nullptr || counts == nullptr) {
+    return KernelStatus::kInvalidArgument;
+  }
+  for (size_t b = 0; b < nb; ++b)
+    if (bounds[b + 1] < bounds[b] || bounds[b + 1] - bounds[b] > kSqNormBlock)
+      return KernelStatus::kInvalidArgument;
+  const uint64_t j0 = bounds[0], j1 = bounds[nb];
+  if (j1 > j0 && (payload == nullptr || idx == nullptr || m == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  for (uint64_t j = j0; j < j1; ++j)
+    if (idx[j] >= n) return KernelStatus::kInvalidArgument;
+  AdamSScalars s{};
+  s.b1 = beta1;
+  s.omb1 = 1.0f - beta1;
+  auto run = [&](auto load) {
+    const int nt = detail::ThreadsFor(j1 - j0, kParallelGrain / 4, max_threads);
+    return detail::ParallelRun(nt, [&](int t) {
+      const size_t bb = detail::ChunkBegin(nb, nt, t, 1);
+      const size_t be = detail::ChunkBegin(nb, nt, t + 1, 1);
+      for (size_t b = bb; b < be; ++b)
+        StayingBlock(load, idx, m, s, bounds[b], bounds[b + 1], &sums[b], &counts[b]);
+    });
+  };
+  const bool ok = WithPayloadLoader(type, payload, run);
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
 
 size_t PayloadElementSize(scapeDataType_t type) {
   switch (type) {
@@ -448,6 +587,12 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
   }
   s.rebuild_momentum = (p.clip_momentum && p.clip_scale != 1.0f) ? 1 : 0;
   if (!std::isfinite(s.mscale) || !std::isfinite(s.vscale) || !std::isfinite(s.decay)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  s.clip2 = s.clip * s.clip;
+  s.cap_lr = s.lr * p.enter_cap;
+  if (p.enter_vs != nullptr &&
+      !(std::isfinite(p.enter_cap) && p.enter_cap > 0.0f && std::isfinite(s.cap_lr))) {
     return KernelStatus::kInvalidArgument;
   }
   *out = s;
@@ -673,18 +818,20 @@ KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type, co
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (!ValidEnter(params, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const bool do_decay = s.decay != 1.0f;
   auto run = [&](auto load) {
     return WithCopy(copy, [&](auto cp) {
       return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+        auto point = MakePointFn(s, load, params);
         WalkView(
             mask, b, end,
             [&](size_t i0, size_t i1, const MaskRun&) {
               DecayRunCopy(theta, m, i0, i1, s.decay, do_decay, !keep_m_outside, cp);
             },
             [&](size_t p, size_t j, const MaskRun&) {
-              AdamSPoint(load(j), theta + p, m + p, s);
+              point(j, p, theta, m);
               cp(p, theta[p]);
             });
       });
@@ -705,14 +852,17 @@ KernelStatus AdamSUpdatePairs(const void* payload, scapeDataType_t type, const u
     return KernelStatus::kInvalidArgument;
   }
   if (!ValidMask(idx, k, n)) return KernelStatus::kInvalidArgument;
+  if (!ValidEnter(params, n)) return KernelStatus::kInvalidArgument;
   auto run = [&](auto load) {
     const int nt = detail::ThreadsFor(k, kParallelGrain / 4, max_threads);
     return detail::ParallelRun(nt, [&](int t) {
       const size_t jb = detail::ChunkBegin(k, nt, t), je = detail::ChunkBegin(k, nt, t + 1);
+      auto point = MakePointFn(s, load, params);
       for (size_t j = jb; j < je; ++j) {
         const size_t i = static_cast<size_t>(idx[j]);
         float th = theta[i], mm = m[i];
-        AdamSPoint(load(j), &th, &mm, s);
+        point.enter ? AdamSPointEnter(load(j), &th, &mm, s, point.look(i))
+                    : AdamSPoint(load(j), &th, &mm, s);
         pairs[2 * j] = th;
         pairs[2 * j + 1] = mm;
       }

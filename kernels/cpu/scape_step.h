@@ -109,7 +109,27 @@ struct AdamSParams {
   bool clip_momentum = true;
   BiasCorrection bias_correction = BiasCorrection::kNone;
   int64_t step = 1;  // t >= 1; used only by the bias corrections
+  // Entering-coordinate rule "segment_rms" (issue 23; docs/ALGORITHM.md 4.12). Off (the paper's
+  // form for every coordinate) while enter_vs is nullptr. Else, at a masked position i with
+  // m_{t-1}[i] == 0 (an entering coordinate: m is 0 outside the previous mask) inside segment s
+  // (enter_offsets[s] <= i < enter_offsets[s+1]) whose enter_vs[s] is finite and > 0, the
+  // denominator is built from enter_vs[s], the segment's mean square of the recovered gradient
+  // over its staying coordinates (StayingGradSqBlocks, SegmentEnterVs), instead of from g^:
+  //   v   = (clip*clip) * enter_vs[s]
+  //   u   = (lr*(mn*mscale)) / (sqrt(v*vscale) + eps), clamped to [-cap_lr, cap_lr] with
+  //         cap_lr = lr*enter_cap (fp32)
+  //   theta[i] = (theta[i]*decay) - u
+  // (gh, g and mn as in the paper's form). Other coordinates, and segments whose enter_vs is
+  // not finite and > 0 (no staying coordinate), use the paper's form. Host memory: the flat and
+  // view kernels read it directly; the device runtime uploads it.
+  const uint64_t* enter_offsets = nullptr;  // enter_nseg + 1 positions, non-decreasing
+  const float* enter_vs = nullptr;          // enter_nseg values
+  size_t enter_nseg = 0;
+  float enter_cap = 100.0f;  // kEnterCap: |u| <= enter_cap * lr; finite, > 0
 };
+
+// The cap of an entering coordinate's update under "segment_rms", in units of lr.
+constexpr float kEnterCap = 100.0f;
 
 // The fp32 constants both implementations use, derived once on the host (in double, rounded to
 // fp32). Exposed so the CUDA wrapper and the tests use exactly the same bits.
@@ -123,6 +143,8 @@ struct AdamSScalars {
   float pscale;          // multiplies m_{t-1} in v   (1 or 1/(1-b1^t))
   float vscale;          // multiplies v              (1 or 1/(1-b2^t))
   int rebuild_momentum;  // clip_momentum && clip != 1
+  float clip2;           // clip*clip            ("segment_rms" only)
+  float cap_lr;          // lr*enter_cap         ("segment_rms" only)
 };
 
 // kInvalidArgument: a non-finite parameter, beta1 or beta2 outside [0, 1), lr < 0, eps < 0,
@@ -172,6 +194,47 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
 
 // Block size of the blocked summation order above.
 constexpr size_t kSqNormBlock = 256;
+
+// ---------------------------------------------------------------------------------------------
+// The staying coordinates' gradient scale per segment ("segment_rms", AdamSParams.enter_vs).
+//
+// For every block b < nb, slots [bounds[b], bounds[b+1]) of the payload (bounds non-decreasing,
+// each block at most kSqNormBlock slots; slot j at position idx[j], mp_j = m[idx[j]], gh_j as
+// in RecoveredGradSqNorm):
+//   sums[b]   = the sum, left to right in double starting from +0.0, of
+//               (mp_j != 0 ? (double)gh_j * (double)gh_j : +0.0)
+//   counts[b] = the number of j with mp_j != 0 (a staying coordinate: m is 0 outside the
+//               previous mask)
+// The caller cuts each piece (a segment's part inside one owner block) into blocks of
+// kSqNormBlock slots from its start (StayingBlockBounds) and reduces a piece's block sums with
+// BlockedSum: the piece's sum in RecoveredGradSqNorm's blocked order, the same bits on any
+// thread count, on CUDA and on any rank. idx may be in any order (mask order); the slots of
+// [bounds[0], bounds[nb]) must be < the payload's length, idx[j] < n.
+// Errors: kInvalidArgument (null pointer, a block over kSqNormBlock or descending, idx >= n,
+// beta1 not in [0,1)), kUnsupported (payload type).
+KernelStatus StayingGradSqBlocks(const void* payload, scapeDataType_t payload_type,
+                                 const uint64_t* idx, const float* m, size_t n, float beta1,
+                                 const uint64_t* bounds, size_t nb, double* sums, uint64_t* counts,
+                                 int max_threads = 0);
+
+// Writes the end slot of each block of the piece [jb, je) to out[0 .. StayingBlockCount(je-jb)):
+// min(je, jb + (i+1)*kSqNormBlock). Pieces laid end to end after a first bound jb give the
+// `bounds` of StayingGradSqBlocks. Returns the number of blocks written.
+size_t StayingBlockBounds(uint64_t jb, uint64_t je, uint64_t* out);
+// Number of blocks StayingBlockBounds makes of a piece of `len` slots.
+inline size_t StayingBlockCount(uint64_t len) {
+  return static_cast<size_t>((len + kSqNormBlock - 1) / kSqNormBlock);
+}
+
+// RecoveredGradSqNorm's blocked order applied to `count` values (level 0 given): consecutive
+// blocks of kSqNormBlock summed left to right, levels repeated until one value is left (0.0 for
+// count 0). Overwrites v.
+double BlockedSum(double* v, size_t count);
+
+// The per-segment value of AdamSParams.enter_vs from a segment's staying sum and count: the
+// mean square (float)(sum / count) when count > 0 and it is finite and > 0, else -1.0f (the
+// paper's form for that segment's entering coordinates).
+float SegmentEnterVs(double sum, uint64_t count);
 
 // Validates a sorted mask: strictly increasing, every index < n. O(k).
 bool MaskIsValid(const uint32_t* mask, size_t k, size_t n);

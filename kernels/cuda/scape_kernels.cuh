@@ -75,7 +75,8 @@ KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float
                                        bool keep_rounding = false);
 
 // ---- 4. unpack + AdamS update, squared norm (scape_step.h) -----------------------------------
-// Same contract as UnpackAdamSUpdate (parameters validated on the host by MakeAdamSScalars).
+// Same contract as UnpackAdamSUpdate (parameters validated on the host by MakeAdamSScalars);
+// params.enter_offsets and params.enter_vs ("segment_rms") are DEVICE pointers here.
 KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
                                    const uint32_t* d_mask, size_t k, float* d_theta, float* d_m,
                                    size_t n, const AdamSParams& params, cudaStream_t stream);
@@ -97,6 +98,13 @@ KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t pa
                                        const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
                                        size_t n, const AdamSParams& params, const ModelCopy& copy,
                                        cudaStream_t stream);
+// Same contract and the same bits as StayingGradSqBlocks ("segment_rms"); every pointer is
+// device memory (d_bounds: nb + 1 slots, validated by the caller). Device preconditions: blocks
+// of at most kSqNormBlock slots; an index >= n counts as not staying.
+KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint64_t* d_idx, const float* d_m, size_t n, float beta1,
+                                     const uint64_t* d_bounds, size_t nb, double* d_sums,
+                                     uint64_t* d_counts, cudaStream_t stream);
 
 // Same contract and the same bits as RecoveredGradSqNorm; the result goes to *d_sq_norm
 // (device). Temp storage: about k/256 doubles.

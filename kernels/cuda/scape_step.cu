@@ -123,13 +123,44 @@ __device__ void MarkTile16(const Index* mask, uint64_t k, uint64_t t0, uint64_t 
 
 // The AdamS update of one masked element (mp = m_{t-1}[i], th = theta[i]): returns theta_t and
 // sets *m_out = m_t. The operation order is the contract's (kernels/cpu/scape_step.h).
+// The "segment_rms" entering rule (AdamSParams.enter_vs, device copies): the segment value of
+// position i when m_{t-1}[i] == 0 and a table is given, else -1 (the paper's form).
+struct EnterTable {
+  const uint64_t* off;  // nseg + 1
+  const float* vs;      // nseg; nullptr: off
+  uint64_t nseg;
+};
+__device__ __forceinline__ float EnterVs(const EnterTable& et, uint64_t i, float mp) {
+  if (et.vs == nullptr || mp != 0.0f) return -1.0f;
+  uint64_t lo = 0, hi = et.nseg;  // the last s with off[s] <= i lies in [lo, hi)
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (et.off[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return et.vs[lo];
+}
+
 template <int kType>
 __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, float mp, float th,
-                                              const AdamSScalars& s, float* m_out) {
+                                              const AdamSScalars& s, float* m_out,
+                                              float vs = -1.0f) {
   const float mt = dev::LoadPayload<kType>(payload, j);
   const float gh = __fdiv_rn(__fsub_rn(mt, __fmul_rn(s.b1, mp)), s.omb1);
   const float gc = __fmul_rn(gh, s.clip);
   const float mn = s.rebuild_momentum ? __fadd_rn(__fmul_rn(s.b1, mp), __fmul_rn(s.omb1, gc)) : mt;
+  if (mp == 0.0f && vs > 0.0f && vs <= 3.402823466e38f) {
+    // Entering coordinate, "segment_rms": the segment's mean square, the update capped.
+    const float v = __fmul_rn(s.clip2, vs);
+    const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.vscale)), s.eps);
+    float u = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mn, s.mscale)), den);
+    u = u > s.cap_lr ? s.cap_lr : (u < -s.cap_lr ? -s.cap_lr : u);
+    *m_out = mn;
+    return __fsub_rn(__fmul_rn(th, s.decay), u);
+  }
   const float mpc = __fmul_rn(mp, s.pscale);
   const float v =
       __fadd_rn(__fmul_rn(s.b2, __fmul_rn(mpc, mpc)), __fmul_rn(s.omb2, __fmul_rn(gc, gc)));
@@ -155,7 +186,7 @@ __device__ __forceinline__ void StoreCopy(void* copy, uint64_t i, float v) {
 template <typename Index, int kType, bool kVec, int kCopy>
 __global__ void __launch_bounds__(kThreads, 4)
     UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
-                 uint64_t n, AdamSScalars s, void* copy) {
+                 uint64_t n, AdamSScalars s, EnterTable et, void* copy) {
   __shared__ __align__(16) short slot[kUTile];
   __shared__ uint64_t range[2];
   const bool do_decay = s.decay != 1.0f;
@@ -188,8 +219,9 @@ __global__ void __launch_bounds__(kThreads, 4)
         for (int q = 0; q < 4; ++q) {
           if (sl[q] >= 0 && jb + static_cast<uint64_t>(sl[q]) < k) {
             const uint64_t i = t0 + static_cast<uint64_t>(v) * 4 + q;
-            t[q] = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl[q]), m[i], t[q], s,
-                                       &mo[q]);
+            const float mp = m[i];
+            t[q] = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl[q]), mp, t[q], s,
+                                       &mo[q], EnterVs(et, i, mp));
           } else {
             t[q] = __fmul_rn(t[q], s.decay);
             mo[q] = 0.0f;
@@ -208,8 +240,9 @@ __global__ void __launch_bounds__(kThreads, 4)
         const int sl = slot[i - t0];
         if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
           float mn;
-          const float t =
-              MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl), m[i], theta[i], s, &mn);
+          const float mp = m[i];
+          const float t = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl), mp, theta[i],
+                                              s, &mn, EnterVs(et, i, mp));
           theta[i] = t;
           m[i] = mn;
           if (kCopy != 0) StoreCopy<kCopy>(copy, i, t);
@@ -256,6 +289,31 @@ __global__ void __launch_bounds__(kSqNormBlock)
     __syncthreads();
     if (threadIdx.x == 0) out[b] = SqNormSumShared(sh, hi - lo);
     __syncthreads();  // sh is rewritten by the next block
+  }
+}
+
+// "segment_rms" staying sums (StayingGradSqBlocks): one thread per block of at most
+// kSqNormBlock slots, left to right in double from +0.0, the contract's order.
+template <int kType>
+__global__ void StayingBlocksKernel(const void* payload, const uint64_t* idx, const float* m,
+                                    uint64_t n, float b1, float omb1, const uint64_t* bounds,
+                                    uint64_t nb, double* sums, uint64_t* counts) {
+  for (uint64_t b = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; b < nb;
+       b += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    double acc = 0.0;
+    uint64_t c = 0;
+    for (uint64_t j = bounds[b]; j < bounds[b + 1]; ++j) {
+      const uint64_t p = idx[j];
+      const float mp = p < n ? m[p] : 0.0f;
+      if (mp != 0.0f) {
+        const float mt = dev::LoadPayload<kType>(payload, j);
+        const double gh = static_cast<double>(__fdiv_rn(__fsub_rn(mt, __fmul_rn(b1, mp)), omb1));
+        acc = __dadd_rn(acc, __dmul_rn(gh, gh));
+        ++c;
+      }
+    }
+    sums[b] = acc;
+    counts[b] = c;
   }
 }
 
@@ -332,17 +390,17 @@ KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, fl
 
 template <typename Index, int kCopy>
 void LaunchUpdate(const void* payload, int kind, const Index* mask, size_t k, float* theta,
-                  float* m, size_t n, const AdamSScalars& s, void* copy, bool vec, unsigned grid,
-                  cudaStream_t stream) {
-#define SCAPE_UPDATE_LAUNCH(KT)                                                    \
-  do {                                                                             \
-    if (vec) {                                                                     \
-      UpdateKernel<Index, KT, true, kCopy>                                         \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, copy); \
-    } else {                                                                       \
-      UpdateKernel<Index, KT, false, kCopy>                                        \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, copy); \
-    }                                                                              \
+                  float* m, size_t n, const AdamSScalars& s, const EnterTable& et, void* copy,
+                  bool vec, unsigned grid, cudaStream_t stream) {
+#define SCAPE_UPDATE_LAUNCH(KT)                                                        \
+  do {                                                                                 \
+    if (vec) {                                                                         \
+      UpdateKernel<Index, KT, true, kCopy>                                             \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et, copy); \
+    } else {                                                                           \
+      UpdateKernel<Index, KT, false, kCopy>                                            \
+          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et, copy); \
+    }                                                                                  \
   } while (0)
   if (kind == 0) {
     SCAPE_UPDATE_LAUNCH(0);
@@ -370,15 +428,20 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
+  // params.enter_offsets / enter_vs are device pointers here (the runtime uploads them).
+  EnterTable et{params.enter_offsets, params.enter_vs, params.enter_nseg};
+  if (et.vs != nullptr && (et.off == nullptr || et.nseg == 0)) {
+    return KernelStatus::kInvalidArgument;
+  }
   const unsigned grid = dev::GridFor(n, kUTile);
   const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
   void* cp = copy ? copy->p : nullptr;
   if (ckind == 0)
-    LaunchUpdate<Index, 0>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
+    LaunchUpdate<Index, 0>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
   else if (ckind == 1)
-    LaunchUpdate<Index, 1>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
+    LaunchUpdate<Index, 1>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
   else
-    LaunchUpdate<Index, 2>(payload, kind, mask, k, theta, m, n, s, cp, vec, grid, stream);
+    LaunchUpdate<Index, 2>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -439,6 +502,34 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
 }
 
 }  // namespace
+
+KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payload_type,
+                                     const uint64_t* d_idx, const float* d_m, size_t n, float beta1,
+                                     const uint64_t* d_bounds, size_t nb, double* d_sums,
+                                     uint64_t* d_counts, cudaStream_t stream) {
+  const int kind = dev::PayloadKind(payload_type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (nb == 0) return KernelStatus::kOk;
+  if (d_bounds == nullptr || d_sums == nullptr || d_counts == nullptr || d_idx == nullptr ||
+      d_m == nullptr || d_payload == nullptr) {
+    return KernelStatus::kInvalidArgument;
+  }
+  const float omb1 = 1.0f - beta1;
+  const unsigned grid = dev::GridFor(nb, kThreads);
+  if (kind == 0) {
+    StayingBlocksKernel<0><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
+                                                          d_bounds, nb, d_sums, d_counts);
+  } else if (kind == 1) {
+    StayingBlocksKernel<1><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
+                                                          d_bounds, nb, d_sums, d_counts);
+  } else {
+    StayingBlocksKernel<2><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
+                                                          d_bounds, nb, d_sums, d_counts);
+  }
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
 
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint32_t* d_mask, size_t k,

@@ -113,6 +113,7 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   h.density = c->density;
   h.warmupSteps = c->warmupSteps;
   h.payload = c->payloadType;
+  h.entering = c->entering;
   SCAPE_RETURN_IF_ERROR(scape::ValidateHyper(h).Prepend("config"));
   layout->n = c->n;
   layout->offsets.assign(o, o + c->nsegments + 1);
@@ -168,6 +169,7 @@ SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
     c->payloadType = scapeFloat32;
     c->maskEncoding = scapeMaskEncodingAuto;
     c->nonFinite = scapeOptimNonFiniteSkip;
+    c->entering = scapeOptimEnteringPayload;
     return Status::Ok();
   });
 }

@@ -123,6 +123,13 @@ class Runtime {
   // type: scapeFloat32, scapeBfloat16 or scapeFloat16 (n elements of that type).
   virtual Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                               Stream s);
+  // kernels/cpu/scape_step.h StayingGradSqBlocks ("segment_rms"): `bounds` (nb + 1 slots) is
+  // host memory (the runtime uploads it); dSums and dCounts receive nb values each, the same
+  // bits. UnpackAdamSUpdate's params.enter_offsets / enter_vs are host memory too.
+  virtual Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
+                                     const uint64_t* dIdx, const float* dM, size_t n, float beta1,
+                                     const uint64_t* bounds, size_t nb, double* dSums,
+                                     uint64_t* dCounts, Stream s);
 };
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".

@@ -9,6 +9,7 @@
 // surface as CUDA's sticky errors at the next EventQuery / StreamSynchronize.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -384,8 +385,65 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
     SCAPE_RETURN_IF_ERROR(
         CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
-    return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n,
-                                                    params, static_cast<cudaStream_t>(s)));
+    auto stream = static_cast<cudaStream_t>(s);
+    if (params.enter_vs == nullptr)
+      return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM,
+                                                      n, params, stream));
+    // "segment_rms": upload the host table (offsets, then the values) for this launch.
+    const size_t nseg = params.enter_nseg;
+    if (params.enter_offsets == nullptr || nseg == 0 || params.enter_offsets[0] != 0 ||
+        params.enter_offsets[nseg] != n)
+      return InvalidArgument(
+          StrFormat("%s: enter table (%zu segments) does not tile [0, %zu)", op, nseg, n));
+    const size_t offBytes = 8 * (nseg + 1);
+    std::vector<char> table(offBytes + 4 * nseg);
+    std::memcpy(table.data(), params.enter_offsets, offBytes);
+    std::memcpy(table.data() + offBytes, params.enter_vs, 4 * nseg);
+    StreamTemp temp(stream);
+    void* base = nullptr;
+    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, table.size(), &base));
+    // From pageable host memory: returns once the source has been staged.
+    cudaError_t e =
+        cudaMemcpyAsync(base, table.data(), table.size(), cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return CudaFail("AdamS update kernel: uploading the enter table", e);
+    kn::AdamSParams p = params;
+    p.enter_offsets = static_cast<const uint64_t*>(base);
+    p.enter_vs = reinterpret_cast<const float*>(static_cast<char*>(base) + offBytes);
+    return KernelFail(
+        op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, p, stream));
+  }
+  Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
+                             const uint64_t* dIdx, const float* dM, size_t n, float beta1,
+                             const uint64_t* bounds, size_t nb, double* dSums, uint64_t* dCounts,
+                             Stream s) override {
+    const char* op = "segment_rms sums kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    if (!(beta1 >= 0.0f && beta1 < 1.0f)) {
+      return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
+    }
+    if (nb == 0) return Status::Ok();
+    if (bounds == nullptr) return InvalidArgument(StrFormat("%s: bounds is NULL", op));
+    for (size_t b = 0; b < nb; ++b)
+      if (bounds[b + 1] < bounds[b] || bounds[b + 1] - bounds[b] > kn::kSqNormBlock)
+        return InvalidArgument(
+            StrFormat("%s: block %zu is descending or over %zu slots", op, b, kn::kSqNormBlock));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dSums", dSums));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCounts", dCounts));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dSums", dSums, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCounts", dCounts, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
+    auto stream = static_cast<cudaStream_t>(s);
+    StreamTemp temp(stream);
+    void* base = nullptr;
+    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, 8 * (nb + 1), &base));
+    cudaError_t e = cudaMemcpyAsync(base, bounds, 8 * (nb + 1), cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return CudaFail("segment_rms sums kernel: uploading the bounds", e);
+    return KernelFail(op, kc::StayingGradSqBlocksCuda(dPayload, payloadType, dIdx, dM, n, beta1,
+                                                      static_cast<const uint64_t*>(base), nb, dSums,
+                                                      dCounts, stream));
   }
   Status CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
                                    float* dE, size_t n, float beta1, const uint64_t* dMask,

@@ -109,6 +109,11 @@ Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t
 Status Runtime::AnyNonFinite(const void*, size_t, scapeDataType_t, uint32_t*, Stream) {
   return NoDeviceOp(this, "non-finite check kernel");
 }
+Status Runtime::StayingGradSqBlocks(const void*, scapeDataType_t, const uint64_t*, const float*,
+                                    size_t, float, const uint64_t*, size_t, double*, uint64_t*,
+                                    Stream) {
+  return NoDeviceOp(this, "segment_rms sums kernel");
+}
 
 Runtime* NoneRuntime() {
   static None none;

@@ -25,12 +25,14 @@ namespace {
 //   112 f64 density | 120 i64 warm-up steps | 128 u64 kc | 136 u64 kn |
 //   144 momentum (n f32) | residual (n f32) | this rank's part of the current mask (kc u64) |
 //   its part of the next mask (kn u64).
-// Version 2 (written since mixed precision) is version 1 with: 108 i32 the type of the params
-// the fp32 master weights shadow (scapeBfloat16 or scapeFloat16; 0 = scapeFloat32: no masters),
-// and with masters, n f32 master weights after the residual (before the mask parts). Version 1
-// checkpoints (108 is 0, no masters) still load.
+// Version 2 (mixed precision) is version 1 with: 108 i32 the type of the params the fp32
+// master weights shadow (scapeBfloat16 or scapeFloat16; 0 = scapeFloat32: no masters), and with
+// masters, n f32 master weights after the residual (before the mask parts).
+// Version 3 (written now) is version 2 with 108 split: 108 u16 the master type, 110 u16 the
+// entering rule (scapeOptimEntering_t; 0 = the paper's). Versions 1 and 2 load (their u16 at
+// 110 is 0: the paper's rule).
 constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kHeader = 144;
 
 template <typename T>
@@ -126,6 +128,9 @@ Status ValidateHyper(const OptimHyper& h) {
         StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
                   "scapeFloat16",
                   h.payload));
+  if (h.entering < 0 || h.entering >= scapeNumOptimEnterings)
+    return InvalidArgument(StrFormat("entering = %d: expected a scapeOptimEntering_t (0..%d)",
+                                     h.entering, scapeNumOptimEnterings - 1));
   const double decay = 1.0 - static_cast<double>(h.lr) * h.weightDecay;
   if (!(decay > 0.0))
     return InvalidArgument(
@@ -167,6 +172,7 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
               static_cast<uint64_t>(hyper.bias)),
           static_cast<uint64_t>(hyper.payload));
   h = Fnv(h, static_cast<uint64_t>(layout.nonFinite));
+  h = Fnv(h, static_cast<uint64_t>(hyper.entering));
   int64_t mine = static_cast<int64_t>(h);
   std::vector<int64_t> all(static_cast<size_t>(o->nranks_));
   coll::CollArgs ag;
@@ -472,6 +478,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   // in rank order, so replicated and sharded state get the same bits.
   t0 = NowNs();
   std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
+  uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   if (sharded) {
     double mine = 0.0;
     ks = kernels::RecoveredGradSqNorm(recv_.data(), pt, cur.data() + offr, kr, m_.data(), n,
@@ -483,13 +490,62 @@ Status Optimizer::Step(float* theta, const float* g) {
     ng.recv = partial.data();
     ng.count = 1;
     ng.dtype = scapeInt64;  // the doubles' bits, moved exactly
+    if (SegmentRms()) {
+      // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
+      // (sum, count) per owned piece in position order] per rank, no extra exchange.
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data() + offr, offr, true, m_.data()));
+      normMsg_.assign(1, 0);
+      std::memcpy(normMsg_.data(), &mine, 8);
+      ng.counts.assign(static_cast<size_t>(nranks_), 0);
+      size_t total = 0;
+      for (int r = 0; r < nranks_; ++r) {
+        ng.counts[static_cast<size_t>(r)] = 1 + 2 * mask_->Owned(r).size();
+        total += ng.counts[static_cast<size_t>(r)];
+      }
+      for (size_t q = 0; q < runs_.size(); ++q) {
+        if (!(runs_[q].flags & kernels::kRunOwned)) continue;
+        int64_t w;
+        std::memcpy(&w, &pieceSum_[q], 8);
+        normMsg_.push_back(w);
+        normMsg_.push_back(static_cast<int64_t>(pieceCnt_[q]));
+      }
+      normAll_.assign(total, 0);
+      ng.send = normMsg_.data();
+      ng.recv = normAll_.data();
+      ng.count = 0;
+      stayBytes = RingHalf(16 * (total - static_cast<size_t>(nranks_)), nranks_);
+    }
     SCAPE_RETURN_IF_ERROR(comm_->Run(ng).Prepend("gradient norm all-gather"));
+    if (SegmentRms()) {
+      size_t off = 0;
+      for (int r = 0; r < nranks_; ++r) {
+        std::memcpy(&partial[static_cast<size_t>(r)], &normAll_[off], 8);
+        size_t w = off + 1;
+        for (const Mask::Piece& p : mask_->Owned(r)) {
+          const size_t q = static_cast<size_t>(
+              std::lower_bound(runs_.begin(), runs_.end(), p.begin,
+                               [](const kernels::MaskRun& a, uint64_t b) { return a.begin < b; }) -
+              runs_.begin());
+          if (q >= runs_.size() || runs_[q].begin != p.begin)
+            return InternalError("segment_rms: a piece of the layout has no mask run");
+          std::memcpy(&pieceSum_[q], &normAll_[w], 8);
+          pieceCnt_[q] = static_cast<uint64_t>(normAll_[w + 1]);
+          w += 2;
+        }
+        off += ng.counts[static_cast<size_t>(r)];
+      }
+      EnterVsFromPieces();
+    }
   } else {
     for (int r = 0; r < nranks_; ++r) {
       const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
       ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(), n,
                                         hyper_.beta1, &partial[static_cast<size_t>(r)], threads_);
       if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
+    }
+    if (SegmentRms()) {
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data(), 0, false, m_.data()));
+      EnterVsFromPieces();
     }
   }
   double sq = 0.0;
@@ -522,6 +578,12 @@ Status Optimizer::Step(float* theta, const float* g) {
   ap.clip_momentum = true;
   ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
   ap.step = step_ + 1;
+  if (SegmentRms()) {
+    ap.enter_offsets = layout_.offsets.data();
+    ap.enter_vs = enterVs_.data();
+    ap.enter_nseg = enterVs_.size();
+    ap.enter_cap = kernels::kEnterCap;
+  }
 
   t0 = NowNs();
   if (!sharded) {
@@ -566,6 +628,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   // The non-finite agreement and (sharded) the all-gather of the norm partials, one 8-byte word
   // per rank each: counted apart, not as payload.
   controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
+  controlBytes_ += stayBytes;  // sharded "segment_rms": its piece sums ride on the norm all-gather
   KeepSupport();
   ++step_;
   return Status::Ok();
@@ -629,6 +692,76 @@ Status Optimizer::StepMixed(void* params, scapeDataType_t paramType, const void*
   Status st = Step(master_.data(), g);
   copy_ = nullptr;
   return st;
+}
+
+Status Optimizer::StayingPlan(uint64_t slot0, bool owned) {
+  // The pieces in mask order tile their slots; each is cut into blocks from its start.
+  stayOrder_.clear();
+  for (size_t q = 0; q < runs_.size(); ++q)
+    if (!owned || (runs_[q].flags & kernels::kRunOwned)) stayOrder_.push_back(q);
+  std::sort(stayOrder_.begin(), stayOrder_.end(),
+            [&](size_t a, size_t b) { return runs_[a].jb < runs_[b].jb; });
+  stayFirst_.assign(stayOrder_.size() + 1, 0);
+  size_t nb = 0;
+  for (size_t i = 0; i < stayOrder_.size(); ++i) {
+    stayFirst_[i] = nb;
+    nb += kernels::StayingBlockCount(runs_[stayOrder_[i]].je - runs_[stayOrder_[i]].jb);
+  }
+  stayFirst_[stayOrder_.size()] = nb;
+  stayBounds_.assign(nb + 1, 0);
+  if (!stayOrder_.empty()) stayBounds_[0] = runs_[stayOrder_[0]].jb - slot0;
+  for (size_t i = 0; i < stayOrder_.size(); ++i) {
+    const kernels::MaskRun& r = runs_[stayOrder_[i]];
+    if (stayBounds_[stayFirst_[i]] != r.jb - slot0)
+      return InternalError("segment_rms: the mask runs do not tile the payload");
+    kernels::StayingBlockBounds(r.jb - slot0, r.je - slot0, stayBounds_.data() + stayFirst_[i] + 1);
+  }
+  staySum_.assign(nb, 0.0);
+  stayCnt_.assign(nb, 0);
+  return Status::Ok();
+}
+
+void Optimizer::StayingFinish() {
+  pieceSum_.assign(runs_.size(), 0.0);
+  pieceCnt_.assign(runs_.size(), 0);
+  for (size_t i = 0; i < stayOrder_.size(); ++i) {
+    const size_t q = stayOrder_[i];
+    uint64_t c = 0;
+    for (size_t b = stayFirst_[i]; b < stayFirst_[i + 1]; ++b) c += stayCnt_[b];
+    pieceSum_[q] =
+        kernels::BlockedSum(staySum_.data() + stayFirst_[i], stayFirst_[i + 1] - stayFirst_[i]);
+    pieceCnt_[q] = c;
+  }
+}
+
+Status Optimizer::StayingPieces(const void* payload, const uint64_t* idx, uint64_t slot0,
+                                bool owned, const float* m) {
+  SCAPE_RETURN_IF_ERROR(StayingPlan(slot0, owned));
+  const size_t nb = staySum_.size();
+  const kernels::KernelStatus ks = kernels::StayingGradSqBlocks(
+      payload, static_cast<scapeDataType_t>(hyper_.payload), idx, m, layout_.n, hyper_.beta1,
+      stayBounds_.data(), nb, staySum_.data(), stayCnt_.data(), threads_);
+  if (ks != kernels::KernelStatus::kOk) return KernelError("segment_rms sums", ks);
+  StayingFinish();
+  return Status::Ok();
+}
+
+void Optimizer::EnterVsFromPieces() {
+  // Per segment: its pieces' sums added in position order (runs_ is in position order; a piece
+  // lies inside one segment), from +0.0.
+  const size_t nseg = layout_.offsets.size() - 1;
+  std::vector<double> sum(nseg, 0.0);
+  std::vector<uint64_t> cnt(nseg, 0);
+  for (size_t q = 0; q < runs_.size(); ++q) {
+    const size_t s = static_cast<size_t>(std::upper_bound(layout_.offsets.begin(),
+                                                          layout_.offsets.end(), runs_[q].begin) -
+                                         layout_.offsets.begin()) -
+                     1;
+    sum[s] = sum[s] + pieceSum_[q];
+    cnt[s] += pieceCnt_[q];
+  }
+  enterVs_.resize(nseg);
+  for (size_t s = 0; s < nseg; ++s) enterVs_[s] = kernels::SegmentEnterVs(sum[s], cnt[s]);
 }
 
 void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
@@ -715,7 +848,10 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
   Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
   Put<int32_t>(b, 104, pending_ ? 1 : 0);
-  Put<int32_t>(b, 108, static_cast<int32_t>(masterType_));
+  // Version 3: 108 u16 master type, 110 u16 entering rule (version 2 wrote an i32 master type
+  // there, whose high half is 0: the paper's entering rule).
+  Put<uint16_t>(b, 108, static_cast<uint16_t>(masterType_));
+  Put<uint16_t>(b, 110, static_cast<uint16_t>(hyper_.entering));
   Put<double>(b, 112, hyper_.density);
   Put<int64_t>(b, 120, hyper_.warmupSteps);
   Put<uint64_t>(b, 128, kc);
@@ -768,7 +904,7 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   if (std::memcmp(b, kMagic, 8) != 0)
     return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
   const uint32_t ver = Get<uint32_t>(b, 8);
-  if ((ver != 1 && ver != kVersion) || Get<uint32_t>(b, 12) != kHeader)
+  if (ver < 1 || ver > kVersion || Get<uint32_t>(b, 12) != kHeader)
     return InvalidArgument(
         StrFormat("checkpoint: version %u, this library reads versions 1 to %u", ver, kVersion));
   const uint64_t total = Get<uint64_t>(b, 16);
@@ -812,12 +948,14 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   h.payload = Get<int32_t>(b, 92);
   h.density = Get<double>(b, 112);
   h.warmupSteps = Get<int64_t>(b, 120);
+  h.entering = Get<uint16_t>(b, 110);
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
   const int64_t st = Get<int64_t>(b, 56);
   const int32_t nx = Get<int32_t>(b, 104);
-  const int32_t mt = Get<int32_t>(b, 108);
+  const int32_t mt = Get<uint16_t>(b, 108);
   if (st < 0 || (nx != 0 && nx != 1) ||
-      (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))))
+      (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))) ||
+      (ver < 3 && h.entering != 0))
     return InvalidArgument("checkpoint: bad step counter or flags");
   const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
   const uint64_t n = layout_.n;

@@ -29,6 +29,7 @@ struct OptimHyper {
   double density = 0.01;
   int64_t warmupSteps = 0;
   int payload = scapeFloat32;
+  int entering = scapeOptimEnteringPayload;  // a scapeOptimEntering_t (issue 23)
 };
 
 // Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
@@ -152,6 +153,27 @@ class Optimizer {
   std::vector<uint64_t> supIdx_;
   std::vector<kernels::MaskRun> supRuns_;
   void KeepSupport();  // after a step or a load: the current mask becomes m's support
+
+  // "segment_rms" (scapeOptimEnteringSegmentRms, docs/ALGORITHM.md 4.12): the staying sums of
+  // the runs (pieces) selected by `owned` (true: this rank's; false: all), each piece's blocked
+  // sum in position order of runs_, into pieceSum_/pieceCnt_ (indexed like runs_). payload and
+  // idx are slot `slot0` of the mask order.
+  Status StayingPieces(const void* payload, const uint64_t* idx, uint64_t slot0, bool owned,
+                       const float* m);
+  // Its two halves (the device step runs the blocks on the device in between): the block
+  // bounds of the selected pieces (stayOrder_, stayFirst_, stayBounds_; staySum_/stayCnt_
+  // sized), and the pieces' sums from the blocks' sums.
+  Status StayingPlan(uint64_t slot0, bool owned);
+  void StayingFinish();
+  void EnterVsFromPieces();  // enterVs_ per segment from pieceSum_/pieceCnt_ (position order)
+  std::vector<size_t> stayOrder_, stayFirst_;
+  bool SegmentRms() const { return hyper_.entering == scapeOptimEnteringSegmentRms; }
+  std::vector<double> pieceSum_;
+  std::vector<uint64_t> pieceCnt_;
+  std::vector<uint64_t> stayBounds_, stayCnt_;
+  std::vector<double> staySum_;
+  std::vector<int64_t> normMsg_, normAll_;  // sharded: the norm all-gather with the piece sums
+  std::vector<float> enterVs_;              // per segment (AdamSParams.enter_vs)
 
   int64_t step_ = 0;      // steps completed
   bool pending_ = false;  // a sync of the next mask was started by the last step

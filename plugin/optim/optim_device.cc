@@ -91,7 +91,8 @@ Optimizer::DeviceState::~DeviceState() {
                   dPaySorted, dSend, dRecv, static_cast<void*>(dMaskOrder),
                   static_cast<void*>(dSorted), static_cast<void*>(dPerm), static_cast<void*>(dInv),
                   static_cast<void*>(dTop), static_cast<void*>(dCounts), static_cast<void*>(dSq),
-                  static_cast<void*>(dFlag), static_cast<void*>(dMaster)})
+                  static_cast<void*>(dFlag), static_cast<void*>(dMaster),
+                  static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
@@ -402,6 +403,34 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
       if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
     }
   }
+  // "segment_rms": the staying sums of every piece from the full reduced payload (every rank
+  // holds it, in both ownerships), block sums on the device, the rest as the host step (a host
+  // wait, like the clipping's).
+  if (SegmentRms()) {
+    SCAPE_RETURN_IF_ERROR(StayingPlan(0, false));
+    const size_t nb = staySum_.size();
+    if (nb > d.stayCap) {
+      d.rt->DeviceFree(d.dStaySum);
+      d.rt->DeviceFree(d.dStayCnt);
+      d.dStaySum = nullptr;
+      d.dStayCnt = nullptr;
+      d.stayCap = 0;
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d.dStaySum));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d.dStayCnt));
+      d.stayCap = nb;
+    }
+    if (nb) {
+      SCAPE_RETURN_IF_ERROR(rt->StayingGradSqBlocks(d.dRecv, pt, d.dMaskOrder, d.dM, n,
+                                                    hyper_.beta1, stayBounds_.data(), nb,
+                                                    d.dStaySum, d.dStayCnt, st)
+                                .Prepend("segment_rms sums"));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(staySum_.data(), d.dStaySum, 8 * nb, st));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(stayCnt_.data(), d.dStayCnt, 8 * nb, st));
+      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("segment_rms sums (host wait)"));
+    }
+    StayingFinish();
+    EnterVsFromPieces();
+  }
   phase_[scapeOptimPhaseNorm] = static_cast<double>(NowNs() - t0) * 1e-9;
   if (agree && !std::isfinite(gradNorm_)) {
     // Finite gradients, a reduced payload that is not (seen only with clipping, where the norm
@@ -424,6 +453,12 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   ap.clip_momentum = true;
   ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
   ap.step = step_ + 1;
+  if (SegmentRms()) {
+    ap.enter_offsets = layout_.offsets.data();
+    ap.enter_vs = enterVs_.data();
+    ap.enter_nseg = enterVs_.size();
+    ap.enter_cap = kernels::kEnterCap;
+  }
 
   t0 = NowNs();
   const void* recvSorted = d.dRecv;

@@ -40,6 +40,10 @@ struct Optimizer::DeviceState {
   device::Event selDone = nullptr;  // recorded after the copy of the selected positions
   bool selPending = false;          // a selection waits to be handed to the mask sync
   uint64_t selCount = 0;
+  // "segment_rms": the staying sums' blocks (stayCap each).
+  double* dStaySum = nullptr;
+  uint64_t* dStayCnt = nullptr;
+  size_t stayCap = 0;
   ~DeviceState();
 };
 

@@ -28,6 +28,7 @@ NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
 NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
+ENTERINGS = {"payload": 0, "segment_rms": 1}
 
 
 class _OptimConfig(Structure):
@@ -39,6 +40,7 @@ class _OptimConfig(Structure):
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
         ("nonFinite", c_int),
+        ("entering", c_int),
     ]
 
 
@@ -132,7 +134,7 @@ def _step_hyper(group: Dict[str, Any]) -> tuple:
 _PARAM_TYPES = {torch.float32: int(DataType.FLOAT32), torch.bfloat16: int(DataType.BFLOAT16),
                 torch.float16: int(DataType.FLOAT16)}
 
-# Checkpoint layout (plugin/optim/optim.cc, format version 2): a 144-byte header whose i32 at
+# Checkpoint layout (plugin/optim/optim.cc, format version 3): a 144-byte header whose u16 at
 # byte 108 is the type the master weights shadow (0: none), then momentum and residual (n f32
 # each), then the n f32 master weights when there are masters.
 _CK_HEADER = 144
@@ -143,7 +145,7 @@ def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
     if blob.numel() < _CK_HEADER:
         return None
     b = blob.detach().cpu().contiguous()
-    mt = int(b[108:112].view(torch.int32)[0])
+    mt = int(b[108:110].view(torch.int16)[0])
     if mt == 0 or b.numel() < _CK_HEADER + 12 * n:
         return None
     lo = _CK_HEADER + 8 * n
@@ -294,6 +296,7 @@ class _Group:
         cfg.payloadType = int(group["payload_dtype"])
         cfg.maskEncoding = int(group["mask_encoding"])
         cfg.nonFinite = NONFINITE[group["nonfinite"]]
+        cfg.entering = ENTERINGS[group["entering"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -533,6 +536,12 @@ class ScapeAdamS(torch.optim.Optimizer):
             flat gradient (accumulate into them, e.g. from backward hooks); a ``p.grad`` that
             autograd leaves is added into ``p.main_grad`` (exactly) at the next ``step()`` or
             ``zero_grad()`` and set to None. ``zero_grad()`` zeroes ``main_grad``.
+        entering: the AdamS denominator of a coordinate entering the mask (its previous
+            momentum is 0): "payload" (the paper's form, default: it moves
+            ``lr*(1-b1)/sqrt(1-b2)`` whatever residual it carries) or "segment_rms" (from the
+            mean square of the recovered gradient over the coordinates of the same tensor that
+            stay in the mask, so the residual moves it in proportion; capped at 100 lr; issue
+            23, docs/ALGORITHM.md section 4.13).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
@@ -554,7 +563,7 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
               "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite",
-              "master_weights", "grad_dtype")
+              "master_weights", "grad_dtype", "entering")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -566,7 +575,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
                  broadcast_parameters: bool = True, nonfinite: str = "skip",
                  master_weights: Optional[bool] = None,
-                 grad_dtype: Optional[torch.dtype] = None) -> None:
+                 grad_dtype: Optional[torch.dtype] = None, entering: str = "payload") -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -586,7 +595,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
                         mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite,
-                        master_weights=master_weights, grad_dtype=grad_dtype)
+                        master_weights=master_weights, grad_dtype=grad_dtype, entering=entering)
         super().__init__(params, defaults)
         self._ready = True
         for g in self.param_groups:
@@ -634,6 +643,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             raise bad_arg("bias_correction", f"{group['bias_correction']!r} is not one of "
                                              f"{', '.join(BIAS_CORRECTIONS)}")
         group["bias_correction"] = bc
+        en = str(group.get("entering", "payload")).lower()
+        if en not in ENTERINGS:
+            raise bad_arg("entering", f"{group.get('entering')!r} is not one of "
+                                      f"{', '.join(ENTERINGS)}")
+        group["entering"] = en
         pd = group["payload_dtype"]
         names = {torch.float32: DataType.FLOAT32, torch.bfloat16: DataType.BFLOAT16,
                  torch.float16: DataType.FLOAT16, "float32": DataType.FLOAT32,

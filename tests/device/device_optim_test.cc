@@ -40,6 +40,7 @@ struct Cfg {
   int payload = scapeFloat32;
   bool allDense = false;  // every segment always dense: a dense AdamS step
   int nonFinite = scapeOptimNonFiniteSkip;
+  int entering = scapeOptimEnteringPayload;
 };
 
 scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
@@ -59,6 +60,7 @@ scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
   c.warmupSteps = 4;
   c.payloadType = k.payload;
   c.nonFinite = k.nonFinite;
+  c.entering = k.entering;
   scapeOptim_t o = nullptr;
   EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, ctx.comm), ctx.comm);
   return o;
@@ -184,6 +186,35 @@ TEST_P(DeviceOptim, Bf16PayloadMatchesTheHostStepBitForBit) {
 }
 TEST_P(DeviceOptim, Fp16PayloadMatchesTheHostStepBitForBit) {
   TwentySteps(GetParam(), scapeFloat16);
+}
+
+// The "segment_rms" entering rule (issue 23): the staying sums run as a device op, the update
+// gets the segment table; params and the whole checkpoint equal the host step's after every
+// step, every payload type, both ownerships, with clipping.
+TEST_P(DeviceOptim, SegmentRmsMatchesTheHostStepBitForBit) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed() + 23u;
+  for (int payload : {scapeFloat32, scapeBfloat16, scapeFloat16})
+    for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+      const uint64_t sums0 = Fake().stayingSums.load(), upd0 = Fake().enteringUpdates.load();
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        Fake();
+        Cfg k;
+        k.ownership = own;
+        k.clip = 1.0f;
+        k.payload = payload;
+        k.entering = scapeOptimEnteringSegmentRms;
+        Pair p(ctx, k, seed);
+        for (int t = 0; t < 20; ++t)
+          if (!p.Step(seed, t, true)) return false;
+        // The device ran the rule's ops (the counters are per process: every rank is one).
+        EXPECT_GT(Fake().stayingSums.load(), sums0);
+        EXPECT_GT(Fake().enteringUpdates.load(), upd0);
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " payload=" << payload << " ownership=" << own
+                               << " seed=" << seed << ": " << res.Describe();
+    }
 }
 
 // Every segment always dense: the dense AdamS step through the same call (what

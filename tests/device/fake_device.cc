@@ -572,14 +572,29 @@ Status FakeRuntime::UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payl
   SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
   ++updates;
   const int threads = kernelThreads.load();
+  // The "segment_rms" table is host memory: copied now, as the CUDA runtime uploads it.
+  std::vector<uint64_t> enterOff;
+  std::vector<float> enterVs;
+  if (params.enter_vs != nullptr) {
+    if (params.enter_offsets == nullptr || params.enter_nseg == 0)
+      return scape::InvalidArgument("fake device: UnpackAdamSUpdate: enter_vs without offsets");
+    enterOff.assign(params.enter_offsets, params.enter_offsets + params.enter_nseg + 1);
+    enterVs.assign(params.enter_vs, params.enter_vs + params.enter_nseg);
+    ++enteringUpdates;
+  }
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    kn::AdamSParams p = params;
+    if (!enterVs.empty()) {
+      p.enter_offsets = enterOff.data();
+      p.enter_vs = enterVs.data();
+    }
     return KernelResult(
-        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads),
-        "dMask not strictly increasing, or an entry >= n");
+        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, p, threads),
+        "dMask not strictly increasing, an entry >= n, or a bad enter table");
   });
   return Status::Ok();
 }
@@ -732,6 +747,37 @@ Status FakeRuntime::AnyNonFinite(const void* dX, size_t n, scapeDataType_t type,
     const uint32_t f = first < n ? 1u : 0u;
     std::memcpy(dFlag, &f, 4);
     return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
+                                        const uint64_t* dIdx, const float* dM, size_t n,
+                                        float beta1, const uint64_t* bounds, size_t nb,
+                                        double* dSums, uint64_t* dCounts, Stream s) {
+  const char* op = "StayingGradSqBlocks";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  if (nb == 0) return Status::Ok();
+  if (bounds == nullptr) return scape::InvalidArgument("fake device: StayingGradSqBlocks: bounds");
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: StayingGradSqBlocks: n");
+  std::vector<uint64_t> bd(bounds, bounds + nb + 1);
+  const uint64_t j1 = bd[nb];
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSums", dSums, nb * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCounts", dCounts, nb * 8, 8));
+  if (j1 > 0) {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dIdx", dIdx, j1 * 8, 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, j1 * esz, esz));
+  }
+  ++stayingSums;
+  const int threads = kernelThreads.load();
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSums (freed?)", dSums, nb * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCounts (freed?)", dCounts, nb * 8));
+    return KernelResult(kn::StayingGradSqBlocks(dPayload, payloadType, dIdx, dM, n, beta1,
+                                                bd.data(), nb, dSums, dCounts, threads),
+                        "bad block bounds, or an index >= n");
   });
   return Status::Ok();
 }

@@ -136,6 +136,10 @@ class FakeRuntime final : public scape::device::Runtime {
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;
   scape::Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                              scape::device::Stream s) override;
+  scape::Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
+                                    const uint64_t* dIdx, const float* dM, size_t n, float beta1,
+                                    const uint64_t* bounds, size_t nb, double* dSums,
+                                    uint64_t* dCounts, scape::device::Stream s) override;
 
   // "Device" memory, zero-filled (the tests' own helper; DeviceFree releases it too).
   void* DeviceMalloc(size_t bytes);
@@ -157,6 +161,7 @@ class FakeRuntime final : public scape::device::Runtime {
   // the stream thread, skipped because their stream had failed; device allocations.
   std::atomic<uint64_t> kernelLaunches{0}, memsets{0}, gathers{0}, scatters{0}, topks{0};
   std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
+  std::atomic<uint64_t> stayingSums{0}, enteringUpdates{0};  // "segment_rms" ops
   std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
   std::atomic<uint64_t> streamsCreated{0}, streamsLive{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running

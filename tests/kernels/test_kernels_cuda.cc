@@ -335,6 +335,82 @@ TEST(CudaCandidatePackResidualGrad, MatchesCpuOnWidenedGradients) {
     }
 }
 
+// "segment_rms" (issue 23): the staying block sums and the update with a segment table, every
+// payload type, the same bits as the CPU kernels.
+void SegmentRmsCase(std::mt19937_64& rng, size_t n, scapeDataType_t type, float clip) {
+  SCOPED_TRACE(::testing::Message() << "n=" << n << " type=" << type << " clip=" << clip);
+  std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
+  for (size_t i = 0; i < n; i += 3) m[i] = 0.0f;  // a third enters
+  std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, 0.3);
+  const size_t k = mask.size(), esz = PayloadElementSize(type);
+  std::vector<float> pf = RandomNormal(rng, k, 0.01f);
+  std::vector<uint8_t> payload(k * esz + 1);
+  for (size_t j = 0; j < k; ++j) {
+    if (type == scapeFloat32) {
+      std::memcpy(payload.data() + 4 * j, &pf[j], 4);
+    } else {
+      const uint16_t h = type == scapeBfloat16 ? FloatToBf16(pf[j]) : FloatToFp16(pf[j]);
+      std::memcpy(payload.data() + 2 * j, &h, 2);
+    }
+  }
+  // Three segments (the last with no staying entry: m zeroed there), cut into blocks.
+  const std::vector<uint64_t> off{0, n / 3, n / 2, n};
+  for (uint64_t i = n / 2; i < n; ++i) m[i] = 0.0f;
+  std::vector<uint64_t> bounds{0};
+  size_t j = 0;
+  for (size_t s = 0; s + 1 < off.size(); ++s) {
+    const size_t jb = j;
+    while (j < k && mask[j] < off[s + 1]) ++j;
+    const size_t nb = StayingBlockCount(j - jb);
+    bounds.resize(bounds.size() + nb);
+    StayingBlockBounds(jb, j, bounds.data() + bounds.size() - nb);
+  }
+  const size_t nb = bounds.size() - 1;
+  std::vector<double> sums(nb + 1);
+  std::vector<uint64_t> counts(nb + 1);
+  ASSERT_EQ(StayingGradSqBlocks(payload.data(), type, mask.data(), m.data(), n, 0.9f, bounds.data(),
+                                nb, sums.data(), counts.data()),
+            KernelStatus::kOk);
+  DevBuf dtheta(theta), dm(m), dmask(mask), dp(payload), dbounds(bounds), dsums(8 * (nb + 1)),
+      dcounts(8 * (nb + 1));
+  CUDA_OK(kc::StayingGradSqBlocksCuda(dp.get(), type, dmask.get<uint64_t>(), dm.get<float>(), n,
+                                      0.9f, dbounds.get<uint64_t>(), nb, dsums.get<double>(),
+                                      dcounts.get<uint64_t>(), nullptr));
+  CUDA_OK(kc::StreamSynchronize(nullptr));
+  std::vector<double> gs = dsums.Read<double>(nb);
+  std::vector<uint64_t> gc = dcounts.Read<uint64_t>(nb);
+  sums.resize(nb);
+  counts.resize(nb);
+  EXPECT_TRUE(SameBytes(gs, sums)) << "block sums differ";
+  EXPECT_TRUE(SameBytes(gc, counts)) << "block counts differ";
+  const std::vector<float> vs{n > 10 ? 1e-4f : -1.0f, 2.5e-5f, -1.0f};
+  AdamSParams p;
+  p.clip_scale = clip;
+  p.enter_offsets = off.data();
+  p.enter_vs = vs.data();
+  p.enter_nseg = 3;
+  std::vector<float> theta_cpu = theta, m_cpu = m;
+  ASSERT_EQ(
+      UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta_cpu.data(), m_cpu.data(), n, p),
+      KernelStatus::kOk);
+  DevBuf doff(off), dvs(vs);
+  p.enter_offsets = doff.get<uint64_t>();
+  p.enter_vs = dvs.get<float>();
+  CUDA_OK(kc::UnpackAdamSUpdateCuda(dp.get(), type, dmask.get<uint64_t>(), k, dtheta.get<float>(),
+                                    dm.get<float>(), n, p, nullptr));
+  CUDA_OK(kc::StreamSynchronize(nullptr));
+  EXPECT_TRUE(SameBytes(dtheta.Read<float>(n), theta_cpu)) << "theta differs";
+  EXPECT_TRUE(SameBytes(dm.Read<float>(n), m_cpu)) << "m differs";
+}
+
+TEST(CudaSegmentRms, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : {size_t{7}, size_t{4099}, size_t{300007}})
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16})
+      SegmentRmsCase(rng, n, t, n == 4099 ? 0.3f : 1.0f);
+}
+
 // ---- top-k ------------------------------------------------------------------------------------
 
 template <typename Index>

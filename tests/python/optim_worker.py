@@ -248,6 +248,48 @@ def case_optim_errors(comm):
     return {"errors": errs}
 
 
+def case_optim_entering(comm, steps=10):
+    """entering="segment_rms" (issue 23): sharded == replicated, differs from the paper's
+    form, survives state_dict / load_state_dict bit for bit, a bad value is refused."""
+    import copy
+
+    kw = dict(density=0.2, warmup_steps=3, mask_ownership="shards", max_grad_norm=0.5, width=40)
+    hashes = {}
+    for name, extra in (("replicated", {}), ("sharded", {"sharded": True})):
+        m, opt, _ = train(comm, steps, entering="segment_rms", **kw, **extra)
+        hashes[name] = flat_hash(m)
+        assert opt.param_groups[0]["entering"] == "segment_rms"
+        opt.destroy()
+    assert hashes["sharded"] == hashes["replicated"], "sharded != replicated"
+    m, opt, _ = train(comm, steps, **kw)
+    assert flat_hash(m) != hashes["replicated"], "segment_rms changed nothing"
+    opt.destroy()
+    # resume: a state_dict at steps // 2, loaded into an optimizer built with the default
+    m, opt, _ = train(comm, steps // 2, entering="segment_rms", **kw)
+    sd_opt, sd_model = copy.deepcopy(opt.state_dict()), copy.deepcopy(m.state_dict())
+    opt.destroy()
+    kw2 = dict(kw)
+    m2 = tiny_model(seed=5, width=kw2.pop("width"))
+    o2 = ScapeAdamS(m2.parameters(), comm, lr=0.02, broadcast_parameters=False, **kw2)
+    m2.load_state_dict(sd_model)
+    o2.load_state_dict(sd_opt)
+    assert o2.param_groups[0]["entering"] == "segment_rms"
+    for step in range(steps // 2, steps):
+        o2.zero_grad()
+        x, y = data(step, RANK)
+        torch.nn.functional.mse_loss(m2(x), y).backward()
+        o2.step()
+    assert flat_hash(m2) == hashes["replicated"], "resumed segment_rms run differs"
+    o2.destroy()
+    try:
+        ScapeAdamS(tiny_model().parameters(), comm, entering="residual")
+    except scape.InvalidArgumentError as e:
+        err = [type(e).__name__, getattr(e, "argument", None)]
+    else:
+        raise AssertionError("entering='residual' was accepted")
+    return {"hash": hashes["replicated"], "error": err}
+
+
 # the cases of test_optim_api.py join CASES
 from optim_api_worker import (case_optim_gradscaler, case_optim_hyper_errors,  # noqa: E402,F401
                               case_optim_nonfinite, case_optim_onecycle)

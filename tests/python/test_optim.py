@@ -32,6 +32,13 @@ class ScapeAdamSTest(unittest.TestCase):
         self.assertEqual(res[0]["error"][0], "InvalidUsageError")     # told by the others
         self.assertIn("scapeOptimLoad", res[0]["error"][1])
 
+    def test_entering_segment_rms(self):
+        for n in (2, 3):
+            with self.subTest(nranks=n):
+                res = run_ranks("optim_entering", n, timeout=120)
+                self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                self.assertEqual(res[0]["error"], ["InvalidArgumentError", "entering"])
+
     def test_errors_are_exceptions(self):
         res = run_ranks("optim_errors", 2, timeout=120)
         for r in res:
