@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/checkpoint_util.h"
 #include "tests/harness.h"
 #include "tests/test_util.h"
 
@@ -164,7 +165,8 @@ TEST(Entering, DenseIsThePapersForm) {
 }
 
 // Checkpoint at step 13, a fresh optimizer created with the paper's form loads it (the
-// checkpoint's rule wins) and ends at the uninterrupted bits; the field sits at offset 108.
+// checkpoint's rule wins) and ends at the uninterrupted bits; the field sits at offset 110 (u16,
+// version 3).
 TEST(Entering, CheckpointResumeIsBitIdentical) {
   const unsigned seed = FreshSeed() + 1313u;
   for (int P : {2, 3}) {
@@ -185,9 +187,17 @@ TEST(Entering, CheckpointResumeIsBitIdentical) {
           const std::vector<float> g = Grads(seed, c.rank, step);
           EXPECT_SCAPE_OK(scapeOptimStep(a, ta.data(), g.data(), kN), c.comm);
         }
-        int32_t field = 0;
-        std::memcpy(&field, ck.data() + 108, 4);
+        uint16_t field = 0;
+        std::memcpy(&field, ck.data() + 110, 2);
         EXPECT_EQ(field, scapeOptimEnteringSegmentRms);
+        {
+          // A version-2 checkpoint cannot hold the rule: one that claims it is refused.
+          std::vector<uint8_t> v2 = ck;
+          const uint32_t ver = 2;
+          std::memcpy(v2.data() + 8, &ver, 4);
+          Reseal(&v2);
+          EXPECT_EQ(scapeOptimLoad(a, v2.data(), v2.size()), scapeInvalidArgument);
+        }
         scapeOptimConfig_t cfg2 = Config(scapeOptimEnteringPayload, own, -1, pt);
         scapeOptim_t b = nullptr;
         EXPECT_SCAPE_OK(scapeOptimCreate(&b, &cfg2, c.comm), c.comm);
@@ -205,7 +215,7 @@ TEST(Entering, CheckpointResumeIsBitIdentical) {
         scapeOptim_t f = nullptr;
         EXPECT_SCAPE_OK(scapeOptimCreate(&f, &cfg2, c.comm), c.comm);
         std::vector<uint8_t> ck0 = Save(f, c.comm);
-        std::memcpy(&field, ck0.data() + 108, 4);
+        std::memcpy(&field, ck0.data() + 110, 2);
         EXPECT_EQ(field, 0);
         EXPECT_SCAPE_OK(scapeOptimLoad(b, ck0.data(), ck0.size()), c.comm);
         for (scapeOptim_t o : {a, b, f}) EXPECT_SCAPE_OK(scapeOptimDestroy(o), c.comm);

@@ -380,11 +380,10 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (n == 0) return KernelStatus::kOk;
   auto run = [&](auto load) {
     return WithCopy(copy, [&](auto cp) {
-      return ForMaskChunks(n, mask, k, max_threads,
-                           [&](size_t b, size_t end, size_t jb, size_t je) {
-                             UpdateChunk(mask, jb, je, theta, m, b, end, s,
-                                         MakePointFn(s, load, params), cp);
-                           });
+      return ForMaskChunks(
+          n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+            UpdateChunk(mask, jb, je, theta, m, b, end, s, MakePointFn(s, load, params), cp);
+          });
     });
   };
   const bool ok = WithPayloadLoader(type, payload, run);

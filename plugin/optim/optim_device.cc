@@ -87,12 +87,12 @@ Status Optimizer::DeviceState::AllocPayload(uint64_t n, size_t esz) {
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
-  for (void* p : {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat),
-                  dPaySorted, dSend, dRecv, static_cast<void*>(dMaskOrder),
-                  static_cast<void*>(dSorted), static_cast<void*>(dPerm), static_cast<void*>(dInv),
-                  static_cast<void*>(dTop), static_cast<void*>(dCounts), static_cast<void*>(dSq),
-                  static_cast<void*>(dFlag), static_cast<void*>(dMaster),
-                  static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
+  for (void* p :
+       {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat), dPaySorted,
+        dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
+        static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
+        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag),
+        static_cast<void*>(dMaster), static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
