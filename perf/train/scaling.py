@@ -60,6 +60,8 @@ from train import BETAS, CLIP, WEIGHT_DECAY, lr_at  # noqa: E402
 SIZES: Dict[str, Tuple[int, int, int]] = {
     "d16L1": (16, 1, 2),        # smoke only
     "d24L1": (24, 1, 2),        # smoke only
+    "d24L2": (24, 2, 2),        # 0.02M
+    "d32L2": (32, 2, 4),        # 0.04M
     "d48L2": (48, 2, 4),        # 0.07M
     "d64L2": (64, 2, 4),        # 0.12M (the `full` plan of train.py)
     "d96L3": (96, 3, 4),        # 0.36M
@@ -76,7 +78,8 @@ class Plan:
     sizes: List[str]
     tokens_per_param: float
     context: int
-    batch: int                  # sequences per rank per step
+    batch: int                  # sequences per rank per step (tokens_per_param 0: fixed)
+    steps: int                  # steps a run aims at: the batch grows with the size
     seeds: int
     evals: int                  # evaluations per run (plus the one at step 0)
     eval_windows: int           # validation windows of the intermediate evaluations
@@ -84,18 +87,21 @@ class Plan:
     min_steps: int
     grids: Dict[str, List[float]] = field(default_factory=dict)
     extend: bool = True         # one more lr beyond a grid edge that wins
+    fixed_steps: int = 0        # timing runs: this many steps, the batch of the plan's size
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
              "scape": [1e-3, 3e-3, 1e-2]}
 PLANS: Dict[str, Plan] = {
-    "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 1, 2, 32, 32, 12,
+    "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [3e-3, 1e-2]}, extend=False),
-    "cpu": Plan(["d48L2", "d64L2", "d96L3", "d128L4", "d192L4", "d256L6"], 4.0, 64, 8, 2, 4,
-                256, 1024, 150, GRIDS_CPU),
-    "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 4.0, 256, 32, 2, 8, 512, 2048, 300,
-                {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
-                 "scape": [3e-4, 1e-3, 3e-3]}),
+    "cpu": Plan(["d24L2", "d32L2", "d48L2", "d64L2", "d96L3", "d128L4"], 2.0, 64, 0, 240, 2, 4, 256, 1024,
+                100, GRIDS_CPU),
+    # beyond the ~2 h budget of `cpu`: run after it, in the background, into the same folder
+    "cpu-xl": Plan(["d192L4"], 2.0, 64, 0, 240, 2, 4, 256, 1024, 100, GRIDS_CPU),
+    "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
+                300, {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
+                      "scape": [3e-4, 1e-3, 3e-3]}),
 }
 
 # configuration -> (optimizer, density); the lr family it sweeps, or whose best lr it takes
@@ -204,6 +210,7 @@ class Run:
     density: float
     stage: str                    # sweep | seed | peer | variant
     world_size: int
+    batch: int                    # sequences per rank per step
     warmup_frac: float = 0.0
     entering: str = ""
     powersgd_rank: int = 0
@@ -223,12 +230,21 @@ class Schedule:
     """Which runs a plan needs, given the results so far (deterministic, so every rank agrees).
     Runs that depend on an unfinished sweep or SCAPE run are not listed yet."""
 
-    def __init__(self, plan: Plan, world: int, tokens_per_step: int, variant: bool) -> None:
-        self.plan, self.world, self.tps, self.variant = plan, world, tokens_per_step, variant
+    def __init__(self, plan: Plan, world: int, variant: bool) -> None:
+        self.plan, self.world, self.variant = plan, world, variant
 
-    def steps(self, size: str) -> int:
-        n = n_params(size, self.plan.context)
-        return max(self.plan.min_steps, int(round(self.plan.tokens_per_param * n / self.tps)))
+    def steps(self, size: str) -> Tuple[int, int]:
+        """(steps, sequences per rank per step) of a run at this size: the batch that brings
+        the fixed tokens-per-parameter budget closest to the plan's step count."""
+        pl = self.plan
+        if not pl.tokens_per_param:
+            return pl.min_steps, pl.batch
+        tokens = pl.tokens_per_param * n_params(size, pl.context)
+        seq = self.world * pl.context
+        b = pl.batch or max(1, int(round(tokens / (seq * pl.steps))))
+        if pl.fixed_steps:
+            return pl.fixed_steps, b
+        return max(pl.min_steps, int(round(tokens / (seq * b)))), b
 
     @staticmethod
     def done(results: List[Dict[str, Any]], size: str, group: str,
@@ -264,13 +280,13 @@ class Schedule:
         with the reason)."""
         out: List[Run] = []
         waiting: List[str] = []
-        steps = self.steps(size)
+        steps, batch = self.steps(size)
         seeds = list(range(1, self.plan.seeds + 1))
 
         def mk(group: str, seed: int, lr: float, stage: str, **kw: Any) -> Run:
             c = CONFIGS[group]
             return Run(size, group, c["opt"], seed, steps, lr, c["density"], stage, self.world,
-                       warmup_frac=DENSITY_WARMUP_FRAC if c["opt"] == "scape" else 0.0,
+                       batch, warmup_frac=DENSITY_WARMUP_FRAC if c["opt"] == "scape" else 0.0,
                        entering=c.get("entering", ""), **kw)
 
         best: Dict[str, Optional[float]] = {}
@@ -316,6 +332,19 @@ class Schedule:
         return out, waiting
 
 
+def serial_powersgd_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
+    """torch's powerSGD_hook, one bucket at a time. The hook chains all-reduces (P, then Q)
+    in completion callbacks; with several buckets on gloo the ranks can then issue them in
+    different orders, and gloo pairs the wrong messages (seen: "op.preamble.length <=
+    op.nbytes"). Waiting for each bucket keeps the order identical on every rank; the bytes
+    and the algorithm are unchanged, the overlap of communication with backward is lost."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ph
+
+    fut = ph.powerSGD_hook(state, bucket)
+    fut.wait()
+    return fut
+
+
 def weights_hash(m: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in m.parameters():
@@ -334,13 +363,14 @@ class Study:
         if args.tokens_per_param:
             self.plan.tokens_per_param = args.tokens_per_param
         if args.steps:
-            self.plan.min_steps = args.steps
-            self.plan.tokens_per_param = 0.0
+            self.plan.fixed_steps = args.steps
+        if args.lr:
+            self.plan.grids = {k: [args.lr] for k in self.plan.grids}
+            self.plan.extend = False
         self.device = torch.device(args.device)
         self.comm = scape.Communicator.from_env()
         self.rank, self.size = self.comm.rank, self.comm.size
-        self.tps = self.plan.batch * self.plan.context * self.size
-        self.schedule = Schedule(self.plan, self.size, self.tps, has_entering())
+        self.schedule = Schedule(self.plan, self.size, has_entering())
         self.corpus = data.load()
         shard = data.rank_shard(self.corpus.train_docs, self.rank, self.size)
         self.train_stream = data.encode(shard)
@@ -394,11 +424,14 @@ class Study:
 
     def run(self, r: Run) -> Dict[str, Any]:
         pl = self.plan
+        cpu0 = time.process_time()
+        wall0 = time.perf_counter()
         torch.manual_seed(r.seed)
         m = gpt.GPT(model_config(r.size, pl.context)).to(self.device)
         params = list(m.parameters())
         n = sum(p.numel() for p in params)
-        batches = data.Batches(self.train_stream, pl.context, pl.batch,
+        tps = r.batch * pl.context * self.size
+        batches = data.Batches(self.train_stream, pl.context, r.batch,
                                seed=r.seed * 1000 + self.rank)
         fwd: torch.nn.Module = m
         opt: Any
@@ -423,7 +456,7 @@ class Study:
                                         start_powerSGD_iter=POWERSGD_START_ITER,
                                         use_error_feedback=True, warm_start=True,
                                         random_seed=r.seed)
-                fwd.register_comm_hook(psgd, ph.powerSGD_hook)
+                fwd.register_comm_hook(psgd, serial_powersgd_hook)
             opt = torch.optim.AdamW(params, lr=r.lr, betas=BETAS, eps=1e-8,
                                     weight_decay=WEIGHT_DECAY)
             if r.opt == "topk":
@@ -440,7 +473,7 @@ class Study:
                 v = self.evaluate(m, pl.final_windows if step == r.steps else pl.eval_windows)
                 ok = self.identical(m)
                 same.append(ok)
-                curve.append({"step": step, "tokens": step * self.tps, "val_loss": v,
+                curve.append({"step": step, "tokens": step * tps, "val_loss": v,
                               "train_loss": loss_val if step else None, "identical": ok})
             if step == r.steps:
                 break
@@ -502,14 +535,16 @@ class Study:
                 sent.append(res.bytes_sent)
                 frac.append(len(ii) / n)
             train_time += time.perf_counter() - t0
-        tokens = r.steps * self.tps
+        tokens = r.steps * tps
+        cpu = self.allsum([time.process_time() - cpu0])[0]
         out = {
             **asdict(r), "key": r.key(), "params": n, "size_label": size_label(n),
             "d_model": SIZES[r.size][0], "n_layers": SIZES[r.size][1],
-            "n_heads": SIZES[r.size][2], "context": pl.context, "batch": pl.batch,
+            "n_heads": SIZES[r.size][2], "context": pl.context,
             "tokens_per_param": tokens / n, "device": str(self.device),
             "final_val_loss": curve[-1]["val_loss"], "curve": curve, "tokens": tokens,
-            "train_seconds": train_time,
+            "train_seconds": train_time, "wall_seconds": time.perf_counter() - wall0,
+            "cpu_seconds_all_ranks": cpu,
             "tokens_per_second": tokens / train_time if train_time else None,
             "bytes_per_step": float(np.mean(sent)) if sent else 0.0,
             "bytes_per_step_dense_fp32_ring": ring_bytes(n, self.size),
@@ -537,7 +572,7 @@ class Study:
             os.makedirs(self.out_dir, exist_ok=True)
             with open(os.path.join(self.out_dir, f"plan-{self.args.plan}.json"), "w") as f:
                 json.dump({"plan": asdict(self.plan), "world_size": self.size,
-                           "tokens_per_step": self.tps, "corpus": self.corpus.describe(),
+                           "corpus": self.corpus.describe(),
                            "betas": BETAS, "weight_decay": WEIGHT_DECAY, "clip": CLIP,
                            "density_warmup_frac": DENSITY_WARMUP_FRAC,
                            "variant_available": self.schedule.variant,
@@ -593,19 +628,19 @@ def dry_run(args: argparse.Namespace) -> int:
     if args.seeds:
         plan.seeds = args.seeds
     world = args.world
-    sch = Schedule(plan, world, plan.batch * plan.context * world, True)
+    sch = Schedule(plan, world, True)
     per = {k: float(v) for k, v in (x.split("=") for x in args.step_seconds)}
     total = 0.0
     for size in plan.sizes:
         n = n_params(size, plan.context)
-        steps = sch.steps(size)
+        steps, batch = sch.steps(size)
         runs = (sum(len(plan.grids[CONFIGS[g]["sweep"]]) for g in SWEPT)
                 + (plan.seeds - 1) * len(SWEPT) + plan.seeds * (len(PEERS) + len(VARIANTS)))
         sec = per.get(size, float("nan")) * steps * runs
         total += sec if sec == sec else 0.0
         shapes = param_shapes(size, plan.context)
         print(f"{size:8s} {size_label(n):>14s} {n:>10,d} params  {steps:6d} steps "
-              f"({steps * sch.tps / n:.1f} tokens/param)  {runs} runs (no grid extension)  "
+              f"x {batch} seq/rank ({steps * batch * plan.context * world / n:.1f} tokens/param)  {runs} runs (no grid extension)  "
               f"est {sec / 60:6.1f} min  powersgd rank1 {powersgd_bytes_per_step(shapes, 1, steps, world):,.0f} B/step")
     print(f"total estimate {total / 60:.1f} min")
     return 0
@@ -620,6 +655,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seeds", type=int, default=0)
     ap.add_argument("--tokens-per-param", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=0, help="fixed steps (timing runs)")
+    ap.add_argument("--lr", type=float, default=0.0, help="one lr for every sweep (timing runs)")
     ap.add_argument("--only", nargs="*", choices=sorted(CONFIGS),
                     help="run only these configurations (timing runs)")
     ap.add_argument("--sweep-only", action="store_true",
