@@ -95,8 +95,8 @@ GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
 PLANS: Dict[str, Plan] = {
     "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [1e-2]}, extend=False),
-    "cpu": Plan(["d24L2", "d32L2", "d48L2", "d64L2", "d96L3", "d128L4"], 2.0, 64, 0, 240, 2, 4, 256, 1024,
-                100, GRIDS_CPU),
+    "cpu": Plan(["d24L2", "d32L2", "d48L2", "d64L2", "d96L3", "d128L4"], 2.0, 64, 0, 240, 2, 4,
+                256, 1024, 100, GRIDS_CPU),
     # beyond the ~2 h budget of `cpu`: run after it, in the background, into the same folder
     "cpu-xl": Plan(["d192L4"], 2.0, 64, 0, 240, 2, 4, 256, 1024, 100, GRIDS_CPU),
     "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
@@ -216,6 +216,7 @@ class Run:
     entering: str = ""
     powersgd_rank: int = 0
     match_bytes: float = 0.0      # the SCAPE bytes per step a powersgd run was matched to
+    powersgd_bytes_predicted: float = 0.0   # bytes per step of its rank (powersgd_bytes_per_step)
 
     def key(self) -> str:
         return (f"{self.size}|{self.group}|lr{self.lr:g}|s{self.seed}|n{self.steps}"
@@ -315,8 +316,8 @@ class Schedule:
                     waiting.append(f"{g}: a {c['match']} run to match its bytes")
                     continue
                 target = float(np.mean(ref))
-                rank, _ = match_powersgd_rank(shapes, target, steps, self.world)
-                kw = dict(powersgd_rank=rank, match_bytes=target)
+                rank, pred = match_powersgd_rank(shapes, target, steps, self.world)
+                kw = dict(powersgd_rank=rank, match_bytes=target, powersgd_bytes_predicted=pred)
             for s in seeds:
                 out.append(mk(g, s, lr, "peer", **kw))
         for g in VARIANTS:
@@ -344,6 +345,21 @@ def serial_powersgd_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP 
     fut = ph.powerSGD_hook(state, bucket)
     fut.wait()
     return fut
+
+
+def read_runs(path: str) -> List[Dict[str, Any]]:
+    """The finished runs of runs.jsonl; a line cut short (a job killed while writing it) is
+    skipped, so that run is done again."""
+    out: List[Dict[str, Any]] = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    if line.strip():
+                        out.append(json.loads(line))
+                except ValueError:
+                    print(f"{path}: skipping a damaged line", file=sys.stderr)
+    return out
 
 
 def weights_hash(m: torch.nn.Module) -> str:
@@ -383,10 +399,7 @@ class Study:
         dist.init_process_group(backend, rank=self.rank, world_size=self.size)
         self.out_dir = args.out
         self.results: List[Dict[str, Any]] = []
-        path = os.path.join(self.out_dir, "runs.jsonl")
-        if os.path.exists(path):
-            with open(path) as f:
-                self.results = [json.loads(x) for x in f if x.strip()]
+        self.results = read_runs(os.path.join(self.out_dir, "runs.jsonl"))
         self.comm.barrier()  # every rank read the same file before rank 0 appends to it
 
     # -- helpers ---------------------------------------------------------------------------
@@ -565,8 +578,14 @@ class Study:
     def record(self, res: Dict[str, Any]) -> None:
         self.results.append(res)
         if self.rank == 0:
-            with open(os.path.join(self.out_dir, "runs.jsonl"), "a") as f:
-                f.write(json.dumps(res) + "\n")
+            path = os.path.join(self.out_dir, "runs.jsonl")
+            with open(path, "a+b") as f:
+                f.seek(0, os.SEEK_END)
+                if f.tell():  # after a line cut short by a kill: start a new one
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+                f.write((json.dumps(res) + "\n").encode())
 
     def main(self) -> int:
         if self.rank == 0:
@@ -640,9 +659,11 @@ def dry_run(args: argparse.Namespace) -> int:
         sec = per.get(size, float("nan")) * steps * runs
         total += sec if sec == sec else 0.0
         shapes = param_shapes(size, plan.context)
-        print(f"{size:8s} {size_label(n):>14s} {n:>10,d} params  {steps:6d} steps "
-              f"x {batch} seq/rank ({steps * batch * plan.context * world / n:.1f} tokens/param)  {runs} runs (no grid extension)  "
-              f"est {sec / 60:6.1f} min  powersgd rank1 {powersgd_bytes_per_step(shapes, 1, steps, world):,.0f} B/step")
+        psgd1 = powersgd_bytes_per_step(shapes, 1, steps, world)
+        print(f"{size:8s} {size_label(n):>14s} {n:>10,d} params  {steps:6d} steps x {batch} "
+              f"seq/rank ({steps * batch * plan.context * world / n:.1f} tokens/param)  {runs} "
+              f"runs (no grid extension)  est {sec / 60:6.1f} min  PowerSGD rank 1 "
+              f"{psgd1:,.0f} B/step")
     print(f"total estimate {total / 60:.1f} min")
     return 0
 

@@ -49,7 +49,11 @@ def load(out: str) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     path = os.path.join(out, "runs.jsonl")
     if os.path.exists(path):
         with open(path) as f:
-            runs = [json.loads(x) for x in f if x.strip()]
+            for x in f:
+                try:
+                    runs.append(json.loads(x))
+                except ValueError:  # a line cut short by a kill (scaling.py redoes that run)
+                    pass
     plans = {}
     for p in sorted(glob.glob(os.path.join(out, "plan-*.json"))):
         with open(p) as f:
@@ -182,6 +186,26 @@ def tables(runs: List[Dict[str, Any]], plans: Dict[str, Any]) -> Tuple[str, Dict
                 f" | {np.mean([r['avg_sent_fraction'] for r in rs]):.4f} "
                 f"| {np.mean([r.get('cpu_seconds_all_ranks', float('nan')) for r in rs]):.0f} "
                 f"| {'yes' if all(r['ranks_identical'] for r in rs) else 'NO'} |")
+    # -- PowerSGD's rank arithmetic -------------------------------------------------------
+    ps = [r for r in runs if r["opt"] == "powersgd"]
+    if ps:
+        lines += ["", "PowerSGD's matrix rank per size: the rank whose bytes per step (the hook's "
+                  "rule: P and Q of each matrix with (n+m) r x 2 < n m, every other tensor "
+                  "uncompressed, the first 2 steps uncompressed; ring volume 2(W-1)/W x 4 B per "
+                  "element) come closest to the SCAPE runs' measured mean at that size:", "",
+                  "| size | configuration | SCAPE bytes/step/rank (target) | rank | predicted "
+                  "bytes/step/rank | measured (hook's own element count) |",
+                  "|---|---|---|---|---|---|"]
+        for s in sizes:
+            for g in ("powersgd@0.1", "powersgd@0.01"):
+                rs = final_runs(runs, s, g)
+                if rs:
+                    r0 = rs[0]
+                    pred = r0.get("powersgd_bytes_predicted", 0.0)
+                    lines.append(f"| {label_of(runs, s)} | `{g}` | {r0['match_bytes']:,.0f} "
+                                 f"| {r0['powersgd_rank']} | "
+                                 f"{f'{pred:,.0f}' if pred else 'not recorded'} | "
+                                 f"{np.mean([r['bytes_per_step'] for r in rs]):,.0f} |")
     # -- sweeps -----------------------------------------------------------------------------
     lines += ["", "The lr sweeps (seed 1; **bold** the best; an edge winner got one more grid "
               "point beyond it):", "", "| size | configuration | final val loss at peak lr |",
