@@ -42,6 +42,7 @@ LABEL = {
     "powersgd@0.01": "PowerSGD hook, rank matched to SCAPE 0.01",
 }
 PREDICT_AT = 5e8
+COLOR = {g: f"C{i}" for i, g in enumerate(ORDER)}  # the same colour in every panel and plot
 
 
 def load(out: str) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
@@ -337,7 +338,8 @@ def plots(runs: List[Dict[str, Any]], info: Dict[str, Any], out: str) -> None:
         if not xs:
             continue
         style = "-o" if g.startswith("scape") else ("--s" if g != "adamw" else ":^")
-        ln = ax.errorbar(xs, m, yerr=[lo, hi], fmt=style, capsize=3, label=LABEL[g])
+        ln = ax.errorbar(xs, m, yerr=[lo, hi], fmt=style, capsize=3, label=LABEL[g],
+                         color=COLOR[g])
         f = info["fits"].get(g)
         if f and g.startswith("scape"):
             xx = np.logspace(math.log10(min(xs)), math.log10(max(xs)), 20)
@@ -369,7 +371,7 @@ def plots(runs: List[Dict[str, Any]], info: Dict[str, Any], out: str) -> None:
             mk = "o" if g.startswith("scape") else ("s" if g.startswith(("topk", "powersgd"))
                                                    else "^")
             ax.errorbar([b], [v.mean()], yerr=[[v.mean() - v.min()], [v.max() - v.mean()]],
-                        fmt=mk, capsize=3, label=g)
+                        fmt=mk, capsize=3, label=g, color=COLOR[g])
         ax.set_xscale("log")
         ax.set_title(label_of(runs, s), fontsize=9)
         ax.set_xlabel("bytes sent per step per rank")
