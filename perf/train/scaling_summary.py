@@ -79,10 +79,11 @@ def final_runs(runs: List[Dict[str, Any]], size: str, group: str) -> List[Dict[s
     return sorted(rs, key=lambda r: r["seed"])
 
 
-def gaps(runs: List[Dict[str, Any]], size: str, group: str) -> Optional[np.ndarray]:
-    """Per seed: final loss / dense AdamS's final loss at the same seed - 1, in %. A seed
-    without its AdamS partner uses AdamS's mean."""
-    ref = {r["seed"]: r["final_val_loss"] for r in final_runs(runs, size, "adams")}
+def gaps(runs: List[Dict[str, Any]], size: str, group: str,
+         base: str = "adams") -> Optional[np.ndarray]:
+    """Per seed: final loss / the dense base's final loss at the same seed - 1, in % (the base:
+    dense AdamS unless told). A seed without its partner uses the base's mean."""
+    ref = {r["seed"]: r["final_val_loss"] for r in final_runs(runs, size, base)}
     rs = final_runs(runs, size, group)
     if not ref or not rs:
         return None
@@ -166,6 +167,19 @@ def tables(runs: List[Dict[str, Any]], plans: Dict[str, Any]) -> Tuple[str, Dict
                 if g.startswith("powersgd"):
                     extra = f", rank {rs[0]['powersgd_rank']}"
                 cells.append(f"{fmt_range(v, pct=True)}, lr {rs[0]['lr']:g}{extra}")
+        lines.append(f"| {LABEL[g]} | " + " | ".join(cells) + " |")
+    # -- against its own dense optimizer ------------------------------------------------------
+    lines += ["", "The same gap against each method's own dense optimizer (SCAPE: dense AdamS; "
+              "top-k and PowerSGD, which feed AdamW: dense AdamW), so that the base optimizer's "
+              "own difference does not count for or against the compression:", "", head,
+              "|---|" + "---|" * len(sizes)]
+    for g in ["scape-0.1", "scape-0.01", "scape-0.1-segrms", "scape-0.01-segrms"] + PEERS:
+        base = "adams" if g.startswith("scape") else "adamw"
+        cells = []
+        for s in sizes:
+            v = gaps(runs, s, g, base)
+            cells.append("not yet run" if v is None or not len(v) else
+                         f"{fmt_range(v, pct=True)} vs {base}")
         lines.append(f"| {LABEL[g]} | " + " | ".join(cells) + " |")
     # -- per size detail --------------------------------------------------------------------
     lines += ["", "Every configuration at its lr (final validation loss over seeds, bytes sent "
