@@ -258,7 +258,10 @@ def tables(runs: List[Dict[str, Any]], plans: Dict[str, Any]) -> Tuple[str, Dict
         if f is None:
             continue
         info["fits"][g] = dict(f, xs=xs, ys=ys)
-        pw = (f"{f['k']:+.2f} | {f['pred_pow']:+.1f}%" if "k" in f else "n/a (a gap <= 0) | n/a")
+        pw = "n/a (a gap <= 0) | n/a"
+        if "k" in f:
+            pw = f"{f['k']:+.2f} | " + (f"{f['pred_pow']:+.1f}%" if f["pred_pow"] < 1000 else
+                                        "over +1000% (meaningless)")
         lines.append(f"| {LABEL[g]} | {f['n']} | {f['b']:+.2f} | {f['pred']:+.1f}% "
                      f"(+- {f['se']:.1f}) | {pw} |")
     return "\n".join(lines), info
