@@ -69,11 +69,32 @@ def best_lr(runs: List[Dict[str, Any]], size: str, group: str) -> Optional[float
     return min(sw, key=lambda r: (r["final_val_loss"], r["lr"]))["lr"]
 
 
+PLANS: Dict[str, Any] = {}  # name -> plan-NAME.json (set by main)
+
+
+def sweep_done(runs: List[Dict[str, Any]], size: str, group: str) -> bool:
+    """Whether the sweep of `group` at `size` has all the points the schedule will give it (the
+    grid, and the point beyond an edge winner), so that its best lr is final."""
+    plan = next((p["plan"] for p in PLANS.values() if size in p["plan"]["sizes"]), None)
+    lrs = sorted({r["lr"] for r in runs if r["size"] == size and r["group"] == group
+                  and r["stage"] == "sweep"})
+    if plan is None:
+        return bool(lrs)
+    n = len(plan["grids"]["scape" if group.startswith("scape") else group])
+    if len(lrs) < n:
+        return False
+    if not plan.get("extend", True) or len(lrs) > n:
+        return True
+    return best_lr(runs, size, group) not in (lrs[0], lrs[-1])
+
+
 def final_runs(runs: List[Dict[str, Any]], size: str, group: str) -> List[Dict[str, Any]]:
     """The runs that stand for a configuration at a size: a swept one's runs at its best lr
-    (the sweep's seed 1 and the later seeds), any other's runs."""
+    (the sweep's seed 1 and the later seeds) once its sweep is done, any other's runs."""
     rs = [r for r in runs if r["size"] == size and r["group"] == group]
     if group in SWEPT:
+        if not sweep_done(runs, size, group):
+            return []
         lr = best_lr(runs, size, group)
         rs = [r for r in rs if r["lr"] == lr]
     return sorted(rs, key=lambda r: r["seed"])
@@ -429,6 +450,7 @@ def main() -> int:
     ap.add_argument("--results", help="markdown file whose scaling section to replace")
     a = ap.parse_args()
     runs, plans = load(a.out)
+    PLANS.update(plans)
     runs = [r for r in runs if r.get("stage")]
     if not runs:
         print("scaling_summary: no runs", file=sys.stderr)
