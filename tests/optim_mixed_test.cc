@@ -502,8 +502,10 @@ TEST(OptimMixed, KernelsWriteTheCopyEverywhere) {
           }
           ASSERT_EQ(s1, kn::KernelStatus::kOk);
           ASSERT_EQ(s2, kn::KernelStatus::kOk);
-          ASSERT_EQ(std::memcmp(t1.data(), t2.data(), 4 * n), 0) << "form " << form;
-          ASSERT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0) << "form " << form;
+          if (n > 0) {  // memcmp of empty vectors: their data() may be null
+            ASSERT_EQ(std::memcmp(t1.data(), t2.data(), 4 * n), 0) << "form " << form;
+            ASSERT_EQ(std::memcmp(m1.data(), m2.data(), 4 * n), 0) << "form " << form;
+          }
           for (size_t i = 0; i < n; ++i)
             ASSERT_EQ(cp[i], Round16(ct, t2[i]))
                 << "form " << form << " n " << n << " wd " << wd << " at " << i;

@@ -196,9 +196,10 @@ TEST_P(DeviceOptim, SegmentRmsMatchesTheHostStepBitForBit) {
   const unsigned seed = scape_test::FreshSeed() + 23u;
   for (int payload : {scapeFloat32, scapeBfloat16, scapeFloat16})
     for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
-      const uint64_t sums0 = Fake().stayingSums.load(), upd0 = Fake().enteringUpdates.load();
+      // Not Fake() out here: the fake's default stream is a thread, and a rank forked from a
+      // parent that has one inherits the object without the thread (or a lock it held).
       auto res = RunRanks(P, [&](RankCtx& ctx) {
-        Fake();
+        const uint64_t sums0 = Fake().stayingSums.load(), upd0 = Fake().enteringUpdates.load();
         Cfg k;
         k.ownership = own;
         k.clip = 1.0f;
