@@ -176,7 +176,7 @@ void CheckCase(const Case& cs) {
     mscale = 1.0 / (1.0 - std::pow(db1, 7));
     vscale = 1.0 / (1.0 - std::pow(db2, 7));
   }
-  std::vector<double> S(nseg, 0.0);
+  std::vector<double> S(nseg, 0.0), Serr(nseg, 0.0);
   std::vector<uint64_t> C(nseg, 0);
   auto segOf = [&](uint64_t i) {
     return static_cast<size_t>(std::upper_bound(off.begin(), off.end(), i) - off.begin()) - 1;
@@ -184,8 +184,12 @@ void CheckCase(const Case& cs) {
   for (size_t j = 0; j < k; ++j) {
     const double mp = m0[mask[j]];
     if (mp == 0.0) continue;
-    const double gh = (Decoded(payload, cs.type, j) - db1 * mp) / omb1;
+    const double mt = Decoded(payload, cs.type, j), gh = (mt - db1 * mp) / omb1;
     S[segOf(mask[j])] += gh * gh;
+    // The kernel forms g^ in fp32: mt - b1*mp cancels when the payload is close to b1*mp, so
+    // its error scales with the terms (a few fp32 roundings of them), and g^2's with 2|g^| that.
+    const double gerr = 8 * 0x1p-24 * (std::fabs(mt) + std::fabs(db1 * mp)) / omb1;
+    Serr[segOf(mask[j])] += 2 * std::fabs(gh) * gerr + gerr * gerr;
     ++C[segOf(mask[j])];
   }
   size_t entering = 0, viaRms = 0, capped = 0, noStaying = 0;
@@ -203,7 +207,7 @@ void CheckCase(const Case& cs) {
     if (enter && C[s] > 0 && S[s] > 0) {
       ++viaRms;
       const double vs = S[s] / static_cast<double>(C[s]);
-      EXPECT_NEAR(r.vs[s], vs, 1e-5 * vs) << "segment " << s;
+      EXPECT_NEAR(r.vs[s], vs, 1e-5 * vs + Serr[s] / static_cast<double>(C[s])) << "segment " << s;
       u = lr * mn * mscale / (std::sqrt(clip * clip * vs * vscale) + eps);
       if (std::fabs(u) >= 100 * lr) {
         u = std::copysign(100 * lr, u);
@@ -223,7 +227,10 @@ void CheckCase(const Case& cs) {
     const double want = theta0[i] * decay - u;
     EXPECT_NEAR(r.theta[i], want, 1e-6 * std::fabs(theta0[i]) + 1e-4 * std::fabs(u) + 1e-12)
         << "position " << i << (enter ? " (entering)" : " (staying)");
-    EXPECT_NEAR(r.m[i], mn, 1e-5 * std::fabs(mn) + 1e-12) << "momentum at " << i;
+    // fp32 against fp64: with clipping, mn = b1*mp + (1-b1)*g cancels when the payload is close
+    // to b1*mp, so the error scales with the terms, not with mn.
+    EXPECT_NEAR(r.m[i], mn, 1e-5 * (std::fabs(mn) + std::fabs(db1 * mp) + std::fabs(mt)) + 1e-12)
+        << "momentum at " << i;
   }
   for (uint64_t i = 0; i < n; ++i) {
     if (masked[i]) continue;
@@ -232,7 +239,12 @@ void CheckCase(const Case& cs) {
   }
   if (k > 50 && cs.density > 0.2) {
     EXPECT_GT(viaRms, 0u) << "no entering coordinate used its segment's scale";
-    EXPECT_GT(noStaying, 0u) << "no segment without staying coordinates was exercised";
+    // Every third segment has no staying coordinate; the random layout may give those no
+    // masked position (empty or few segments): then there is nothing to exercise.
+    size_t inNoStayingSeg = 0;
+    for (size_t j = 0; j < k; ++j) inNoStayingSeg += segOf(mask[j]) % 3 == 2;
+    if (inNoStayingSeg > 0)
+      EXPECT_GT(noStaying, 0u) << "no segment without staying coordinates was exercised";
     EXPECT_TRUE(capCase);
     EXPECT_GT(capped, 0u) << "the cap was never reached";
   }
