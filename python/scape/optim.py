@@ -137,18 +137,19 @@ _PARAM_TYPES = {torch.float32: int(DataType.FLOAT32), torch.bfloat16: int(DataTy
 # Checkpoint layout (plugin/optim/optim.cc, format version 3): a 144-byte header whose u16 at
 # byte 108 is the type the master weights shadow (0: none), then momentum and residual (n f32
 # each), then the n f32 master weights when there are masters.
-_CK_HEADER = 144
+_CK_MIN_HEADER = 144  # every version so far; the header's own size is the u32 at byte 12
 
 
 def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
     """The fp32 master weights inside a library checkpoint (a copy), or None without masters."""
-    if blob.numel() < _CK_HEADER:
+    if blob.numel() < _CK_MIN_HEADER:
         return None
     b = blob.detach().cpu().contiguous()
+    header = int(b[12:16].view(torch.int32)[0])
     mt = int(b[108:110].view(torch.int16)[0])
-    if mt == 0 or b.numel() < _CK_HEADER + 12 * n:
+    if mt == 0 or header < _CK_MIN_HEADER or b.numel() < header + 12 * n:
         return None
-    lo = _CK_HEADER + 8 * n
+    lo = header + 8 * n
     return b[lo:lo + 4 * n].clone().view(torch.float32)
 
 
