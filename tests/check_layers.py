@@ -35,6 +35,8 @@ ALLOWED = {
                       "plugin/device/", "kernels/", "base/"],
     "plugin/device/": ["plugin/device/", "plugin/core/", "plugin/coll/", "plugin/mask/",
                        "kernels/", "base/"],
+    "plugin/backend/": ["plugin/backend/", "plugin/device/", "plugin/core/", "plugin/coll/",
+                        "plugin/mask/", "kernels/", "base/"],
     "plugin/api/": ["plugin/", "transport/bootstrap/", "kernels/", "base/"],
     "plugin/nccl/": ["plugin/nccl/", "transport/bootstrap/socket.h", "transport/bootstrap/host.h",
                      "transport/ucx/ucx_layer.h", "base/"],

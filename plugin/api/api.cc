@@ -16,7 +16,7 @@
 #include "base/log.h"
 #include "base/param.h"
 #include "plugin/api/api_internal.h"
-#include "plugin/api/device_dispatch.h"
+#include "plugin/backend/backend.h"
 #include "plugin/core/comm.h"
 #include "scape/scape.h"
 #include "transport/bootstrap/bootstrap.h"
@@ -45,7 +45,7 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
   // or NCCL's on an NCCL-backend communicator without one).
   if (!comm) return scape::InvalidArgument("comm is NULL");
   int rank = 0, p = 1;
-  if (!scape::device::NcclCommInfo(comm, &p, &rank)) {
+  if (!comm->data->NcclInfo(&p, &rank)) {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
     rank = comm->impl->rank();
     p = comm->impl->nranks();
@@ -96,20 +96,9 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
           "only (use scapeMaskReduceScatter and friends for the others)");
     SCAPE_RETURN_IF_ERROR(scape::api::CheckMaskedAllReduce(comm, a.count, mask, rank));
   }
-  // NCCL-backend communicators (scapeCommInitNccl): device buffers go to NCCL; host buffers
-  // and barriers run on the host communicator below, when it has one.
-  if (scape::device::RunsOnNccl(comm, a))
-    return scape::device::NcclCollective(comm, a, mask, stream, !blocking);
-  SCAPE_RETURN_IF_ERROR(CheckComm(comm));
-  // Device buffers are staged on the stream; host buffers with a stream wait for it first.
-  bool onDevice = false;
-  Status dev = scape::device::UcxCollective(comm, a, mask, stream, !blocking, &onDevice);
-  if (onDevice || !dev.ok()) return dev;
-  if (mask) {
-    return scape::api::MaskedAllReduce(comm, a.send, a.recv, a.count, a.dtype, a.op, mask,
-                                       blocking ? nullptr : request);
-  }
-  return scape::api::SubmitOrRun(comm, a, blocking ? nullptr : request);
+  // Routed once, after every check: the communicator's data path picks the backend (host, UCX
+  // staged device memory, NCCL) and runs the call there.
+  return scape::api::RouteAndRun(comm, a, mask, stream, blocking ? nullptr : request);
 }
 
 scape::coll::CollArgs Args(scape::coll::CollType t, const void* s, void* r, size_t n,
@@ -131,6 +120,7 @@ Status InitWithRoot(scapeComm_t* comm, int nranks, const scape::bootstrap::RootA
   SCAPE_RETURN_IF_ERROR(scape::Comm::Create(nranks, rank, root, cfg, &impl));
   auto* c = new scapeComm();
   c->impl = std::move(impl);
+  c->data = scape::backend::DataPath::ForUcx(c->impl.get());
   *comm = c;
   return Status::Ok();
 }
@@ -271,6 +261,12 @@ bool EnterComm(scapeComm* comm) {
 }  // namespace scape
 
 namespace {
+// rank / nranks of a live NCCL-backend communicator (false otherwise: the caller's checks run).
+bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank) {
+  return scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
+         comm->data->NcclInfo(nranks, rank);
+}
+
 // The queries do not count as calls (they do not block); they only need a live handle.
 Status QueryComm(const scapeComm* comm, const char* fn) {
   if (!comm) return scape::InvalidArgument(std::string(fn) + ": comm is NULL");
@@ -399,7 +395,7 @@ SCAPE_API scapeResult_t scapeCommDestroy(scapeComm_t comm) {
     return Status::Ok();
   });
   if (r == scapeSuccess) {
-    scape::device::ReleaseComm(comm);  // device work in flight: drained first
+    scape::api::ReleaseData(comm);  // device work in flight: drained first
     delete comm;
   }
   return r;
@@ -420,7 +416,7 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
     // Another thread may be blocked in a call on this communicator (a watchdog thread aborting
     // a hung collective): ask it to give up, and free nothing until it has left the library.
     if (comm->impl) comm->impl->RequestAbort();
-    scape::device::AbortComm(comm);  // device work in flight fails fast
+    if (comm->data) comm->data->Abort();  // device work in flight fails fast
     const int timeoutMs = comm->impl ? comm->impl->config().timeoutMs : 0;
     auto drained = [&](int64_t ms) {
       scape::Deadline dl = scape::Deadline::AfterMs(ms);
@@ -446,7 +442,7 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
           timeoutMs + 10000);
       return scapeSuccess;
     }
-    scape::device::ReleaseComm(comm);
+    scape::api::ReleaseData(comm);
     if (comm->impl) comm->impl->Abort("scapeCommAbort was called");
     // Masks die with their communicator (their sync threads finish within the timeout).
     for (scapeOptim* o : comm->optims) scape::api::DeleteOptimOnAbort(o);  // before masks
@@ -463,7 +459,7 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
 }
 
 SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
-  if (nranks && scape::device::NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
+  if (nranks && NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
   if (Status q = QueryComm(comm, "scapeCommCount"); !q.ok()) return Report(nullptr, q);
   if (!nranks) return Report(comm, scape::InvalidArgument("scapeCommCount: nranks is NULL"));
   *nranks = comm->impl->nranks();
@@ -471,7 +467,7 @@ SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
 }
 
 SCAPE_API scapeResult_t scapeCommUserRank(const scapeComm_t comm, int* rank) {
-  if (rank && scape::device::NcclCommInfo(comm, nullptr, rank)) return scapeSuccess;
+  if (rank && NcclCommInfo(comm, nullptr, rank)) return scapeSuccess;
   if (Status q = QueryComm(comm, "scapeCommUserRank"); !q.ok()) return Report(nullptr, q);
   if (!rank) return Report(comm, scape::InvalidArgument("scapeCommUserRank: rank is NULL"));
   *rank = comm->impl->rank();
@@ -488,19 +484,17 @@ SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
 }
 
 SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {
-  if (asyncError && scape::device::IsNcclComm(comm)) {
-    *asyncError = scape::device::AsyncError(comm).code();
+  if (asyncError && NcclCommInfo(comm, nullptr, nullptr)) {
+    *asyncError = comm->data->AsyncError().code();
     // The host communicator's error, when it has one.
-    if (*asyncError == scapeSuccess &&
-        scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->impl)
-      *asyncError = comm->impl->error().code();
+    if (*asyncError == scapeSuccess && comm->impl) *asyncError = comm->impl->error().code();
     return scapeSuccess;
   }
   if (Status q = QueryComm(comm, "scapeCommGetAsyncError"); !q.ok()) return Report(nullptr, q);
   if (!asyncError)
     return Report(comm, scape::InvalidArgument("scapeCommGetAsyncError: asyncError is NULL"));
   *asyncError = comm->impl->error().code();
-  if (*asyncError == scapeSuccess) *asyncError = scape::device::AsyncError(comm).code();
+  if (*asyncError == scapeSuccess && comm->data) *asyncError = comm->data->AsyncError().code();
   return scapeSuccess;
 }
 

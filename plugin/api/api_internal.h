@@ -12,7 +12,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "plugin/api/device_dispatch.h"
+#include "plugin/backend/backend.h"
 #include "plugin/core/comm.h"
 #include "plugin/mask/mask.h"
 #include "scape/scape.h"
@@ -48,6 +48,10 @@ struct scapeComm {
     scape::api::QuarantineFree(p, scape::api::HandleKind::kComm);
   }
   std::unique_ptr<scape::Comm> impl;
+  // The communicator's data path (plugin/backend): its backends, chosen at init, and the
+  // routing rule between them. Declared after impl: it goes first (a staging channel's child
+  // communicator and the device pool before the parent).
+  std::unique_ptr<scape::backend::DataPath> data;
   std::string lastError;
   std::set<scapeRequest*> requests;  // live request handles
   std::set<scapeMask*> masks;        // live masks created on this communicator
@@ -76,7 +80,9 @@ struct scapeMask {
     scape::api::RegisterHandle(this, scape::api::HandleKind::kMask);
   }
   ~scapeMask() {
-    scape::device::ReleaseMask(this);  // its device positions (freed once unused)
+    // Its device positions (freed once unused); none once the communicator's device side is
+    // released (scapeCommAbort frees masks after it).
+    if (comm && comm->data && comm->data->device() && impl) comm->data->device()->DropMask(*impl);
     scape::api::UnregisterHandle(this);
   }
   static void* operator new(size_t n) { return ::operator new(n); }  // pairs with the delete
@@ -184,21 +190,31 @@ Status InitFromEnv(scapeComm_t* comm, const scapeConfig_t* config);
 // (api_optim.cc).
 void DeleteOptimOnAbort(scapeOptim* optim);
 
-// scapeAllReduce with a mask: pack, dense all-reduce of the k values, unpack (api_mask.cc).
-// request NULL: blocking; else the operation is queued and *request receives its handle (the
-// unpack runs when the exchange completes).
-Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
-                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
-                       scapeRequest_t* request);
-
 // The mask checks of scapeAllReduce with a mask (any buffers): a live mask of `comm`, count
 // equal to the mask's n (api_mask.cc).
 Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask, int rank);
 
-// Queues a validated collective: blocking (request NULL) waits for it; otherwise *request
-// receives a new handle registered with the communicator.
+// Runs a validated collective on the communicator's host backend: blocking (request NULL)
+// waits for it; otherwise *request receives a new handle registered with the communicator.
 Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* request,
                    std::function<void()> onDone = nullptr);
+// *request receives a new handle for the queued operation `op`, registered with `comm`.
+void NewRequest(scapeComm* comm, std::shared_ptr<PendingOp> op, scapeRequest_t* request);
+
+// Runs a validated collective where the communicator's data path routes it
+// (backend::DataPath::Route, then the backend's Admit and Run; mask non-NULL: the masked
+// all-reduce, plugin/backend/masked.h). request NULL: blocking (device backends: enqueued on
+// the stream); else the *Async form.
+Status RouteAndRun(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                   scapeRequest_t* request);
+
+// The device exchange of the optimizer's device step (plugin/optim DeviceExchange): the
+// packed collective on the backend that moves the communicator's device memory.
+Status DeviceExchange(scapeComm* comm, const coll::CollArgs& a, void* stream);
+
+// The communicator's device side, for scapeCommDestroy / scapeCommAbort (drained within the
+// communicator's timeout, then freed; no-op when it never made a device call).
+void ReleaseData(scapeComm* comm);
 
 }  // namespace api
 }  // namespace scape

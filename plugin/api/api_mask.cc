@@ -6,9 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cpu/gather.h"
 #include "plugin/api/api_internal.h"
-#include "plugin/api/device_dispatch.h"
+#include "plugin/backend/masked.h"
 #include "plugin/coll/sparse.h"
 #include "plugin/mask/mask.h"
 
@@ -80,16 +79,14 @@ Status CheckMaskNcclComm(scapeMask* mask, scapeComm* comm, int rank) {
 // current mask when the call is made, so advancing the mask afterwards does not affect an
 // operation in flight (its buffers are the caller's, sized for the mask it was called with).
 // Host buffers run on the host (a non-NULL stream is waited for first, as for the dense
-// collectives); device buffers go through the device dispatch: staged on the stream on a UCX
-// communicator, issued to NCCL on an NCCL-backend one.
+// collectives); device buffers are staged on the stream on a UCX communicator, issued to NCCL
+// on an NCCL-backend one.
 Status RunPacked(scape::coll::CollType type, const void* sendbuf, void* recvbuf,
                  scapeDataType_t dtype, const scapeRedOp_t* op, scapeMask* mask, scapeComm* comm,
                  void* stream, scapeRequest_t* request) {
   using scape::coll::CollType;
-  const bool nccl = scape::device::IsNcclComm(comm);
   int rank = 0;
-  if (nccl) {
-    scape::device::NcclCommInfo(comm, nullptr, &rank);
+  if (comm && comm->data->NcclInfo(nullptr, &rank)) {
     SCAPE_RETURN_IF_ERROR(CheckMaskNcclComm(mask, comm, rank));
   } else {
     SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));
@@ -114,15 +111,9 @@ Status RunPacked(scape::coll::CollType type, const void* sendbuf, void* recvbuf,
   a.counts = m.RankCounts();
   a.dtype = dtype;
   if (op) a.op = *op;
-  // NCCL backend: device buffers go to NCCL; host buffers run on its host communicator (as on
-  // a UCX communicator, below).
-  if (scape::device::RunsOnNccl(comm, a))
-    return scape::device::NcclCollective(comm, a, nullptr, stream, request != nullptr);
-  bool onDevice = false;
-  Status dev =
-      scape::device::UcxCollective(comm, a, nullptr, stream, request != nullptr, &onDevice);
-  if (onDevice || !dev.ok()) return dev;
-  return scape::api::SubmitOrRun(comm, a, request);
+  // Where the communicator's data path routes it: host buffers on the host (a non-NULL stream
+  // is waited for first), device buffers staged on the stream (UCX) or issued to NCCL.
+  return scape::api::RouteAndRun(comm, a, nullptr, stream, request);
 }
 
 Status PackedAllReduce(const void* sendbuf, void* recvbuf, scapeDataType_t dtype, scapeRedOp_t op,
@@ -158,57 +149,6 @@ Status CheckMaskedAllReduce(scapeComm* comm, size_t count, scapeMask* mask, int 
     return InvalidArgument(StrFormat("rank %d: count %zu differs from the mask's n %llu", rank,
                                      count, static_cast<unsigned long long>(m.n())));
   return Status::Ok();
-}
-
-Status MaskedAllReduce(scapeComm* comm, const void* send, void* recv, size_t count,
-                       scapeDataType_t dtype, scapeRedOp_t op, scapeMask* mask,
-                       scapeRequest_t* request) {
-  // StartColl validated the call (CheckMaskedAllReduce) before routing it here.
-  Mask& m = *mask->impl;
-  const size_t esz = scapeTypeSize(dtype), k = m.Current().size();
-  if (count > 0 && (!send || !recv))
-    return InvalidArgument(
-        StrFormat("rank %d: %s is NULL", comm->impl->rank(), send ? "recvbuf" : "sendbuf"));
-  coll::CollArgs a;
-  a.type = coll::CollType::kAllReduce;
-  a.count = k;
-  a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
-  a.dtype = dtype;
-  a.op = op;
-  if (m.CurrentIsIdentity()) {
-    // A full mask with shard ownership: mask order is the buffer's order, so the owner-blocked
-    // all-reduce runs on the dense buffers directly (same blocks, same reduction order, same
-    // bits as the packed path) and nothing is gathered or scattered.
-    a.send = send;
-    a.recv = recv;
-    return SubmitOrRun(comm, a, request);
-  }
-  if (!request) {
-    // Blocking: the mask's packing buffer (kept between calls, so no allocation or page faults
-    // per step); the values are reduced in place in it.
-    char* packed = m.PackBuffer(k * esz + 1);
-    if (k > 0) m.Pack(send, packed, esz);
-    a.send = packed;
-    a.recv = packed;
-    SCAPE_RETURN_IF_ERROR(SubmitOrRun(comm, a, nullptr));
-    if (k > 0) m.Unpack(packed, recv, esz);
-    return Status::Ok();
-  }
-  // Asynchronous: the request owns its packing buffer and holds the positions it packed, so
-  // the caller may advance (or destroy) the mask before it completes; the unpack runs when
-  // the exchange completes, inside the scapeTest / scapeWait (or other call on this
-  // communicator) that completes it.
-  auto packed = std::make_shared<std::vector<char>>(k * esz + 1);
-  std::shared_ptr<const std::vector<uint64_t>> pos = m.CurrentShared();
-  if (k > 0) kernels::GatherByIndex(send, pos->data(), k, esz, packed->data());
-  a.send = packed->data();
-  a.recv = packed->data();
-  std::function<void()> unpack;
-  if (k > 0)
-    unpack = [packed, pos, recv, esz]() {
-      kernels::ScatterByIndex(packed->data(), pos->data(), pos->size(), esz, recv);
-    };
-  return SubmitOrRun(comm, a, request, std::move(unpack));
 }
 
 }  // namespace api
@@ -323,9 +263,8 @@ SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* s
       return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
     if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
     // A device statistic: top-k on the device, only the selected positions come back.
-    bool onDevice = false;
-    Status dev = scape::device::MaskSelectTopkDevice(mask, statistic, density, &onDevice);
-    if (onDevice || !dev.ok()) return dev;
+    if (statistic && scape::device::GetRuntime()->Kind(statistic) != scape::device::PtrKind::kHost)
+      return mask->comm->data->device()->SelectTopk(*mask->impl, statistic, density);
     return mask->impl->SelectNextTopk(statistic, density);
   });
 }
@@ -360,7 +299,7 @@ SCAPE_API scapeResult_t scapeMaskAdvance(scapeMask_t mask) {
   return Guard(CommOf(mask), "scapeMaskAdvance", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
     Status st = mask->impl->Advance();
-    scape::device::DropStaleMaskPositions(mask);
+    if (scape::backend::DeviceBackend* d = mask->comm->data->device()) d->DropStale(*mask->impl);
     return st;
   });
 }
@@ -413,15 +352,9 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
   return Guard(CommOf(mask), "scapeMaskPack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
-    bool onDevice = false;
-    Status dev =
-        scape::device::MaskPackDevice(mask, dense, packed, scapeTypeSize(dtype), false, &onDevice);
-    if (onDevice || !dev.ok()) return dev;
-    if (mask->impl->Current().empty()) return Status::Ok();
-    if (!dense || !packed)
-      return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
-    mask->impl->Pack(dense, packed, scapeTypeSize(dtype));
-    return Status::Ok();
+    scape::backend::Backend* b = nullptr;
+    SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
+    return scape::backend::MaskPack(*b, *mask->impl, dense, packed, scapeTypeSize(dtype), false);
   });
 }
 
@@ -430,15 +363,10 @@ SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, vo
   return Guard(CommOf(mask), "scapeMaskUnpack", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckMask(mask));
     if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
-    bool onDevice = false;
-    Status dev = scape::device::MaskPackDevice(mask, dense, const_cast<void*>(packed),
-                                               scapeTypeSize(dtype), true, &onDevice);
-    if (onDevice || !dev.ok()) return dev;
-    if (mask->impl->Current().empty()) return Status::Ok();
-    if (!dense || !packed)
-      return scape::InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
-    mask->impl->Unpack(packed, dense, scapeTypeSize(dtype));
-    return Status::Ok();
+    scape::backend::Backend* b = nullptr;
+    SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
+    return scape::backend::MaskPack(*b, *mask->impl, dense, const_cast<void*>(packed),
+                                    scapeTypeSize(dtype), true);
   });
 }
 
@@ -527,20 +455,20 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
     std::vector<char> inIdx, inVal, outDense, outIdx, outVal;
     const void* idxView = nullptr;
     const void* valView = nullptr;
-    SCAPE_RETURN_IF_ERROR(scape::device::StageIn(indices, nnz * 8, &inIdx, &idxView));
-    SCAPE_RETURN_IF_ERROR(scape::device::StageIn(values, nnz * esz, &inVal, &valView));
+    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(indices, nnz * 8, &inIdx, &idxView));
+    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(values, nnz * esz, &inVal, &valView));
     indices = static_cast<const uint64_t*>(idxView);
     values = valView;
     void* denseDev = denseOut;
     void* outIdxDev = outIndices;
     void* outValDev = outValues;
     void* view = nullptr;
-    scape::device::StageOut(denseOut, n * esz, &outDense, &view);
+    scape::backend::StageOut(denseOut, n * esz, &outDense, &view);
     denseOut = view;
     const size_t listCap = static_cast<size_t>(std::min<uint64_t>(capacity, n));  // union <= n
-    scape::device::StageOut(outIndices, listCap * 8, &outIdx, &view);
+    scape::backend::StageOut(outIndices, listCap * 8, &outIdx, &view);
     outIndices = static_cast<uint64_t*>(view);
-    scape::device::StageOut(outValues, listCap * esz, &outVal, &view);
+    scape::backend::StageOut(outValues, listCap * esz, &outVal, &view);
     outValues = view;
     for (size_t i = 0; i < nnz; ++i)
       if (indices[i] >= n || (i > 0 && indices[i] <= indices[i - 1]))
@@ -578,9 +506,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                     res.Nnz(), capacity));
     if (denseOut) res.ToDense(denseOut, esz);
     if (outIndices) res.ToList(outIndices, outValues, esz);
-    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(denseDev, outDense, n * esz));
-    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(outIdxDev, outIdx, res.Nnz() * 8));
-    SCAPE_RETURN_IF_ERROR(scape::device::FinishOut(outValDev, outVal, res.Nnz() * esz));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(denseDev, outDense, n * esz));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outIdxDev, outIdx, res.Nnz() * 8));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outValDev, outVal, res.Nnz() * esz));
     if (bytesSent) *bytesSent = res.bytesSent;
     if (outIndices) *outNnz = res.Nnz();
     return Status::Ok();

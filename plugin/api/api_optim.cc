@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "plugin/api/api_internal.h"
-#include "plugin/api/device_dispatch.h"
 #include "plugin/device/runtime.h"
 #include "plugin/mask/mask.h"
 #include "plugin/optim/optim.h"
@@ -318,15 +317,9 @@ Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* s
   scapeComm* comm = optim->comm;
   // The packed exchange runs where the communicator moves device memory: NCCL for an
   // NCCL-backend communicator (the mask's sync stays on its host communicator), else the UCX
-  // staged path.
+  // staged path (the communicator's data path routes it).
   auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
-    if (scape::device::RunsOnNccl(comm, a))
-      return scape::device::NcclCollective(comm, a, nullptr, s, false);
-    bool handled = false;
-    SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
-    if (!handled)
-      return scape::InternalError("the device dispatch did not take the device exchange");
-    return Status::Ok();
+    return scape::api::DeviceExchange(comm, a, s);
   };
   return optim->impl->StepDevice(params, grads, stream, exchange);
 }
@@ -431,13 +424,7 @@ SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
     if (device) {
       scapeComm* comm = optim->comm;
       auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
-        if (scape::device::RunsOnNccl(comm, a))
-          return scape::device::NcclCollective(comm, a, nullptr, s, false);
-        bool handled = false;
-        SCAPE_RETURN_IF_ERROR(scape::device::UcxCollective(comm, a, nullptr, s, false, &handled));
-        if (!handled)
-          return scape::InternalError("the device dispatch did not take the device exchange");
-        return Status::Ok();
+        return scape::api::DeviceExchange(comm, a, s);
       };
       return optim->impl->StepDeviceMixed(params, paramType, grads, gradType, stream, exchange);
     }

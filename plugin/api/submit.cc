@@ -1,24 +1,60 @@
-// The one place where the API layer hands a validated collective to the communicator: every
-// entry point (dense in api.cc, masked in api_mask.cc, the optimizer in api_optim.cc) ends here,
-// so a payload crosses from the API layer into plugin/core exactly once.
+// The one place where the API layer hands a validated call to the communicator's data path:
+// every entry point (dense in api.cc, masked in api_mask.cc, the optimizer's device exchange
+// in api_optim.cc) ends here, and the data path (plugin/backend) takes it to plugin/core or a
+// device backend, so a payload leaves the API layer once.
 #include <functional>
 #include <memory>
 #include <utility>
 
 #include "plugin/api/api_internal.h"
+#include "plugin/backend/masked.h"
 
 namespace scape {
 namespace api {
 
+void NewRequest(scapeComm* comm, std::shared_ptr<PendingOp> op, scapeRequest_t* request) {
+  auto* req = new scapeRequest{comm, std::move(op)};
+  comm->requests.insert(req);
+  *request = req;
+}
+
 Status SubmitOrRun(scapeComm* comm, const coll::CollArgs& a, scapeRequest_t* request,
                    std::function<void()> onDone) {
   std::shared_ptr<PendingOp> op;
-  SCAPE_RETURN_IF_ERROR(comm->impl->Submit(a, &op, std::move(onDone)));
-  if (!request) return comm->impl->Wait(op.get());
-  auto* req = new scapeRequest{comm, op};
-  comm->requests.insert(req);
-  *request = req;
+  SCAPE_RETURN_IF_ERROR(
+      comm->data->host()->Run(a, nullptr, request ? &op : nullptr, std::move(onDone)));
+  if (request) NewRequest(comm, std::move(op), request);
   return Status::Ok();
+}
+
+Status RouteAndRun(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
+                   scapeRequest_t* request) {
+  backend::Backend* b = nullptr;
+  SCAPE_RETURN_IF_ERROR(comm->data->Route(a, &b));
+  std::shared_ptr<PendingOp> op;
+  std::shared_ptr<PendingOp>* async = request ? &op : nullptr;
+  if (mask) {
+    SCAPE_RETURN_IF_ERROR(backend::MaskedAllReduce(*b, *mask->impl, a, stream, async));
+  } else {
+    SCAPE_RETURN_IF_ERROR(b->Admit(a, stream, async != nullptr));
+    SCAPE_RETURN_IF_ERROR(b->Run(a, stream, async));
+  }
+  if (request) NewRequest(comm, std::move(op), request);
+  return Status::Ok();
+}
+
+Status DeviceExchange(scapeComm* comm, const coll::CollArgs& a, void* stream) {
+  backend::Backend* b = nullptr;
+  SCAPE_RETURN_IF_ERROR(comm->data->Route(a, &b));
+  if (b->kind() == backend::Kind::kHost)
+    return InternalError("the device dispatch did not take the device exchange");
+  SCAPE_RETURN_IF_ERROR(b->Admit(a, stream, false));
+  return b->Run(a, stream, nullptr);
+}
+
+void ReleaseData(scapeComm* comm) {
+  if (!comm->data) return;
+  comm->data->Release(comm->impl ? comm->impl->config().timeoutMs : kDefaultTimeoutMs);
 }
 
 }  // namespace api

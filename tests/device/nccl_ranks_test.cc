@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "plugin/api/device_dispatch.h"
+#include "plugin/api/api_internal.h"
+#include "plugin/backend/backend.h"
 #include "plugin/coll/coll.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
@@ -32,6 +33,15 @@ using fake_device::FakeRuntime;
 using scape_test::RankCtx;
 using scape_test::RankOptions;
 using scape_test::RunRanks;
+
+// A validated collective on an NCCL-backend communicator's NCCL backend, as the API's routing
+// hands it there (the backend's checks, then NCCL).
+scape::Status NcclRun(scapeComm_t comm, const scape::coll::CollArgs& a, void* stream) {
+  scape::backend::NcclBackend* b = comm->data->nccl();
+  if (!b) return scape::InternalError("not an NCCL-backend communicator");
+  SCAPE_RETURN_IF_ERROR(b->Admit(a, stream, false));
+  return b->Run(a, stream, nullptr);
+}
 
 // fake_libnccl.cc's types (the same layout).
 struct FakeNcclShared;
@@ -191,7 +201,7 @@ TEST_P(NcclRanks, InitMakesAHostCommunicatorOverTheNcclBroadcast) {
 size_t KUnequal(int r) { return static_cast<size_t>(5 + 17 * r); }
 size_t KEqual(int) { return 20; }
 
-// The packed collectives through the NCCL backend (device::NcclCollective with the mask's
+// The packed collectives through the NCCL backend (the NCCL backend with the mask's
 // per-rank counts, as scapeMask* calls on device buffers reach it) against the same call on
 // the host communicator with host buffers.
 void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGroup) {
@@ -245,14 +255,14 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             a.count = kk;
             a.send = dIn;
             a.recv = dOut;
-            EXPECT_TRUE(scape::device::NcclCollective(comm, a, nullptr, stream, false).ok());
+            EXPECT_TRUE(NcclRun(comm, a, stream).ok());
             EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ar.data(), kk * 4),
                       0)
                 << "all-reduce";
             a.type = scape::coll::CollType::kReduceScatter;
             a.count = 0;
             const int before = fc.ops;
-            scape::Status st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
+            scape::Status st = NcclRun(comm, a, stream);
             EXPECT_TRUE(st.ok()) << st.message();
             EXPECT_EQ(
                 std::memcmp(FromDevice<char>(dOut, mine * 4, stream).data(), rs.data(), mine * 4),
@@ -264,7 +274,7 @@ void PackedVAgainstHost(int P, const char* lib, size_t (*k)(int), bool expectGro
             EXPECT_EQ(fc.ops - before, expectGroup ? blocks : 1);
             a.type = scape::coll::CollType::kAllGather;
             a.send = static_cast<char*>(dIn) + off * 4;
-            st = scape::device::NcclCollective(comm, a, nullptr, stream, false);
+            st = NcclRun(comm, a, stream);
             EXPECT_TRUE(st.ok()) << st.message();
             EXPECT_EQ(std::memcmp(FromDevice<char>(dOut, kk * 4, stream).data(), ag.data(), kk * 4),
                       0)
@@ -642,17 +652,17 @@ TEST(NcclRanksErrors, AnNcclWithoutTheGroupCallsFailsUnequalBlocksByName) {
         a.counts = {3, 5};
         a.send = d;
         a.recv = d;
-        scape::Status st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        scape::Status st = NcclRun(comm, a, nullptr);
         EXPECT_EQ(st.code(), scapeSystemError);
         EXPECT_NE(st.message().find("has no ncclGroupStart"), std::string::npos) << st.message();
         EXPECT_NE(st.message().find(FAKE_NCCL_NOGROUP_PATH), std::string::npos) << st.message();
         // Equal blocks need no group: NCCL's reduce-scatter.
         a.counts = {4, 4};
-        st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        st = NcclRun(comm, a, nullptr);
         EXPECT_TRUE(st.ok()) << st.message();
         // Bad per-rank counts are argument errors.
         a.counts = {4};
-        st = scape::device::NcclCollective(comm, a, nullptr, nullptr, false);
+        st = NcclRun(comm, a, nullptr);
         EXPECT_EQ(st.code(), scapeInvalidArgument);
         EXPECT_NE(st.message().find("1 per-rank counts for 2 ranks"), std::string::npos)
             << st.message();

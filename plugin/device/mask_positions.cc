@@ -1,6 +1,5 @@
-// The masked all-reduce on device buffers, and the device copies of mask positions: see
-// device_masked.h.
-#include "plugin/device/device_masked.h"
+// The device copies of mask positions: see mask_positions.h.
+#include "plugin/device/mask_positions.h"
 
 #include "base/log.h"
 
@@ -57,44 +56,6 @@ void MaskPositions::DropStale(const Mask& m) {
       ++it;
     }
   }
-}
-
-Status MaskedAllReduce(DevicePool& pool, MaskPositions& positions, const Mask& m,
-                       const coll::CollArgs& dense, Stream s, int rank,
-                       const PackedExchange& exchange) {
-  Runtime* rt = pool.runtime();
-  const size_t k = m.Current().size(), esz = scapeTypeSize(dense.dtype);
-  coll::CollArgs a = dense;
-  a.type = coll::CollType::kAllReduce;
-  a.count = k;
-  if (m.CurrentIsIdentity()) return exchange(a);  // mask order is the buffer's order
-  if (k == 0) {
-    a.send = a.recv = nullptr;  // every rank has the same (agreed) mask: no values move
-    return exchange(a);
-  }
-  const uint64_t* dPos = nullptr;
-  Status st = positions.Get(m, s, &dPos);
-  if (!st.ok()) return st.Prepend(StrFormat("rank %d", rank));
-  DevicePool::Block tmp;
-  st = pool.Acquire(k * esz, s, &tmp);
-  if (!st.ok())
-    return st.Prepend(StrFormat("rank %d: device memory for %zu packed values", rank, k));
-  st = rt->Gather(dense.send, dPos, k, esz, tmp.d, s);
-  if (!st.ok()) {
-    st.Prepend(StrFormat("rank %d: gathering the mask's positions on the device", rank));
-  } else {
-    a.send = a.recv = tmp.d;
-    st = exchange(a);
-    if (st.ok()) {
-      // Only the mask's positions of recvbuf are written: the others keep their values.
-      st = rt->Scatter(tmp.d, dPos, k, esz, dense.recv, s);
-      if (!st.ok())
-        st.Prepend(StrFormat("rank %d: scattering the reduced values on the device", rank));
-    }
-  }
-  // Whatever was queued, the block goes back only once the stream has passed it.
-  pool.Release(tmp, s);
-  return st;
 }
 
 }  // namespace device

@@ -1,8 +1,5 @@
-// The masked (dense-in/dense-out) all-reduce on device buffers, written once for both
-// backends: the identity-mask shortcut, a device gather of the mask's positions into a packed
-// temporary, the backend's exchange of the k packed values (UCX: the staged V all-reduce over
-// the owners' blocks; NCCL: ncclAllReduce), a device scatter into recvbuf. Positions outside
-// the mask keep recvbuf's values, in place or not, as the host path does.
+// The device copies of mask positions, for the masked operations on device buffers
+// (plugin/backend/masked.h) and scapeMaskPack / scapeMaskUnpack.
 //
 // MaskPositions keeps, per (mask, stream), the device copy of a mask's current positions: it
 // is uploaded on that stream from the mask's own host list when the mask's generation changes,
@@ -11,11 +8,10 @@
 // still holds); DropStale lets go of old generations (scapeMaskAdvance), Drop of a destroyed
 // mask. Device memory comes from the communicator's DevicePool and goes back to it once the
 // work that reads it is enqueued.
-#ifndef SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_
-#define SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_
+#ifndef SCAPE_PLUGIN_DEVICE_MASK_POSITIONS_H_
+#define SCAPE_PLUGIN_DEVICE_MASK_POSITIONS_H_
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,7 +19,6 @@
 #include <vector>
 
 #include "base/status.h"
-#include "plugin/coll/coll.h"
 #include "plugin/device/device_pool.h"
 #include "plugin/device/runtime.h"
 #include "plugin/mask/mask.h"
@@ -58,18 +53,7 @@ class MaskPositions {
   std::map<Key, Entry> entries_;
 };
 
-// Enqueues the all-reduce of the packed values `packed` (send == recv == the packed buffer,
-// count = k; null buffers when k == 0) on the stream. The masked all-reduce calls it once.
-using PackedExchange = std::function<Status(coll::CollArgs& packed)>;
-
-// The masked all-reduce of `dense` (validated: all-reduce, count = m.n(), device buffers) on
-// `s`, for rank `rank` (messages). A full mask with shard ownership (mask order = buffer
-// order) exchanges the dense buffers directly.
-Status MaskedAllReduce(DevicePool& pool, MaskPositions& positions, const Mask& m,
-                       const coll::CollArgs& dense, Stream s, int rank,
-                       const PackedExchange& exchange);
-
 }  // namespace device
 }  // namespace scape
 
-#endif  // SCAPE_PLUGIN_DEVICE_DEVICE_MASKED_H_
+#endif  // SCAPE_PLUGIN_DEVICE_MASK_POSITIONS_H_

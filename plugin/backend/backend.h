@@ -1,0 +1,265 @@
+// The communicator's data path: one Backend interface for the memory a call moves, chosen when
+// the communicator is made and owned by it (DataPath), and the operations written once over it
+// (masked.h). As gloo's algorithms see only a transport interface, the masked operations see
+// only a Backend: its checks (Admit), its exchange (Run, AllReducePacked), its temporaries
+// (AcquirePacked) and its gather/scatter kernels (kernels/cpu on the host, the device runtime's
+// on a device).
+//
+// Three implementations:
+//   - HostBackend: host buffers, on the UCX communicator (plugin/core Comm::Submit / Wait; the
+//     *Async forms return the queued operation). A non-NULL stream is waited for first.
+//   - UcxStagedBackend: device buffers on a UCX communicator, staged through page-locked host
+//     buffers on the stream (plugin/device/staging.h; the channel is made, collectively, at the
+//     communicator's first device collective).
+//   - NcclBackend: device buffers on an NCCL-backend communicator (plugin/device/nccl_backend.h).
+// The two device backends share DeviceBackend: the communicator's DevicePool (every device
+// temporary of the mask calls) and the device copies of mask positions (MaskPositions).
+//
+// A UCX communicator's DataPath holds HostBackend + UcxStagedBackend; an NCCL-backend one's
+// holds NcclBackend, plus HostBackend when it has a host communicator (SCAPE_NCCL_HOST_COMM=1).
+// DataPath::Route is the routing rule, in one place; arguments are validated before it
+// (plugin/api StartColl), and each backend's Admit checks only what that backend cannot do.
+#ifndef SCAPE_PLUGIN_BACKEND_BACKEND_H_
+#define SCAPE_PLUGIN_BACKEND_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/status.h"
+#include "plugin/coll/coll.h"
+#include "plugin/core/comm.h"
+#include "plugin/device/device_pool.h"
+#include "plugin/device/mask_positions.h"
+#include "plugin/device/nccl_backend.h"
+#include "plugin/device/runtime.h"
+#include "plugin/device/staging.h"
+#include "plugin/mask/mask.h"
+
+namespace scape {
+namespace backend {
+
+using device::Stream;
+
+enum class Kind { kHost, kUcxStaged, kNccl };
+
+// The packed values (and positions) of one masked operation, from AcquirePacked.
+struct Packed {
+  void* buf = nullptr;            // k elements (null on a device backend when k == 0)
+  const uint64_t* pos = nullptr;  // the mask's k positions, in the backend's memory
+  device::DevicePool::Block blk;  // device backends: the block behind buf
+  std::shared_ptr<void> hold;     // host, *Async form: buf and the positions it packed
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Kind kind() const = 0;
+  virtual int rank() const = 0;
+
+  // What this backend checks before it runs a validated call `a` on stream `s` (async: the
+  // *Async form was called). Host: a non-NULL stream is waited for (what the caller queued on
+  // it must finish first). UCX staged: device buffers are stream-ordered, so no *Async form;
+  // the communicator is usable. NCCL: no barrier, no *Async form, device buffers only.
+  virtual Status Admit(const coll::CollArgs& a, Stream s, bool async) = 0;
+  // Runs an admitted collective (a.counts non-empty: the packed V forms of a mask). async
+  // non-null (host only): queued, *async receives it and onDone runs when it completes;
+  // otherwise blocking (host) or enqueued on `s` (device).
+  virtual Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
+                     std::function<void()> onDone = nullptr) = 0;
+  // The exchange step of the masked all-reduce: the all-reduce of mask m's k packed values
+  // (send == recv, count = k). Host and UCX staged run it over the owners' blocks
+  // (m.RankCounts(): the same bits as reduce-scatter + all-gather), NCCL as one ncclAllReduce
+  // (nothing when k == 0).
+  virtual Status AllReducePacked(const Mask& m, coll::CollArgs a, Stream s,
+                                 std::shared_ptr<PendingOp>* async,
+                                 std::function<void()> onDone) = 0;
+
+  // The positions of m's current generation for work on `s`, in this backend's memory.
+  virtual Status Positions(const Mask& m, Stream s, const uint64_t** pos) = 0;
+  // Temporaries of one masked operation: positions and room for k elements of esz bytes.
+  // async: the operation outlives the call (host: owned by the request).
+  virtual Status AcquirePacked(Mask& m, size_t k, size_t esz, Stream s, bool async,
+                               Packed* out) = 0;
+  // Once the work that uses p has been enqueued on s (or has run).
+  virtual void ReleasePacked(Packed* p, Stream s) = 0;
+  // packed[i] = dense[pos[i]] / dense[pos[i]] = packed[i], i < k (the memory kind's kernels).
+  virtual Status Gather(const void* dense, const uint64_t* pos, size_t k, size_t esz, void* packed,
+                        Stream s) = 0;
+  virtual Status Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz, void* dense,
+                         Stream s) = 0;
+};
+
+// Host buffers on a UCX communicator (not owned).
+class HostBackend final : public Backend {
+ public:
+  explicit HostBackend(Comm* comm) : comm_(comm) {}
+  Kind kind() const override { return Kind::kHost; }
+  int rank() const override { return comm_->rank(); }
+  Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
+  Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
+             std::function<void()> onDone = nullptr) override;
+  Status AllReducePacked(const Mask& m, coll::CollArgs a, Stream s,
+                         std::shared_ptr<PendingOp>* async, std::function<void()> onDone) override;
+  Status Positions(const Mask& m, Stream s, const uint64_t** pos) override;
+  Status AcquirePacked(Mask& m, size_t k, size_t esz, Stream s, bool async, Packed* out) override;
+  void ReleasePacked(Packed* p, Stream s) override;
+  Status Gather(const void* dense, const uint64_t* pos, size_t k, size_t esz, void* packed,
+                Stream s) override;
+  Status Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz, void* dense,
+                 Stream s) override;
+
+ private:
+  Comm* const comm_;
+};
+
+// What both device backends share: the communicator's device pool and the device copies of
+// mask positions (made at the first device call that needs them, with the runtime of that
+// moment), the device gather/scatter, and the device forms of the mask calls.
+class DeviceBackend : public Backend {
+ public:
+  DeviceBackend(int timeoutMs) : timeoutMs_(timeoutMs) {}
+  ~DeviceBackend() override;
+
+  Status Positions(const Mask& m, Stream s, const uint64_t** pos) override;
+  Status AcquirePacked(Mask& m, size_t k, size_t esz, Stream s, bool async, Packed* out) override;
+  void ReleasePacked(Packed* p, Stream s) override;
+  Status Gather(const void* dense, const uint64_t* pos, size_t k, size_t esz, void* packed,
+                Stream s) override;
+  Status Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz, void* dense,
+                 Stream s) override;
+
+  // scapeMaskSelectNextTopk with a device statistic: the top-k of |statistic| on the device
+  // over the segments this rank owns (the host path's segment table and options), only the
+  // selected positions copied back (a host wait with the communicator's deadline).
+  Status SelectTopk(Mask& m, const float* statistic, double density);
+  // The mask's device positions are let go (freed once the work that uses them has run):
+  // Drop, the mask is being destroyed; DropStale, only the copies of older generations.
+  void DropMask(const Mask& m);
+  void DropStale(const Mask& m);
+
+  // Lifecycle (scapeCommDestroy / scapeCommAbort / scapeCommGetAsyncError).
+  virtual void Release(int timeoutMs) = 0;  // drains device work in flight, closes
+  virtual void Abort();                     // device work in flight fails fast
+  virtual Status AsyncError() = 0;
+
+ protected:
+  // The pool (and positions), made at the first call that needs them.
+  device::DevicePool& Pool();
+  device::MaskPositions& MaskPos();
+  // Made now, with `rt` (an NCCL-backend communicator's pool is made at init).
+  void MakePool(device::Runtime* rt);
+  std::mutex mu_;  // the lazily made members (scapeCommAbort may come from another thread)
+
+ private:
+  const int timeoutMs_;
+  // positions_ before pool_ in destruction order: its blocks go back to the pool first.
+  std::unique_ptr<device::DevicePool> pool_;
+  std::unique_ptr<device::MaskPositions> positions_;
+};
+
+// Device buffers on a UCX communicator, staged (the channel and its child communicator are made
+// at the first device collective: collective, every rank makes it at the same call).
+class UcxStagedBackend final : public DeviceBackend {
+ public:
+  explicit UcxStagedBackend(Comm* comm) : DeviceBackend(comm->config().timeoutMs), comm_(comm) {}
+  ~UcxStagedBackend() override;
+  Kind kind() const override { return Kind::kUcxStaged; }
+  int rank() const override { return comm_->rank(); }
+  Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
+  Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
+             std::function<void()> onDone = nullptr) override;
+  Status AllReducePacked(const Mask& m, coll::CollArgs a, Stream s,
+                         std::shared_ptr<PendingOp>* async, std::function<void()> onDone) override;
+  void Release(int timeoutMs) override;
+  void Abort() override;
+  Status AsyncError() override;
+
+ private:
+  Comm* const comm_;
+  std::unique_ptr<device::StagingChannel> staging_;  // under mu_
+};
+
+// Device buffers on an NCCL-backend communicator (owns the NCCL state).
+class NcclBackend final : public DeviceBackend {
+ public:
+  NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs);
+  Kind kind() const override { return Kind::kNccl; }
+  int rank() const override { return nccl_->rank(); }
+  int nranks() const { return nccl_->nranks(); }
+  Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
+  Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
+             std::function<void()> onDone = nullptr) override;
+  Status AllReducePacked(const Mask& m, coll::CollArgs a, Stream s,
+                         std::shared_ptr<PendingOp>* async, std::function<void()> onDone) override;
+  void Release(int timeoutMs) override;
+  void Abort() override;
+  Status AsyncError() override;
+
+ private:
+  std::unique_ptr<device::NcclBackend> nccl_;
+};
+
+// A communicator's backends and the routing rule between them.
+class DataPath {
+ public:
+  // A UCX communicator: host buffers on `comm`, device buffers staged over it.
+  static std::unique_ptr<DataPath> ForUcx(Comm* comm);
+  // An NCCL-backend communicator: device buffers on NCCL; host buffers and barriers on `host`
+  // when it has one (null: SCAPE_NCCL_HOST_COMM=0).
+  static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+                                           int timeoutMs);
+
+  Backend* host() const { return host_.get(); }            // null: an NCCL one without a host comm
+  DeviceBackend* device() const { return device_.get(); }  // null after Release
+  NcclBackend* nccl() const { return nccl_; }              // null: a UCX communicator
+  // rank / nranks of the NCCL communicator (false for a UCX communicator).
+  bool NcclInfo(int* nranks, int* rank) const;
+
+  // Which backend runs the validated collective `a`: on a UCX communicator the host for a
+  // barrier and for host buffers, else the staged device backend (a host/device mix is
+  // scapeInvalidArgument naming both); on an NCCL-backend one the host communicator when it
+  // has one and the call is a barrier or its buffers are host memory, else NCCL (whose Admit
+  // names what it cannot do).
+  Status Route(const coll::CollArgs& a, Backend** out) const;
+  // The same for a mask's pack / unpack (dense <-> packed): host memory on the host backend,
+  // device memory on the device backend (a mix is scapeInvalidArgument naming both).
+  Status RouteBuffers(const void* dense, const void* packed, Backend** out) const;
+
+  // scapeCommDestroy / scapeCommAbort: drains (within timeoutMs) and frees the device side;
+  // the host side stays until the communicator goes.
+  void Release(int timeoutMs);
+  // scapeCommAbort, possibly from another thread while a call is in flight: device work fails
+  // fast (the device side stays until Release).
+  void Abort();
+  // The first error of the device work (ok if none), for scapeCommGetAsyncError.
+  Status AsyncError() const;
+
+ private:
+  DataPath() = default;
+  std::unique_ptr<HostBackend> host_;
+  std::unique_ptr<DeviceBackend> device_;
+  NcclBackend* nccl_ = nullptr;  // device_, when it is NCCL
+  mutable std::mutex mu_;        // device_ (Abort / AsyncError from another thread vs Release)
+};
+
+// Classifies a collective's buffers: *onDevice = true for device (or managed) memory. A mix is
+// an error naming both arguments.
+Status BufferKinds(const coll::CollArgs& a, int rank, bool* onDevice);
+
+// Calls with no stream that take device buffers through host copies (scapeSparseAllReduce):
+// StageIn copies `bytes` of a device `p` to *copy and points *view at it (host memory: *view
+// = p, nothing copied); StageOut gives a host *view for an output `p` of up to `bytes`, and
+// FinishOut copies its first `bytes` back when `p` is device memory. Copies run on the default
+// stream and are waited for (host waits).
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view);
+void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view);
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes);
+
+}  // namespace backend
+}  // namespace scape
+
+#endif  // SCAPE_PLUGIN_BACKEND_BACKEND_H_

@@ -1,0 +1,207 @@
+// HostBackend, the routing rule (DataPath) and the host copies of device buffers: see
+// backend.h.
+#include <utility>
+
+#include "kernels/cpu/gather.h"
+#include "plugin/backend/backend.h"
+
+namespace scape {
+namespace backend {
+
+Status HostBackend::Admit(const coll::CollArgs& a, Stream s, bool) {
+  if (a.type == coll::CollType::kBarrier || !s) return Status::Ok();
+  // Host buffers on a stream: what the caller queued on the stream must finish first.
+  Status st = device::GetRuntime()->StreamSynchronize(s);
+  if (!st.ok()) st.Prepend(StrFormat("rank %d: host buffers with a non-NULL stream", rank()));
+  return st;
+}
+
+Status HostBackend::Run(const coll::CollArgs& a, Stream, std::shared_ptr<PendingOp>* async,
+                        std::function<void()> onDone) {
+  std::shared_ptr<PendingOp> op;
+  SCAPE_RETURN_IF_ERROR(comm_->Submit(a, &op, std::move(onDone)));
+  if (!async) return comm_->Wait(op.get());
+  *async = std::move(op);
+  return Status::Ok();
+}
+
+Status HostBackend::AllReducePacked(const Mask& m, coll::CollArgs a, Stream s,
+                                    std::shared_ptr<PendingOp>* async,
+                                    std::function<void()> onDone) {
+  a.counts = m.RankCounts();  // owner blocks: the same bits as reduce-scatter + all-gather
+  return Run(a, s, async, std::move(onDone));
+}
+
+Status HostBackend::Positions(const Mask& m, Stream, const uint64_t** pos) {
+  *pos = m.Current().data();
+  return Status::Ok();
+}
+
+Status HostBackend::AcquirePacked(Mask& m, size_t k, size_t esz, Stream, bool async, Packed* out) {
+  std::shared_ptr<const std::vector<uint64_t>> pos = m.CurrentShared();
+  out->pos = pos->data();
+  if (!async) {
+    // The mask's packing buffer (kept between calls: no allocation or page faults per step).
+    out->buf = m.PackBuffer(k * esz + 1);
+    return Status::Ok();
+  }
+  // The operation owns its buffer and holds the positions it packed.
+  struct Held {
+    std::vector<char> buf;
+    std::shared_ptr<const std::vector<uint64_t>> pos;
+  };
+  auto held = std::make_shared<Held>();
+  held->buf.resize(k * esz + 1);
+  held->pos = std::move(pos);
+  out->buf = held->buf.data();
+  out->hold = std::move(held);
+  return Status::Ok();
+}
+
+void HostBackend::ReleasePacked(Packed* p, Stream) { p->hold.reset(); }
+
+Status HostBackend::Gather(const void* dense, const uint64_t* pos, size_t k, size_t esz,
+                           void* packed, Stream) {
+  kernels::GatherByIndex(dense, pos, k, esz, packed);
+  return Status::Ok();
+}
+
+Status HostBackend::Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz,
+                            void* dense, Stream) {
+  kernels::ScatterByIndex(packed, pos, k, esz, dense);
+  return Status::Ok();
+}
+
+namespace {
+bool IsDev(device::PtrKind k) { return k != device::PtrKind::kHost; }
+}  // namespace
+
+Status BufferKinds(const coll::CollArgs& a, int rank, bool* onDevice) {
+  device::Runtime* rt = device::GetRuntime();
+  const bool needSend = a.type != coll::CollType::kBroadcast || rank == a.root;
+  const bool hasSend = needSend && a.send, hasRecv = a.recv != nullptr;
+  const device::PtrKind ks = hasSend ? rt->Kind(a.send) : device::PtrKind::kHost;
+  const device::PtrKind kr = hasRecv ? rt->Kind(a.recv) : device::PtrKind::kHost;
+  if (hasSend && hasRecv && IsDev(ks) != IsDev(kr))
+    return InvalidArgument(StrFormat(
+        "rank %d: sendbuf is %s but recvbuf is %s: a collective's buffers must both be host "
+        "memory or both device memory",
+        rank, device::PtrKindName(ks), device::PtrKindName(kr)));
+  *onDevice = (hasSend && IsDev(ks)) || (hasRecv && IsDev(kr));
+  return Status::Ok();
+}
+
+std::unique_ptr<DataPath> DataPath::ForUcx(Comm* comm) {
+  std::unique_ptr<DataPath> d(new DataPath());
+  d->host_.reset(new HostBackend(comm));
+  d->device_.reset(new UcxStagedBackend(comm));
+  return d;
+}
+
+std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+                                            int timeoutMs) {
+  std::unique_ptr<DataPath> d(new DataPath());
+  if (host) d->host_.reset(new HostBackend(host));
+  d->nccl_ = new NcclBackend(std::move(nccl), timeoutMs);
+  d->device_.reset(d->nccl_);
+  return d;
+}
+
+bool DataPath::NcclInfo(int* nranks, int* rank) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!nccl_) return false;
+  if (nranks) *nranks = nccl_->nranks();
+  if (rank) *rank = nccl_->rank();
+  return true;
+}
+
+Status DataPath::Route(const coll::CollArgs& a, Backend** out) const {
+  if (nccl_) {
+    // The host communicator takes barriers and host buffers, when there is one; a mix of kinds
+    // is left to NCCL's Admit, which names it.
+    bool dev = false;
+    Backend* b = nccl_;
+    if (host_) {
+      const bool needSend = a.type != coll::CollType::kBroadcast || host_->rank() == a.root;
+      const bool hasBuffers = (needSend && a.send) || a.recv;
+      if (a.type == coll::CollType::kBarrier ||
+          (hasBuffers && BufferKinds(a, host_->rank(), &dev).ok() && !dev))
+        b = host_.get();
+    }
+    *out = b;
+    return Status::Ok();
+  }
+  *out = host_.get();
+  if (a.type == coll::CollType::kBarrier) return Status::Ok();
+  bool dev = false;
+  SCAPE_RETURN_IF_ERROR(BufferKinds(a, host_->rank(), &dev));
+  if (dev) *out = device_.get();
+  return Status::Ok();
+}
+
+Status DataPath::RouteBuffers(const void* dense, const void* packed, Backend** out) const {
+  device::Runtime* rt = device::GetRuntime();
+  const device::PtrKind kd = dense ? rt->Kind(dense) : device::PtrKind::kHost;
+  const device::PtrKind kp = packed ? rt->Kind(packed) : device::PtrKind::kHost;
+  if (dense && packed && IsDev(kd) != IsDev(kp))
+    return InvalidArgument(
+        StrFormat("dense is %s but packed is %s: both must be host memory or both device memory",
+                  device::PtrKindName(kd), device::PtrKindName(kp)));
+  *out = IsDev(kd) || IsDev(kp) ? static_cast<Backend*>(device_.get()) : host_.get();
+  if (!*out) return InvalidUsage("the communicator's device data path has been released");
+  return Status::Ok();
+}
+
+void DataPath::Release(int timeoutMs) {
+  std::unique_ptr<DeviceBackend> dev;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    dev = std::move(device_);
+    nccl_ = nullptr;
+  }
+  // The channel (its worker and child communicator) and the device pool (waiting, within the
+  // timeout, for the work that uses its blocks) go here, before the parent communicator.
+  if (dev) dev->Release(timeoutMs);
+}
+
+void DataPath::Abort() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (device_) device_->Abort();
+}
+
+Status DataPath::AsyncError() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return device_ ? device_->AsyncError() : Status::Ok();
+}
+
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view) {
+  *view = p;
+  if (!p || bytes == 0) return Status::Ok();
+  device::Runtime* rt = device::GetRuntime();
+  if (rt->Kind(p) == device::PtrKind::kHost) return Status::Ok();
+  copy->resize(bytes);
+  Status st = rt->CopyAsync(copy->data(), p, bytes, nullptr);
+  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  if (!st.ok()) return st.Prepend("copying a device input to the host");
+  *view = copy->data();
+  return Status::Ok();
+}
+
+void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view) {
+  *view = p;
+  if (!p || device::GetRuntime()->Kind(p) == device::PtrKind::kHost) return;
+  copy->resize(bytes);
+  *view = copy->data();
+}
+
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes) {
+  if (!p || bytes == 0 || copy.empty()) return Status::Ok();
+  device::Runtime* rt = device::GetRuntime();
+  Status st = rt->CopyAsync(p, copy.data(), bytes, nullptr);
+  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  if (!st.ok()) return st.Prepend("copying an output to the device");
+  return Status::Ok();
+}
+
+}  // namespace backend
+}  // namespace scape
