@@ -636,6 +636,93 @@ TEST(NcclRanksErrors, WithoutAHostCommunicatorMasksAndHostBuffersFailClearly) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// The routing rule (backend::DataPath::Route), in one place, on the three kinds of data path a
+// communicator can own: which backend each call goes to, and a host/device mix named.
+scape::backend::Backend* RouteOf(scapeComm_t comm, scape::coll::CollType t, const void* send,
+                                 void* recv, size_t count, scape::Status* st) {
+  scape::coll::CollArgs a;
+  a.type = t;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  scape::backend::Backend* b = nullptr;
+  *st = comm->data->Route(a, &b);
+  return st->ok() ? b : nullptr;
+}
+
+TEST(DataPath, EachCommunicatorRoutesEachCallToOneBackend) {
+  using scape::backend::Kind;
+  using scape::coll::CollType;
+  FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, 2);
+  ASSERT_NE(shared, nullptr);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeNcclComm fc = RankSetup(FAKE_NCCL_PATH, shared, ctx);
+        std::vector<float> h(8);
+        void* d = Fake().DeviceMalloc(8 * 4);
+        scape::Status st;
+        // A UCX communicator: host buffers and barriers on the host, device buffers staged.
+        scapeComm_t ucx = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitRank(&ucx, ctx.nranks, ctx.id, ctx.rank), nullptr);
+        if (!ucx) return false;
+        EXPECT_EQ(ucx->data->nccl(), nullptr);
+        auto* b = RouteOf(ucx, CollType::kAllReduce, h.data(), h.data(), 8, &st);
+        EXPECT_TRUE(b && b->kind() == Kind::kHost) << st.message();
+        b = RouteOf(ucx, CollType::kAllReduce, d, d, 8, &st);
+        EXPECT_TRUE(b && b->kind() == Kind::kUcxStaged) << st.message();
+        b = RouteOf(ucx, CollType::kBarrier, nullptr, nullptr, 0, &st);
+        EXPECT_TRUE(b && b->kind() == Kind::kHost) << st.message();
+        b = RouteOf(ucx, CollType::kAllReduce, nullptr, nullptr, 0, &st);
+        EXPECT_TRUE(b && b->kind() == Kind::kHost) << st.message();
+        b = RouteOf(ucx, CollType::kAllReduce, h.data(), d, 8, &st);
+        EXPECT_EQ(b, nullptr);
+        EXPECT_EQ(st.code(), scapeInvalidArgument);
+        EXPECT_NE(st.message().find("sendbuf is host memory but recvbuf is device memory"),
+                  std::string::npos)
+            << st.message();
+        EXPECT_SCAPE_OK(scapeCommDestroy(ucx), nullptr);
+        // An NCCL-backend communicator with a host one: host buffers and barriers there,
+        // device buffers, calls without buffers and mixes (named by NCCL's Admit) on NCCL.
+        for (int hostComm : {1, 0}) {
+          SCOPED_TRACE(testing::Message() << "SCAPE_NCCL_HOST_COMM=" << hostComm);
+          setenv("SCAPE_NCCL_HOST_COMM", hostComm ? "1" : "0", 1);
+          scapeComm_t nc = nullptr;
+          EXPECT_SCAPE_OK(scapeCommInitNccl(&nc, &fc, nullptr), nullptr);
+          if (!nc) return false;
+          EXPECT_NE(nc->data->nccl(), nullptr);
+          EXPECT_EQ(nc->data->host() != nullptr, hostComm == 1);
+          const Kind hostKind = hostComm ? Kind::kHost : Kind::kNccl;
+          b = RouteOf(nc, CollType::kAllReduce, h.data(), h.data(), 8, &st);
+          EXPECT_TRUE(b && b->kind() == hostKind) << st.message();
+          b = RouteOf(nc, CollType::kBarrier, nullptr, nullptr, 0, &st);
+          EXPECT_TRUE(b && b->kind() == hostKind) << st.message();
+          b = RouteOf(nc, CollType::kAllReduce, d, d, 8, &st);
+          EXPECT_TRUE(b && b->kind() == Kind::kNccl) << st.message();
+          b = RouteOf(nc, CollType::kAllReduce, nullptr, nullptr, 0, &st);
+          EXPECT_TRUE(b && b->kind() == Kind::kNccl) << st.message();
+          b = RouteOf(nc, CollType::kAllReduce, h.data(), d, 8, &st);
+          EXPECT_TRUE(b && b->kind() == Kind::kNccl) << st.message();
+          scape::coll::CollArgs mix;
+          mix.type = CollType::kAllReduce;
+          mix.send = h.data();
+          mix.recv = d;
+          mix.count = 8;
+          st = b ? b->Admit(mix, nullptr, false) : scape::InternalError("no backend");
+          EXPECT_EQ(st.code(), scapeInvalidArgument) << st.message();
+          EXPECT_NE(st.message().find("sendbuf is host memory but recvbuf is device memory"),
+                    std::string::npos)
+              << st.message();
+          EXPECT_SCAPE_OK(scapeCommDestroy(nc), nullptr);
+        }
+        unsetenv("SCAPE_NCCL_HOST_COMM");
+        Fake().DeviceFree(d);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 TEST(NcclRanksErrors, AnNcclWithoutTheGroupCallsFailsUnequalBlocksByName) {
   FakeNcclShared* shared = NewShared(FAKE_NCCL_NOGROUP_PATH, 2);
   ASSERT_NE(shared, nullptr);
