@@ -1,5 +1,5 @@
-// The device runtime seen by the device dispatch layer: pointer kinds, pinned host memory,
-// stream-ordered copies, events and host functions on a stream. Three implementations:
+// The device runtime seen by the device backends (plugin/backend): pointer kinds, pinned host
+// memory, stream-ordered copies, events and host functions on a stream. Three implementations:
 //   - the CUDA runtime (runtime_cuda.cc, builds with CUDA; cudart is linked statically and
 //     loads libcuda at run time, so a machine with no driver gets "no device", not a failed
 //     load);
