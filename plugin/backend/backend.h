@@ -121,7 +121,7 @@ class HostBackend final : public Backend {
 // moment), the device gather/scatter, and the device forms of the mask calls.
 class DeviceBackend : public Backend {
  public:
-  DeviceBackend(int timeoutMs) : timeoutMs_(timeoutMs) {}
+  explicit DeviceBackend(int timeoutMs) : timeoutMs_(timeoutMs) {}
   ~DeviceBackend() override;
 
   Status Positions(const Mask& m, Stream s, const uint64_t** pos) override;
