@@ -295,8 +295,7 @@ Comm::~Comm() {
   if (tp_ && !error_.ok()) {
     // A dead process on this host may have left UCX state that its worker's destruction
     // asserts on (transport.h, LeakOnDestroy): look once more, and keep the worker if so.
-    lastLivenessCheckNs_ = 0;
-    WatchLocalPeers();
+    (void)WatchLocalPeers(/*force=*/true);
     for (const LocalPeer& p : localPeers_)
       if (tp_->PeerFailed(p.rank, nullptr)) {
         tp_->LeakOnDestroy();
@@ -364,11 +363,20 @@ Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
   return Status::Ok();
 }
 
-void Comm::WatchLocalPeers() {
+Status Comm::WatchLocalPeers(bool force) {
+  // A peer that sent its last message and exited cleanly is not a failure while that message
+  // is still on its way (in a socket or a shared-memory FIFO): an exited process is declared
+  // failed only after it has been seen gone for kExitGraceNs, during which this rank keeps
+  // progressing the transport and so receives what the peer sent before it exited. A peer that
+  // aborted sent a notice before it exited, possibly behind data this rank has not read yet:
+  // when a peer is first seen gone, the transport is drained for up to kNoticeWaitMs so that
+  // the notice is read before an operation can complete on the data in front of it.
+  constexpr int64_t kExitGraceNs = 300 * 1000000LL;
+  constexpr int kNoticeWaitMs = 50;
   const int64_t now = NowNs();
-  if (now - lastLivenessCheckNs_ < 50 * 1000000LL) return;
+  if (!force && now - lastLivenessCheckNs_ < 50 * 1000000LL) return Status::Ok();
   lastLivenessCheckNs_ = now;
-  for (const LocalPeer& p : localPeers_) {
+  for (LocalPeer& p : localPeers_) {
     if (p.pid <= 0 || tp_->PeerFailed(p.rank, nullptr)) continue;
     bool dead = kill(p.pid, 0) != 0 && errno == ESRCH;
     if (!dead) {
@@ -384,10 +392,23 @@ void Comm::WatchLocalPeers() {
         dead = rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
       }
     }
-    if (dead)
+    if (!dead) {
+      p.exitedSinceNs = 0;
+      continue;
+    }
+    if (p.exitedSinceNs == 0 && !force) {
+      p.exitedSinceNs = now;
+      Deadline notice = Deadline::AfterMs(kNoticeWaitMs);
+      while (error_.ok() && ctrlReq_ && !notice.Expired()) {
+        tp_->Progress();
+        SCAPE_RETURN_IF_ERROR(CheckControl());
+      }
+    }
+    if (force || now - p.exitedSinceNs >= kExitGraceNs)
       tp_->MarkPeerFailed(p.rank, StrFormat("its process (pid %d on this host) has exited",
                                             static_cast<int>(p.pid)));
   }
+  return Status::Ok();
 }
 
 Status Comm::Poll(bool* advanced) {
@@ -397,7 +418,7 @@ Status Comm::Poll(bool* advanced) {
                   "called while this operation was in progress)",
                   rank_));
   tp_->Progress();
-  WatchLocalPeers();
+  SCAPE_RETURN_IF_ERROR(WatchLocalPeers());
   SCAPE_RETURN_IF_ERROR(CheckControl());
   const int64_t now = NowNs();
   if (!queue_.empty() && queue_.front()->started && now - lastAdvanceNs_ > kProbeIdleNs &&

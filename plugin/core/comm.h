@@ -113,7 +113,9 @@ class Comm final : public coll::Runner {
   void Backoff(int idle);
   // Shared-memory channels cannot report a dead peer: look at the processes of the ranks on
   // this host (at most every 50 ms) and mark the ones that are gone.
-  void WatchLocalPeers();
+  // force: declare an exited peer failed at once (teardown), without the grace period.
+  // Returns a peer's abort notice that arrived while waiting for it (see comm.cc).
+  Status WatchLocalPeers(bool force = false);
 
   int rank_ = 0, nranks_ = 1, localRanks_ = 1;
   CommConfig cfg_;
@@ -123,6 +125,7 @@ class Comm final : public coll::Runner {
   struct LocalPeer {
     int rank;
     pid_t pid;
+    int64_t exitedSinceNs = 0;  // when this rank first saw the process gone (0: alive)
   };
   std::vector<LocalPeer> localPeers_;
   int64_t lastLivenessCheckNs_ = 0;
