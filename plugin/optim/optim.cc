@@ -132,7 +132,6 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
                     r, o->rank_));
 
   const uint64_t n = layout.n;
-  o->m_.assign(n, 0.0f);
   o->e_.assign(n, 0.0f);
   o->stat_.reset(new float[n]);  // untouched outside the owned part: never faulted in
   o->denseInMask_.assign(static_cast<size_t>(o->nranks_), 0);
@@ -149,6 +148,8 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
   for (const Mask::Piece& p : mask->Owned(o->rank_))
     for (uint64_t i = p.begin; i < p.end; ++i) all0.push_back(i);
   SCAPE_RETURN_IF_ERROR(o->SyncOwnPart(all0.data(), all0.size()).Prepend("step-0 mask"));
+  // No step yet: the momentum is +0 at the (full) current mask.
+  o->m_.assign(mask->Current().size(), 0.0f);
   *out = std::move(o);
   return Status::Ok();
 }
@@ -240,12 +241,77 @@ void Optimizer::BuildRuns() {
             [](const kernels::MaskRun& a, const kernels::MaskRun& b) { return a.begin < b.begin; });
 }
 
-void Optimizer::KeepSupport() {
-  const std::vector<uint64_t>& cur = mask_->Current();
-  supportValid_ = cur.size() <= layout_.n / 4;
-  if (!supportValid_) return;
-  supIdx_.assign(cur.begin(), cur.end());
-  supRuns_ = runs_;
+kernels::MaskView Optimizer::MomentumView() const {
+  if (!momOwn_) return View();
+  kernels::MaskView v;
+  v.idx = momIdx_.data();
+  v.k = momIdx_.size();
+  v.runs = momRuns_.data();
+  v.nruns = momRuns_.size();
+  return v;
+}
+
+void Optimizer::KeepOldMomentumMask() {
+  if (!oldHold_) return;
+  // The momentum (m_, untouched) stays on the mask it was on, which is no longer current.
+  momIdx_.assign(oldHold_->begin(), oldHold_->end());
+  momRuns_ = oldRuns_;
+  momOwn_ = true;
+  oldHold_.reset();
+}
+
+void Optimizer::DenseMomentum(float* out) const {
+  std::fill(out, out + layout_.n, 0.0f);
+  const kernels::MaskView v = MomentumView();
+  for (size_t j = 0; j < v.k; ++j) out[v.idx[j]] = m_[j];
+}
+
+void Optimizer::PackMomentum(const float* dense) {
+  const kernels::MaskView cur = View();
+  auto bits = [&](uint64_t i) {
+    uint32_t u;
+    std::memcpy(&u, &dense[i], 4);
+    return u;
+  };
+  // Values outside the current mask (by their bits: -0 counts) keep a mask of their own.
+  bool outside = false;
+  for (const kernels::MaskRun& r : runs_) {  // position order; each run's entries sorted
+    const uint64_t *q = cur.idx + r.jb, *qe = cur.idx + r.je;
+    for (uint64_t i = r.begin; i < r.end && !outside; ++i) {
+      if (q < qe && *q == i) {
+        ++q;
+        continue;
+      }
+      outside = bits(i) != 0;
+    }
+  }
+  oldHold_.reset();
+  momOwn_ = false;
+  momIdx_.clear();
+  momRuns_.clear();
+  if (!outside) {
+    m_.resize(cur.k);
+    for (size_t j = 0; j < cur.k; ++j) m_[j] = dense[cur.idx[j]];
+    return;
+  }
+  // The momentum mask: the current mask's entries and the other non-zero values, in position
+  // order (one entry range per run).
+  m_.clear();
+  momRuns_ = runs_;
+  for (kernels::MaskRun& r : momRuns_) {
+    const uint64_t *q = cur.idx + r.jb, *qe = cur.idx + r.je;
+    r.jb = momIdx_.size();
+    for (uint64_t i = r.begin; i < r.end; ++i) {
+      const bool masked = q < qe && *q == i;
+      if (masked) ++q;
+      if (masked || bits(i) != 0) {
+        momIdx_.push_back(i);
+        m_.push_back(dense[i]);
+      }
+    }
+    r.je = momIdx_.size();
+  }
+  momOwn_ = true;
 }
 
 kernels::MaskView Optimizer::View() const {
@@ -354,8 +420,25 @@ Status Optimizer::Step(float* theta, const float* g) {
       return Status::Ok();
     }
   }
-  SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
+  // The momentum's mask when the mask advances now: held (with its runs) for the candidate
+  // pass and for a step that ends without an update (KeepOldMomentumMask).
+  if (pending_ && !momOwn_) {
+    oldHold_ = mask_->CurrentShared();
+    oldRuns_ = runs_;
+  }
+  {
+    Status adv = AdvanceToAgreedMask();
+    if (!adv.ok()) {
+      oldHold_.reset();  // the mask did not advance: the momentum is on the current mask
+      return adv;
+    }
+  }
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+  // Whatever ends this step before its update leaves the momentum on the mask it was on.
+  struct KeepOld {
+    Optimizer* o;
+    ~KeepOld() { o->KeepOldMomentumMask(); }
+  } keepOld{this};
 
   const std::vector<uint64_t>& cur = mask_->Current();
   const uint64_t k = cur.size();
@@ -365,31 +448,32 @@ Status Optimizer::Step(float* theta, const float* g) {
   const uint64_t recvElems = sharded ? kr : k;
   if (recvElems * esz + 8 > recv_.size()) recv_.resize(recvElems * esz + 8);
   const kernels::MaskView view = View();
-  // Where m can be non-zero: the last step's mask (momentum zeroed outside it), or nothing
-  // before the first step; unknown (dense handling) after a dense-ish mask.
-  if (step_ == 0 && !supportValid_) {
-    supIdx_.clear();
-    supRuns_ = runs_;
-    for (kernels::MaskRun& r : supRuns_) r.jb = r.je = 0;
-    supportValid_ = true;
+  // The momentum m_{t-1}: m_ on its mask (the old view), gathered at the new mask's entries
+  // (+0 at the entering ones) into mp (in place when the mask did not change).
+  kernels::MaskView old = view;
+  if (oldHold_) {
+    old.idx = oldHold_->data();
+    old.k = oldHold_->size();
+    old.runs = oldRuns_.data();
+    old.nruns = oldRuns_.size();
+  } else if (momOwn_) {
+    old = MomentumView();
   }
-  kernels::MaskView sup;
-  sup.idx = supIdx_.data();
-  sup.k = supIdx_.size();
-  sup.runs = supRuns_.data();
-  sup.nruns = supRuns_.size();
-  const bool useSup = supportValid_;
-
-  // Candidate + pack + residual (error feedback) + statistic of the owned part.
+  const bool moved = old.idx != view.idx;
   t0 = NowNs();
-  // Skipping the reads of m outside its support pays only when the support is very sparse:
-  // around density 0.01 the extra stretch boundaries cost what the saved bytes gain (measured
-  // with 16 Mi elements on the development VM: 38 vs 41 ms), so the candidate pass reads m
-  // densely there; the update always profits (31 vs 22 ms).
-  const bool candSup = useSup && sup.k * 256 < n;
-  kernels::KernelStatus ks = kernels::CandidatePackResidualView(
-      m_.data(), g, e_.data(), n, hyper_.beta1, view, pt, send_.data(), stat_.get(), threads_,
-      candSup ? &sup : nullptr);
+  float* mp = m_.data();
+  kernels::KernelStatus ks = kernels::KernelStatus::kOk;
+  if (moved) {
+    if (mPrev_.size() < k) mPrev_.resize(k);
+    mp = mPrev_.data();
+    ks = kernels::MomentumGather(old, m_.data(), view, mp, n, threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("momentum gather", ks);
+  }
+
+  // Candidate + pack + residual (error feedback) + statistic of the owned part; m is read at
+  // the old and the new mask's entries only.
+  ks = kernels::CandidatePackResidualPacked(mp, old, m_.data(), g, e_.data(), n, hyper_.beta1, view,
+                                            pt, send_.data(), stat_.get(), threads_);
   if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
   phase_[scapeOptimPhaseCandidate] = Seconds(t0);
 
@@ -422,8 +506,8 @@ Status Optimizer::Step(float* theta, const float* g) {
   uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   if (sharded) {
     double mine = 0.0;
-    ks = kernels::RecoveredGradSqNorm(recv_.data(), pt, cur.data() + offr, kr, m_.data(), n,
-                                      hyper_.beta1, &mine, threads_);
+    ks = kernels::RecoveredGradSqNormPacked(recv_.data(), pt, mp + offr, kr, hyper_.beta1, &mine,
+                                            threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
     coll::CollArgs ng;
     ng.type = coll::CollType::kAllGather;
@@ -434,7 +518,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     if (SegmentRms()) {
       // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
       // (sum, count) per owned piece in position order] per rank, no extra exchange.
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data() + offr, offr, true, m_.data()));
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), offr, true, mp + offr));
       normMsg_.assign(1, 0);
       std::memcpy(normMsg_.data(), &mine, 8);
       ng.counts.assign(static_cast<size_t>(nranks_), 0);
@@ -480,12 +564,12 @@ Status Optimizer::Step(float* theta, const float* g) {
   } else {
     for (int r = 0; r < nranks_; ++r) {
       const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(), n,
-                                        hyper_.beta1, &partial[static_cast<size_t>(r)], threads_);
+      ks = kernels::RecoveredGradSqNormPacked(recv_.data() + o * esz, pt, mp + o, c, hyper_.beta1,
+                                              &partial[static_cast<size_t>(r)], threads_);
       if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
     }
     if (SegmentRms()) {
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data(), 0, false, m_.data()));
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), 0, false, mp));
       EnterVsFromPieces();
     }
   }
@@ -528,17 +612,15 @@ Status Optimizer::Step(float* theta, const float* g) {
 
   t0 = NowNs();
   if (!sharded) {
-    ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_,
-                                        useSup, copy_);
-    if (ks == kernels::KernelStatus::kOk && useSup)
-      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    ks =
+        kernels::UnpackAdamSUpdatePacked(recv_.data(), pt, view, theta, mp, n, ap, threads_, copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
   } else {
     if (pairsSend_.size() < 2 * kr + 2) pairsSend_.resize(2 * kr + 2);
     if (pairsAll_.size() < 2 * k + 2) pairsAll_.resize(2 * k + 2);
-    ks = kernels::AdamSUpdatePairs(recv_.data(), pt, cur.data() + offr, kr, theta, m_.data(), n, ap,
-                                   pairsSend_.data(), threads_);
+    ks = kernels::AdamSUpdatePairsPacked(recv_.data(), pt, cur.data() + offr, kr, theta, mp + offr,
+                                         n, ap, pairsSend_.data(), threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
     t0 = NowNs();
@@ -550,10 +632,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     gg.counts = mask_->RankCounts();
     for (size_t& c : gg.counts) c *= 2;
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
-    ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_,
-                                       useSup, copy_);
-    if (ks == kernels::KernelStatus::kOk && useSup)
-      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    ks = kernels::UnpackPairsDecayPacked(pairsAll_.data(), view, theta, mp, n, ap, threads_, copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }
@@ -570,7 +649,15 @@ Status Optimizer::Step(float* theta, const float* g) {
   // per rank each: counted apart, not as payload.
   controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
   controlBytes_ += stayBytes;  // sharded "segment_rms": its piece sums ride on the norm all-gather
-  KeepSupport();
+  // The momentum m_t lives on the current mask now.
+  if (moved) {
+    mPrev_.resize(k);
+    m_.swap(mPrev_);
+  }
+  momOwn_ = false;
+  momIdx_.clear();
+  momRuns_.clear();
+  oldHold_.reset();
   ++step_;
   return Status::Ok();
 }
@@ -675,13 +762,12 @@ void Optimizer::StayingFinish() {
   }
 }
 
-Status Optimizer::StayingPieces(const void* payload, const uint64_t* idx, uint64_t slot0,
-                                bool owned, const float* m) {
+Status Optimizer::StayingPieces(const void* payload, uint64_t slot0, bool owned, const float* m) {
   SCAPE_RETURN_IF_ERROR(StayingPlan(slot0, owned));
   const size_t nb = staySum_.size();
-  const kernels::KernelStatus ks = kernels::StayingGradSqBlocks(
-      payload, static_cast<scapeDataType_t>(hyper_.payload), idx, m, layout_.n, hyper_.beta1,
-      stayBounds_.data(), nb, staySum_.data(), stayCnt_.data(), threads_);
+  const kernels::KernelStatus ks = kernels::StayingGradSqBlocksPacked(
+      payload, static_cast<scapeDataType_t>(hyper_.payload), m, hyper_.beta1, stayBounds_.data(),
+      nb, staySum_.data(), stayCnt_.data(), threads_);
   if (ks != kernels::KernelStatus::kOk) return KernelError("segment_rms sums", ks);
   StayingFinish();
   return Status::Ok();
@@ -719,12 +805,15 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.skippedSteps = skipped_;
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
-  x.stateBytes = (masterType_ != scapeFloat32 ? 12 : 8) * layout_.n;
+  // The residual (n floats), the packed momentum (one float per entry of its mask) and the
+  // masters (n floats); the device state holds its momentum dense (n floats).
+  const uint64_t mom = dev_ ? layout_.n : m_.size();
+  x.stateBytes = (masterType_ != scapeFloat32 ? 8 : 4) * layout_.n + 4 * mom;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
-  x.maskStateBytes =
-      8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
+  x.maskStateBytes = 8 * (mask_->Current().size() + nextSize + (momOwn_ ? momIdx_.size() : 0));
   x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
+                   4 * mPrev_.size() +  // m_{t-1} at the new mask (host step)
                    4 * ownedSize_ +
                    4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];

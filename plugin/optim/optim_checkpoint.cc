@@ -1,6 +1,7 @@
 // The optimizer's checkpoint (scapeOptimCheckpointSize / Save / Load): the format, its
 // validation and the restore. Split from optim.cc (issue 24: no library source over 1,000
 // lines); the code is unchanged.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -27,12 +28,22 @@ using optim_internal::Fnv;
 // Version 2 (mixed precision) is version 1 with: 108 i32 the type of the params the fp32
 // master weights shadow (scapeBfloat16 or scapeFloat16; 0 = scapeFloat32: no masters), and with
 // masters, n f32 master weights after the residual (before the mask parts).
-// Version 3 (written now) is version 2 with 108 split: 108 u16 the master type, 110 u16 the
-// entering rule (scapeOptimEntering_t; 0 = the paper's). Versions 1 and 2 load (their u16 at
-// 110 is 0: the paper's rule).
+// Version 3 is version 2 with 108 split: 108 u16 the master type, 110 u16 the entering rule
+// (scapeOptimEntering_t; 0 = the paper's). Versions 1 and 2 load (their u16 at 110 is 0: the
+// paper's rule).
+// Version 4 (written now; packed momentum, issue 24) has a 160-byte header: version 3's and
+//   144 u64 km, the number of momentum values | 152 u64 own: 1 when the momentum has a mask of
+//   its own (a step skipped after the mask advanced), 0 when it lies on the current mask,
+// then residual (n f32) | master weights (n f32, with masters) | momentum (km f32): at the
+// current mask's entries in mask order (every rank's part: the momentum is the same on every
+// rank), or with own = 1 at the km positions that follow | those positions (km u64, own = 1
+// only, increasing) | this rank's part of the current mask (kc u64) | of the next (kn u64).
+// Versions 1 to 3 load: their dense momentum is packed at the restored current mask (values
+// outside it, which only a skipped step leaves, keep a mask of their own).
 constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 3;
-constexpr size_t kHeader = 144;
+constexpr uint32_t kVersion = 4;
+constexpr size_t kHeaderV3 = 144;  // versions 1 to 3
+constexpr size_t kHeader = 160;    // version 4
 
 template <typename T>
 void Put(uint8_t* b, size_t off, T v) {
@@ -84,13 +95,15 @@ uint64_t Optimizer::LayoutFingerprint() const {
 }
 
 Status Optimizer::CheckpointSize(size_t* bytes) {
-  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
+  // The momentum's size is known on the host only (a host wait for a device step).
+  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("copying the device state"));
   if (pending_ && mask_->SyncInFlight())
     SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the last step"));
   const uint64_t kc = mask_->RankCount(rank_);
   const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
   const uint64_t masterBytes = masterType_ != scapeFloat32 ? 4 * layout_.n : 0;
-  *bytes = kHeader + 8 * layout_.n + masterBytes + 8 * (kc + kn);
+  const uint64_t km = m_.size();
+  *bytes = kHeader + 4 * layout_.n + masterBytes + 4 * km + (momOwn_ ? 8 * km : 0) + 8 * (kc + kn);
   return Status::Ok();
 }
 
@@ -137,14 +150,28 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   Put<int64_t>(b, 120, hyper_.warmupSteps);
   Put<uint64_t>(b, 128, kc);
   Put<uint64_t>(b, 136, kn);
+  const uint64_t km = m_.size();
+  Put<uint64_t>(b, 144, km);
+  Put<uint64_t>(b, 152, momOwn_ ? 1 : 0);
   size_t off = kHeader;
-  if (n) std::memcpy(b + off, m_.data(), 4 * n);
-  off += 4 * n;
   if (n) std::memcpy(b + off, e_.data(), 4 * n);
   off += 4 * n;
   if (masterType_ != scapeFloat32) {
     if (n) std::memcpy(b + off, master_.data(), 4 * n);
     off += 4 * n;
+  }
+  if (!momOwn_) {
+    if (km) std::memcpy(b + off, m_.data(), 4 * km);
+    off += 4 * km;
+  } else {
+    // Its own mask, in position order (the runs in position order, each run's entries sorted).
+    size_t w = 0;
+    for (const kernels::MaskRun& r : momRuns_)
+      for (uint64_t j = r.jb; j < r.je; ++j, ++w) {
+        Put<float>(b, off + 4 * w, m_[j]);
+        Put<uint64_t>(b, off + 4 * km + 8 * w, momIdx_[j]);
+      }
+    off += 12 * km;
   }
   if (kc) std::memcpy(b + off, mask_->Current().data() + mask_->RankOffset(rank_), 8 * kc);
   off += 8 * kc;
@@ -176,18 +203,24 @@ Status Optimizer::ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* w
 
 Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper,
                                      int64_t* step, bool* hasNext, uint64_t* kc, uint64_t* kn,
-                                     scapeDataType_t* masterType) const {
-  if (size < kHeader)
+                                     scapeDataType_t* masterType, CheckpointParts* parts) const {
+  if (size < kHeaderV3)
     return InvalidArgument(
         StrFormat("checkpoint: size = %zu is below the %zu-byte header "
                   "(truncated?)",
-                  size, kHeader));
+                  size, kHeaderV3));
   if (std::memcmp(b, kMagic, 8) != 0)
     return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
   const uint32_t ver = Get<uint32_t>(b, 8);
-  if (ver < 1 || ver > kVersion || Get<uint32_t>(b, 12) != kHeader)
+  const size_t header = ver >= 4 ? kHeader : kHeaderV3;
+  if (ver < 1 || ver > kVersion || Get<uint32_t>(b, 12) != header)
     return InvalidArgument(
         StrFormat("checkpoint: version %u, this library reads versions 1 to %u", ver, kVersion));
+  if (size < header)
+    return InvalidArgument(
+        StrFormat("checkpoint: size = %zu is below the %zu-byte header "
+                  "(truncated?)",
+                  size, header));
   const uint64_t total = Get<uint64_t>(b, 16);
   if (total != size)
     return InvalidArgument(
@@ -241,9 +274,35 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
   const uint64_t n = layout_.n;
   const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
-  if (c > n || x > n || (nx == 0 && x != 0) || size != kHeader + 8 * n + masterBytes + 8 * (c + x))
+  CheckpointParts q;
+  if (ver < 4) {  // dense momentum, residual, masters
+    q.mom = header;
+    q.residual = header + 4 * n;
+    q.master = header + 8 * n;
+    q.idx = header + 8 * n + masterBytes;
+  } else {  // residual, masters, packed momentum (and its own positions)
+    q.km = Get<uint64_t>(b, 144);
+    q.own = Get<uint64_t>(b, 152) == 1;
+    if (q.km > n || Get<uint64_t>(b, 152) > 1)
+      return InvalidArgument("checkpoint: mask part sizes do not match the checkpoint's size");
+    q.residual = header;
+    q.master = header + 4 * n;
+    q.mom = header + 4 * n + masterBytes;
+    q.momIdx = q.mom + 4 * q.km;
+    q.idx = q.momIdx + (q.own ? 8 * q.km : 0);
+  }
+  if (c > n || x > n || (nx == 0 && x != 0) || size != q.idx + 8 * (c + x))
     return InvalidArgument("checkpoint: mask part sizes do not match the checkpoint's size");
-  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
+  for (uint64_t j = 0; q.own && j < q.km; ++j) {
+    const uint64_t p = Get<uint64_t>(b + q.momIdx, 8 * j);
+    if (p >= n || (j > 0 && p <= Get<uint64_t>(b + q.momIdx, 8 * (j - 1))))
+      return InvalidArgument(
+          StrFormat("checkpoint: momentum position %llu (entry %llu) is not below n = %llu and "
+                    "above the one before",
+                    static_cast<unsigned long long>(p), static_cast<unsigned long long>(j),
+                    static_cast<unsigned long long>(n)));
+  }
+  const uint8_t* idx = b + q.idx;
   SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx, c, "current"));
   SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx + 8 * c, x, "next"));
   *hyper = h;
@@ -252,6 +311,8 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   *kc = c;
   *kn = x;
   *masterType = static_cast<scapeDataType_t>(mt);
+  q.version = ver;
+  *parts = q;
   return Status::Ok();
 }
 
@@ -265,29 +326,42 @@ Status Optimizer::Load(const void* buf, size_t size) {
   bool hasNext = false;
   uint64_t kc = 0, kn = 0;
   scapeDataType_t mt = scapeFloat32;
-  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn, &mt)
+  CheckpointParts q;
+  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn, &mt, &q)
                  : InvalidArgument("buf is NULL");
-  // Every rank validates first; they agree on the outcome before anything changes.
+  // Every rank validates first; they agree on the outcome before anything changes. With it go
+  // the part of the current mask each rank restores and its momentum's size: a version-4
+  // momentum on the current mask has one value per entry of every rank's part.
   if (!comm_->error().ok()) return comm_->error();
-  int64_t mine = v.ok() ? 0 : 1;
-  std::vector<int64_t> all(static_cast<size_t>(nranks_));
+  const bool onCur = v.ok() && q.version >= 4 && !q.own;
+  int64_t mine[3] = {v.ok() ? 0 : 1, static_cast<int64_t>(kc),
+                     onCur ? static_cast<int64_t>(q.km) : -1};
+  std::vector<int64_t> all(3 * static_cast<size_t>(nranks_));
   coll::CollArgs ag;
   ag.type = coll::CollType::kAllGather;
-  ag.send = &mine;
+  ag.send = mine;
   ag.recv = all.data();
-  ag.count = 1;
+  ag.count = 3;
   ag.dtype = scapeInt64;
   SCAPE_RETURN_IF_ERROR(comm_->Run(ag).Prepend("checkpoint agreement"));
   if (!v.ok()) return v;
-  for (size_t r = 0; r < all.size(); ++r)
-    if (all[r] != 0)
+  for (size_t r = 0; r < static_cast<size_t>(nranks_); ++r)
+    if (all[3 * r] != 0)
       return InvalidUsage(
           StrFormat("rank %zu refused its checkpoint, so no rank loaded one "
                     "(this optimizer is unchanged)",
                     r));
+  int64_t total = 0;
+  for (size_t r = 0; r < static_cast<size_t>(nranks_); ++r) total += all[3 * r + 1];
+  for (size_t r = 0; r < static_cast<size_t>(nranks_); ++r)
+    if (all[3 * r + 2] >= 0 && all[3 * r + 2] != total)
+      return InvalidArgument(
+          StrFormat("checkpoint: rank %zu's momentum has %lld values but the ranks' parts of the "
+                    "current mask add up to %lld entries (checkpoints of different saves?); no "
+                    "rank loaded one (this optimizer is unchanged)",
+                    r, static_cast<long long>(all[3 * r + 2]), static_cast<long long>(total)));
   const uint64_t n = layout_.n;
-  const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
-  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
+  const uint8_t* idx = b + q.idx;
   std::vector<uint64_t> cur(kc), next(kn);
   if (kc) std::memcpy(cur.data(), idx, 8 * kc);
   if (kn) std::memcpy(next.data(), idx + 8 * kc, 8 * kn);
@@ -298,16 +372,13 @@ Status Optimizer::Load(const void* buf, size_t size) {
     pending_ = true;
     gen_ = mask_->Generation();
   }
-  if (n) {
-    std::memcpy(m_.data(), b + kHeader, 4 * n);
-    std::memcpy(e_.data(), b + kHeader + 4 * n, 4 * n);
-  }
+  if (n) std::memcpy(e_.data(), b + q.residual, 4 * n);
   // The master weights are the checkpoint's (none in a checkpoint without: the next mixed step
   // initialises them from its params).
   masterType_ = mt;
   if (mt != scapeFloat32) {
     master_.resize(n);
-    if (n) std::memcpy(master_.data(), b + kHeader + 8 * n, 4 * n);
+    if (n) std::memcpy(master_.data(), b + q.master, 4 * n);
   } else {
     master_.clear();
     master_.shrink_to_fit();
@@ -316,9 +387,35 @@ Status Optimizer::Load(const void* buf, size_t size) {
   hyper_ = h;
   maskBytes_ = payloadBytes_ = denseBytes_ = controlBytes_ = 0;
   // The checkpoint's momentum lives on its current mask (the mask of the step before the save;
-  // the full mask of step 0 when no step ran), which is current again now.
+  // the full mask of step 0 when no step ran), which is current again now, or on its own.
   BuildRuns();
-  KeepSupport();
+  oldHold_.reset();
+  if (q.version < 4) {
+    std::vector<float> dense(n);
+    if (n) std::memcpy(dense.data(), b + q.mom, 4 * n);
+    PackMomentum(dense.data());
+  } else if (!q.own) {
+    m_.resize(q.km);
+    if (q.km) std::memcpy(m_.data(), b + q.mom, 4 * q.km);
+    momOwn_ = false;
+    momIdx_.clear();
+    momRuns_.clear();
+  } else {
+    m_.resize(q.km);
+    momIdx_.resize(q.km);
+    if (q.km) {
+      std::memcpy(m_.data(), b + q.mom, 4 * q.km);
+      std::memcpy(momIdx_.data(), b + q.momIdx, 8 * q.km);
+    }
+    momRuns_ = runs_;  // position order: each run's entries are one range of the sorted list
+    for (kernels::MaskRun& r : momRuns_) {
+      r.jb = static_cast<uint64_t>(std::lower_bound(momIdx_.begin(), momIdx_.end(), r.begin) -
+                                   momIdx_.begin());
+      r.je = static_cast<uint64_t>(std::lower_bound(momIdx_.begin(), momIdx_.end(), r.end) -
+                                   momIdx_.begin());
+    }
+    momOwn_ = true;
+  }
   if (dev_) SCAPE_RETURN_IF_ERROR(DevicePush().Prepend("restoring the device state"));
   return Status::Ok();
 }
