@@ -62,10 +62,7 @@ bool SameRuns(const MaskView& a, const MaskView& b) {
 template <typename Store>
 bool CandidateViewRun(const float* m, const float* g, float* e, size_t n, float b1, float omb1,
                       const MaskView& v, Store store, float* stat, int max_threads,
-                      const MaskView* support, const float* m_sup = nullptr,
-                      const float* m_mask = nullptr) {
-  // m_sup / m_mask (packed momentum): m at support entry q is m_sup[q], at mask entry j
-  // m_mask[j]; nullptr: m at its position.
+                      const MaskView* support) {
   return ForChunks(n, max_threads, [&](size_t b, size_t end) {
     // The support's entries of the run being walked (a cursor that only moves forward).
     const MaskRun* srun = nullptr;
@@ -93,8 +90,7 @@ bool CandidateViewRun(const float* m, const float* g, float* e, size_t n, float 
           for (; q < qe && *q < i1; ++q) {
             const size_t p = static_cast<size_t>(*q);
             CandidateDenseNoM(g, e, c, i, p, omb1);
-            const float mq = m_sup ? m_sup[q - support->idx] : m[p];
-            const float val = Candidate(mq, g[p], e[p], b1, omb1);
+            const float val = Candidate(m[p], g[p], e[p], b1, omb1);
             e[p] = val;
             if (c) c[p] = val;
             i = p + 1;
@@ -102,7 +98,7 @@ bool CandidateViewRun(const float* m, const float* g, float* e, size_t n, float 
           CandidateDenseNoM(g, e, c, i, i1, omb1);
         },
         [&](size_t p, size_t j, const MaskRun& r) {
-          const float c = Candidate(m_mask ? m_mask[j] : m[p], g[p], e[p], b1, omb1);
+          const float c = Candidate(m[p], g[p], e[p], b1, omb1);
           const float q = store(j, c);
           e[p] = (Store::kExact || !std::isfinite(q)) ? 0.0f : c - q;
           if (stat && (r.flags & kRunOwned)) stat[p] = c;
@@ -367,6 +363,61 @@ void AdamSBatch(const float* __restrict mt, float* __restrict th, float* __restr
   }
 }
 
+// The candidate pass with a packed momentum, block by block (kUpdateBlock positions): the
+// residual at the support's and the mask's entries is saved, the whole block takes the form
+// with m = +0 (a vectorised pass at memory speed), then the entries are recomputed from the
+// saved residual with their momentum. Every value is computed once from the original inputs,
+// with the operations of Candidate: the bits are CandidateViewRun's.
+template <typename Store>
+bool CandidatePackedBlocks(const float* m_mask, const MaskView& sup, const float* m_sup,
+                           const float* g, float* e, size_t n, float b1, float omb1,
+                           const MaskView& v, Store store, float* stat, int max_threads) {
+  return ForChunks(n, max_threads, [&](size_t b, size_t end) {
+    float es[kUpdateBlock], em[kUpdateBlock];
+    const MaskRun* const rend = v.runs + v.nruns;
+    const MaskRun* r = std::upper_bound(v.runs, rend, uint64_t{b},
+                                        [](uint64_t x, const MaskRun& run) { return x < run.end; });
+    for (; r < rend && r->begin < end; ++r) {
+      const MaskRun& sr = sup.runs[r - v.runs];
+      float* c = (stat && (r->flags & kRunOwned)) ? stat : nullptr;
+      const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(end, r->end);
+      const uint64_t *q = v.idx + r->jb, *qe = v.idx + r->je;
+      const uint64_t *s = sup.idx + sr.jb, *se = sup.idx + sr.je;
+      if (lo > r->begin) {
+        q = std::lower_bound(q, qe, lo);
+        s = std::lower_bound(s, se, lo);
+      }
+      for (uint64_t s0 = lo; s0 < hi; s0 += kUpdateBlock) {
+        const uint64_t s1 = std::min<uint64_t>(hi, s0 + kUpdateBlock);
+        const uint64_t* qz = q;
+        while (qz < qe && *qz < s1) ++qz;
+        const uint64_t* sz = s;
+        while (sz < se && *sz < s1) ++sz;
+        const size_t nq = static_cast<size_t>(qz - q), ns = static_cast<size_t>(sz - s);
+        for (size_t t = 0; t < ns; ++t) es[t] = e[s[t]];
+        for (size_t t = 0; t < nq; ++t) em[t] = e[q[t]];
+        CandidateDenseNoM(g, e, c, s0, s1, omb1);
+        for (size_t t = 0; t < ns; ++t) {
+          const size_t p = static_cast<size_t>(s[t]);
+          const float val = Candidate(m_sup[s + t - sup.idx], g[p], es[t], b1, omb1);
+          e[p] = val;
+          if (c) c[p] = val;
+        }
+        for (size_t t = 0; t < nq; ++t) {
+          const size_t p = static_cast<size_t>(q[t]);
+          const size_t j = static_cast<size_t>(q + t - v.idx);
+          const float val = Candidate(m_mask[j], g[p], em[t], b1, omb1);
+          const float st = store(j, val);
+          e[p] = (Store::kExact || !std::isfinite(st)) ? 0.0f : val - st;
+          if (c) c[p] = val;
+        }
+        q = qz;
+        s = sz;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 KernelStatus MomentumGather(const MaskView& from, const float* m_from, const MaskView& to,
@@ -392,9 +443,17 @@ KernelStatus MomentumGather(const MaskView& from, const float* m_from, const Mas
         a = std::lower_bound(a, ae, lo);
       }
       if (hi < r->end) ce = std::lower_bound(c, ce, hi);
-      for (; c < ce; ++c) {
-        while (a < ae && *a < *c) ++a;
-        m_to[c - to.idx] = (a < ae && *a == *c) ? m_from[a - from.idx] : 0.0f;
+      // A branch-free merge: the entering entries stay +0, the staying ones take their value.
+      float* out = m_to + (c - to.idx);
+      const float* in = m_from + (a - from.idx);
+      const size_t nc = static_cast<size_t>(ce - c), na = static_cast<size_t>(ae - a);
+      std::fill(out, out + nc, 0.0f);
+      size_t i = 0, j = 0;
+      while (i < na && j < nc) {
+        const uint64_t x = a[i], y = c[j];
+        out[j] = x == y ? in[i] : out[j];
+        i += x <= y;
+        j += y <= x;
       }
     }
   });
@@ -420,19 +479,16 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
   bool ok = false;
   switch (type) {
     case scapeFloat32:
-      ok =
-          CandidateViewRun(nullptr, g, e, n, b1, omb1, mask, StoreF32{static_cast<float*>(payload)},
-                           stat, max_threads, &support, m_support, m_mask);
+      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
+                                 StoreF32{static_cast<float*>(payload)}, stat, max_threads);
       break;
     case scapeBfloat16:
-      ok = CandidateViewRun(nullptr, g, e, n, b1, omb1, mask,
-                            StoreBf16{static_cast<uint16_t*>(payload)}, stat, max_threads, &support,
-                            m_support, m_mask);
+      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
+                                 StoreBf16{static_cast<uint16_t*>(payload)}, stat, max_threads);
       break;
     default:
-      ok = CandidateViewRun(nullptr, g, e, n, b1, omb1, mask,
-                            StoreFp16{static_cast<uint16_t*>(payload)}, stat, max_threads, &support,
-                            m_support, m_mask);
+      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
+                                 StoreFp16{static_cast<uint16_t*>(payload)}, stat, max_threads);
       break;
   }
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
