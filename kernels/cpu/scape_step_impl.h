@@ -77,6 +77,19 @@ bool WithPayloadLoader(scapeDataType_t type, const void* payload, F&& fn) {
   }
 }
 
+// Calls fn with the store of `type`'s payload (fp32, bf16, else fp16) and returns its result.
+template <typename F>
+bool WithPayloadStore(scapeDataType_t type, void* payload, F&& fn) {
+  switch (type) {
+    case scapeFloat32:
+      return fn(StoreF32{static_cast<float*>(payload)});
+    case scapeBfloat16:
+      return fn(StoreBf16{static_cast<uint16_t*>(payload)});
+    default:
+      return fn(StoreFp16{static_cast<uint16_t*>(payload)});
+  }
+}
+
 template <typename Index>
 bool ValidMask(const Index* mask, size_t k, size_t n) {
   if (k == 0) return true;

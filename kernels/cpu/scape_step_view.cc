@@ -154,21 +154,9 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
   }
   if (n == 0) return KernelStatus::kOk;
   const float b1 = beta1, omb1 = 1.0f - beta1;
-  bool ok = false;
-  switch (type) {
-    case scapeFloat32:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreF32{static_cast<float*>(payload)},
-                            stat, max_threads, support);
-      break;
-    case scapeBfloat16:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreBf16{static_cast<uint16_t*>(payload)},
-                            stat, max_threads, support);
-      break;
-    default:
-      ok = CandidateViewRun(m, g, e, n, b1, omb1, mask, StoreFp16{static_cast<uint16_t*>(payload)},
-                            stat, max_threads, support);
-      break;
-  }
+  const bool ok = WithPayloadStore(type, payload, [&](auto store) {
+    return CandidateViewRun(m, g, e, n, b1, omb1, mask, store, stat, max_threads, support);
+  });
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
@@ -476,21 +464,10 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
   }
   if (n == 0) return KernelStatus::kOk;
   const float b1 = beta1, omb1 = 1.0f - beta1;
-  bool ok = false;
-  switch (type) {
-    case scapeFloat32:
-      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
-                                 StoreF32{static_cast<float*>(payload)}, stat, max_threads);
-      break;
-    case scapeBfloat16:
-      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
-                                 StoreBf16{static_cast<uint16_t*>(payload)}, stat, max_threads);
-      break;
-    default:
-      ok = CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask,
-                                 StoreFp16{static_cast<uint16_t*>(payload)}, stat, max_threads);
-      break;
-  }
+  const bool ok = WithPayloadStore(type, payload, [&](auto store) {
+    return CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask, store, stat,
+                                 max_threads);
+  });
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 

@@ -29,6 +29,17 @@ Status KernelError(const char* what, kernels::KernelStatus ks) {
 uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
 uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
 
+// A mask in mask order with its runs, as the kernels take it.
+kernels::MaskView ViewOf(const std::vector<uint64_t>& idx,
+                         const std::vector<kernels::MaskRun>& runs) {
+  kernels::MaskView v;
+  v.idx = idx.data();
+  v.k = idx.size();
+  v.runs = runs.data();
+  v.nruns = runs.size();
+  return v;
+}
+
 double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 
 }  // namespace
@@ -242,13 +253,7 @@ void Optimizer::BuildRuns() {
 }
 
 kernels::MaskView Optimizer::MomentumView() const {
-  if (!momOwn_) return View();
-  kernels::MaskView v;
-  v.idx = momIdx_.data();
-  v.k = momIdx_.size();
-  v.runs = momRuns_.data();
-  v.nruns = momRuns_.size();
-  return v;
+  return momOwn_ ? ViewOf(momIdx_, momRuns_) : View();
 }
 
 void Optimizer::KeepOldMomentumMask() {
@@ -314,14 +319,7 @@ void Optimizer::PackMomentum(const float* dense) {
   momOwn_ = true;
 }
 
-kernels::MaskView Optimizer::View() const {
-  kernels::MaskView v;
-  v.idx = mask_->Current().data();
-  v.k = mask_->Current().size();
-  v.runs = runs_.data();
-  v.nruns = runs_.size();
-  return v;
-}
+kernels::MaskView Optimizer::View() const { return ViewOf(mask_->Current(), runs_); }
 
 void Optimizer::MarkSkipped() {
   ++skipped_;
@@ -450,15 +448,7 @@ Status Optimizer::Step(float* theta, const float* g) {
   const kernels::MaskView view = View();
   // The momentum m_{t-1}: m_ on its mask (the old view), gathered at the new mask's entries
   // (+0 at the entering ones) into mp (in place when the mask did not change).
-  kernels::MaskView old = view;
-  if (oldHold_) {
-    old.idx = oldHold_->data();
-    old.k = oldHold_->size();
-    old.runs = oldRuns_.data();
-    old.nruns = oldRuns_.size();
-  } else if (momOwn_) {
-    old = MomentumView();
-  }
+  const kernels::MaskView old = oldHold_ ? ViewOf(*oldHold_, oldRuns_) : MomentumView();
   const bool moved = old.idx != view.idx;
   t0 = NowNs();
   float* mp = m_.data();
