@@ -70,9 +70,10 @@ std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
   return b;
 }
 
-// Checkpoint layout (plugin/optim/optim.cc): header 144 bytes, then m, e (n f32 each), then the
-// masters (n f32) when the u16 at 108 (version 3; an i32 in version 2) is a 16-bit type.
-constexpr size_t kHeader = 144;
+// Checkpoint layout (plugin/optim/optim_checkpoint.cc): the header's size is the u32 at byte 12,
+// its version the u32 at 8; the u16 at 108 (version 3; an i32 in version 2) is the type the
+// masters shadow. Versions 1-3: m, e (n f32 each), then the masters (n f32); version 4: e, then
+// the masters (then the packed momentum).
 int32_t CkMasterType(const std::vector<uint8_t>& ck) {
   uint16_t t;
   std::memcpy(&t, ck.data() + 108, 2);
@@ -80,7 +81,11 @@ int32_t CkMasterType(const std::vector<uint8_t>& ck) {
 }
 std::vector<float> CkMasters(const std::vector<uint8_t>& ck, uint64_t n) {
   std::vector<float> m(n);
-  if (ck.size() >= kHeader + 12 * n) std::memcpy(m.data(), ck.data() + kHeader + 8 * n, 4 * n);
+  uint32_t ver = 0, header = 0;
+  std::memcpy(&ver, ck.data() + 8, 4);
+  std::memcpy(&header, ck.data() + 12, 4);
+  const size_t at = header + (ver >= 4 ? 4 : 8) * n;
+  if (ck.size() >= at + 4 * n) std::memcpy(m.data(), ck.data() + at, 4 * n);
   return m;
 }
 
@@ -208,9 +213,10 @@ void FiftySteps(int P) {
       }
       scapeOptimInfo_t info;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(mix, &info), c.comm);
-      EXPECT_EQ(info.stateBytes, 12 * n);
+      // Residual and masters (n floats each), the momentum packed at the mask.
+      EXPECT_EQ(info.stateBytes, 8 * n + 4 * info.maskCount);
       EXPECT_SCAPE_OK(scapeOptimGetInfo(ref, &info), c.comm);
-      EXPECT_EQ(info.stateBytes, 8 * n);
+      EXPECT_EQ(info.stateBytes, 4 * n + 4 * info.maskCount);
       EXPECT_SCAPE_OK(scapeOptimDestroy(ref), c.comm);
       EXPECT_SCAPE_OK(scapeOptimDestroy(mix), c.comm);
     }
@@ -335,7 +341,16 @@ TEST(OptimMixed, VersionOneCheckpointsStillLoad) {
     std::vector<uint8_t> v1;
     for (int step = 0; step < 30; ++step) {
       if (step == 9) {
-        v1 = Save(a, c.comm);
+        // Written as a version-3 library wrote it (dense momentum), from the packed one and the
+        // current mask it lies on.
+        scapeMask_t mk = nullptr;
+        uint64_t km = 0;
+        EXPECT_SCAPE_OK(scapeOptimGetMask(a, &mk), c.comm);
+        EXPECT_SCAPE_OK(scapeMaskGetCount(mk, &km), c.comm);
+        std::vector<uint64_t> idx(km);
+        EXPECT_SCAPE_OK(scapeMaskGetIndices(mk, idx.data(), km), c.comm);
+        v1 = scape_test::ToVersion3(Save(a, c.comm), idx, n);
+        EXPECT_FALSE(v1.empty()) << "not a version-4 checkpoint on the current mask";
         tb = ta;
       }
       std::vector<float> g = Grads(seed, c.rank, step, n);
@@ -432,7 +447,7 @@ TEST(OptimMixed, BadArgumentsAreRefused) {
     scapeOptimInfo_t info;
     EXPECT_SCAPE_OK(scapeOptimGetInfo(o, &info), c.comm);
     EXPECT_EQ(info.step, 0) << "a refused call changed the optimizer";
-    EXPECT_EQ(info.stateBytes, 8 * n) << "a refused call made masters";
+    EXPECT_EQ(info.stateBytes, 4 * n + 4 * info.maskCount) << "a refused call made masters";
     // One mixed step: the masters exist, the param type is fixed, fp32 steps are refused.
     EXPECT_SCAPE_OK(
         scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeFloat32, n, nullptr),

@@ -764,12 +764,22 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  *
  * Results: parameters and momentum are bit-identical on every rank after every step, and the
  * sharded state gives the same bits as the replicated one (same mask ownership assumed: the
- * mask depends on how selection is partitioned). State per rank: momentum and residual, fp32,
- * 8 bytes per parameter (12 with the fp32 master weights of scapeOptimStepMixed), plus the
- * mask's index buffers (16 bytes per masked position), a copy
- * of the last step's mask while its density is at most 1/4 (8 bytes per masked position: the
- * passes then touch the momentum only at the two masks) and a scratch buffer for the
- * statistic of the owned part.
+ * mask depends on how selection is partitioned). State per rank (scapeOptimInfo_t.stateBytes),
+ * for n parameters and k positions in the mask of the last step:
+ *   - the residual, fp32: 4n bytes. It is this rank's own error feedback by nature, so it is
+ *     never sharded;
+ *   - the momentum, fp32, packed: 4k bytes. It is +0 outside the mask of the last step and
+ *     stored only there, in mask order. It is the same with scapeOptimReplicated and
+ *     scapeOptimSharded: every rank's candidate pass reads it at every masked position, so it
+ *     cannot be sharded (sharded ownership shards the statistic and the update instead);
+ *   - with the fp32 master weights of scapeOptimStepMixed, 4n bytes more.
+ * So 4 + 4d bytes per parameter at density d (4.4 at d = 0.1, 4.04 at d = 0.01; 8 at the
+ * dense step 0 and while the warm-up density is 1), 8 + 4d with masters. A device optimizer
+ * (scapeOptimStepStream) keeps its momentum dense in device memory (8 bytes per parameter,
+ * 12 with masters) and packs it when the state comes back to the host. Besides: the mask's
+ * index buffers (16 bytes per masked position, 8 more for a mask the momentum keeps after a
+ * skipped step), and scratch for the statistic of the owned part, the payload and the
+ * momentum at the new mask (scapeOptimInfo_t.scratchBytes).
  *
  * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
  * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
@@ -1122,9 +1132,12 @@ typedef struct {
   uint64_t denseBytes;     /**< values of always-dense positions */
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
-  uint64_t stateBytes;     /**< momentum + residual (8 bytes per parameter), + fp32 master
-                                weights with 16-bit params (12 bytes per parameter) */
-  uint64_t maskStateBytes; /**< the mask's index buffers and the copy of the last mask */
+  uint64_t stateBytes;     /**< residual (4 bytes per parameter) + momentum (4 bytes per
+                                position of the mask of the last step: packed; 4 per parameter
+                                on the device), + fp32 master weights with 16-bit params
+                                (4 bytes per parameter); see scapeOptimCreate */
+  uint64_t maskStateBytes; /**< the mask's index buffers (and a mask the momentum keeps
+                                after a skipped step) */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers (and the fp32
                                 copy of 16-bit grads of scapeOptimStepMixed on the host) */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
@@ -1153,12 +1166,14 @@ SCAPE_API scapeResult_t scapeOptimGetMask(scapeOptim_t optim, scapeMask_t* mask)
  * master weights if the optimizer holds them (scapeOptimStepMixed), this
  * rank's parts of the current and the next mask, the step counter (the schedule position),
  * the hyperparameters and a fingerprint of the layout and of the rank count; it is versioned
- * and checksummed (format version 2; version 1 still loads). Parameters are not included (save
+ * and checksummed (format version 4, with the momentum packed at the mask; versions 1 to 3,
+ * whose momentum is dense, still load). Parameters are not included (save
  * them as usual), but the fp32 master weights of scapeOptimStepMixed are. Each rank saves and
  * loads its own checkpoint.
  *
  * scapeOptimCheckpointSize writes the bytes scapeOptimSave needs to *bytes. Both wait for the
- * mask sync in flight (local). scapeOptimSave writes the checkpoint into buf (capacity bytes;
+ * mask sync in flight (local), and for the device work of a device optimizer (the momentum's
+ * size is known on the host only). scapeOptimSave writes the checkpoint into buf (capacity bytes;
  * scapeInvalidArgument if too small) and its size to *written.
  *
  * scapeOptimLoad restores a checkpoint: collective (every rank loads, its own checkpoint).

@@ -325,6 +325,61 @@ KernelStatus UnpackPairsDecayView(const float* pairs, const MaskView& mask, floa
                                   bool keep_m_outside = false, const ModelCopy* copy = nullptr);
 
 // ---------------------------------------------------------------------------------------------
+// Packed momentum (the optimizer's state, issue 24): m is +0 outside the mask of the last step
+// and stored only at that mask's entries, in its mask order (m[j] is m at position idx[j]).
+// The step reads m_{t-1} at two masks: the candidate pass at the old mask's entries and the
+// new mask's, the norm and the update at the new mask's. MomentumGather gives m_{t-1} at the
+// new mask (+0 at entering positions); the kernels below are the ones above with m read (and
+// written) in mask order instead of at positions, the same arithmetic bit for bit.
+// ---------------------------------------------------------------------------------------------
+
+// m_to[j] = m_from[j'] where from.idx[j'] == to.idx[j], else +0.0f (both views with the same
+// runs; a merge of the two sorted entry lists of every run). kInvalidArgument: a null pointer
+// of a non-empty view, a bad view, runs that differ.
+KernelStatus MomentumGather(const MaskView& from, const float* m_from, const MaskView& to,
+                            float* m_to, size_t n, int max_threads = 0);
+
+// CandidatePackResidualView with a support, m packed: m at mask entry j is m_mask[j], at
+// support entry j' m_support[j'], +0 elsewhere. (The support's entries that are also mask
+// entries are read from m_mask: both hold m_{t-1} there.)
+KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& support,
+                                         const float* m_support, const float* g, float* e, size_t n,
+                                         float beta1, const MaskView& mask,
+                                         scapeDataType_t payload_type, void* payload, float* stat,
+                                         int max_threads = 0);
+
+// RecoveredGradSqNorm with m_{t-1} of entry j at m[j] (k values, mask order).
+KernelStatus RecoveredGradSqNormPacked(const void* payload, scapeDataType_t payload_type,
+                                       const float* m, size_t k, float beta1, double* sq_norm,
+                                       int max_threads = 0);
+
+// StayingGradSqBlocks with m_{t-1} of slot j at m[j].
+KernelStatus StayingGradSqBlocksPacked(const void* payload, scapeDataType_t payload_type,
+                                       const float* m, float beta1, const uint64_t* bounds,
+                                       size_t nb, double* sums, uint64_t* counts,
+                                       int max_threads = 0);
+
+// UnpackAdamSUpdateView(keep_m_outside = true) with m packed: m[j] holds m_{t-1} at mask entry
+// j on entry and m_t on return (mask.k floats); nothing is written outside the mask but the
+// decay of theta (and the copy). The masked points are computed in batches over contiguous
+// scratch, so the arithmetic vectorises; the bits are UnpackAdamSUpdateView's.
+KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t payload_type,
+                                     const MaskView& mask, float* theta, float* m, size_t n,
+                                     const AdamSParams& params, int max_threads = 0,
+                                     const ModelCopy* copy = nullptr);
+
+// AdamSUpdatePairs with m_{t-1} of entry j at m[j] (k values).
+KernelStatus AdamSUpdatePairsPacked(const void* payload, scapeDataType_t payload_type,
+                                    const uint64_t* idx, size_t k, const float* theta,
+                                    const float* m, size_t n, const AdamSParams& params,
+                                    float* pairs, int max_threads = 0);
+
+// UnpackPairsDecayView(keep_m_outside = true) with m packed: m[j] = pairs[2j+1] (mask.k floats).
+KernelStatus UnpackPairsDecayPacked(const float* pairs, const MaskView& mask, float* theta,
+                                    float* m, size_t n, const AdamSParams& params,
+                                    int max_threads = 0, const ModelCopy* copy = nullptr);
+
+// ---------------------------------------------------------------------------------------------
 // Dense baselines (scape-perf --mode step): one fused pass over n.
 //   AdamS: mp = m[i]; mn = (b1*mp) + (omb1*g[i]); v = (b2*(mp*mp)) + (omb2*(g*g));
 //          theta = (theta*decay) - ((lr*mn) / (sqrt(v) + eps)); m = mn      (no correction)

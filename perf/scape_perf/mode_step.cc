@@ -279,13 +279,13 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   w->exchangeUs = w->phaseUs[scapeOptimPhaseExchange];
   w->passUs = w->phaseUs[scapeOptimPhaseCandidate] + w->phaseUs[scapeOptimPhaseUpdate];
   w->exchangeAloneUs = exNs / 1e3 / iters;
-  // The passes: candidate reads m, g, e and writes e (16 B/param) and the owned statistic
-  // (4/P); top-k reads the statistic (4/P); the update reads and writes theta (8: m is touched
-  // only at the masks, see plugin/optim); the payload is written and read (2 esz per masked
-  // value) and the mask is read twice (16).
+  // The passes: candidate reads g, e and writes e (12 B/param) and the owned statistic (4/P);
+  // top-k reads the statistic (4/P); the update reads and writes theta (8). Per masked value:
+  // the payload is written and read (2 esz), the mask is read twice (16), and the packed
+  // momentum (plugin/optim) is read at the old mask, gathered to the new one and updated (12).
   const double P = b.nranks();
   w->passBytes =
-      static_cast<double>(n) * (24.0 + 8.0 / P) + static_cast<double>(k) * (2.0 * esz + 16.0);
+      static_cast<double>(n) * (20.0 + 8.0 / P) + static_cast<double>(k) * (2.0 * esz + 28.0);
   w->floorUs = w->passBytes / memcpyBps * 1e6 + w->exchangeAloneUs;
   w->stateBpp = static_cast<double>(info.stateBytes) / static_cast<double>(n);
   w->maskBytes = info.maskBytes;
@@ -340,9 +340,9 @@ int runStep(Bench& b) {
     }
     if (b.rank() == 0)
       std::printf(
-          "#   memcpy %.2f GB/s (read+write) per rank; state: scape %.1f B/param "
-          "(momentum + residual, fp32), adams 4, adamw 8 (m, v)\n",
-          bps / 1e9, 8.0);
+          "#   memcpy %.2f GB/s (read+write) per rank; state: scape 4 B/param (residual) + 4 B "
+          "per masked value (packed momentum), adams 4, adamw 8 (m, v)\n",
+          bps / 1e9);
   }
   return PERF_EXIT_OK;
 }

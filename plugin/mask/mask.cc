@@ -399,7 +399,17 @@ Status Mask::SyncStart() {
     return InvalidUsage("32-bit index encoding chosen but this rank owns more than 2^32 elements");
   // The sync thread decodes into next_: if an operation still holds that buffer (it was
   // current before the last advance), decode into a fresh one instead.
-  if (next_.use_count() > 1) next_ = std::make_shared<std::vector<uint64_t>>();
+  // A buffer such a holder gave back since (spare_) is reused, so a holder that keeps the old
+  // current mask through every step (the optimizer, for its packed momentum) costs no
+  // allocation and no page faults after the first steps.
+  if (next_.use_count() > 1) {
+    if (spare_ && spare_.use_count() == 1) {
+      next_.swap(spare_);
+    } else {
+      spare_ = std::move(next_);
+      next_ = std::make_shared<std::vector<uint64_t>>();
+    }
+  }
   // The encoding, the exchange and the decoding all run on the sync thread.
   startNs_ = NowNs();
   {

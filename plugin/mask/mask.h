@@ -134,6 +134,7 @@ class Mask {
   // an asynchronous operation still holds one (CurrentShared).
   std::shared_ptr<std::vector<uint64_t>> cur_ = std::make_shared<std::vector<uint64_t>>();
   std::shared_ptr<std::vector<uint64_t>> next_ = std::make_shared<std::vector<uint64_t>>();
+  std::shared_ptr<std::vector<uint64_t>> spare_;  // a buffer last held elsewhere (SyncStart)
   std::vector<uint64_t> curCount_, curOff_, nextCount_, nextOff_;
   std::vector<char> packBuf_;
 

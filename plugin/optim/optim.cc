@@ -12,71 +12,12 @@
 #include "kernels/cpu/kernel_status.h"
 #include "plugin/coll/coll.h"
 #include "plugin/optim/optim_device.h"
+#include "plugin/optim/optim_internal.h"
 
 namespace scape {
 namespace {
 
-// Checkpoint format, version 1 (little-endian host layout, as written by Save):
-//   0 magic "SCAPEOPT" | 8 u32 version | 12 u32 header bytes (144) | 16 u64 total bytes |
-//   24 u64 checksum of bytes [32, total) | 32 u64 layout fingerprint | 40 i32 nranks |
-//   44 i32 rank | 48 u64 n | 56 i64 steps completed | 64 f32 lr, beta1, beta2, eps,
-//   weight decay, max grad norm | 88 i32 bias correction | 92 i32 payload type |
-//   96 i32 ownership | 100 i32 mask ownership | 104 i32 next mask present | 108 i32 0 |
-//   112 f64 density | 120 i64 warm-up steps | 128 u64 kc | 136 u64 kn |
-//   144 momentum (n f32) | residual (n f32) | this rank's part of the current mask (kc u64) |
-//   its part of the next mask (kn u64).
-// Version 2 (mixed precision) is version 1 with: 108 i32 the type of the params the fp32
-// master weights shadow (scapeBfloat16 or scapeFloat16; 0 = scapeFloat32: no masters), and with
-// masters, n f32 master weights after the residual (before the mask parts).
-// Version 3 (written now) is version 2 with 108 split: 108 u16 the master type, 110 u16 the
-// entering rule (scapeOptimEntering_t; 0 = the paper's). Versions 1 and 2 load (their u16 at
-// 110 is 0: the paper's rule).
-constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 3;
-constexpr size_t kHeader = 144;
-
-template <typename T>
-void Put(uint8_t* b, size_t off, T v) {
-  std::memcpy(b + off, &v, sizeof(T));
-}
-template <typename T>
-T Get(const uint8_t* b, size_t off) {
-  T v;
-  std::memcpy(&v, b + off, sizeof(T));
-  return v;
-}
-
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-// 64-bit checksum, four lanes of 8-byte words (every step is a bijection of the lane state, so
-// any change of one word is always detected), then the tail bytes and the length.
-uint64_t Checksum(const uint8_t* p, size_t n) {
-  constexpr uint64_t K1 = 0x9e3779b97f4a7c15ull, K2 = 0xc2b2ae3d27d4eb4full;
-  uint64_t h[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull,
-                   0x082efa98ec4e6c89ull};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int l = 0; l < 4; ++l) {
-      uint64_t w;
-      std::memcpy(&w, p + i + 8 * l, 8);
-      h[l] = Rotl(h[l] ^ (w * K1), 31) * K2;
-    }
-  for (; i < n; ++i) h[0] = (h[0] ^ p[i]) * 1099511628211ull;
-  uint64_t x = static_cast<uint64_t>(n) * K1;
-  for (int l = 0; l < 4; ++l) {
-    x = (x ^ h[l]) * K2;
-    x ^= x >> 29;
-  }
-  return x;
-}
-
-uint64_t Fnv(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+using optim_internal::Fnv;
 
 Status KernelError(const char* what, kernels::KernelStatus ks) {
   return Status(
@@ -87,6 +28,17 @@ Status KernelError(const char* what, kernels::KernelStatus ks) {
 // Ring volume one rank sends for an all-reduce / reduce-scatter or all-gather of `bytes`.
 uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
 uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
+
+// A mask in mask order with its runs, as the kernels take it.
+kernels::MaskView ViewOf(const std::vector<uint64_t>& idx,
+                         const std::vector<kernels::MaskRun>& runs) {
+  kernels::MaskView v;
+  v.idx = idx.data();
+  v.k = idx.size();
+  v.runs = runs.data();
+  v.nruns = runs.size();
+  return v;
+}
 
 double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 
@@ -191,7 +143,6 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
                     r, o->rank_));
 
   const uint64_t n = layout.n;
-  o->m_.assign(n, 0.0f);
   o->e_.assign(n, 0.0f);
   o->stat_.reset(new float[n]);  // untouched outside the owned part: never faulted in
   o->denseInMask_.assign(static_cast<size_t>(o->nranks_), 0);
@@ -208,6 +159,8 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
   for (const Mask::Piece& p : mask->Owned(o->rank_))
     for (uint64_t i = p.begin; i < p.end; ++i) all0.push_back(i);
   SCAPE_RETURN_IF_ERROR(o->SyncOwnPart(all0.data(), all0.size()).Prepend("step-0 mask"));
+  // No step yet: the momentum is +0 at the (full) current mask.
+  o->m_.assign(mask->Current().size(), 0.0f);
   *out = std::move(o);
   return Status::Ok();
 }
@@ -299,22 +252,74 @@ void Optimizer::BuildRuns() {
             [](const kernels::MaskRun& a, const kernels::MaskRun& b) { return a.begin < b.begin; });
 }
 
-void Optimizer::KeepSupport() {
-  const std::vector<uint64_t>& cur = mask_->Current();
-  supportValid_ = cur.size() <= layout_.n / 4;
-  if (!supportValid_) return;
-  supIdx_.assign(cur.begin(), cur.end());
-  supRuns_ = runs_;
+kernels::MaskView Optimizer::MomentumView() const {
+  return momOwn_ ? ViewOf(momIdx_, momRuns_) : View();
 }
 
-kernels::MaskView Optimizer::View() const {
-  kernels::MaskView v;
-  v.idx = mask_->Current().data();
-  v.k = mask_->Current().size();
-  v.runs = runs_.data();
-  v.nruns = runs_.size();
-  return v;
+void Optimizer::KeepOldMomentumMask() {
+  if (!oldHold_) return;
+  // The momentum (m_, untouched) stays on the mask it was on, which is no longer current.
+  momIdx_.assign(oldHold_->begin(), oldHold_->end());
+  momRuns_ = oldRuns_;
+  momOwn_ = true;
+  oldHold_.reset();
 }
+
+void Optimizer::DenseMomentum(float* out) const {
+  std::fill(out, out + layout_.n, 0.0f);
+  const kernels::MaskView v = MomentumView();
+  for (size_t j = 0; j < v.k; ++j) out[v.idx[j]] = m_[j];
+}
+
+void Optimizer::PackMomentum(const float* dense) {
+  const kernels::MaskView cur = View();
+  auto bits = [&](uint64_t i) {
+    uint32_t u;
+    std::memcpy(&u, &dense[i], 4);
+    return u;
+  };
+  // Values outside the current mask (by their bits: -0 counts) keep a mask of their own.
+  bool outside = false;
+  for (const kernels::MaskRun& r : runs_) {  // position order; each run's entries sorted
+    const uint64_t *q = cur.idx + r.jb, *qe = cur.idx + r.je;
+    for (uint64_t i = r.begin; i < r.end && !outside; ++i) {
+      if (q < qe && *q == i) {
+        ++q;
+        continue;
+      }
+      outside = bits(i) != 0;
+    }
+  }
+  oldHold_.reset();
+  momOwn_ = false;
+  momIdx_.clear();
+  momRuns_.clear();
+  if (!outside) {
+    m_.resize(cur.k);
+    for (size_t j = 0; j < cur.k; ++j) m_[j] = dense[cur.idx[j]];
+    return;
+  }
+  // The momentum mask: the current mask's entries and the other non-zero values, in position
+  // order (one entry range per run).
+  m_.clear();
+  momRuns_ = runs_;
+  for (kernels::MaskRun& r : momRuns_) {
+    const uint64_t *q = cur.idx + r.jb, *qe = cur.idx + r.je;
+    r.jb = momIdx_.size();
+    for (uint64_t i = r.begin; i < r.end; ++i) {
+      const bool masked = q < qe && *q == i;
+      if (masked) ++q;
+      if (masked || bits(i) != 0) {
+        momIdx_.push_back(i);
+        m_.push_back(dense[i]);
+      }
+    }
+    r.je = momIdx_.size();
+  }
+  momOwn_ = true;
+}
+
+kernels::MaskView Optimizer::View() const { return ViewOf(mask_->Current(), runs_); }
 
 void Optimizer::MarkSkipped() {
   ++skipped_;
@@ -413,8 +418,25 @@ Status Optimizer::Step(float* theta, const float* g) {
       return Status::Ok();
     }
   }
-  SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
+  // The momentum's mask when the mask advances now: held (with its runs) for the candidate
+  // pass and for a step that ends without an update (KeepOldMomentumMask).
+  if (pending_ && !momOwn_) {
+    oldHold_ = mask_->CurrentShared();
+    oldRuns_ = runs_;
+  }
+  {
+    Status adv = AdvanceToAgreedMask();
+    if (!adv.ok()) {
+      oldHold_.reset();  // the mask did not advance: the momentum is on the current mask
+      return adv;
+    }
+  }
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+  // Whatever ends this step before its update leaves the momentum on the mask it was on.
+  struct KeepOld {
+    Optimizer* o;
+    ~KeepOld() { o->KeepOldMomentumMask(); }
+  } keepOld{this};
 
   const std::vector<uint64_t>& cur = mask_->Current();
   const uint64_t k = cur.size();
@@ -424,31 +446,24 @@ Status Optimizer::Step(float* theta, const float* g) {
   const uint64_t recvElems = sharded ? kr : k;
   if (recvElems * esz + 8 > recv_.size()) recv_.resize(recvElems * esz + 8);
   const kernels::MaskView view = View();
-  // Where m can be non-zero: the last step's mask (momentum zeroed outside it), or nothing
-  // before the first step; unknown (dense handling) after a dense-ish mask.
-  if (step_ == 0 && !supportValid_) {
-    supIdx_.clear();
-    supRuns_ = runs_;
-    for (kernels::MaskRun& r : supRuns_) r.jb = r.je = 0;
-    supportValid_ = true;
-  }
-  kernels::MaskView sup;
-  sup.idx = supIdx_.data();
-  sup.k = supIdx_.size();
-  sup.runs = supRuns_.data();
-  sup.nruns = supRuns_.size();
-  const bool useSup = supportValid_;
-
-  // Candidate + pack + residual (error feedback) + statistic of the owned part.
+  // The momentum m_{t-1}: m_ on its mask (the old view), gathered at the new mask's entries
+  // (+0 at the entering ones) into mp (in place when the mask did not change).
+  const kernels::MaskView old = oldHold_ ? ViewOf(*oldHold_, oldRuns_) : MomentumView();
+  const bool moved = old.idx != view.idx;
   t0 = NowNs();
-  // Skipping the reads of m outside its support pays only when the support is very sparse:
-  // around density 0.01 the extra stretch boundaries cost what the saved bytes gain (measured
-  // with 16 Mi elements on the development VM: 38 vs 41 ms), so the candidate pass reads m
-  // densely there; the update always profits (31 vs 22 ms).
-  const bool candSup = useSup && sup.k * 256 < n;
-  kernels::KernelStatus ks = kernels::CandidatePackResidualView(
-      m_.data(), g, e_.data(), n, hyper_.beta1, view, pt, send_.data(), stat_.get(), threads_,
-      candSup ? &sup : nullptr);
+  float* mp = m_.data();
+  kernels::KernelStatus ks = kernels::KernelStatus::kOk;
+  if (moved) {
+    if (mPrev_.size() < k) mPrev_.resize(k);
+    mp = mPrev_.data();
+    ks = kernels::MomentumGather(old, m_.data(), view, mp, n, threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("momentum gather", ks);
+  }
+
+  // Candidate + pack + residual (error feedback) + statistic of the owned part; m is read at
+  // the old and the new mask's entries only.
+  ks = kernels::CandidatePackResidualPacked(mp, old, m_.data(), g, e_.data(), n, hyper_.beta1, view,
+                                            pt, send_.data(), stat_.get(), threads_);
   if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
   phase_[scapeOptimPhaseCandidate] = Seconds(t0);
 
@@ -481,8 +496,8 @@ Status Optimizer::Step(float* theta, const float* g) {
   uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   if (sharded) {
     double mine = 0.0;
-    ks = kernels::RecoveredGradSqNorm(recv_.data(), pt, cur.data() + offr, kr, m_.data(), n,
-                                      hyper_.beta1, &mine, threads_);
+    ks = kernels::RecoveredGradSqNormPacked(recv_.data(), pt, mp + offr, kr, hyper_.beta1, &mine,
+                                            threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
     coll::CollArgs ng;
     ng.type = coll::CollType::kAllGather;
@@ -493,7 +508,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     if (SegmentRms()) {
       // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
       // (sum, count) per owned piece in position order] per rank, no extra exchange.
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data() + offr, offr, true, m_.data()));
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), offr, true, mp + offr));
       normMsg_.assign(1, 0);
       std::memcpy(normMsg_.data(), &mine, 8);
       ng.counts.assign(static_cast<size_t>(nranks_), 0);
@@ -539,12 +554,12 @@ Status Optimizer::Step(float* theta, const float* g) {
   } else {
     for (int r = 0; r < nranks_; ++r) {
       const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      ks = kernels::RecoveredGradSqNorm(recv_.data() + o * esz, pt, cur.data() + o, c, m_.data(), n,
-                                        hyper_.beta1, &partial[static_cast<size_t>(r)], threads_);
+      ks = kernels::RecoveredGradSqNormPacked(recv_.data() + o * esz, pt, mp + o, c, hyper_.beta1,
+                                              &partial[static_cast<size_t>(r)], threads_);
       if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
     }
     if (SegmentRms()) {
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), cur.data(), 0, false, m_.data()));
+      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), 0, false, mp));
       EnterVsFromPieces();
     }
   }
@@ -587,17 +602,15 @@ Status Optimizer::Step(float* theta, const float* g) {
 
   t0 = NowNs();
   if (!sharded) {
-    ks = kernels::UnpackAdamSUpdateView(recv_.data(), pt, view, theta, m_.data(), n, ap, threads_,
-                                        useSup, copy_);
-    if (ks == kernels::KernelStatus::kOk && useSup)
-      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    ks =
+        kernels::UnpackAdamSUpdatePacked(recv_.data(), pt, view, theta, mp, n, ap, threads_, copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
   } else {
     if (pairsSend_.size() < 2 * kr + 2) pairsSend_.resize(2 * kr + 2);
     if (pairsAll_.size() < 2 * k + 2) pairsAll_.resize(2 * k + 2);
-    ks = kernels::AdamSUpdatePairs(recv_.data(), pt, cur.data() + offr, kr, theta, m_.data(), n, ap,
-                                   pairsSend_.data(), threads_);
+    ks = kernels::AdamSUpdatePairsPacked(recv_.data(), pt, cur.data() + offr, kr, theta, mp + offr,
+                                         n, ap, pairsSend_.data(), threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
     t0 = NowNs();
@@ -609,10 +622,7 @@ Status Optimizer::Step(float* theta, const float* g) {
     gg.counts = mask_->RankCounts();
     for (size_t& c : gg.counts) c *= 2;
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
-    ks = kernels::UnpackPairsDecayView(pairsAll_.data(), view, theta, m_.data(), n, ap, threads_,
-                                       useSup, copy_);
-    if (ks == kernels::KernelStatus::kOk && useSup)
-      ks = kernels::ZeroOutsideMask(m_.data(), n, sup, view);
+    ks = kernels::UnpackPairsDecayPacked(pairsAll_.data(), view, theta, mp, n, ap, threads_, copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }
@@ -629,7 +639,15 @@ Status Optimizer::Step(float* theta, const float* g) {
   // per rank each: counted apart, not as payload.
   controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
   controlBytes_ += stayBytes;  // sharded "segment_rms": its piece sums ride on the norm all-gather
-  KeepSupport();
+  // The momentum m_t lives on the current mask now.
+  if (moved) {
+    mPrev_.resize(k);
+    m_.swap(mPrev_);
+  }
+  momOwn_ = false;
+  momIdx_.clear();
+  momRuns_.clear();
+  oldHold_.reset();
   ++step_;
   return Status::Ok();
 }
@@ -734,13 +752,12 @@ void Optimizer::StayingFinish() {
   }
 }
 
-Status Optimizer::StayingPieces(const void* payload, const uint64_t* idx, uint64_t slot0,
-                                bool owned, const float* m) {
+Status Optimizer::StayingPieces(const void* payload, uint64_t slot0, bool owned, const float* m) {
   SCAPE_RETURN_IF_ERROR(StayingPlan(slot0, owned));
   const size_t nb = staySum_.size();
-  const kernels::KernelStatus ks = kernels::StayingGradSqBlocks(
-      payload, static_cast<scapeDataType_t>(hyper_.payload), idx, m, layout_.n, hyper_.beta1,
-      stayBounds_.data(), nb, staySum_.data(), stayCnt_.data(), threads_);
+  const kernels::KernelStatus ks = kernels::StayingGradSqBlocksPacked(
+      payload, static_cast<scapeDataType_t>(hyper_.payload), m, hyper_.beta1, stayBounds_.data(),
+      nb, staySum_.data(), stayCnt_.data(), threads_);
   if (ks != kernels::KernelStatus::kOk) return KernelError("segment_rms sums", ks);
   StayingFinish();
   return Status::Ok();
@@ -778,268 +795,19 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.skippedSteps = skipped_;
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
-  x.stateBytes = (masterType_ != scapeFloat32 ? 12 : 8) * layout_.n;
+  // The residual (n floats), the packed momentum (one float per entry of its mask) and the
+  // masters (n floats); the device state holds its momentum dense (n floats).
+  const uint64_t mom = dev_ ? layout_.n : m_.size();
+  x.stateBytes = (masterType_ != scapeFloat32 ? 8 : 4) * layout_.n + 4 * mom;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
-  x.maskStateBytes =
-      8 * (mask_->Current().size() + nextSize + (supportValid_ ? supIdx_.size() : 0));
+  x.maskStateBytes = 8 * (mask_->Current().size() + nextSize + (momOwn_ ? momIdx_.size() : 0));
   x.scratchBytes = send_.size() + recv_.size() + 4 * (pairsSend_.size() + pairsAll_.size()) +
+                   4 * mPrev_.size() +  // m_{t-1} at the new mask (host step)
                    4 * ownedSize_ +
                    4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;
-}
-
-uint64_t Optimizer::LayoutFingerprint() const {
-  uint64_t h = 1469598103934665603ull;
-  h = Fnv(h, layout_.n);
-  h = Fnv(h, layout_.offsets.size());
-  for (uint64_t o : layout_.offsets) h = Fnv(h, o);
-  for (uint8_t d : layout_.dense) h = Fnv(h, d != 0);
-  h = Fnv(h, static_cast<uint64_t>(layout_.ownership));
-  h = Fnv(h, static_cast<uint64_t>(layout_.maskOwnership));
-  h = Fnv(h, static_cast<uint64_t>(nranks_));
-  return h;
-}
-
-Status Optimizer::CheckpointSize(size_t* bytes) {
-  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
-  if (pending_ && mask_->SyncInFlight())
-    SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the last step"));
-  const uint64_t kc = mask_->RankCount(rank_);
-  const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
-  const uint64_t masterBytes = masterType_ != scapeFloat32 ? 4 * layout_.n : 0;
-  *bytes = kHeader + 8 * layout_.n + masterBytes + 8 * (kc + kn);
-  return Status::Ok();
-}
-
-Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
-  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("copying the device state"));
-  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
-  size_t total = 0;
-  SCAPE_RETURN_IF_ERROR(CheckpointSize(&total));
-  if (capacity < total)
-    return InvalidArgument(
-        StrFormat("capacity = %zu: the checkpoint needs %zu bytes "
-                  "(scapeOptimCheckpointSize)",
-                  capacity, total));
-  uint8_t* b = static_cast<uint8_t*>(buf);
-  const uint64_t n = layout_.n;
-  const uint64_t kc = mask_->RankCount(rank_);
-  const uint64_t kn = pending_ ? mask_->NextRankCount(rank_) : 0;
-  std::memset(b, 0, kHeader);
-  std::memcpy(b, kMagic, 8);
-  Put<uint32_t>(b, 8, kVersion);
-  Put<uint32_t>(b, 12, static_cast<uint32_t>(kHeader));
-  Put<uint64_t>(b, 16, total);
-  Put<uint64_t>(b, 32, LayoutFingerprint());
-  Put<int32_t>(b, 40, nranks_);
-  Put<int32_t>(b, 44, rank_);
-  Put<uint64_t>(b, 48, n);
-  Put<int64_t>(b, 56, step_);
-  Put<float>(b, 64, hyper_.lr);
-  Put<float>(b, 68, hyper_.beta1);
-  Put<float>(b, 72, hyper_.beta2);
-  Put<float>(b, 76, hyper_.eps);
-  Put<float>(b, 80, hyper_.weightDecay);
-  Put<float>(b, 84, hyper_.maxGradNorm);
-  Put<int32_t>(b, 88, static_cast<int32_t>(hyper_.bias));
-  Put<int32_t>(b, 92, static_cast<int32_t>(hyper_.payload));
-  Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
-  Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
-  Put<int32_t>(b, 104, pending_ ? 1 : 0);
-  // Version 3: 108 u16 master type, 110 u16 entering rule (version 2 wrote an i32 master type
-  // there, whose high half is 0: the paper's entering rule).
-  Put<uint16_t>(b, 108, static_cast<uint16_t>(masterType_));
-  Put<uint16_t>(b, 110, static_cast<uint16_t>(hyper_.entering));
-  Put<double>(b, 112, hyper_.density);
-  Put<int64_t>(b, 120, hyper_.warmupSteps);
-  Put<uint64_t>(b, 128, kc);
-  Put<uint64_t>(b, 136, kn);
-  size_t off = kHeader;
-  if (n) std::memcpy(b + off, m_.data(), 4 * n);
-  off += 4 * n;
-  if (n) std::memcpy(b + off, e_.data(), 4 * n);
-  off += 4 * n;
-  if (masterType_ != scapeFloat32) {
-    if (n) std::memcpy(b + off, master_.data(), 4 * n);
-    off += 4 * n;
-  }
-  if (kc) std::memcpy(b + off, mask_->Current().data() + mask_->RankOffset(rank_), 8 * kc);
-  off += 8 * kc;
-  if (kn) std::memcpy(b + off, mask_->Next().data() + mask_->NextRankOffset(rank_), 8 * kn);
-  Put<uint64_t>(b, 24, Checksum(b + 32, total - 32));
-  *written = total;
-  return Status::Ok();
-}
-
-Status Optimizer::ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const {
-  const std::vector<Mask::Piece>& mine = mask_->Owned(rank_);
-  size_t pi = 0;
-  uint64_t prev = 0;
-  for (uint64_t j = 0; j < k; ++j) {
-    const uint64_t x = Get<uint64_t>(p, 8 * j);
-    if (j > 0 && x <= prev)
-      return InvalidArgument(StrFormat("checkpoint: %s mask entry %llu is not above the one before",
-                                       what, static_cast<unsigned long long>(j)));
-    while (pi < mine.size() && x >= mine[pi].end) ++pi;
-    if (pi == mine.size() || x < mine[pi].begin)
-      return InvalidArgument(StrFormat(
-          "checkpoint: %s mask entry %llu (position %llu) is not in "
-          "rank %d's owned part",
-          what, static_cast<unsigned long long>(j), static_cast<unsigned long long>(x), rank_));
-    prev = x;
-  }
-  return Status::Ok();
-}
-
-Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper,
-                                     int64_t* step, bool* hasNext, uint64_t* kc, uint64_t* kn,
-                                     scapeDataType_t* masterType) const {
-  if (size < kHeader)
-    return InvalidArgument(
-        StrFormat("checkpoint: size = %zu is below the %zu-byte header "
-                  "(truncated?)",
-                  size, kHeader));
-  if (std::memcmp(b, kMagic, 8) != 0)
-    return InvalidArgument("checkpoint: bad magic: not a SCAPE optimizer checkpoint");
-  const uint32_t ver = Get<uint32_t>(b, 8);
-  if (ver < 1 || ver > kVersion || Get<uint32_t>(b, 12) != kHeader)
-    return InvalidArgument(
-        StrFormat("checkpoint: version %u, this library reads versions 1 to %u", ver, kVersion));
-  const uint64_t total = Get<uint64_t>(b, 16);
-  if (total != size)
-    return InvalidArgument(
-        StrFormat("checkpoint: size = %zu but the header says %llu bytes "
-                  "(truncated or padded)",
-                  size, static_cast<unsigned long long>(total)));
-  if (Checksum(b + 32, size - 32) != Get<uint64_t>(b, 24))
-    return InvalidArgument("checkpoint: checksum mismatch (the data is corrupted)");
-  const int32_t np = Get<int32_t>(b, 40), rk = Get<int32_t>(b, 44);
-  if (np != nranks_)
-    return InvalidArgument(
-        StrFormat("checkpoint: saved on %d ranks, this communicator has %d: "
-                  "loading on another rank count (re-sharding) is not "
-                  "supported",
-                  np, nranks_));
-  if (rk != rank_)
-    return InvalidArgument(
-        StrFormat("checkpoint: saved by rank %d, loaded on rank %d: each rank "
-                  "loads its own checkpoint",
-                  rk, rank_));
-  if (Get<uint64_t>(b, 48) != layout_.n || Get<uint64_t>(b, 32) != LayoutFingerprint())
-    return InvalidArgument(
-        StrFormat("checkpoint: layout fingerprint %016llx (n = %llu) differs "
-                  "from this optimizer's %016llx (n = %llu): the checkpoint "
-                  "comes from another layout (segments, dense flags or "
-                  "ownership)",
-                  static_cast<unsigned long long>(Get<uint64_t>(b, 32)),
-                  static_cast<unsigned long long>(Get<uint64_t>(b, 48)),
-                  static_cast<unsigned long long>(LayoutFingerprint()),
-                  static_cast<unsigned long long>(layout_.n)));
-  OptimHyper h;
-  h.lr = Get<float>(b, 64);
-  h.beta1 = Get<float>(b, 68);
-  h.beta2 = Get<float>(b, 72);
-  h.eps = Get<float>(b, 76);
-  h.weightDecay = Get<float>(b, 80);
-  h.maxGradNorm = Get<float>(b, 84);
-  h.bias = Get<int32_t>(b, 88);
-  h.payload = Get<int32_t>(b, 92);
-  h.density = Get<double>(b, 112);
-  h.warmupSteps = Get<int64_t>(b, 120);
-  h.entering = Get<uint16_t>(b, 110);
-  SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
-  const int64_t st = Get<int64_t>(b, 56);
-  const int32_t nx = Get<int32_t>(b, 104);
-  const int32_t mt = Get<uint16_t>(b, 108);
-  if (st < 0 || (nx != 0 && nx != 1) ||
-      (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))) ||
-      (ver < 3 && h.entering != 0))
-    return InvalidArgument("checkpoint: bad step counter or flags");
-  const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
-  const uint64_t n = layout_.n;
-  const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
-  if (c > n || x > n || (nx == 0 && x != 0) || size != kHeader + 8 * n + masterBytes + 8 * (c + x))
-    return InvalidArgument("checkpoint: mask part sizes do not match the checkpoint's size");
-  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
-  SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx, c, "current"));
-  SCAPE_RETURN_IF_ERROR(ValidateOwnIndices(idx + 8 * c, x, "next"));
-  *hyper = h;
-  *step = st;
-  *hasNext = nx != 0;
-  *kc = c;
-  *kn = x;
-  *masterType = static_cast<scapeDataType_t>(mt);
-  return Status::Ok();
-}
-
-Status Optimizer::Load(const void* buf, size_t size) {
-  // The device work of the last step finishes first (a host wait); the state is restored to
-  // where it lives.
-  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("finishing the device step"));
-  const uint8_t* b = static_cast<const uint8_t*>(buf);
-  OptimHyper h;
-  int64_t st = 0;
-  bool hasNext = false;
-  uint64_t kc = 0, kn = 0;
-  scapeDataType_t mt = scapeFloat32;
-  Status v = buf ? ValidateCheckpoint(b, size, &h, &st, &hasNext, &kc, &kn, &mt)
-                 : InvalidArgument("buf is NULL");
-  // Every rank validates first; they agree on the outcome before anything changes.
-  if (!comm_->error().ok()) return comm_->error();
-  int64_t mine = v.ok() ? 0 : 1;
-  std::vector<int64_t> all(static_cast<size_t>(nranks_));
-  coll::CollArgs ag;
-  ag.type = coll::CollType::kAllGather;
-  ag.send = &mine;
-  ag.recv = all.data();
-  ag.count = 1;
-  ag.dtype = scapeInt64;
-  SCAPE_RETURN_IF_ERROR(comm_->Run(ag).Prepend("checkpoint agreement"));
-  if (!v.ok()) return v;
-  for (size_t r = 0; r < all.size(); ++r)
-    if (all[r] != 0)
-      return InvalidUsage(
-          StrFormat("rank %zu refused its checkpoint, so no rank loaded one "
-                    "(this optimizer is unchanged)",
-                    r));
-  const uint64_t n = layout_.n;
-  const uint64_t masterBytes = mt != scapeFloat32 ? 4 * n : 0;
-  const uint8_t* idx = b + kHeader + 8 * n + masterBytes;
-  std::vector<uint64_t> cur(kc), next(kn);
-  if (kc) std::memcpy(cur.data(), idx, 8 * kc);
-  if (kn) std::memcpy(next.data(), idx + 8 * kc, 8 * kn);
-  SCAPE_RETURN_IF_ERROR(SyncOwnPart(cur.data(), kc).Prepend("restoring the current mask"));
-  if (hasNext) {
-    SCAPE_RETURN_IF_ERROR(mask_->SetNextIndices(next.data(), kn));
-    SCAPE_RETURN_IF_ERROR(mask_->SyncStart().Prepend("restoring the next mask"));
-    pending_ = true;
-    gen_ = mask_->Generation();
-  }
-  if (n) {
-    std::memcpy(m_.data(), b + kHeader, 4 * n);
-    std::memcpy(e_.data(), b + kHeader + 4 * n, 4 * n);
-  }
-  // The master weights are the checkpoint's (none in a checkpoint without: the next mixed step
-  // initialises them from its params).
-  masterType_ = mt;
-  if (mt != scapeFloat32) {
-    master_.resize(n);
-    if (n) std::memcpy(master_.data(), b + kHeader + 8 * n, 4 * n);
-  } else {
-    master_.clear();
-    master_.shrink_to_fit();
-  }
-  step_ = st;
-  hyper_ = h;
-  maskBytes_ = payloadBytes_ = denseBytes_ = controlBytes_ = 0;
-  // The checkpoint's momentum lives on its current mask (the mask of the step before the save;
-  // the full mask of step 0 when no step ran), which is current again now.
-  BuildRuns();
-  KeepSupport();
-  if (dev_) SCAPE_RETURN_IF_ERROR(DevicePush().Prepend("restoring the device state"));
-  return Status::Ok();
 }
 
 }  // namespace scape

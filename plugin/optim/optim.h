@@ -99,9 +99,16 @@ class Optimizer {
   Status AdvanceToAgreedMask();
   kernels::MaskView View() const;
   Status SyncOwnPart(const uint64_t* idx, size_t k);  // set + sync + wait (collective)
+  // Where a checkpoint's parts lie (byte offsets; optim_checkpoint.cc describes the formats).
+  struct CheckpointParts {
+    uint32_t version = 0;
+    size_t mom = 0, residual = 0, master = 0, momIdx = 0, idx = 0;
+    uint64_t km = 0;   // version 4: the momentum's values
+    bool own = false;  // version 4: the momentum has positions of its own
+  };
   Status ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* hyper, int64_t* step,
-                            bool* hasNext, uint64_t* kc, uint64_t* kn,
-                            scapeDataType_t* masterType) const;
+                            bool* hasNext, uint64_t* kc, uint64_t* kn, scapeDataType_t* masterType,
+                            CheckpointParts* parts) const;
   Status ValidateOwnIndices(const uint8_t* p, uint64_t k, const char* what) const;
   uint64_t LayoutFingerprint() const;
   // Non-finite gradients (issue 24 item 9). AgreeFinite: collective, before any state change
@@ -131,7 +138,30 @@ class Optimizer {
   OptimLayout layout_;
   OptimHyper hyper_;
 
-  std::vector<float> m_, e_;  // momentum (identical on every rank), residual (this rank)
+  // e_: the residual, n floats (this rank's own error: never sharded). m_: the momentum,
+  // identical on every rank (every rank's candidate pass reads it at every masked position, so
+  // it is not sharded either), packed (issue 24): +0 outside the mask of the last step and
+  // stored only at that mask's entries, in its mask order (m_[j] is m at momentum mask entry
+  // j). The momentum mask is the current mask, or momIdx_ / momRuns_ while momOwn_ (a step
+  // skipped after the mask advanced, or a loaded checkpoint whose momentum is not on its
+  // current mask): then its entries are in any run order, as a MaskView allows.
+  std::vector<float> m_, e_;
+  bool momOwn_ = false;
+  std::vector<uint64_t> momIdx_;
+  std::vector<kernels::MaskRun> momRuns_;
+  // During a host step: the mask the momentum was on when the mask advanced (held so that the
+  // candidate pass and a skip can still read it), its runs, and m_{t-1} at the new mask.
+  std::shared_ptr<const std::vector<uint64_t>> oldHold_;
+  std::vector<kernels::MaskRun> oldRuns_;
+  std::vector<float> mPrev_;
+  kernels::MaskView MomentumView() const;  // where m_ lives (the current mask unless momOwn_)
+  // Ends a host step that did not update: the momentum stays on the mask it was on.
+  void KeepOldMomentumMask();
+  // The dense momentum (n floats, +0 outside the momentum mask), and back (the device state,
+  // checkpoints of versions 1-3): PackMomentum keeps every non-zero value (by its bits), so
+  // the momentum moves on the current mask unless values lie outside it.
+  void DenseMomentum(float* out) const;
+  void PackMomentum(const float* dense);
   // Mixed precision: fp32 master weights (n floats, identical on every rank) of the 16-bit
   // params of type masterType_ (scapeFloat32: none, master_ empty). copy_: the 16-bit copy the
   // step in progress writes beside theta (nullptr: none); gWide_: 16-bit grads widened.
@@ -147,19 +177,12 @@ class Optimizer {
   std::vector<float> pairsSend_, pairsAll_;  // sharded: updated (theta, m) pairs
   std::vector<kernels::MaskRun> runs_;       // the current mask as a view (BuildRuns)
   std::vector<uint64_t> denseInMask_;        // per rank: dense positions in its block
-  // The mask the momentum lives on (m is +0 elsewhere): the mask of the last step, kept while it
-  // is sparse (k <= n/4), so the passes read and zero m only there. Empty runs before step 0.
-  bool supportValid_ = false;
-  std::vector<uint64_t> supIdx_;
-  std::vector<kernels::MaskRun> supRuns_;
-  void KeepSupport();  // after a step or a load: the current mask becomes m's support
-
   // "segment_rms" (scapeOptimEnteringSegmentRms, docs/ALGORITHM.md 4.12): the staying sums of
   // the runs (pieces) selected by `owned` (true: this rank's; false: all), each piece's blocked
   // sum in position order of runs_, into pieceSum_/pieceCnt_ (indexed like runs_). payload and
   // idx are slot `slot0` of the mask order.
-  Status StayingPieces(const void* payload, const uint64_t* idx, uint64_t slot0, bool owned,
-                       const float* m);
+  // m: m_{t-1} of slot j at m[j] (packed, mask order from slot0).
+  Status StayingPieces(const void* payload, uint64_t slot0, bool owned, const float* m);
   // Its two halves (the device step runs the blocks on the device in between): the block
   // bounds of the selected pieces (stayOrder_, stayFirst_, stayBounds_; staySum_/stayCnt_
   // sized), and the pieces' sums from the blocks' sums.

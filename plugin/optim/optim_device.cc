@@ -125,20 +125,26 @@ Status Optimizer::DevicePull() {
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(m_.data(), d.dM, 4 * n, d.stream));
+  // The device holds the momentum dense (n floats); the host packs it (PackMomentum).
+  std::vector<float> dense(n);
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(dense.data(), d.dM, 4 * n, d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(e_.data(), d.dE, 4 * n, d.stream));
   if (masterType_ != scapeFloat32 && d.dMaster) {
     master_.resize(n);
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(master_.data(), d.dMaster, 4 * n, d.stream));
   }
-  return d.rt->StreamSynchronize(d.stream);
+  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  PackMomentum(dense.data());
+  return Status::Ok();
 }
 
 Status Optimizer::DevicePush() {
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dM, m_.data(), 4 * n, d.stream));
+  std::vector<float> dense(n);  // the packed momentum, dense for the device
+  DenseMomentum(dense.data());
+  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dM, dense.data(), 4 * n, d.stream));
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
   // The master weights live beside the state while the optimizer has them.
   if (masterType_ != scapeFloat32) {
@@ -489,7 +495,6 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
   }
   // The non-finite agreement; the norm partials stay on this rank (no exchange).
   controlBytes_ = agree ? 8 * static_cast<uint64_t>(nranks_ - 1) : 0;
-  KeepSupport();
   ++step_;
   // Start the next mask's sync now if the selection is already done (no wait).
   bool done = false;

@@ -134,10 +134,12 @@ def _step_hyper(group: Dict[str, Any]) -> tuple:
 _PARAM_TYPES = {torch.float32: int(DataType.FLOAT32), torch.bfloat16: int(DataType.BFLOAT16),
                 torch.float16: int(DataType.FLOAT16)}
 
-# Checkpoint layout (plugin/optim/optim.cc, format version 3): a 144-byte header whose u16 at
-# byte 108 is the type the master weights shadow (0: none), then momentum and residual (n f32
-# each), then the n f32 master weights when there are masters.
-_CK_MIN_HEADER = 144  # every version so far; the header's own size is the u32 at byte 12
+# Checkpoint layout (plugin/optim/optim_checkpoint.cc): a header whose u32 at byte 8 is the
+# format version and at byte 12 its own size (144 bytes up to version 3, 160 in version 4), and
+# whose u16 at byte 108 is the type the master weights shadow (0: none). Versions 1-3: momentum
+# and residual (n f32 each), then the n f32 master weights when there are masters; version 4
+# (packed momentum): the residual (n f32), then the masters, then the momentum at the mask.
+_CK_MIN_HEADER = 144  # every version so far
 
 
 def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
@@ -145,11 +147,12 @@ def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
     if blob.numel() < _CK_MIN_HEADER:
         return None
     b = blob.detach().cpu().contiguous()
+    version = int(b[8:12].view(torch.int32)[0])
     header = int(b[12:16].view(torch.int32)[0])
     mt = int(b[108:110].view(torch.int16)[0])
-    if mt == 0 or header < _CK_MIN_HEADER or b.numel() < header + 12 * n:
+    lo = header + (4 if version >= 4 else 8) * n
+    if mt == 0 or header < _CK_MIN_HEADER or b.numel() < lo + 4 * n:
         return None
-    lo = header + 8 * n
     return b[lo:lo + 4 * n].clone().view(torch.float32)
 
 
