@@ -301,7 +301,7 @@ def evaluate(m: torch.nn.Module, windows: np.ndarray) -> float:
 
 def run_key(r: Dict[str, Any]) -> str:
     return (f"{r['size']}|{r['variant']}|d{r['density']:g}|lr{r['lr']:g}|s{r['seed']}"
-            f"|n{r['steps']}|w{r['world']}")
+            f"|n{r['steps']}|b{r['batch']}|w{r['world']}")
 
 
 def run(size: str, variant: str, density: float, lr: float, seed: int, world: int,
@@ -469,6 +469,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--steps", type=int, default=0, help="override the plan's steps")
     ap.add_argument("--batch", type=int, default=0, help="override the plan's sequences/rank")
+    ap.add_argument("--final-windows", type=int, default=1024,
+                    help="validation windows of the final evaluation (train.py's plan full: 256)")
     ap.add_argument("--out", default=os.path.join(HERE, "out-variants"))
     ap.add_argument("--smoke", action="store_true",
                     help="few evaluation windows, write nothing, fail on a non-finite loss")
@@ -503,11 +505,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for s in args.seeds:
                     n = sum(p.numel() for p in gpt.GPT(model_config(args.size)).parameters())
                     steps = args.steps or plan_steps(n, args.world)[0]
+                    batch = args.batch or plan_steps(n, args.world)[1]
                     key = run_key(dict(size=args.size, variant=v, density=d, lr=lr, seed=s,
-                                       steps=steps, world=args.world))
+                                       steps=steps, batch=batch, world=args.world))
                     if key in done:
                         continue
-                    kw = dict(evals=2, eval_windows=16, final_windows=32) if args.smoke else {}
+                    kw = dict(evals=2, eval_windows=16, final_windows=32) if args.smoke else \
+                        dict(final_windows=args.final_windows)
                     res = run(args.size, v, d, lr, s, args.world, args.steps or None,
                               args.batch or None, corpus, **kw)
                     res["key"] = key
