@@ -18,7 +18,9 @@ identical on every rank wherever the parameters and momentum are written, so eac
 library option; the simulation itself does not check bits across ranks (one process).
 
 Every finished run is one JSON line of OUT/runs.jsonl, keyed by size, variant, density, peak lr,
-seed, steps and warm-up; a key already there is skipped (resumable). Examples:
+seed, steps, batch and ranks (a variant fixes its warm-up); a key already there is skipped
+(resumable). perf/RESULTS_training.md ("Variant search (simulation)") has the results.
+Examples:
 
     /usr/bin/python3 perf/train/variant_sim.py --size d48L2 --variant paper --density 0.01 \\
         --lr 0.0333 --seeds 1 2
@@ -435,26 +437,32 @@ def summary(path: str) -> str:
         groups.setdefault((r["size"], r["density"], r["variant"], r["lr"]), {})[r["seed"]] = \
             r["final_val_loss"]
     lines = ["| size | density | variant | peak lr | seeds | final val loss per seed | mean "
-             "| gap to dense AdamS (same seeds) |", "|---|---|---|---|---|---|---|---|"]
+             "| gap to dense AdamS, seeds 1-2 | gap, all seeds (if more) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     ref: Dict[str, Dict[int, float]] = {}
     for (size, d, v, lr), by in groups.items():
         if v == "adams":
             best = ref.get(size)
             if best is None or np.mean(list(by.values())) < np.mean(list(best.values())):
                 ref[size] = by
+
+    def gap(size: str, by: Dict[int, float], seeds: List[int]) -> str:
+        common = [s for s in seeds if s in ref.get(size, {})]
+        if not common:
+            return ""
+        a = np.mean([ref[size][s] for s in common])
+        b = np.mean([by[s] for s in common])
+        return f"{100 * (b / a - 1):+.1f}% ({len(common)})"
+
     for (size, d, v, lr), by in sorted(groups.items(), key=lambda x: (x[0][0], -x[0][1],
                                                                       x[0][2], x[0][3])):
         seeds = sorted(by)
         mean = float(np.mean([by[s] for s in seeds]))
-        gap = ""
-        if size in ref:
-            common = [s for s in seeds if s in ref[size]]
-            if common:
-                a = np.mean([ref[size][s] for s in common])
-                b = np.mean([by[s] for s in common])
-                gap = f"{100 * (b / a - 1):+.1f}% ({len(common)})"
+        g12 = gap(size, by, [s for s in seeds if s <= 2])
+        gall = gap(size, by, seeds) if len(seeds) > 2 else ""
         lines.append(f"| {size} | {d:g} | {v} | {lr:.3g} | {len(seeds)} | "
-                     f"{', '.join(f'{by[s]:.4f}' for s in seeds)} | {mean:.4f} | {gap} |")
+                     f"{', '.join(f'{by[s]:.4f}' for s in seeds)} | {mean:.4f} | {g12} | "
+                     f"{gall} |")
     return "\n".join(lines)
 
 
