@@ -208,10 +208,6 @@ void NewRequest(scapeComm* comm, std::shared_ptr<PendingOp> op, scapeRequest_t* 
 Status RouteAndRun(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, void* stream,
                    scapeRequest_t* request);
 
-// The device exchange of the optimizer's device step (plugin/optim DeviceExchange): the
-// packed collective on the backend that moves the communicator's device memory.
-Status DeviceExchange(scapeComm* comm, const coll::CollArgs& a, void* stream);
-
 // The communicator's device side, for scapeCommDestroy / scapeCommAbort (drained within the
 // communicator's timeout, then freed; no-op when it never made a device call).
 void ReleaseData(scapeComm* comm);

@@ -318,10 +318,8 @@ Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* s
   // The packed exchange runs where the communicator moves device memory: NCCL for an
   // NCCL-backend communicator (the mask's sync stays on its host communicator), else the UCX
   // staged path (the communicator's data path routes it).
-  auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
-    return scape::api::DeviceExchange(comm, a, s);
-  };
-  return optim->impl->StepDevice(params, grads, stream, exchange);
+  return optim->impl->StepDevice(params, grads, stream,
+                                 comm->data ? comm->data->device() : nullptr);
 }
 
 }  // namespace
@@ -422,11 +420,9 @@ SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
     SCAPE_RETURN_IF_ERROR(CheckMixedStepArgs(optim, params, static_cast<int>(paramType), grads,
                                              static_cast<int>(gradType), count, &device));
     if (device) {
-      scapeComm* comm = optim->comm;
-      auto exchange = [comm](const scape::coll::CollArgs& a, void* s) -> Status {
-        return scape::api::DeviceExchange(comm, a, s);
-      };
-      return optim->impl->StepDeviceMixed(params, paramType, grads, gradType, stream, exchange);
+      return optim->impl->StepDeviceMixed(
+          params, paramType, grads, gradType, stream,
+          optim->comm->data ? optim->comm->data->device() : nullptr);
     }
     if (stream)
       return scape::InvalidArgument(

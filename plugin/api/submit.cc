@@ -43,15 +43,6 @@ Status RouteAndRun(scapeComm* comm, const coll::CollArgs& a, scapeMask* mask, vo
   return Status::Ok();
 }
 
-Status DeviceExchange(scapeComm* comm, const coll::CollArgs& a, void* stream) {
-  backend::Backend* b = nullptr;
-  SCAPE_RETURN_IF_ERROR(comm->data->Route(a, &b));
-  if (b->kind() == backend::Kind::kHost)
-    return InternalError("the device dispatch did not take the device exchange");
-  SCAPE_RETURN_IF_ERROR(b->Admit(a, stream, false));
-  return b->Run(a, stream, nullptr);
-}
-
 void ReleaseData(scapeComm* comm) {
   if (!comm->data) return;
   comm->data->Release(comm->impl ? comm->impl->config().timeoutMs : kDefaultTimeoutMs);

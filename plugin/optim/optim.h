@@ -6,7 +6,6 @@
 #define SCAPE_PLUGIN_OPTIM_OPTIM_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -18,6 +17,9 @@
 #include "scape/scape.h"
 
 namespace scape {
+namespace backend {
+class Backend;
+}
 
 // Hyperparameters that a checkpoint carries and scapeOptimSetLr changes.
 struct OptimHyper {
@@ -66,10 +68,10 @@ class Optimizer {
   // theta and g: n floats each, validated by the caller.
   Status Step(float* theta, const float* g);
   // The device step (optim_device.cc): dTheta and dG are n floats of device memory, validated
-  // by the caller; the work is enqueued on `stream`. `exchange` runs a packed collective on
-  // device buffers, stream-ordered (the API layer's device dispatch).
-  using DeviceExchange = std::function<Status(const coll::CollArgs&, void* stream)>;
-  Status StepDevice(float* dTheta, const float* dG, void* stream, const DeviceExchange& exchange);
+  // by the caller; the work is enqueued on `stream`. `exchange` is the communicator's device
+  // backend (plugin/backend: UCX staged or NCCL), which runs the step's packed collectives on
+  // device buffers, stream-ordered.
+  Status StepDevice(float* dTheta, const float* dG, void* stream, backend::Backend* exchange);
   bool OnDevice() const { return dev_ != nullptr; }
   // Mixed precision (scapeOptimStepMixed): params are n elements of paramType (scapeBfloat16 or
   // scapeFloat16; the optimizer holds fp32 master weights, initialised from params at the
@@ -79,7 +81,7 @@ class Optimizer {
                    scapeDataType_t gradType);
   // The same on device memory (optim_device.cc), enqueued on `stream`.
   Status StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
-                         scapeDataType_t gradType, void* stream, const DeviceExchange& exchange);
+                         scapeDataType_t gradType, void* stream, backend::Backend* exchange);
   // The 16-bit type the master weights shadow; scapeFloat32 while there are none.
   scapeDataType_t MasterType() const { return masterType_; }
   void GetInfo(scapeOptimInfo_t* info) const;

@@ -35,11 +35,20 @@
 
 #include "base/clock.h"
 #include "kernels/cpu/dtype.h"
+#include "plugin/backend/backend.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/optim_device.h"
 
 namespace scape {
 namespace {
+
+// One of the step's packed collectives on the communicator's device backend, stream-ordered:
+// the backend's own checks first (as every call the API routes to it), then the collective.
+Status RunOn(backend::Backend* b, const coll::CollArgs& a, void* stream) {
+  if (b == nullptr) return InternalError("the communicator has no device backend");
+  SCAPE_RETURN_IF_ERROR(b->Admit(a, stream, false));
+  return b->Run(a, stream, nullptr);
+}
 
 template <typename T>
 Status Alloc(device::Runtime* rt, size_t count, T** p) {
@@ -165,7 +174,7 @@ Status Optimizer::DeviceToHost() {
 
 Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
                                   scapeDataType_t gradType, void* stream,
-                                  const DeviceExchange& exchange) {
+                                  backend::Backend* exchange) {
   SCAPE_RETURN_IF_ERROR(CheckMixedTypes(paramType, gradType));
   if (!comm_->error().ok()) return comm_->error();
   device::Runtime* rt = device::GetRuntime();
@@ -200,7 +209,7 @@ Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, cons
 }
 
 Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
-                             const DeviceExchange& exchange) {
+                             backend::Backend* exchange) {
   if (!comm_->error().ok()) return comm_->error();
   if (masterType_ != scapeFloat32 && copy_ == nullptr)
     return InvalidUsage(
@@ -374,7 +383,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     // reduce-scatter into dStat's storage (free again: the top-k read it before, in order).
     a.recv = d.dStat;
   }
-  SCAPE_RETURN_IF_ERROR(exchange(a, st).Prepend("payload exchange"));
+  SCAPE_RETURN_IF_ERROR(RunOn(exchange, a, st).Prepend("payload exchange"));
   if (sharded) {
     coll::CollArgs g;
     g.type = coll::CollType::kAllGather;
@@ -382,7 +391,7 @@ Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
     g.recv = d.dRecv;
     g.dtype = pt;
     g.counts = mask_->RankCounts();
-    SCAPE_RETURN_IF_ERROR(exchange(g, st).Prepend("reduced payload all-gather"));
+    SCAPE_RETURN_IF_ERROR(RunOn(exchange, g, st).Prepend("reduced payload all-gather"));
   }
   phase_[scapeOptimPhaseExchange] = static_cast<double>(NowNs() - t0) * 1e-9;
 
