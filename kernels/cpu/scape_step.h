@@ -4,7 +4,9 @@
 // Common rules (CPU here, CUDA in kernels/cuda/scape_kernels.cuh, same contract):
 // - Masks are sorted, strictly increasing local indices into the flat buffer of n elements
 //   (uint32_t or uint64_t). Every mask is validated (O(k), before anything is written):
-//   an unsorted, duplicated or out-of-range index gives kInvalidArgument and no output. (The
+//   an unsorted, duplicated or out-of-range index gives kInvalidArgument and no output (the
+//   overloads taking a CheckedMaskView were given a view validated once, by CheckMaskView,
+//   and validate only what the token does not vouch for). (The
 //   CUDA wrappers cannot validate device data without a synchronisation; there the mask is a
 //   precondition, see scape_kernels.cuh.)
 // - Payloads are packed in mask order, element type scapeFloat32, scapeBfloat16 or
@@ -270,6 +272,31 @@ struct MaskView {
 // runs is allowed for the entries: mask order may differ from position order). O(k + nruns).
 bool MaskViewIsValid(const MaskView& v, size_t n);
 
+// A MaskView validated once, for a caller that passes the same view to several kernels (the
+// optimizer's step validates each mask view once per step instead of once per kernel call).
+// Only CheckMaskView makes a valid one; the kernels taking a CheckedMaskView skip their own
+// O(k) validation of it (they still check its n, the pointers and that two views' runs match).
+// A default-constructed token is not valid and is refused (kInvalidArgument).
+// The token vouches for the view's arrays (idx and runs) as they were when checked: the caller
+// must not change them, or free them, while it uses the token.
+class CheckedMaskView {
+ public:
+  CheckedMaskView() = default;
+  const MaskView& view() const { return v_; }
+  size_t n() const { return n_; }
+  bool valid() const { return valid_; }
+
+ private:
+  friend bool CheckMaskView(const MaskView& v, size_t n, CheckedMaskView* out);
+  MaskView v_;
+  size_t n_ = 0;
+  bool valid_ = false;
+};
+
+// Validates v over n positions (MaskViewIsValid) and, when valid, makes *out its token and
+// returns true; else returns false and *out is an invalid token.
+bool CheckMaskView(const MaskView& v, size_t n, CheckedMaskView* out);
+
 // Candidate, pack and residual at a view, with error feedback (design brief section 7):
 //   c[i]       = ((b1*m[i]) + ((1-b1)*g[i])) + e[i]      (as CandidatePackResidual)
 //   payload[j] = convert(c[idx[j]])
@@ -348,6 +375,22 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
                                          scapeDataType_t payload_type, void* payload, float* stat,
                                          int max_threads = 0);
 
+// MomentumGather and CandidatePackResidualPacked in one pass (the optimizer's candidate phase):
+// m_mask[j] = m_{t-1} at mask entry j as MomentumGather(support, m_support, mask, m_mask)
+// writes it (+0.0f at entering entries), and the candidate outputs of
+// CandidatePackResidualPacked(m_mask, support, m_support, ...) with it, the same bits. When the
+// mask did not move (support and mask the same view: same idx, k and runs arrays) m_mask must
+// be m_support and is read, not written. Otherwise m_mask (mask.k floats) must not overlap
+// m_support or any other buffer.
+// Errors: kInvalidArgument (an invalid token or one for another n, runs that differ, a null
+// pointer of a non-empty range, beta1 outside [0, 1), m_mask != m_support for the same view),
+// kUnsupported (payload type). Nothing is written on error.
+KernelStatus CandidateGatherPacked(const CheckedMaskView& support, const float* m_support,
+                                   const float* g, float* e, size_t n, float beta1,
+                                   const CheckedMaskView& mask, float* m_mask,
+                                   scapeDataType_t payload_type, void* payload, float* stat,
+                                   int max_threads = 0);
+
 // RecoveredGradSqNorm with m_{t-1} of entry j at m[j] (k values, mask order).
 KernelStatus RecoveredGradSqNormPacked(const void* payload, scapeDataType_t payload_type,
                                        const float* m, size_t k, float beta1, double* sq_norm,
@@ -367,6 +410,12 @@ KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t payloa
                                      const MaskView& mask, float* theta, float* m, size_t n,
                                      const AdamSParams& params, int max_threads = 0,
                                      const ModelCopy* copy = nullptr);
+// The same at a view validated once (CheckedMaskView; kInvalidArgument for an invalid token or
+// one for another n).
+KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t payload_type,
+                                     const CheckedMaskView& mask, float* theta, float* m, size_t n,
+                                     const AdamSParams& params, int max_threads = 0,
+                                     const ModelCopy* copy = nullptr);
 
 // AdamSUpdatePairs with m_{t-1} of entry j at m[j] (k values).
 KernelStatus AdamSUpdatePairsPacked(const void* payload, scapeDataType_t payload_type,
@@ -376,6 +425,10 @@ KernelStatus AdamSUpdatePairsPacked(const void* payload, scapeDataType_t payload
 
 // UnpackPairsDecayView(keep_m_outside = true) with m packed: m[j] = pairs[2j+1] (mask.k floats).
 KernelStatus UnpackPairsDecayPacked(const float* pairs, const MaskView& mask, float* theta,
+                                    float* m, size_t n, const AdamSParams& params,
+                                    int max_threads = 0, const ModelCopy* copy = nullptr);
+// The same at a view validated once (CheckedMaskView, as UnpackAdamSUpdatePacked).
+KernelStatus UnpackPairsDecayPacked(const float* pairs, const CheckedMaskView& mask, float* theta,
                                     float* m, size_t n, const AdamSParams& params,
                                     int max_threads = 0, const ModelCopy* copy = nullptr);
 

@@ -123,11 +123,17 @@ bool MaskViewIsValid(const MaskView& v, size_t n) {
     const MaskRun& run = v.runs[r];
     if (run.begin > run.end || (r + 1 < v.nruns && run.end != v.runs[r + 1].begin)) return false;
     if (run.jb > run.je || run.je > v.k) return false;
-    for (uint64_t j = run.jb; j < run.je; ++j) {
-      const uint64_t p = v.idx[j];
-      if (p < run.begin || p >= run.end || (j > run.jb && p <= v.idx[j - 1])) return false;
+    if (run.je > run.jb) {
+      // Strictly increasing, the first entry >= begin and the last < end: every entry is inside
+      // the run. The comparisons are accumulated without a branch per entry.
+      const uint64_t* x = v.idx + run.jb;
+      const size_t cnt = static_cast<size_t>(run.je - run.jb);
+      if (x[0] < run.begin || x[cnt - 1] >= run.end) return false;
+      bool bad = false;
+      for (size_t t = 1; t < cnt; ++t) bad |= x[t] <= x[t - 1];
+      if (bad) return false;
+      ranges.emplace_back(run.jb, run.je);
     }
-    if (run.je > run.jb) ranges.emplace_back(run.jb, run.je);
   }
   std::sort(ranges.begin(), ranges.end());
   uint64_t next = 0;
@@ -137,6 +143,20 @@ bool MaskViewIsValid(const MaskView& v, size_t n) {
   }
   return next == v.k;
 }
+
+bool CheckMaskView(const MaskView& v, size_t n, CheckedMaskView* out) {
+  if (out == nullptr) return false;
+  *out = CheckedMaskView();
+  if (!MaskViewIsValid(v, n)) return false;
+  out->v_ = v;
+  out->n_ = n;
+  out->valid_ = true;
+  return true;
+}
+
+namespace {
+bool Vouched(const CheckedMaskView& c, size_t n) { return c.valid() && c.n() == n; }
+}  // namespace
 
 KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e, size_t n,
                                        float beta1, const MaskView& mask, scapeDataType_t type,
@@ -232,7 +252,8 @@ KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t
 // written), else to m[idx[j]].
 KernelStatus UnpackPairsImpl(const float* pairs, const MaskView& mask, float* theta, float* m,
                              size_t n, const AdamSParams& params, int max_threads,
-                             bool keep_m_outside, const ModelCopy* copy, bool packed) {
+                             bool keep_m_outside, const ModelCopy* copy, bool packed,
+                             bool checked = false) {
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
@@ -241,7 +262,7 @@ KernelStatus UnpackPairsImpl(const float* pairs, const MaskView& mask, float* th
     return KernelStatus::kInvalidArgument;
   }
   if (mask.k > 0 && pairs == nullptr) return KernelStatus::kInvalidArgument;
-  if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (!checked && !MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const bool do_decay = s.decay != 1.0f;
   const bool ok = WithCopy(copy, [&](auto cp) {
@@ -284,6 +305,13 @@ KernelStatus UnpackPairsDecayPacked(const float* pairs, const MaskView& mask, fl
                                     float* m, size_t n, const AdamSParams& params, int max_threads,
                                     const ModelCopy* copy) {
   return UnpackPairsImpl(pairs, mask, theta, m, n, params, max_threads, true, copy, true);
+}
+KernelStatus UnpackPairsDecayPacked(const float* pairs, const CheckedMaskView& mask, float* theta,
+                                    float* m, size_t n, const AdamSParams& params, int max_threads,
+                                    const ModelCopy* copy) {
+  if (!Vouched(mask, n)) return KernelStatus::kInvalidArgument;
+  return UnpackPairsImpl(pairs, mask.view(), theta, m, n, params, max_threads, true, copy, true,
+                         true);
 }
 
 KernelStatus ZeroOutsideMask(float* m, size_t n, const MaskView& support, const MaskView& mask) {
@@ -356,12 +384,19 @@ void AdamSBatch(const float* __restrict mt, float* __restrict th, float* __restr
 // with m = +0 (a vectorised pass at memory speed), then the entries are recomputed from the
 // saved residual with their momentum. Every value is computed once from the original inputs,
 // with the operations of Candidate: the bits are CandidateViewRun's.
+// gather (CandidateGatherPacked): m_mask is written first, block by block, with m_{t-1} at the
+// mask's entries (MomentumGather's values: the support's values are scattered into a zeroed
+// block-sized scratch, read back at the mask's entries, and the scratch is zeroed again), so
+// the index lists are read once while they are in cache. same: the support is the mask (the
+// mask did not move; m_mask is m_sup), whose entries the mask loop computes, so the support
+// loop is skipped (it would write the same candidate values that the mask loop overwrites).
 template <typename Store>
-bool CandidatePackedBlocks(const float* m_mask, const MaskView& sup, const float* m_sup,
-                           const float* g, float* e, size_t n, float b1, float omb1,
-                           const MaskView& v, Store store, float* stat, int max_threads) {
+bool CandidatePackedBlocks(float* m_mask, const MaskView& sup, const float* m_sup, const float* g,
+                           float* e, size_t n, float b1, float omb1, const MaskView& v, Store store,
+                           float* stat, int max_threads, bool gather, bool same) {
   return ForChunks(n, max_threads, [&](size_t b, size_t end) {
-    float es[kUpdateBlock], em[kUpdateBlock];
+    float es[kUpdateBlock], em[kUpdateBlock], mz[kUpdateBlock];
+    if (gather) std::fill(mz, mz + kUpdateBlock, 0.0f);
     const MaskRun* const rend = v.runs + v.nruns;
     const MaskRun* r = std::upper_bound(v.runs, rend, uint64_t{b},
                                         [](uint64_t x, const MaskRun& run) { return x < run.end; });
@@ -382,10 +417,18 @@ bool CandidatePackedBlocks(const float* m_mask, const MaskView& sup, const float
         const uint64_t* sz = s;
         while (sz < se && *sz < s1) ++sz;
         const size_t nq = static_cast<size_t>(qz - q), ns = static_cast<size_t>(sz - s);
-        for (size_t t = 0; t < ns; ++t) es[t] = e[s[t]];
+        if (gather) {
+          const float* ms = m_sup + (s - sup.idx);
+          float* mq = m_mask + (q - v.idx);
+          for (size_t t = 0; t < ns; ++t) mz[s[t] - s0] = ms[t];
+          for (size_t t = 0; t < nq; ++t) mq[t] = mz[q[t] - s0];
+          for (size_t t = 0; t < ns; ++t) mz[s[t] - s0] = 0.0f;
+        }
         for (size_t t = 0; t < nq; ++t) em[t] = e[q[t]];
+        if (!same)
+          for (size_t t = 0; t < ns; ++t) es[t] = e[s[t]];
         CandidateDenseNoM(g, e, c, s0, s1, omb1);
-        for (size_t t = 0; t < ns; ++t) {
+        for (size_t t = 0; t < (same ? 0 : ns); ++t) {
           const size_t p = static_cast<size_t>(s[t]);
           const float val = Candidate(m_sup[s + t - sup.idx], g[p], es[t], b1, omb1);
           e[p] = val;
@@ -465,16 +508,40 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
   if (n == 0) return KernelStatus::kOk;
   const float b1 = beta1, omb1 = 1.0f - beta1;
   const bool ok = WithPayloadStore(type, payload, [&](auto store) {
-    return CandidatePackedBlocks(m_mask, support, m_support, g, e, n, b1, omb1, mask, store, stat,
-                                 max_threads);
+    return CandidatePackedBlocks(const_cast<float*>(m_mask), support, m_support, g, e, n, b1, omb1,
+                                 mask, store, stat, max_threads, false, false);
   });
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 
-KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t type,
-                                     const MaskView& mask, float* theta, float* m, size_t n,
-                                     const AdamSParams& params, int max_threads,
-                                     const ModelCopy* copy) {
+KernelStatus CandidateGatherPacked(const CheckedMaskView& support, const float* m_support,
+                                   const float* g, float* e, size_t n, float beta1,
+                                   const CheckedMaskView& mask, float* m_mask, scapeDataType_t type,
+                                   void* payload, float* stat, int max_threads) {
+  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (!Vouched(mask, n) || !Vouched(support, n)) return KernelStatus::kInvalidArgument;
+  const MaskView &v = mask.view(), &sv = support.view();
+  if (n > 0 && (g == nullptr || e == nullptr)) return KernelStatus::kInvalidArgument;
+  if (v.k > 0 && (payload == nullptr || m_mask == nullptr)) return KernelStatus::kInvalidArgument;
+  if (sv.k > 0 && m_support == nullptr) return KernelStatus::kInvalidArgument;
+  if (!SameRuns(v, sv)) return KernelStatus::kInvalidArgument;
+  const bool same = v.idx == sv.idx && v.k == sv.k && v.runs == sv.runs;
+  if (same && v.k > 0 && m_mask != m_support) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  const float b1 = beta1, omb1 = 1.0f - beta1;
+  const bool ok = WithPayloadStore(type, payload, [&](auto store) {
+    return CandidatePackedBlocks(m_mask, sv, m_support, g, e, n, b1, omb1, v, store, stat,
+                                 max_threads, !same, same);
+  });
+  return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+namespace {
+
+KernelStatus UpdatePackedImpl(const void* payload, scapeDataType_t type, const MaskView& mask,
+                              float* theta, float* m, size_t n, const AdamSParams& params,
+                              int max_threads, const ModelCopy* copy, bool checked) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
   KernelStatus st = MakeAdamSScalars(params, &s);
@@ -482,7 +549,7 @@ KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t type,
   if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && theta == nullptr) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && (payload == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
-  if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
+  if (!checked && !MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
   if (!ValidEnter(params, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const bool do_decay = s.decay != 1.0f;
@@ -536,6 +603,22 @@ KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t type,
   };
   const bool ok = WithPayloadLoader(type, payload, run);
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
+}
+
+}  // namespace
+
+KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t type,
+                                     const MaskView& mask, float* theta, float* m, size_t n,
+                                     const AdamSParams& params, int max_threads,
+                                     const ModelCopy* copy) {
+  return UpdatePackedImpl(payload, type, mask, theta, m, n, params, max_threads, copy, false);
+}
+KernelStatus UnpackAdamSUpdatePacked(const void* payload, scapeDataType_t type,
+                                     const CheckedMaskView& mask, float* theta, float* m, size_t n,
+                                     const AdamSParams& params, int max_threads,
+                                     const ModelCopy* copy) {
+  if (!Vouched(mask, n)) return KernelStatus::kInvalidArgument;
+  return UpdatePackedImpl(payload, type, mask.view(), theta, m, n, params, max_threads, copy, true);
 }
 
 }  // namespace kernels

@@ -451,19 +451,25 @@ Status Optimizer::Step(float* theta, const float* g) {
   const kernels::MaskView old = oldHold_ ? ViewOf(*oldHold_, oldRuns_) : MomentumView();
   const bool moved = old.idx != view.idx;
   t0 = NowNs();
+  // Each view is validated once per step (O(k)); the kernels below take the tokens and skip
+  // their own validation. (A failure here is the error the first kernel gave before.)
+  kernels::CheckedMaskView cview, cold;
+  if (!kernels::CheckMaskView(view, n, &cview) || (moved && !kernels::CheckMaskView(old, n, &cold)))
+    return KernelError(moved ? "momentum gather" : "candidate",
+                       kernels::KernelStatus::kInvalidArgument);
+  if (!moved) cold = cview;
   float* mp = m_.data();
-  kernels::KernelStatus ks = kernels::KernelStatus::kOk;
   if (moved) {
     if (mPrev_.size() < k) mPrev_.resize(k);
     mp = mPrev_.data();
-    ks = kernels::MomentumGather(old, m_.data(), view, mp, n, threads_);
-    if (ks != kernels::KernelStatus::kOk) return KernelError("momentum gather", ks);
   }
 
-  // Candidate + pack + residual (error feedback) + statistic of the owned part; m is read at
-  // the old and the new mask's entries only.
-  ks = kernels::CandidatePackResidualPacked(mp, old, m_.data(), g, e_.data(), n, hyper_.beta1, view,
-                                            pt, send_.data(), stat_.get(), threads_);
+  // Candidate + pack + residual (error feedback) + statistic of the owned part, with the
+  // momentum m_{t-1} gathered at the new mask's entries into mp in the same pass (when the mask
+  // moved); m is read at the old and the new mask's entries only.
+  kernels::KernelStatus ks =
+      kernels::CandidateGatherPacked(cold, m_.data(), g, e_.data(), n, hyper_.beta1, cview, mp, pt,
+                                     send_.data(), stat_.get(), threads_);
   if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
   phase_[scapeOptimPhaseCandidate] = Seconds(t0);
 
@@ -602,8 +608,8 @@ Status Optimizer::Step(float* theta, const float* g) {
 
   t0 = NowNs();
   if (!sharded) {
-    ks =
-        kernels::UnpackAdamSUpdatePacked(recv_.data(), pt, view, theta, mp, n, ap, threads_, copy_);
+    ks = kernels::UnpackAdamSUpdatePacked(recv_.data(), pt, cview, theta, mp, n, ap, threads_,
+                                          copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
     phase_[scapeOptimPhaseUpdate] = Seconds(t0);
   } else {
@@ -622,7 +628,8 @@ Status Optimizer::Step(float* theta, const float* g) {
     gg.counts = mask_->RankCounts();
     for (size_t& c : gg.counts) c *= 2;
     SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
-    ks = kernels::UnpackPairsDecayPacked(pairsAll_.data(), view, theta, mp, n, ap, threads_, copy_);
+    ks =
+        kernels::UnpackPairsDecayPacked(pairsAll_.data(), cview, theta, mp, n, ap, threads_, copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -114,6 +115,36 @@ TEST_P(Packed, SameBitsAsDenseMomentum) {
     EXPECT_TRUE(Same(eD.data(), eP.data(), n)) << "candidate residual";
     EXPECT_TRUE(Same(sD.data(), sP.data(), n)) << "candidate statistic";
     EXPECT_EQ(pD, pP) << "candidate payload";
+    // The fused gather + candidate at views validated once: the same bits, and m_{t-1} at the
+    // new mask as MomentumGather gives it.
+    CheckedMaskView co, cn;
+    ASSERT_TRUE(CheckMaskView(vo, n, &co));
+    ASSERT_TRUE(CheckMaskView(vn, n, &cn));
+    {
+      std::vector<float> eF = e0, sF(n, 1.0f), mF(kn + 1, 7.0f);
+      std::vector<uint8_t> pF(kn * esz + 1, 0);
+      ASSERT_EQ(CandidateGatherPacked(co, mOld.data(), g.data(), eF.data(), n, 0.9f, cn, mF.data(),
+                                      pt, pF.data(), sF.data()),
+                KernelStatus::kOk);
+      EXPECT_TRUE(Same(eD.data(), eF.data(), n)) << "fused candidate residual";
+      EXPECT_TRUE(Same(sD.data(), sF.data(), n)) << "fused candidate statistic";
+      EXPECT_EQ(pD, pF) << "fused candidate payload";
+      EXPECT_TRUE(Same(mF.data(), mPrev.data(), kn)) << "fused gather";
+      EXPECT_EQ(mF[kn], 7.0f) << "fused gather wrote past k";
+      // The mask did not move: the same view on both sides, m read in place.
+      std::vector<float> eS = e0, eR = e0, sS(n, 1.0f), sR(n, 1.0f), mS = mOld;
+      std::vector<uint8_t> pS(ko * esz + 1, 0), pR(ko * esz + 1, 0);
+      ASSERT_EQ(CandidatePackResidualPacked(mOld.data(), vo, mOld.data(), g.data(), eR.data(), n,
+                                            0.9f, vo, pt, pR.data(), sR.data()),
+                KernelStatus::kOk);
+      ASSERT_EQ(CandidateGatherPacked(co, mS.data(), g.data(), eS.data(), n, 0.9f, co, mS.data(),
+                                      pt, pS.data(), sS.data()),
+                KernelStatus::kOk);
+      EXPECT_TRUE(Same(eR.data(), eS.data(), n)) << "unmoved candidate residual";
+      EXPECT_TRUE(Same(sR.data(), sS.data(), n)) << "unmoved candidate statistic";
+      EXPECT_EQ(pR, pS) << "unmoved candidate payload";
+      EXPECT_TRUE(Same(mS.data(), mOld.data(), ko)) << "unmoved m changed";
+    }
     // The reduced payload: the packed candidate itself.
     const std::vector<uint8_t>& pay = pP;
 
@@ -194,6 +225,21 @@ TEST_P(Packed, SameBitsAsDenseMomentum) {
                                           copy ? &mc2 : nullptr),
                   KernelStatus::kOk);
         EXPECT_TRUE(Same(tD.data(), tP.data(), n)) << "theta, copy " << copy;
+        // The checked-view overload: the same bits.
+        std::vector<float> tC = theta0;
+        std::vector<float> mC(mPrev.begin(), mPrev.begin() + static_cast<ptrdiff_t>(kn));
+        std::vector<uint16_t> cC(n + 1, 2);
+        ModelCopy mc3;
+        mc3.p = cC.data();
+        ASSERT_EQ(UnpackAdamSUpdatePacked(pay.data(), pt, cn, tC.data(), mC.data(), n, ap, 0,
+                                          copy ? &mc3 : nullptr),
+                  KernelStatus::kOk);
+        EXPECT_TRUE(Same(tP.data(), tC.data(), n)) << "checked theta, copy " << copy;
+        EXPECT_TRUE(Same(mP.data(), mC.data(), kn)) << "checked m_t, copy " << copy;
+        if (copy) {
+          EXPECT_TRUE(std::equal(cP.begin(), cP.begin() + static_cast<ptrdiff_t>(n), cC.begin()))
+              << "checked model copy";
+        }
         for (size_t j = 0; j < kn; ++j)
           ASSERT_TRUE(Same(&mP[j], &mD[vn.idx[j]], 1)) << "m_t, entry " << j;
         if (copy) {
@@ -211,6 +257,11 @@ TEST_P(Packed, SameBitsAsDenseMomentum) {
     ASSERT_EQ(UnpackPairsDecayPacked(pairs.data(), vn, tP.data(), mP.data(), n, ap),
               KernelStatus::kOk);
     EXPECT_TRUE(Same(tD.data(), tP.data(), n)) << "unpack theta";
+    std::vector<float> tC = theta0, mC(kn + 1, 5.0f);
+    ASSERT_EQ(UnpackPairsDecayPacked(pairs.data(), cn, tC.data(), mC.data(), n, ap),
+              KernelStatus::kOk);
+    EXPECT_TRUE(Same(tP.data(), tC.data(), n)) << "checked unpack theta";
+    EXPECT_TRUE(Same(mP.data(), mC.data(), kn)) << "checked unpack m";
     for (size_t j = 0; j < kn; ++j)
       ASSERT_TRUE(Same(&mP[j], &mD[vn.idx[j]], 1)) << "unpack m, entry " << j;
   }
@@ -248,6 +299,74 @@ TEST(PackedKernels, RejectBadArguments) {
             KernelStatus::kInvalidArgument);
   EXPECT_EQ(RecoveredGradSqNormPacked(pay, scapeFloat32, m, 0, 0.9f, &sq), KernelStatus::kOk);
   EXPECT_EQ(sq, 0.0);
+}
+
+// The validate-once tokens: only CheckMaskView makes a valid one; a bad view, an unchecked
+// (default) token or a token for another n is refused by every kernel that takes one, and
+// nothing is written.
+TEST(PackedKernels, CheckedViewsRefuseWhatWasNotChecked) {
+  const uint64_t idx[2] = {1, 3}, idx2[1] = {2}, unsorted[2] = {3, 1};
+  const MaskRun run{0, 4, 0, 2, kRunOwned}, run2{0, 4, 0, 1, kRunOwned};
+  const MaskRun split[2] = {{0, 2, 0, 1, kRunOwned}, {2, 4, 1, 2, 0}};
+  const MaskView a{idx, 2, &run, 1}, b{idx2, 1, &run2, 1}, bad{unsorted, 2, &run, 1};
+  const MaskView other{idx, 2, split, 2};  // valid, but its runs differ from a's
+  CheckedMaskView ca, cb, cbad, cother, none;
+  ASSERT_TRUE(CheckMaskView(a, 4, &ca));
+  ASSERT_TRUE(CheckMaskView(b, 4, &cb));
+  ASSERT_TRUE(CheckMaskView(other, 4, &cother));
+  EXPECT_FALSE(CheckMaskView(bad, 4, &cbad));
+  EXPECT_FALSE(cbad.valid());
+  EXPECT_FALSE(none.valid());
+  EXPECT_FALSE(CheckMaskView(a, 3, &cbad));  // index 3 out of range for n = 3
+  EXPECT_FALSE(CheckMaskView(a, 4, nullptr));
+  float m[2] = {1, 2}, mo[2] = {9, 9}, g[4] = {1, 1, 1, 1}, e[4] = {0, 0, 0, 0};
+  float th[4] = {1, 1, 1, 1}, pay[2] = {0, 0}, pairs[4] = {1, 1, 1, 1};
+  // Refused: unchecked tokens, a token for another n, runs that differ, aliasing rules.
+  EXPECT_EQ(CandidateGatherPacked(none, m, g, e, 4, 0.9f, cb, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 0.9f, cbad, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 5, 0.9f, cb, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(CandidateGatherPacked(cother, m, g, e, 4, 0.9f, cb, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 0.9f, ca, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);  // the same view needs m_mask == m_support
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 0.9f, cb, mo, scapeInt32, pay, nullptr),
+            KernelStatus::kUnsupported);
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 0.9f, cb, nullptr, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 1.0f, cb, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kInvalidArgument);
+  for (float x : e) EXPECT_EQ(x, 0.0f);
+  EXPECT_EQ(mo[0], 9.0f);
+  AdamSParams ap;
+  EXPECT_EQ(UnpackAdamSUpdatePacked(pay, scapeFloat32, none, th, m, 4, ap),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(UnpackAdamSUpdatePacked(pay, scapeFloat32, ca, th, m, 5, ap),
+            KernelStatus::kInvalidArgument);
+  EXPECT_EQ(UnpackPairsDecayPacked(pairs, none, th, m, 4, ap), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(UnpackPairsDecayPacked(pairs, ca, th, m, 5, ap), KernelStatus::kInvalidArgument);
+  for (float x : th) EXPECT_EQ(x, 1.0f);
+  // Accepted: the gather writes m_{t-1} at b's entry (position 2: entering, +0).
+  EXPECT_EQ(CandidateGatherPacked(ca, m, g, e, 4, 0.9f, cb, mo, scapeFloat32, pay, nullptr),
+            KernelStatus::kOk);
+  EXPECT_EQ(mo[0], 0.0f);
+  EXPECT_FALSE(std::signbit(mo[0]));
+  EXPECT_EQ(mo[1], 9.0f);
+}
+
+// MaskViewIsValid refuses every kind of bad entry list (the branch-free check of each run).
+TEST(PackedKernels, MaskViewIsValidRefusesBadEntries) {
+  const MaskRun run{0, 8, 0, 3, 0};
+  const uint64_t ok[3] = {0, 4, 7}, dup[3] = {1, 4, 4}, desc[3] = {1, 5, 4}, low[3] = {5, 6, 7};
+  const uint64_t high[3] = {1, 2, 8}, wrap[3] = {1, ~uint64_t{0}, 7};
+  EXPECT_TRUE(MaskViewIsValid(MaskView{ok, 3, &run, 1}, 8));
+  for (const uint64_t* x : {dup, desc, high, wrap})
+    EXPECT_FALSE(MaskViewIsValid(MaskView{x, 3, &run, 1}, 8)) << x[0] << " " << x[1];
+  const MaskRun two[2] = {{0, 5, 0, 3, 0}, {5, 8, 3, 3, 0}};
+  EXPECT_FALSE(MaskViewIsValid(MaskView{low, 3, two, 2}, 8));  // entries beyond their run
+  EXPECT_FALSE(MaskViewIsValid(MaskView{ok, 1, two, 2}, 8));   // a run past k
 }
 
 }  // namespace
