@@ -22,7 +22,10 @@ namespace {
 using testing_util::FreshSeed;
 using testing_util::RandomNormal;
 
-bool Same(const float* a, const float* b, size_t n) { return std::memcmp(a, b, 4 * n) == 0; }
+// n == 0: empty vectors may hold null data(), which memcmp must not see.
+bool Same(const float* a, const float* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, 4 * n) == 0;
+}
 
 // A mask over runs [bounds[r], bounds[r+1]) owned by rank r % P, in owner order (rank 0's runs'
 // entries in position order, then rank 1's, ...), each position in with probability d.
