@@ -332,6 +332,17 @@ inline KernelStatus CheckCopy(const ModelCopy* c, size_t n) {
   return KernelStatus::kOk;
 }
 
+// The update kernels' common checks, in this order: the payload type (`type` nullptr: the
+// kernel takes no payload), the AdamS scalars (into *s), the 16-bit model copy. The pointer and
+// mask checks, which differ by kernel, follow in each.
+inline KernelStatus UpdatePrologue(const scapeDataType_t* type, const AdamSParams& params,
+                                   const ModelCopy* copy, size_t n, AdamSScalars* s) {
+  if (type != nullptr && PayloadElementSize(*type) == 0) return KernelStatus::kUnsupported;
+  const KernelStatus st = MakeAdamSScalars(params, s);
+  if (st != KernelStatus::kOk) return st;
+  return CheckCopy(copy, n);
+}
+
 // Calls fn with the copy functor of `c` (NoCopy for nullptr).
 template <typename F>
 bool WithCopy(const ModelCopy* c, F&& fn) {
@@ -384,11 +395,9 @@ template <typename Index>
 KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         float* theta, float* m, size_t n, const AdamSParams& params,
                         int max_threads, const ModelCopy* copy) {
-  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdatePrologue(&type, params, copy, n, &s);
   if (st != KernelStatus::kOk) return st;
-  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;

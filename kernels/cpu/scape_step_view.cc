@@ -183,11 +183,9 @@ KernelStatus CandidatePackResidualView(const float* m, const float* g, float* e,
 KernelStatus UnpackAdamSUpdateView(const void* payload, scapeDataType_t type, const MaskView& mask,
                                    float* theta, float* m, size_t n, const AdamSParams& params,
                                    int max_threads, bool keep_m_outside, const ModelCopy* copy) {
-  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdatePrologue(&type, params, copy, n, &s);
   if (st != KernelStatus::kOk) return st;
-  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && payload == nullptr) return KernelStatus::kInvalidArgument;
   if (!MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
@@ -220,9 +218,8 @@ namespace {
 KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t* idx, size_t k,
                        const float* theta, const float* m, size_t n, const AdamSParams& params,
                        float* pairs, int max_threads, bool packed) {
-  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdatePrologue(&type, params, nullptr, n, &s);
   if (st != KernelStatus::kOk) return st;
   if (k > 0 && (payload == nullptr || theta == nullptr || m == nullptr || pairs == nullptr)) {
     return KernelStatus::kInvalidArgument;
@@ -255,9 +252,8 @@ KernelStatus UnpackPairsImpl(const float* pairs, const MaskView& mask, float* th
                              bool keep_m_outside, const ModelCopy* copy, bool packed,
                              bool checked = false) {
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdatePrologue(nullptr, params, copy, n, &s);
   if (st != KernelStatus::kOk) return st;
-  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || (m == nullptr && (!packed || mask.k > 0)))) {
     return KernelStatus::kInvalidArgument;
   }
@@ -542,11 +538,9 @@ namespace {
 KernelStatus UpdatePackedImpl(const void* payload, scapeDataType_t type, const MaskView& mask,
                               float* theta, float* m, size_t n, const AdamSParams& params,
                               int max_threads, const ModelCopy* copy, bool checked) {
-  if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdatePrologue(&type, params, copy, n, &s);
   if (st != KernelStatus::kOk) return st;
-  if ((st = CheckCopy(copy, n)) != KernelStatus::kOk) return st;
   if (n > 0 && theta == nullptr) return KernelStatus::kInvalidArgument;
   if (mask.k > 0 && (payload == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (!checked && !MaskViewIsValid(mask, n)) return KernelStatus::kInvalidArgument;
