@@ -674,6 +674,16 @@ Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t 
   SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
   ++updates;
   const int threads = kernelThreads.load();
+  // The "segment_rms" table is host memory: copied now, as the CUDA runtime uploads it.
+  std::vector<uint64_t> enterOff;
+  std::vector<float> enterVs;
+  if (params.enter_vs != nullptr) {
+    if (params.enter_offsets == nullptr || params.enter_nseg == 0)
+      return scape::InvalidArgument("fake device: UnpackAdamSUpdateCopy: enter_vs without offsets");
+    enterOff.assign(params.enter_offsets, params.enter_offsets + params.enter_nseg + 1);
+    enterVs.assign(params.enter_vs, params.enter_vs + params.enter_nseg);
+    ++enteringUpdates;
+  }
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
@@ -683,9 +693,12 @@ Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t 
     kn::ModelCopy c;
     c.p = dCopy;
     c.type = copyType;
+    kn::AdamSParams p = params;
+    p.enter_offsets = enterVs.empty() ? nullptr : enterOff.data();
+    p.enter_vs = enterVs.empty() ? nullptr : enterVs.data();
     return KernelResult(
-        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads, &c),
-        "dMask not strictly increasing, or an entry >= n");
+        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, p, threads, &c),
+        "dMask not strictly increasing, an entry >= n, or a bad enter table");
   });
   return Status::Ok();
 }

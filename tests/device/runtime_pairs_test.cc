@@ -162,13 +162,13 @@ TEST_F(FakePairs, AdamSUpdatePairsMatchesTheHostKernel) {
             if (enter) et.Set(&ap);
             // Host kernel.
             std::vector<float> want(2 * k);
-            ASSERT_EQ(kn::AdamSUpdatePairs(payload.data(), t, idx.data(), k, theta.data(),
-                                           m.data(), n, ap, want.data()),
+            ASSERT_EQ(kn::AdamSUpdatePairs(payload.data(), t, idx.data(), k, theta.data(), m.data(),
+                                           n, ap, want.data()),
                       kn::KernelStatus::kOk);
             // Independent reference: UnpackAdamSUpdate's result at the positions.
             std::vector<float> thU = theta, mU = m;
-            ASSERT_EQ(kn::UnpackAdamSUpdate(payload.data(), t, idx.data(), k, thU.data(),
-                                            mU.data(), n, ap),
+            ASSERT_EQ(kn::UnpackAdamSUpdate(payload.data(), t, idx.data(), k, thU.data(), mU.data(),
+                                            n, ap),
                       kn::KernelStatus::kOk);
             std::vector<float> fromUpdate(2 * k);
             for (size_t j = 0; j < k; ++j) {
@@ -330,6 +330,51 @@ TEST_F(FakePairs, PairsThenUnpackIsTheUpdate) {
   }
 }
 
+// The "segment_rms" table is host memory that the runtime takes at the call (the CUDA runtime
+// uploads it): the ops queued behind a held stream use the table as it was at the call, not as
+// it is when the stream reaches them. (UnpackAdamSUpdateCopy read it when it ran.)
+TEST_F(FakePairs, TheEnterTableIsTakenAtTheCall) {
+  SCAPE_SEEDED_RNG(rng);
+  const size_t n = 1001, k = 300;
+  const scapeDataType_t t = scapeBfloat16;
+  const auto theta = RandomNormal(rng, n);
+  const auto m = RandomMomentum(rng, n);
+  const auto mask = SortedMask(rng, n, k);
+  const auto payload = RandomPayload(rng, t, k);
+  EnterTable et(n);
+  kn::AdamSParams ap = Params(0.1f, 0);
+  et.Set(&ap);
+  // References with the table as it is now.
+  std::vector<float> pairsW(2 * k), thW = theta, mW = m;
+  std::vector<uint16_t> cW(n);
+  kn::ModelCopy mc;
+  mc.p = cW.data();
+  mc.type = scapeFloat16;
+  ASSERT_EQ(kn::AdamSUpdatePairs(payload.data(), t, mask.data(), k, theta.data(), m.data(), n, ap,
+                                 pairsW.data()),
+            kn::KernelStatus::kOk);
+  ASSERT_EQ(kn::UnpackAdamSUpdate(payload.data(), t, mask.data(), k, thW.data(), mW.data(), n, ap,
+                                  0, &mc),
+            kn::KernelStatus::kOk);
+  Dev dth(rt_, theta), dm(rt_, m), dmask(rt_, mask), dp(rt_, payload), dpairs(rt_, 8 * k),
+      dc(rt_, 2 * n);
+  fake_device::Gate gate;
+  fake_.HoldStream(s_, &gate);
+  ASSERT_ST_OK(rt_->AdamSUpdatePairs(dp.get(), t, dmask.get<uint64_t>(), k, dth.get<float>(),
+                                     dm.get<float>(), n, ap, dpairs.get<float>(), s_));
+  ASSERT_ST_OK(rt_->UnpackAdamSUpdateCopy(dp.get(), t, dmask.get<uint64_t>(), k, dth.get<float>(),
+                                          dm.get<float>(), n, ap, dc.get(), scapeFloat16, s_));
+  // The caller's table changes before the stream runs the ops.
+  std::fill(et.vs.begin(), et.vs.end(), 1e6f);
+  et.off[1] = n;
+  gate.Open();
+  ASSERT_ST_OK(rt_->StreamSynchronize(s_));
+  EXPECT_TRUE(SameBits(dpairs.Read<float>(2 * k), pairsW));
+  EXPECT_TRUE(SameBits(dth.Read<float>(n), thW));
+  EXPECT_TRUE(SameBits(dm.Read<float>(n), mW));
+  EXPECT_TRUE(SameBits(dc.Read<uint16_t>(n), cW));
+}
+
 TEST_F(FakePairs, HostCheckedErrors) {
   const size_t n = 10;
   Dev th(rt_, 4 * n), m(rt_, 4 * n), idx(rt_, 8 * n), p(rt_, 4 * n), pairs(rt_, 8 * n),
@@ -367,8 +412,8 @@ TEST_F(FakePairs, HostCheckedErrors) {
                                   m.get<float>(), n, ap, nullptr, s_)
                 .code(),
             scapeInvalidArgument);
-  EXPECT_EQ(rt_->UnpackPairsDecay(nullptr, idx.get<uint64_t>(), 2, th.get<float>(),
-                                  m.get<float>(), n, ap, nullptr, scapeBfloat16, s_)
+  EXPECT_EQ(rt_->UnpackPairsDecay(nullptr, idx.get<uint64_t>(), 2, th.get<float>(), m.get<float>(),
+                                  n, ap, nullptr, scapeBfloat16, s_)
                 .code(),
             scapeInvalidArgument);
   EXPECT_EQ(rt_->UnpackPairsDecay(pairs.get<float>(), nullptr, 2, th.get<float>(), m.get<float>(),
@@ -380,11 +425,11 @@ TEST_F(FakePairs, HostCheckedErrors) {
                 .code(),
             scapeInvalidArgument);
   // A pairs buffer too small for 2k floats.
-  EXPECT_EQ(rt_->UnpackPairsDecay(pairs.get<float>() + 2 * n - 1, idx.get<uint64_t>(), 1,
-                                  th.get<float>(), m.get<float>(), n, ap, nullptr, scapeBfloat16,
-                                  s_)
-                .code(),
-            scapeInvalidArgument);
+  EXPECT_EQ(
+      rt_->UnpackPairsDecay(pairs.get<float>() + 2 * n - 1, idx.get<uint64_t>(), 1, th.get<float>(),
+                            m.get<float>(), n, ap, nullptr, scapeBfloat16, s_)
+          .code(),
+      scapeInvalidArgument);
   // Copy type.
   EXPECT_EQ(rt_->UnpackPairsDecay(pairs.get<float>(), idx.get<uint64_t>(), 2, th.get<float>(),
                                   m.get<float>(), n, ap, c.get(), scapeFloat32, s_)
