@@ -148,7 +148,8 @@ class Runtime {
                               Stream s);
   // kernels/cpu/scape_step.h StayingGradSqBlocks ("segment_rms"): `bounds` (nb + 1 slots) is
   // host memory (the runtime uploads it); dSums and dCounts receive nb values each, the same
-  // bits. UnpackAdamSUpdate's params.enter_offsets / enter_vs are host memory too.
+  // bits. The params.enter_offsets / enter_vs of UnpackAdamSUpdate, UnpackAdamSUpdateCopy and
+  // AdamSUpdatePairs are host memory too.
   virtual Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dIdx, const float* dM, size_t n, float beta1,
                                      const uint64_t* bounds, size_t nb, double* dSums,
