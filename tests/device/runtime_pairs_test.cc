@@ -456,7 +456,11 @@ TEST_F(FakePairs, HostCheckedErrors) {
                                      m.get<float>(), n, ap, nullptr, s_));
   ASSERT_ST_OK(rt_->UnpackPairsDecay(nullptr, nullptr, 0, nullptr, nullptr, 0, ap, nullptr,
                                      scapeBfloat16, s_));
+  // Without a copy, copyType is not looked at (the optimizer passes scapeFloat32 then).
+  ASSERT_ST_OK(rt_->UnpackPairsDecay(pairs.get<float>(), idx.get<uint64_t>(), 2, th.get<float>(),
+                                     m.get<float>(), n, ap, nullptr, scapeFloat32, s_));
   ASSERT_ST_OK(rt_->StreamSynchronize(s_));
+  EXPECT_EQ(fake_.pairUnpacks.load(), 1u);
 }
 
 // What only the data shows fails the stream: an unsorted mask for the unpack, a repeated
