@@ -98,6 +98,20 @@ KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t pa
                                        const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
                                        size_t n, const AdamSParams& params, const ModelCopy& copy,
                                        cudaStream_t stream);
+// The sharded step's halves (kernels/cpu/scape_step.h), the same bits as the CPU kernels.
+// AdamSUpdatePairsCuda: AdamSUpdatePairs (dense m: m_{t-1} = d_m[d_idx[j]]); d_idx holds k
+// distinct positions in any order (device precondition; an entry >= n is skipped, its pair not
+// written); params.enter_offsets / enter_vs are DEVICE pointers, as for UnpackAdamSUpdateCuda.
+// UnpackPairsDecayCuda: UnpackPairsDecayView at a sorted mask (one run; device precondition:
+// d_mask strictly increasing), m written outside the mask (+0); copy: optional 16-bit model
+// copy (nullptr: none; type bf16 or fp16, else kUnsupported). The enter table is not used.
+KernelStatus AdamSUpdatePairsCuda(const void* d_payload, scapeDataType_t payload_type,
+                                  const uint64_t* d_idx, size_t k, const float* d_theta,
+                                  const float* d_m, size_t n, const AdamSParams& params,
+                                  float* d_pairs, cudaStream_t stream);
+KernelStatus UnpackPairsDecayCuda(const float* d_pairs, const uint64_t* d_mask, size_t k,
+                                  float* d_theta, float* d_m, size_t n, const AdamSParams& params,
+                                  const ModelCopy* copy, cudaStream_t stream);
 // Same contract and the same bits as StayingGradSqBlocks ("segment_rms"); every pointer is
 // device memory (d_bounds: nb + 1 slots, validated by the caller). Device preconditions: blocks
 // of at most kSqNormBlock slots; an index >= n counts as not staying.

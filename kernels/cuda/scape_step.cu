@@ -170,11 +170,39 @@ __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, f
   return __fsub_rn(__fmul_rn(th, s.decay), upd);
 }
 
+// The work at one masked element of the update pass, a template parameter of UpdateKernel:
+// point(j, i, th, m, s, &m_out) returns theta_t at position i (mask entry j, theta_{t-1} = th)
+// and sets m_out = m_t. kReadsTheta: whether it uses th (else the scalar path does not load it).
+// The AdamS update (UnpackAdamSUpdate): m_{t-1} = m[i], payload value j.
+template <int kType>
+struct AdamSPointOp {
+  static constexpr bool kReadsTheta = true;
+  const void* payload;
+  EnterTable et;
+  __device__ __forceinline__ float operator()(uint64_t j, uint64_t i, float th, const float* m,
+                                              const AdamSScalars& s, float* m_out) const {
+    const float mp = m[i];
+    return MaskedUpdate<kType>(payload, j, mp, th, s, m_out, EnterVs(et, i, mp));
+  }
+};
+// The gathered pairs (UnpackPairsDecayView): theta_t = pairs[2j], m_t = pairs[2j+1].
+struct PairsPointOp {
+  static constexpr bool kReadsTheta = false;
+  const float* pairs;
+  __device__ __forceinline__ float operator()(uint64_t j, uint64_t, float, const float*,
+                                              const AdamSScalars&, float* m_out) const {
+    *m_out = pairs[2 * j + 1];
+    return pairs[2 * j];
+  }
+};
+
 // One pass over theta and m. Full tiles with decay != 1 and 16-byte aligned theta/m (kVec):
 // every thread loads its kUGroups float4 of theta first (all in flight), then updates and
 // stores theta and m as float4; m_{t-1} is read only at masked elements (m is 0 elsewhere).
 // Otherwise (the last partial tile, decay == 1 where theta is only touched at masked
 // elements, unaligned pointers) element by element as before. Same results either way.
+// Point: the work at a masked element (AdamSPointOp, PairsPointOp); outside the mask
+// theta *= decay and m = +0 whatever Point is.
 // kCopy (mixed precision, kernels::ModelCopy): 0 none, 1 bf16, 2 fp16; the 16-bit copy of
 // theta is stored at every element in the same pass (also where decay == 1 leaves theta).
 template <int kCopy>
@@ -183,10 +211,10 @@ __device__ __forceinline__ void StoreCopy(void* copy, uint64_t i, float v) {
   if (kCopy == 2) static_cast<uint16_t*>(copy)[i] = dev::FloatToFp16(v);
 }
 
-template <typename Index, int kType, bool kVec, int kCopy>
+template <typename Index, typename Point, bool kVec, int kCopy>
 __global__ void __launch_bounds__(kThreads, 4)
-    UpdateKernel(const void* payload, const Index* mask, uint64_t k, float* theta, float* m,
-                 uint64_t n, AdamSScalars s, EnterTable et, void* copy) {
+    UpdateKernel(Point point, const Index* mask, uint64_t k, float* theta, float* m, uint64_t n,
+                 AdamSScalars s, void* copy) {
   __shared__ __align__(16) short slot[kUTile];
   __shared__ uint64_t range[2];
   const bool do_decay = s.decay != 1.0f;
@@ -219,9 +247,7 @@ __global__ void __launch_bounds__(kThreads, 4)
         for (int q = 0; q < 4; ++q) {
           if (sl[q] >= 0 && jb + static_cast<uint64_t>(sl[q]) < k) {
             const uint64_t i = t0 + static_cast<uint64_t>(v) * 4 + q;
-            const float mp = m[i];
-            t[q] = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl[q]), mp, t[q], s,
-                                       &mo[q], EnterVs(et, i, mp));
+            t[q] = point(jb + static_cast<uint64_t>(sl[q]), i, t[q], m, s, &mo[q]);
           } else {
             t[q] = __fmul_rn(t[q], s.decay);
             mo[q] = 0.0f;
@@ -240,9 +266,8 @@ __global__ void __launch_bounds__(kThreads, 4)
         const int sl = slot[i - t0];
         if (sl >= 0 && jb + static_cast<uint64_t>(sl) < k) {
           float mn;
-          const float mp = m[i];
-          const float t = MaskedUpdate<kType>(payload, jb + static_cast<uint64_t>(sl), mp, theta[i],
-                                              s, &mn, EnterVs(et, i, mp));
+          const float th_i = Point::kReadsTheta ? theta[i] : 0.0f;
+          const float t = point(jb + static_cast<uint64_t>(sl), i, th_i, m, s, &mn);
           theta[i] = t;
           m[i] = mn;
           if (kCopy != 0) StoreCopy<kCopy>(copy, i, t);
@@ -254,6 +279,24 @@ __global__ void __launch_bounds__(kThreads, 4)
       }
     }
     __syncthreads();
+  }
+}
+
+// AdamSUpdatePairs: one thread per mask entry j (any order), theta and m only read. An entry
+// >= n (a device precondition) is skipped: its pair is not written.
+template <int kType>
+__global__ void __launch_bounds__(kThreads)
+    PairsKernel(const void* payload, const uint64_t* idx, uint64_t k, const float* theta,
+                const float* m, uint64_t n, AdamSScalars s, EnterTable et, float* pairs) {
+  const AdamSPointOp<kType> point{payload, et};
+  for (uint64_t j = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t i = idx[j];
+    if (i >= n) continue;
+    float mn;
+    const float t = point(j, i, theta[i], m, s, &mn);
+    pairs[2 * j] = t;
+    pairs[2 * j + 1] = mn;
   }
 }
 
@@ -388,28 +431,31 @@ KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, fl
   return KernelStatus::kOk;
 }
 
-template <typename Index, int kCopy>
-void LaunchUpdate(const void* payload, int kind, const Index* mask, size_t k, float* theta,
-                  float* m, size_t n, const AdamSScalars& s, const EnterTable& et, void* copy,
-                  bool vec, unsigned grid, cudaStream_t stream) {
-#define SCAPE_UPDATE_LAUNCH(KT)                                                        \
-  do {                                                                                 \
-    if (vec) {                                                                         \
-      UpdateKernel<Index, KT, true, kCopy>                                             \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et, copy); \
-    } else {                                                                           \
-      UpdateKernel<Index, KT, false, kCopy>                                            \
-          <<<grid, kThreads, 0, stream>>>(payload, mask, k, theta, m, n, s, et, copy); \
-    }                                                                                  \
-  } while (0)
-  if (kind == 0) {
-    SCAPE_UPDATE_LAUNCH(0);
-  } else if (kind == 1) {
-    SCAPE_UPDATE_LAUNCH(1);
+template <typename Index, typename Point, int kCopy>
+void LaunchUpdatePass(const Point& point, const Index* mask, size_t k, float* theta, float* m,
+                      size_t n, const AdamSScalars& s, void* copy, bool vec, unsigned grid,
+                      cudaStream_t stream) {
+  if (vec) {
+    UpdateKernel<Index, Point, true, kCopy>
+        <<<grid, kThreads, 0, stream>>>(point, mask, k, theta, m, n, s, copy);
   } else {
-    SCAPE_UPDATE_LAUNCH(2);
+    UpdateKernel<Index, Point, false, kCopy>
+        <<<grid, kThreads, 0, stream>>>(point, mask, k, theta, m, n, s, copy);
   }
-#undef SCAPE_UPDATE_LAUNCH
+}
+
+// The update pass over n with `point` at the masked elements; ckind: 0 no copy, 1 bf16, 2 fp16.
+template <typename Index, typename Point>
+void LaunchUpdatePass(const Point& point, int ckind, const Index* mask, size_t k, float* theta,
+                      float* m, size_t n, const AdamSScalars& s, void* copy, cudaStream_t stream) {
+  const unsigned grid = dev::GridFor(n, kUTile);
+  const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
+  if (ckind == 0)
+    LaunchUpdatePass<Index, Point, 0>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
+  else if (ckind == 1)
+    LaunchUpdatePass<Index, Point, 1>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
+  else
+    LaunchUpdatePass<Index, Point, 2>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
 }
 
 template <typename Index>
@@ -433,15 +479,63 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   if (et.vs != nullptr && (et.off == nullptr || et.nseg == 0)) {
     return KernelStatus::kInvalidArgument;
   }
-  const unsigned grid = dev::GridFor(n, kUTile);
-  const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
   void* cp = copy ? copy->p : nullptr;
-  if (ckind == 0)
-    LaunchUpdate<Index, 0>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
-  else if (ckind == 1)
-    LaunchUpdate<Index, 1>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
+  if (kind == 0)
+    LaunchUpdatePass(AdamSPointOp<0>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
+  else if (kind == 1)
+    LaunchUpdatePass(AdamSPointOp<1>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
   else
-    LaunchUpdate<Index, 2>(payload, kind, mask, k, theta, m, n, s, et, cp, vec, grid, stream);
+    LaunchUpdatePass(AdamSPointOp<2>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
+KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t* idx, size_t k,
+                       const float* theta, const float* m, size_t n, const AdamSParams& params,
+                       float* pairs, cudaStream_t stream) {
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (payload == nullptr || idx == nullptr || theta == nullptr || m == nullptr ||
+                pairs == nullptr)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  // params.enter_offsets / enter_vs are device pointers here (the runtime uploads them).
+  EnterTable et{params.enter_offsets, params.enter_vs, params.enter_nseg};
+  if (et.vs != nullptr && (et.off == nullptr || et.nseg == 0)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (k == 0) return KernelStatus::kOk;
+  const unsigned grid = dev::GridFor(k, kThreads);
+  if (kind == 0) {
+    PairsKernel<0><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
+  } else if (kind == 1) {
+    PairsKernel<1><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
+  } else {
+    PairsKernel<2><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
+  }
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
+KernelStatus UnpackPairsImpl(const float* pairs, const uint64_t* mask, size_t k, float* theta,
+                             float* m, size_t n, const AdamSParams& params, const ModelCopy* copy,
+                             cudaStream_t stream) {
+  const int ckind = copy ? dev::PayloadKind(copy->type) : 0;
+  if (copy && ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
+  if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
+  AdamSScalars s;
+  KernelStatus st = MakeAdamSScalars(params, &s);
+  if (st != KernelStatus::kOk) return st;
+  if (k > n) return KernelStatus::kInvalidArgument;
+  if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
+  if (k > 0 && (mask == nullptr || pairs == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) return KernelStatus::kOk;
+  LaunchUpdatePass(PairsPointOp{pairs}, ckind, mask, k, theta, m, n, s, copy ? copy->p : nullptr,
+                   stream);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -572,6 +666,19 @@ KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t pa
                                        size_t n, const AdamSParams& params, const ModelCopy& copy,
                                        cudaStream_t stream) {
   return UpdateImpl(d_payload, payload_type, d_mask, k, d_theta, d_m, n, params, stream, &copy);
+}
+
+KernelStatus AdamSUpdatePairsCuda(const void* d_payload, scapeDataType_t payload_type,
+                                  const uint64_t* d_idx, size_t k, const float* d_theta,
+                                  const float* d_m, size_t n, const AdamSParams& params,
+                                  float* d_pairs, cudaStream_t stream) {
+  return PairsImpl(d_payload, payload_type, d_idx, k, d_theta, d_m, n, params, d_pairs, stream);
+}
+
+KernelStatus UnpackPairsDecayCuda(const float* d_pairs, const uint64_t* d_mask, size_t k,
+                                  float* d_theta, float* d_m, size_t n, const AdamSParams& params,
+                                  const ModelCopy* copy, cudaStream_t stream) {
+  return UnpackPairsImpl(d_pairs, d_mask, k, d_theta, d_m, n, params, copy, stream);
 }
 
 KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payload_type,

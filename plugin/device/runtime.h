@@ -114,6 +114,29 @@ class Runtime {
                                        const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                        size_t n, const kernels::AdamSParams& params, void* dCopy,
                                        scapeDataType_t copyType, Stream s);
+  // The sharded step's two halves (the owner updates its masked positions, the (theta', m')
+  // pairs are all-gathered, every rank unpacks them). AdamSUpdatePairs: kernels/cpu/scape_step.h
+  // AdamSUpdatePairs on device memory: for j < k, i = dIdx[j] (distinct, < n, any order),
+  // computes (theta', m') exactly as UnpackAdamSUpdate would write them at i
+  // (m_{t-1} = dM[i], dense m; payload value j) and stores dPairs[2j] = theta',
+  // dPairs[2j+1] = m' (2k floats). dTheta and dM are only read. params.enter_offsets /
+  // enter_vs ("segment_rms") are host memory (the runtime uploads them), as for
+  // UnpackAdamSUpdate.
+  virtual Status AdamSUpdatePairs(const void* dPayload, scapeDataType_t payloadType,
+                                  const uint64_t* dIdx, size_t k, const float* dTheta,
+                                  const float* dM, size_t n, const kernels::AdamSParams& params,
+                                  float* dPairs, Stream s);
+  // UnpackPairsDecay: kernels/cpu/scape_step.h UnpackPairsDecayView on device memory at a sorted
+  // mask (dMask strictly increasing, k <= n; dPairs in that order, 2k floats):
+  // dTheta[dMask[j]] = dPairs[2j], dM[dMask[j]] = dPairs[2j+1]; outside the mask
+  // dTheta *= decay (decay = 1 - lr*wd from params; untouched when decay == 1) and dM = +0.
+  // dCopy (nullptr: none) is the 16-bit model copy of theta (copyType scapeBfloat16 or
+  // scapeFloat16; ignored without dCopy), written at EVERY position in the same pass, as
+  // UnpackAdamSUpdateCopy does. params' enter table is not used.
+  virtual Status UnpackPairsDecay(const float* dPairs, const uint64_t* dMask, size_t k,
+                                  float* dTheta, float* dM, size_t n,
+                                  const kernels::AdamSParams& params, void* dCopy,
+                                  scapeDataType_t copyType, Stream s);
   // *dSqNorm (device, one double) = RecoveredGradSqNorm's result, the same bits.
   virtual Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dMask, size_t k, const float* dM, size_t n,
@@ -125,7 +148,8 @@ class Runtime {
                               Stream s);
   // kernels/cpu/scape_step.h StayingGradSqBlocks ("segment_rms"): `bounds` (nb + 1 slots) is
   // host memory (the runtime uploads it); dSums and dCounts receive nb values each, the same
-  // bits. UnpackAdamSUpdate's params.enter_offsets / enter_vs are host memory too.
+  // bits. The params.enter_offsets / enter_vs of UnpackAdamSUpdate, UnpackAdamSUpdateCopy and
+  // AdamSUpdatePairs are host memory too.
   virtual Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dIdx, const float* dM, size_t n, float beta1,
                                      const uint64_t* bounds, size_t nb, double* dSums,

@@ -165,6 +165,54 @@ class StreamTemp {
   bool async_ = false;
 };
 
+// The AdamS parameters of `op`, checked as the kernels check them (MakeAdamSScalars).
+Status CheckAdamSParams(const char* op, const kn::AdamSParams& params) {
+  kn::AdamSScalars sc;
+  if (kn::MakeAdamSScalars(params, &sc) == kn::KernelStatus::kOk) return Status::Ok();
+  return InvalidArgument(StrFormat(
+      "%s: bad AdamS parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
+      "clip_scale %g, bias_correction %d, step %lld)",
+      op, params.lr, params.beta1, params.beta2, params.eps, params.weight_decay, params.clip_scale,
+      static_cast<int>(params.bias_correction), static_cast<long long>(params.step)));
+}
+
+// "segment_rms": the host enter table (when enter_vs is set) tiles [0, n) in non-decreasing
+// offsets, as the CPU kernels require.
+Status CheckEnterTable(const char* op, const kn::AdamSParams& params, size_t n) {
+  if (params.enter_vs == nullptr) return Status::Ok();
+  const size_t nseg = params.enter_nseg;
+  bool ok = params.enter_offsets != nullptr && nseg > 0 && params.enter_offsets[0] == 0 &&
+            params.enter_offsets[nseg] == n;
+  for (size_t i = 0; ok && i < nseg; ++i)
+    ok = params.enter_offsets[i + 1] >= params.enter_offsets[i];
+  if (ok) return Status::Ok();
+  return InvalidArgument(
+      StrFormat("%s: enter table (%zu segments) does not tile [0, %zu)", op, nseg, n));
+}
+
+// "segment_rms": *p = params with its host enter table (params.enter_offsets / enter_vs)
+// uploaded for this launch (offsets, then the values) into temp's memory on `stream`. Without
+// a table (enter_vs null) *p = params and nothing is uploaded. The table must tile [0, n).
+Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
+                        cudaStream_t stream, StreamTemp* temp, kn::AdamSParams* p) {
+  *p = params;
+  SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
+  if (params.enter_vs == nullptr) return Status::Ok();
+  const size_t nseg = params.enter_nseg;
+  const size_t offBytes = 8 * (nseg + 1);
+  std::vector<char> table(offBytes + 4 * nseg);
+  std::memcpy(table.data(), params.enter_offsets, offBytes);
+  std::memcpy(table.data() + offBytes, params.enter_vs, 4 * nseg);
+  void* base = nullptr;
+  SCAPE_RETURN_IF_ERROR(temp->Alloc(op, table.size(), &base));
+  // From pageable host memory: returns once the source has been staged.
+  cudaError_t e = cudaMemcpyAsync(base, table.data(), table.size(), cudaMemcpyHostToDevice, stream);
+  if (e != cudaSuccess) return CudaFail(StrFormat("%s: uploading the enter table", op).c_str(), e);
+  p->enter_offsets = static_cast<const uint64_t*>(base);
+  p->enter_vs = reinterpret_cast<const float*>(static_cast<char*>(base) + offBytes);
+  return Status::Ok();
+}
+
 class Cuda final : public Runtime {
  public:
   const char* Name() const override { return "cuda"; }
@@ -365,15 +413,7 @@ class Cuda final : public Runtime {
                            const kn::AdamSParams& params, Stream s) override {
     const char* op = "AdamS update kernel";
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
-    kn::AdamSScalars sc;
-    if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk) {
-      return InvalidArgument(
-          StrFormat("%s: bad AdamS parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
-                    "clip_scale %g, bias_correction %d, step %lld)",
-                    op, params.lr, params.beta1, params.beta2, params.eps, params.weight_decay,
-                    params.clip_scale, static_cast<int>(params.bias_correction),
-                    static_cast<long long>(params.step)));
-    }
+    SCAPE_RETURN_IF_ERROR(CheckAdamSParams(op, params));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
     SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
@@ -390,27 +430,67 @@ class Cuda final : public Runtime {
       return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM,
                                                       n, params, stream));
     // "segment_rms": upload the host table (offsets, then the values) for this launch.
-    const size_t nseg = params.enter_nseg;
-    if (params.enter_offsets == nullptr || nseg == 0 || params.enter_offsets[0] != 0 ||
-        params.enter_offsets[nseg] != n)
-      return InvalidArgument(
-          StrFormat("%s: enter table (%zu segments) does not tile [0, %zu)", op, nseg, n));
-    const size_t offBytes = 8 * (nseg + 1);
-    std::vector<char> table(offBytes + 4 * nseg);
-    std::memcpy(table.data(), params.enter_offsets, offBytes);
-    std::memcpy(table.data() + offBytes, params.enter_vs, 4 * nseg);
     StreamTemp temp(stream);
-    void* base = nullptr;
-    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, table.size(), &base));
-    // From pageable host memory: returns once the source has been staged.
-    cudaError_t e =
-        cudaMemcpyAsync(base, table.data(), table.size(), cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return CudaFail("AdamS update kernel: uploading the enter table", e);
-    kn::AdamSParams p = params;
-    p.enter_offsets = static_cast<const uint64_t*>(base);
-    p.enter_vs = reinterpret_cast<const float*>(static_cast<char*>(base) + offBytes);
+    kn::AdamSParams p;
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
     return KernelFail(
         op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, p, stream));
+  }
+  Status AdamSUpdatePairs(const void* dPayload, scapeDataType_t payloadType, const uint64_t* dIdx,
+                          size_t k, const float* dTheta, const float* dM, size_t n,
+                          const kn::AdamSParams& params, float* dPairs, Stream s) override {
+    const char* op = "AdamS pairs kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
+    SCAPE_RETURN_IF_ERROR(CheckAdamSParams(op, params));
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
+    if (k == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPairs", dPairs));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dTheta", dTheta, 4));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dM", dM, 4));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dPairs", dPairs, 4));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    auto stream = static_cast<cudaStream_t>(s);
+    StreamTemp temp(stream);
+    kn::AdamSParams p;
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    return KernelFail(op, kc::AdamSUpdatePairsCuda(dPayload, payloadType, dIdx, k, dTheta, dM, n, p,
+                                                   dPairs, stream));
+  }
+  Status UnpackPairsDecay(const float* dPairs, const uint64_t* dMask, size_t k, float* dTheta,
+                          float* dM, size_t n, const kn::AdamSParams& params, void* dCopy,
+                          scapeDataType_t copyType, Stream s) override {
+    const char* op = dCopy ? "pairs unpack kernel (16-bit model copy)" : "pairs unpack kernel";
+    if (dCopy && copyType != scapeBfloat16 && copyType != scapeFloat16)
+      return Status(scapeUnsupported,
+                    StrFormat("%s: copyType = %d: expected scapeBfloat16 or scapeFloat16", op,
+                              static_cast<int>(copyType)));
+    SCAPE_RETURN_IF_ERROR(CheckAdamSParams(op, params));
+    SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+    if (n == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    if (k > 0) {
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
+      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPairs", dPairs));
+    }
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dPairs", dPairs, 4));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dTheta", dTheta, 4));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dM", dM, 4));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCopy", dCopy, 2));
+    kn::ModelCopy c;
+    c.p = dCopy;
+    c.type = copyType;
+    return KernelFail(
+        op, kc::UnpackPairsDecayCuda(dPairs, dMask, k, dTheta, dM, n, params, dCopy ? &c : nullptr,
+                                     static_cast<cudaStream_t>(s)));
   }
   Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,
                              const uint64_t* dIdx, const float* dM, size_t n, float beta1,
@@ -501,9 +581,14 @@ class Cuda final : public Runtime {
     kn::ModelCopy c;
     c.p = dCopy;
     c.type = copyType;
-    return KernelFail(
-        op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, params, c,
-                                          static_cast<cudaStream_t>(s)));
+    // "segment_rms": the host table uploaded for this launch, as in UnpackAdamSUpdate (the
+    // kernel reads params.enter_offsets / enter_vs as device pointers).
+    auto stream = static_cast<cudaStream_t>(s);
+    StreamTemp temp(stream);
+    kn::AdamSParams p;
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    return KernelFail(op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM,
+                                                        n, p, c, stream));
   }
   Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                              const uint64_t* dMask, size_t k, const float* dM, size_t n,

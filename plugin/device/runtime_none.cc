@@ -102,6 +102,15 @@ Status Runtime::UnpackAdamSUpdateCopy(const void*, scapeDataType_t, const uint64
                                       scapeDataType_t, Stream) {
   return NoDeviceOp(this, "AdamS update kernel (16-bit model copy)");
 }
+Status Runtime::AdamSUpdatePairs(const void*, scapeDataType_t, const uint64_t*, size_t,
+                                 const float*, const float*, size_t, const kernels::AdamSParams&,
+                                 float*, Stream) {
+  return NoDeviceOp(this, "AdamS pairs kernel");
+}
+Status Runtime::UnpackPairsDecay(const float*, const uint64_t*, size_t, float*, float*, size_t,
+                                 const kernels::AdamSParams&, void*, scapeDataType_t, Stream) {
+  return NoDeviceOp(this, "pairs unpack kernel");
+}
 Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t*, size_t,
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");

@@ -3,9 +3,11 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -672,6 +674,16 @@ Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t 
   SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
   ++updates;
   const int threads = kernelThreads.load();
+  // The "segment_rms" table is host memory: copied now, as the CUDA runtime uploads it.
+  std::vector<uint64_t> enterOff;
+  std::vector<float> enterVs;
+  if (params.enter_vs != nullptr) {
+    if (params.enter_offsets == nullptr || params.enter_nseg == 0)
+      return scape::InvalidArgument("fake device: UnpackAdamSUpdateCopy: enter_vs without offsets");
+    enterOff.assign(params.enter_offsets, params.enter_offsets + params.enter_nseg + 1);
+    enterVs.assign(params.enter_vs, params.enter_vs + params.enter_nseg);
+    ++enteringUpdates;
+  }
   Enqueue(s, op, [=] {
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
@@ -681,9 +693,132 @@ Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t 
     kn::ModelCopy c;
     c.p = dCopy;
     c.type = copyType;
+    kn::AdamSParams p = params;
+    p.enter_offsets = enterVs.empty() ? nullptr : enterOff.data();
+    p.enter_vs = enterVs.empty() ? nullptr : enterVs.data();
     return KernelResult(
-        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, params, threads, &c),
-        "dMask not strictly increasing, or an entry >= n");
+        kn::UnpackAdamSUpdate(dPayload, payloadType, dMask, k, dTheta, dM, n, p, threads, &c),
+        "dMask not strictly increasing, an entry >= n, or a bad enter table");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::AdamSUpdatePairs(const void* dPayload, scapeDataType_t payloadType,
+                                     const uint64_t* dIdx, size_t k, const float* dTheta,
+                                     const float* dM, size_t n, const kn::AdamSParams& params,
+                                     float* dPairs, Stream s) {
+  const char* op = "AdamSUpdatePairs";
+  size_t esz = 0;
+  SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
+  kn::AdamSScalars sc;
+  if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk)
+    return scape::InvalidArgument(scape::StrFormat("fake device: %s: bad AdamS parameters", op));
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (params.enter_vs != nullptr && (params.enter_offsets == nullptr || params.enter_nseg == 0))
+    return scape::InvalidArgument("fake device: AdamSUpdatePairs: enter_vs without offsets");
+  if (k == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: AdamSUpdatePairs: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta", dTheta, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dIdx", dIdx, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload", dPayload, k * esz, esz));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPairs", dPairs, k * 8, 4));
+  ++pairUpdates;
+  const int threads = kernelThreads.load();
+  // The "segment_rms" table is host memory: copied now, as the CUDA runtime uploads it.
+  std::vector<uint64_t> enterOff;
+  std::vector<float> enterVs;
+  if (params.enter_vs != nullptr) {
+    enterOff.assign(params.enter_offsets, params.enter_offsets + params.enter_nseg + 1);
+    enterVs.assign(params.enter_vs, params.enter_vs + params.enter_nseg);
+    ++enteringUpdates;
+  }
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dIdx (freed?)", dIdx, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPairs (freed?)", dPairs, k * 8));
+    kn::AdamSParams p = params;
+    p.enter_offsets = enterVs.empty() ? nullptr : enterOff.data();
+    p.enter_vs = enterVs.empty() ? nullptr : enterVs.data();
+    const char* about = "dIdx with a repeated entry, an entry >= n, or a bad enter table";
+    if (std::is_sorted(dIdx, dIdx + k))
+      return KernelResult(
+          kn::AdamSUpdatePairs(dPayload, payloadType, dIdx, k, dTheta, dM, n, p, dPairs, threads),
+          about);
+    // The op takes the positions in any order (as the CUDA kernel does; every pair depends on
+    // its own entry only), the host kernel sorted ones: run it on the entries sorted by
+    // position, with their payload values, and put the pairs back in entry order.
+    std::vector<size_t> order(k);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return dIdx[a] < dIdx[b]; });
+    std::vector<uint64_t> idx(k);
+    std::vector<uint8_t> pay(k * esz);
+    for (size_t j = 0; j < k; ++j) {
+      idx[j] = dIdx[order[j]];
+      std::memcpy(pay.data() + j * esz, static_cast<const uint8_t*>(dPayload) + order[j] * esz,
+                  esz);
+    }
+    std::vector<float> pairs(2 * k);
+    SCAPE_RETURN_IF_ERROR(
+        KernelResult(kn::AdamSUpdatePairs(pay.data(), payloadType, idx.data(), k, dTheta, dM, n, p,
+                                          pairs.data(), threads),
+                     about));
+    for (size_t j = 0; j < k; ++j) {
+      dPairs[2 * order[j]] = pairs[2 * j];
+      dPairs[2 * order[j] + 1] = pairs[2 * j + 1];
+    }
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::UnpackPairsDecay(const float* dPairs, const uint64_t* dMask, size_t k,
+                                     float* dTheta, float* dM, size_t n,
+                                     const kn::AdamSParams& params, void* dCopy,
+                                     scapeDataType_t copyType, Stream s) {
+  const char* op = "UnpackPairsDecay";
+  if (dCopy && copyType != scapeBfloat16 && copyType != scapeFloat16)
+    return scape::Status(scapeUnsupported,
+                         scape::StrFormat("fake device: %s: copyType = %d: expected bf16 or fp16",
+                                          op, static_cast<int>(copyType)));
+  kn::AdamSScalars sc;
+  if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk)
+    return scape::InvalidArgument(scape::StrFormat("fake device: %s: bad AdamS parameters", op));
+  SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
+  if (n == 0) return Status::Ok();
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: UnpackPairsDecay: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta", dTheta, n * 4, 4));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM", dM, n * 4, 4));
+  if (dCopy) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCopy", dCopy, n * 2, 2));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask", dMask, k * 8, 8));
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPairs", dPairs, k * 8, 4));
+  ++pairUnpacks;
+  const int threads = kernelThreads.load();
+  kn::AdamSParams p = params;  // the enter table is not used (nor kept: it is host memory)
+  p.enter_offsets = nullptr;
+  p.enter_vs = nullptr;
+  p.enter_nseg = 0;
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dTheta (freed?)", dTheta, n * 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));
+    if (dCopy) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCopy (freed?)", dCopy, n * 2));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPairs (freed?)", dPairs, k * 8));
+    // The sorted mask as a view of one run.
+    kn::MaskRun run{0, n, 0, k, 0};
+    kn::MaskView view;
+    view.idx = dMask;
+    view.k = k;
+    view.runs = &run;
+    view.nruns = 1;
+    kn::ModelCopy c;
+    c.p = dCopy;
+    c.type = copyType;
+    return KernelResult(kn::UnpackPairsDecayView(dPairs, view, dTheta, dM, n, p, threads,
+                                                 /*keep_m_outside=*/false, dCopy ? &c : nullptr),
+                        "dMask not strictly increasing, or an entry >= n");
   });
   return Status::Ok();
 }

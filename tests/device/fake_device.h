@@ -7,13 +7,13 @@
 // (FakeStream::SetQueueDepth), as a real stream's is.
 //
 // The device ops (Memset, Gather, Scatter, TopkAbs, CandidatePackResidual, UnpackAdamSUpdate,
-// RecoveredGradSqNorm) run the CPU kernels of kernels/cpu/ on the stream's thread, in order
-// with the copies and host functions queued there. What the host can check (null pointers,
-// k > n, element sizes, payload types, parameters, the top-k segment table, and that every
-// d* range lies inside ONE live device allocation and is aligned) returns an error at once.
-// What only the data can show (an index outside the dense buffer, an unsorted mask, a freed
-// buffer) fails the op on the stream thread: the stream becomes "failed", a sticky error that
-// EventQuery (for events recorded on it) and StreamSynchronize return from then on, with a
+// AdamSUpdatePairs, UnpackPairsDecay, RecoveredGradSqNorm, ...) run the CPU kernels of kernels/cpu/
+// on the stream's thread, in order with the copies and host functions queued there. What the host
+// can check (null pointers, k > n, element sizes, payload types, parameters, the top-k segment
+// table, and that every d* range lies inside ONE live device allocation and is aligned) returns an
+// error at once. What only the data can show (an index outside the dense buffer, an unsorted mask,
+// a freed buffer) fails the op on the stream thread: the stream becomes "failed", a sticky error
+// that EventQuery (for events recorded on it) and StreamSynchronize return from then on, with a
 // message naming the op, as CUDA reports a kernel fault. Later device ops on a failed stream
 // are skipped (copies, host functions and events still run, so nothing that waits on them
 // hangs); ClearStreamError resets a stream for the next test.
@@ -131,6 +131,15 @@ class FakeRuntime final : public scape::device::Runtime {
                                       size_t n, const scape::kernels::AdamSParams& params,
                                       void* dCopy, scapeDataType_t copyType,
                                       scape::device::Stream s) override;
+  scape::Status AdamSUpdatePairs(const void* dPayload, scapeDataType_t payloadType,
+                                 const uint64_t* dIdx, size_t k, const float* dTheta,
+                                 const float* dM, size_t n,
+                                 const scape::kernels::AdamSParams& params, float* dPairs,
+                                 scape::device::Stream s) override;
+  scape::Status UnpackPairsDecay(const float* dPairs, const uint64_t* dMask, size_t k,
+                                 float* dTheta, float* dM, size_t n,
+                                 const scape::kernels::AdamSParams& params, void* dCopy,
+                                 scapeDataType_t copyType, scape::device::Stream s) override;
   scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;
@@ -162,6 +171,7 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> kernelLaunches{0}, memsets{0}, gathers{0}, scatters{0}, topks{0};
   std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
   std::atomic<uint64_t> stayingSums{0}, enteringUpdates{0};  // "segment_rms" ops
+  std::atomic<uint64_t> pairUpdates{0}, pairUnpacks{0};      // the sharded step's halves
   std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
   std::atomic<uint64_t> streamsCreated{0}, streamsLive{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/dtype.h"
@@ -881,6 +882,184 @@ TEST(CudaRuntimeOps, MatchCpu) {
                 .code(),
             scapeUnsupported);
   EXPECT_TRUE(rt->StreamSynchronize(nullptr).ok());
+}
+
+// The sharded step's halves through the CUDA runtime (AdamSUpdatePairs, UnpackPairsDecay):
+// the CPU kernels' bits (AdamSUpdatePairs; UnpackPairsDecayView at a one-run view), entries in
+// any order for the pairs, with and without "segment_rms" (the host table uploaded per call)
+// and the 16-bit copy, full vectorised tiles, an unaligned theta (the scalar path), wd 0 and > 0.
+void PairsCase(std::mt19937_64& rng, device::Runtime* rt, size_t n, double density,
+               scapeDataType_t type, float wd, bool enter, int copy /*0 none, 1 bf16, 2 fp16*/,
+               bool shuffle, size_t theta_shift) {
+  SCOPED_TRACE(::testing::Message() << "n=" << n << " density=" << density << " type=" << type
+                                    << " wd=" << wd << " enter=" << enter << " copy=" << copy
+                                    << " shuffle=" << shuffle << " theta_shift=" << theta_shift);
+  const scapeDataType_t ctype = copy == 2 ? scapeFloat16 : scapeBfloat16;
+  std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
+  for (size_t i = 0; i < n; i += 3) m[i] = 0.0f;  // entering coordinates
+  std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, density);
+  const size_t k = mask.size(), esz = PayloadElementSize(type);
+  std::vector<float> pf = RandomNormal(rng, k, 0.01f);
+  std::vector<uint8_t> payload(k * esz);
+  for (size_t j = 0; j < k; ++j) {
+    if (type == scapeFloat32) {
+      std::memcpy(payload.data() + 4 * j, &pf[j], 4);
+    } else {
+      const uint16_t h = type == scapeBfloat16 ? FloatToBf16(pf[j]) : FloatToFp16(pf[j]);
+      std::memcpy(payload.data() + 2 * j, &h, 2);
+    }
+  }
+  AdamSParams p;
+  p.weight_decay = wd;
+  p.clip_scale = 0.8f;
+  const std::vector<uint64_t> eoff = {0, n / 4, n / 4, n};
+  const std::vector<float> evs = {2.5e-5f, 1.0f, -1.0f};
+  if (enter) {
+    p.enter_offsets = eoff.data();
+    p.enter_vs = evs.data();
+    p.enter_nseg = evs.size();
+  }
+  // CPU: the pairs at the sorted mask, then the unpack of pairs made up at random.
+  std::vector<float> pairs_cpu(2 * k);
+  ASSERT_EQ(AdamSUpdatePairs(payload.data(), type, mask.data(), k, theta.data(), m.data(), n, p,
+                             pairs_cpu.data()),
+            KernelStatus::kOk);
+  std::vector<float> in_pairs = RandomNormal(rng, 2 * k);
+  std::vector<float> theta_cpu = theta, m_cpu = m;
+  std::vector<uint16_t> copy0(n, 0x7fc1), copy_cpu = copy0;
+  MaskRun run{0, n, 0, k, 0};
+  MaskView view;
+  view.idx = mask.data();
+  view.k = k;
+  view.runs = &run;
+  view.nruns = 1;
+  ModelCopy c;
+  c.p = copy_cpu.data();
+  c.type = ctype;
+  ASSERT_EQ(UnpackPairsDecayView(in_pairs.data(), view, theta_cpu.data(), m_cpu.data(), n, p, 0,
+                                 false, copy ? &c : nullptr),
+            KernelStatus::kOk);
+  // The pairs' entries in a random order (position with its payload value).
+  std::vector<uint64_t> idx = mask;
+  std::vector<uint8_t> pay = payload;
+  std::vector<float> pairs_want = pairs_cpu;
+  if (shuffle) {
+    std::vector<size_t> perm(k);
+    std::iota(perm.begin(), perm.end(), size_t{0});
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (size_t j = 0; j < k; ++j) {
+      idx[j] = mask[perm[j]];
+      std::memcpy(pay.data() + j * esz, payload.data() + perm[j] * esz, esz);
+      pairs_want[2 * j] = pairs_cpu[2 * perm[j]];
+      pairs_want[2 * j + 1] = pairs_cpu[2 * perm[j] + 1];
+    }
+  }
+  // GPU, through the runtime (theta at an offset of theta_shift floats).
+  std::vector<float> theta_buf(theta_shift, 0.0f);
+  theta_buf.insert(theta_buf.end(), theta.begin(), theta.end());
+  DevBuf dtheta(theta_buf), dm(m), didx(idx), dmask(mask), dp(pay), dpairs(2 * k * 4),
+      din(in_pairs), dcopy(copy0);
+  float* th = dtheta.get<float>() + theta_shift;
+  ASSERT_TRUE(rt->AdamSUpdatePairs(dp.get(), type, didx.get<uint64_t>(), k, th, dm.get<float>(), n,
+                                   p, dpairs.get<float>(), nullptr)
+                  .ok());
+  ASSERT_TRUE(rt->StreamSynchronize(nullptr).ok());
+  EXPECT_TRUE(SameBytes(dpairs.Read<float>(2 * k), pairs_want)) << "pairs differ";
+  std::vector<float> theta_gpu = dtheta.Read<float>(theta_shift + n);
+  theta_gpu.erase(theta_gpu.begin(), theta_gpu.begin() + theta_shift);
+  EXPECT_TRUE(SameBytes(theta_gpu, theta)) << "theta was written";
+  EXPECT_TRUE(SameBytes(dm.Read<float>(n), m)) << "m was written";
+  ASSERT_TRUE(rt->UnpackPairsDecay(din.get<float>(), dmask.get<uint64_t>(), k, th, dm.get<float>(),
+                                   n, p, copy ? dcopy.get() : nullptr, ctype, nullptr)
+                  .ok());
+  ASSERT_TRUE(rt->StreamSynchronize(nullptr).ok());
+  theta_gpu = dtheta.Read<float>(theta_shift + n);
+  theta_gpu.erase(theta_gpu.begin(), theta_gpu.begin() + theta_shift);
+  EXPECT_TRUE(SameBytes(theta_gpu, theta_cpu)) << "unpacked theta differs";
+  EXPECT_TRUE(SameBytes(dm.Read<float>(n), m_cpu)) << "unpacked m differs";
+  EXPECT_TRUE(SameBytes(dcopy.Read<uint16_t>(n), copy_cpu)) << "16-bit copy differs";
+}
+
+TEST(CudaRuntimeOps, PairsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  device::Runtime* rt = device::CudaRuntime();
+  ASSERT_TRUE(rt != nullptr && rt->Available());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{4097}, size_t{100003}})
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16})
+      for (float wd : {0.0f, 0.1f}) {
+        PairsCase(rng, rt, n, 0.05, t, wd, false, 0, false, 0);
+        PairsCase(rng, rt, n, 1.0, t, wd, true, 1, true, 0);
+        PairsCase(rng, rt, n, 0.3, t, wd, true, 2, true, 1);
+        PairsCase(rng, rt, n, 0.0, t, wd, false, 2, false, 0);
+      }
+  PairsCase(rng, rt, (size_t{1} << 22) + 5, 0.01, scapeBfloat16, 0.1f, true, 1, true, 0);
+  // Host-checked arguments: errors at the call, naming the op.
+  DevBuf d(256);
+  AdamSParams p;
+  Status st = rt->AdamSUpdatePairs(d.get(), scapeInt32, d.get<uint64_t>(), 1, d.get<float>(),
+                                   d.get<float>(), 4, p, d.get<float>(), nullptr);
+  EXPECT_EQ(st.code(), scapeUnsupported);
+  EXPECT_NE(st.message().find("pairs"), std::string::npos) << st.message();
+  EXPECT_EQ(rt->AdamSUpdatePairs(d.get(), scapeFloat32, d.get<uint64_t>(), 5, d.get<float>(),
+                                 d.get<float>(), 4, p, d.get<float>(), nullptr)
+                .code(),
+            scapeInvalidArgument);
+  EXPECT_EQ(rt->AdamSUpdatePairs(d.get(), scapeFloat32, nullptr, 1, d.get<float>(), d.get<float>(),
+                                 4, p, d.get<float>(), nullptr)
+                .code(),
+            scapeInvalidArgument);
+  EXPECT_EQ(rt->UnpackPairsDecay(d.get<float>(), d.get<uint64_t>(), 5, d.get<float>(),
+                                 d.get<float>(), 4, p, nullptr, scapeFloat32, nullptr)
+                .code(),
+            scapeInvalidArgument);
+  EXPECT_EQ(rt->UnpackPairsDecay(nullptr, d.get<uint64_t>(), 1, d.get<float>(), d.get<float>(), 4,
+                                 p, nullptr, scapeFloat32, nullptr)
+                .code(),
+            scapeInvalidArgument);
+  EXPECT_EQ(rt->UnpackPairsDecay(d.get<float>(), d.get<uint64_t>(), 1, d.get<float>(),
+                                 d.get<float>(), 4, p, d.get(), scapeFloat32, nullptr)
+                .code(),
+            scapeUnsupported);
+  EXPECT_TRUE(rt->StreamSynchronize(nullptr).ok());
+}
+
+// UnpackAdamSUpdateCopy through the CUDA runtime with a "segment_rms" table: the runtime uploads
+// the host table (it passed the host pointers to the kernel before), the CPU kernel's bits.
+TEST(CudaRuntimeOps, UpdateCopyWithEnterTableMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  device::Runtime* rt = device::CudaRuntime();
+  ASSERT_TRUE(rt != nullptr && rt->Available());
+  const size_t n = 100003;
+  std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
+  for (size_t i = 0; i < n; i += 3) m[i] = 0.0f;
+  std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, 0.2);
+  const size_t k = mask.size();
+  std::vector<float> payload = RandomNormal(rng, k, 0.01f);
+  AdamSParams p;
+  const std::vector<uint64_t> eoff = {0, n / 3, n};
+  const std::vector<float> evs = {2.5e-5f, 4.0f};
+  p.enter_offsets = eoff.data();
+  p.enter_vs = evs.data();
+  p.enter_nseg = evs.size();
+  std::vector<float> theta_cpu = theta, m_cpu = m;
+  std::vector<uint16_t> copy_cpu(n, 0x7fc1), copy0(n, 0x7fc1);
+  ModelCopy c;
+  c.p = copy_cpu.data();
+  c.type = scapeBfloat16;
+  ASSERT_EQ(UnpackAdamSUpdate(payload.data(), scapeFloat32, mask.data(), k, theta_cpu.data(),
+                              m_cpu.data(), n, p, 0, &c),
+            KernelStatus::kOk);
+  DevBuf dtheta(theta), dm(m), dmask(mask), dp(payload), dcopy(copy0);
+  ASSERT_TRUE(rt->UnpackAdamSUpdateCopy(dp.get(), scapeFloat32, dmask.get<uint64_t>(), k,
+                                        dtheta.get<float>(), dm.get<float>(), n, p, dcopy.get(),
+                                        scapeBfloat16, nullptr)
+                  .ok());
+  ASSERT_TRUE(rt->StreamSynchronize(nullptr).ok());
+  EXPECT_TRUE(SameBytes(dtheta.Read<float>(n), theta_cpu)) << "theta differs";
+  EXPECT_TRUE(SameBytes(dm.Read<float>(n), m_cpu)) << "m differs";
+  EXPECT_TRUE(SameBytes(dcopy.Read<uint16_t>(n), copy_cpu)) << "16-bit copy differs";
 }
 
 }  // namespace
