@@ -13,6 +13,7 @@
 #include "plugin/coll/coll.h"
 #include "plugin/optim/optim_device.h"
 #include "plugin/optim/optim_internal.h"
+#include "plugin/optim/step_kernels.h"
 
 namespace scape {
 namespace {
@@ -25,10 +26,6 @@ Status KernelError(const char* what, kernels::KernelStatus ks) {
       StrFormat("%s kernel failed: %s", what, kernels::KernelStatusString(ks)));
 }
 
-// Ring volume one rank sends for an all-reduce / reduce-scatter or all-gather of `bytes`.
-uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
-uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
-
 // A mask in mask order with its runs, as the kernels take it.
 kernels::MaskView ViewOf(const std::vector<uint64_t>& idx,
                          const std::vector<kernels::MaskRun>& runs) {
@@ -39,8 +36,6 @@ kernels::MaskView ViewOf(const std::vector<uint64_t>& idx,
   v.nruns = runs.size();
   return v;
 }
-
-double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 
 }  // namespace
 
@@ -390,273 +385,153 @@ Status Optimizer::SkipAfterExchange() {
   return Status::Ok();
 }
 
-Status Optimizer::Step(float* theta, const float* g) {
-  if (!comm_->error().ok()) return comm_->error();
-  if (masterType_ != scapeFloat32 && copy_ == nullptr)
-    return InvalidUsage(
-        "this optimizer holds fp32 master weights of 16-bit params: step with "
-        "scapeOptimStepMixed and those params (nothing was changed)");
-  // State left on the device by device steps comes back to the host (a host wait).
-  if (dev_) SCAPE_RETURN_IF_ERROR(DeviceToHost().Prepend("moving the state to the host"));
-  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
-  for (double& p : phase_) p = 0.0;
-  const uint64_t n = layout_.n;
-  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
-  const size_t esz = scapeTypeSize(pt);
+// The host step's kernels (step_kernels.h): host memory, kernels/cpu, the communicator's
+// collectives. The momentum is packed at its mask (m_); when the mask advances, the candidate
+// pass reads m_{t-1} at the old mask and writes it at the new mask's entries (+0 at the entering
+// ones) into mPrev_, which becomes m_ after the update.
+struct Optimizer::HostKernels final : Optimizer::StepKernels {
+  HostKernels(Optimizer* o, float* theta, const float* g) : o(o), theta(theta), g(g) {}
+  Optimizer* o;
+  float* theta;
+  const float* g;
+  kernels::MaskView view, old;
+  kernels::CheckedMaskView cview, cold;
+  bool moved = false;
+  float* mp = nullptr;  // m_{t-1} at the current mask's entries (mask order)
 
-  int64_t t0 = NowNs();
-  // Non-finite gradients: every rank agrees before anything changes (timed with the sync wait).
-  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
-  if (agree) {
-    size_t first = n;
-    kernels::KernelStatus fk = kernels::FirstNonFinite(g, n, &first, threads_);
+  scapeDataType_t Pt() const { return static_cast<scapeDataType_t>(o->hyper_.payload); }
+
+  Status Begin() override {
+    // State left on the device by device steps comes back to the host (a host wait).
+    if (o->dev_) SCAPE_RETURN_IF_ERROR(o->DeviceToHost().Prepend("moving the state to the host"));
+    return Status::Ok();
+  }
+  Status FindNonFinite(bool* bad, uint64_t* first, float* value) override {
+    const uint64_t n = o->layout_.n;
+    size_t f = n;
+    kernels::KernelStatus fk = kernels::FirstNonFinite(g, n, &f, o->threads_);
     if (fk != kernels::KernelStatus::kOk) return KernelError("non-finite check", fk);
-    bool skip = false;
-    SCAPE_RETURN_IF_ERROR(AgreeFinite(first < n, first, first < n ? g[first] : 0.0f, &skip));
-    if (skip) {
-      phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
-      return Status::Ok();
+    *bad = f < n;
+    if (*bad) {
+      *first = f;
+      *value = g[f];
     }
+    return Status::Ok();
   }
   // The momentum's mask when the mask advances now: held (with its runs) for the candidate
   // pass and for a step that ends without an update (KeepOldMomentumMask).
-  if (pending_ && !momOwn_) {
-    oldHold_ = mask_->CurrentShared();
-    oldRuns_ = runs_;
-  }
-  {
-    Status adv = AdvanceToAgreedMask();
-    if (!adv.ok()) {
-      oldHold_.reset();  // the mask did not advance: the momentum is on the current mask
-      return adv;
+  void BeforeAdvance() override {
+    if (o->pending_ && !o->momOwn_) {
+      o->oldHold_ = o->mask_->CurrentShared();
+      o->oldRuns_ = o->runs_;
     }
   }
-  phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
-  // Whatever ends this step before its update leaves the momentum on the mask it was on.
-  struct KeepOld {
-    Optimizer* o;
-    ~KeepOld() { o->KeepOldMomentumMask(); }
-  } keepOld{this};
-
-  const std::vector<uint64_t>& cur = mask_->Current();
-  const uint64_t k = cur.size();
-  const uint64_t kr = mask_->RankCount(rank_), offr = mask_->RankOffset(rank_);
-  if (send_.size() < k * esz + 8) send_.resize(k * esz + 8);
-  const bool sharded = layout_.ownership == scapeOptimSharded;
-  const uint64_t recvElems = sharded ? kr : k;
-  if (recvElems * esz + 8 > recv_.size()) recv_.resize(recvElems * esz + 8);
-  const kernels::MaskView view = View();
-  // The momentum m_{t-1}: m_ on its mask (the old view), gathered at the new mask's entries
-  // (+0 at the entering ones) into mp (in place when the mask did not change).
-  const kernels::MaskView old = oldHold_ ? ViewOf(*oldHold_, oldRuns_) : MomentumView();
-  const bool moved = old.idx != view.idx;
-  t0 = NowNs();
-  // Each view is validated once per step (O(k)); the kernels below take the tokens and skip
-  // their own validation. (A failure here is the error the first kernel gave before.)
-  kernels::CheckedMaskView cview, cold;
-  if (!kernels::CheckMaskView(view, n, &cview) || (moved && !kernels::CheckMaskView(old, n, &cold)))
-    return KernelError(moved ? "momentum gather" : "candidate",
-                       kernels::KernelStatus::kInvalidArgument);
-  if (!moved) cold = cview;
-  float* mp = m_.data();
-  if (moved) {
-    if (mPrev_.size() < k) mPrev_.resize(k);
-    mp = mPrev_.data();
-  }
-
-  // Candidate + pack + residual (error feedback) + statistic of the owned part, with the
-  // momentum m_{t-1} gathered at the new mask's entries into mp in the same pass (when the mask
-  // moved); m is read at the old and the new mask's entries only.
-  kernels::KernelStatus ks =
-      kernels::CandidateGatherPacked(cold, m_.data(), g, e_.data(), n, hyper_.beta1, cview, mp, pt,
-                                     send_.data(), stat_.get(), threads_);
-  if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
-  phase_[scapeOptimPhaseCandidate] = Seconds(t0);
-
-  // The next mask from the new statistic; its sync runs in the background during the rest of
-  // this step and the next forward/backward, and is waited for at the next step.
-  t0 = NowNs();
-  SCAPE_RETURN_IF_ERROR(mask_->SelectNextTopk(stat_.get(), Density(step_ + 1)));
-  SCAPE_RETURN_IF_ERROR(mask_->SyncStart());
-  pending_ = true;
-  gen_ = mask_->Generation();
-  phase_[scapeOptimPhaseSelect] = Seconds(t0);
-
-  // The values-only exchange (average over ranks), owner blocks as reduce-scatter.
-  t0 = NowNs();
-  coll::CollArgs a;
-  a.type = sharded ? coll::CollType::kReduceScatter : coll::CollType::kAllReduce;
-  a.send = send_.data();
-  a.recv = recv_.data();
-  a.count = k;
-  a.counts = mask_->RankCounts();
-  a.dtype = pt;
-  a.op = scapeAvg;
-  SCAPE_RETURN_IF_ERROR(comm_->Run(a).Prepend("payload exchange"));
-  phase_[scapeOptimPhaseExchange] = Seconds(t0);
-
-  // Global norm of the recovered gradient: one partial per owner block (blocked order), summed
-  // in rank order, so replicated and sharded state get the same bits.
-  t0 = NowNs();
-  std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
-  uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
-  if (sharded) {
-    double mine = 0.0;
-    ks = kernels::RecoveredGradSqNormPacked(recv_.data(), pt, mp + offr, kr, hyper_.beta1, &mine,
-                                            threads_);
-    if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
-    coll::CollArgs ng;
-    ng.type = coll::CollType::kAllGather;
-    ng.send = &mine;
-    ng.recv = partial.data();
-    ng.count = 1;
-    ng.dtype = scapeInt64;  // the doubles' bits, moved exactly
-    if (SegmentRms()) {
-      // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
-      // (sum, count) per owned piece in position order] per rank, no extra exchange.
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), offr, true, mp + offr));
-      normMsg_.assign(1, 0);
-      std::memcpy(normMsg_.data(), &mine, 8);
-      ng.counts.assign(static_cast<size_t>(nranks_), 0);
-      size_t total = 0;
-      for (int r = 0; r < nranks_; ++r) {
-        ng.counts[static_cast<size_t>(r)] = 1 + 2 * mask_->Owned(r).size();
-        total += ng.counts[static_cast<size_t>(r)];
-      }
-      for (size_t q = 0; q < runs_.size(); ++q) {
-        if (!(runs_[q].flags & kernels::kRunOwned)) continue;
-        int64_t w;
-        std::memcpy(&w, &pieceSum_[q], 8);
-        normMsg_.push_back(w);
-        normMsg_.push_back(static_cast<int64_t>(pieceCnt_[q]));
-      }
-      normAll_.assign(total, 0);
-      ng.send = normMsg_.data();
-      ng.recv = normAll_.data();
-      ng.count = 0;
-      stayBytes = RingHalf(16 * (total - static_cast<size_t>(nranks_)), nranks_);
+  void AdvanceFailed() override { o->oldHold_.reset(); }  // the momentum is on the current mask
+  void EndedWithoutUpdate() override { o->KeepOldMomentumMask(); }
+  Status PrepareMask(uint64_t k, uint64_t recvElems, bool sharded) override {
+    const size_t esz = scapeTypeSize(Pt());
+    if (o->send_.size() < k * esz + 8) o->send_.resize(k * esz + 8);
+    if (recvElems * esz + 8 > o->recv_.size()) o->recv_.resize(recvElems * esz + 8);
+    if (sharded) {
+      const uint64_t kr = o->mask_->RankCount(o->rank_);
+      if (o->pairsSend_.size() < 2 * kr + 2) o->pairsSend_.resize(2 * kr + 2);
+      if (o->pairsAll_.size() < 2 * k + 2) o->pairsAll_.resize(2 * k + 2);
     }
-    SCAPE_RETURN_IF_ERROR(comm_->Run(ng).Prepend("gradient norm all-gather"));
-    if (SegmentRms()) {
-      size_t off = 0;
-      for (int r = 0; r < nranks_; ++r) {
-        std::memcpy(&partial[static_cast<size_t>(r)], &normAll_[off], 8);
-        size_t w = off + 1;
-        for (const Mask::Piece& p : mask_->Owned(r)) {
-          const size_t q = static_cast<size_t>(
-              std::lower_bound(runs_.begin(), runs_.end(), p.begin,
-                               [](const kernels::MaskRun& a, uint64_t b) { return a.begin < b; }) -
-              runs_.begin());
-          if (q >= runs_.size() || runs_[q].begin != p.begin)
-            return InternalError("segment_rms: a piece of the layout has no mask run");
-          std::memcpy(&pieceSum_[q], &normAll_[w], 8);
-          pieceCnt_[q] = static_cast<uint64_t>(normAll_[w + 1]);
-          w += 2;
-        }
-        off += ng.counts[static_cast<size_t>(r)];
-      }
-      EnterVsFromPieces();
+    view = o->View();
+    // The momentum m_{t-1}: m_ on its mask (the old view), gathered at the new mask's entries
+    // (+0 at the entering ones) into mp (in place when the mask did not change).
+    old = o->oldHold_ ? ViewOf(*o->oldHold_, o->oldRuns_) : o->MomentumView();
+    moved = old.idx != view.idx;
+    // Each view is validated once per step (O(k)); the kernels take the tokens and skip their
+    // own validation. (A failure here is the error the first kernel gave before.)
+    const uint64_t n = o->layout_.n;
+    if (!kernels::CheckMaskView(view, n, &cview) ||
+        (moved && !kernels::CheckMaskView(old, n, &cold)))
+      return KernelError(moved ? "momentum gather" : "candidate",
+                         kernels::KernelStatus::kInvalidArgument);
+    if (!moved) cold = cview;
+    mp = o->m_.data();
+    if (moved) {
+      if (o->mPrev_.size() < k) o->mPrev_.resize(k);
+      mp = o->mPrev_.data();
     }
-  } else {
-    for (int r = 0; r < nranks_; ++r) {
-      const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      ks = kernels::RecoveredGradSqNormPacked(recv_.data() + o * esz, pt, mp + o, c, hyper_.beta1,
-                                              &partial[static_cast<size_t>(r)], threads_);
-      if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
-    }
-    if (SegmentRms()) {
-      SCAPE_RETURN_IF_ERROR(StayingPieces(recv_.data(), 0, false, mp));
-      EnterVsFromPieces();
-    }
-  }
-  double sq = 0.0;
-  for (double p : partial) sq += p;
-  gradNorm_ = std::sqrt(sq);
-  clipScale_ = 1.0f;
-  if (hyper_.maxGradNorm > 0.0f && std::isfinite(gradNorm_)) {
-    const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
-    if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
-  }
-  phase_[scapeOptimPhaseNorm] = Seconds(t0);
-  if (agree && !std::isfinite(gradNorm_)) {
-    // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every
-    // rank: replicated, each sums the same payload; sharded, the all-gathered partials).
-    SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
-    const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
-    payloadBytes_ = sharded ? RingHalf(ks_ * esz, nranks_) : RingAllReduce(ks_ * esz, nranks_);
-    denseBytes_ = sharded ? RingHalf(kd * esz, nranks_) : RingAllReduce(kd * esz, nranks_);
-    controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * (sharded ? 2 : 1);
     return Status::Ok();
   }
-
-  kernels::AdamSParams ap;
-  ap.lr = hyper_.lr;
-  ap.beta1 = hyper_.beta1;
-  ap.beta2 = hyper_.beta2;
-  ap.eps = hyper_.eps;
-  ap.weight_decay = hyper_.weightDecay;
-  ap.clip_scale = clipScale_;
-  ap.clip_momentum = true;
-  ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
-  ap.step = step_ + 1;
-  if (SegmentRms()) {
-    ap.enter_offsets = layout_.offsets.data();
-    ap.enter_vs = enterVs_.data();
-    ap.enter_nseg = enterVs_.size();
-    ap.enter_cap = kernels::kEnterCap;
+  Status Candidate() override {
+    // With m_{t-1} gathered at the new mask's entries into mp in the same pass (when the mask
+    // moved); m is read at the old and the new mask's entries only.
+    kernels::KernelStatus ks = kernels::CandidateGatherPacked(
+        cold, o->m_.data(), g, o->e_.data(), o->layout_.n, o->hyper_.beta1, cview, mp, Pt(),
+        o->send_.data(), o->stat_.get(), o->threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
+    return Status::Ok();
   }
-
-  t0 = NowNs();
-  if (!sharded) {
-    ks = kernels::UnpackAdamSUpdatePacked(recv_.data(), pt, cview, theta, mp, n, ap, threads_,
-                                          copy_);
+  Status SelectNext(double density) override {
+    SCAPE_RETURN_IF_ERROR(o->mask_->SelectNextTopk(o->stat_.get(), density));
+    SCAPE_RETURN_IF_ERROR(o->mask_->SyncStart());
+    o->pending_ = true;
+    o->gen_ = o->mask_->Generation();
+    return Status::Ok();
+  }
+  void* Send() override { return o->send_.data(); }
+  void* Recv() override { return o->recv_.data(); }
+  float* PairsSend() override { return o->pairsSend_.data(); }
+  float* PairsAll() override { return o->pairsAll_.data(); }
+  Status Exchange(const coll::CollArgs& a) override { return o->comm_->Run(a); }
+  bool NormAlways() const override { return true; }
+  Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
+    const size_t esz = scapeTypeSize(Pt());
+    for (size_t i = 0; i < nb; ++i) {
+      kernels::KernelStatus ks = kernels::RecoveredGradSqNormPacked(
+          o->recv_.data() + b[i].recvSlot * esz, Pt(), mp + b[i].maskSlot, b[i].count,
+          o->hyper_.beta1, &out[i], o->threads_);
+      if (ks != kernels::KernelStatus::kOk) return KernelError("gradient norm", ks);
+    }
+    return Status::Ok();
+  }
+  Status StayingBlocks(uint64_t slot0) override {
+    const kernels::KernelStatus ks = kernels::StayingGradSqBlocksPacked(
+        o->recv_.data(), Pt(), mp + slot0, o->hyper_.beta1, o->stayBounds_.data(),
+        o->staySum_.size(), o->staySum_.data(), o->stayCnt_.data(), o->threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("segment_rms sums", ks);
+    return Status::Ok();
+  }
+  Status Update(const kernels::AdamSParams& ap) override {
+    kernels::KernelStatus ks = kernels::UnpackAdamSUpdatePacked(
+        o->recv_.data(), Pt(), cview, theta, mp, o->layout_.n, ap, o->threads_, o->copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
-    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
-  } else {
-    if (pairsSend_.size() < 2 * kr + 2) pairsSend_.resize(2 * kr + 2);
-    if (pairsAll_.size() < 2 * k + 2) pairsAll_.resize(2 * k + 2);
-    ks = kernels::AdamSUpdatePairsPacked(recv_.data(), pt, cur.data() + offr, kr, theta, mp + offr,
-                                         n, ap, pairsSend_.data(), threads_);
+    return Status::Ok();
+  }
+  Status UpdatePairs(const kernels::AdamSParams& ap, uint64_t offr, uint64_t kr) override {
+    kernels::KernelStatus ks = kernels::AdamSUpdatePairsPacked(
+        o->recv_.data(), Pt(), view.idx + offr, kr, theta, mp + offr, o->layout_.n, ap,
+        o->pairsSend_.data(), o->threads_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("AdamS update", ks);
-    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
-    t0 = NowNs();
-    coll::CollArgs gg;
-    gg.type = coll::CollType::kAllGather;
-    gg.send = pairsSend_.data();
-    gg.recv = pairsAll_.data();
-    gg.dtype = scapeFloat32;
-    gg.counts = mask_->RankCounts();
-    for (size_t& c : gg.counts) c *= 2;
-    SCAPE_RETURN_IF_ERROR(comm_->Run(gg).Prepend("updated values all-gather"));
-    ks =
-        kernels::UnpackPairsDecayPacked(pairsAll_.data(), cview, theta, mp, n, ap, threads_, copy_);
+    return Status::Ok();
+  }
+  Status UnpackPairs(const kernels::AdamSParams& ap) override {
+    kernels::KernelStatus ks = kernels::UnpackPairsDecayPacked(
+        o->pairsAll_.data(), cview, theta, mp, o->layout_.n, ap, o->threads_, o->copy_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("unpack", ks);
-    phase_[scapeOptimPhaseGather] = Seconds(t0);
+    return Status::Ok();
   }
+  Status Finish() override {
+    // The momentum m_t lives on the current mask now.
+    if (moved) {
+      o->mPrev_.resize(view.k);
+      o->m_.swap(o->mPrev_);
+    }
+    o->momOwn_ = false;
+    o->momIdx_.clear();
+    o->momRuns_.clear();
+    o->oldHold_.reset();
+    return Status::Ok();
+  }
+};
 
-  const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
-  if (!sharded) {
-    payloadBytes_ = RingAllReduce(ks_ * esz, nranks_);
-    denseBytes_ = RingAllReduce(kd * esz, nranks_);
-  } else {
-    payloadBytes_ = RingHalf(ks_ * esz, nranks_) + RingHalf(ks_ * 8, nranks_);
-    denseBytes_ = RingHalf(kd * esz, nranks_) + RingHalf(kd * 8, nranks_);
-  }
-  // The non-finite agreement and (sharded) the all-gather of the norm partials, one 8-byte word
-  // per rank each: counted apart, not as payload.
-  controlBytes_ = 8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (sharded ? 1 : 0));
-  controlBytes_ += stayBytes;  // sharded "segment_rms": its piece sums ride on the norm all-gather
-  // The momentum m_t lives on the current mask now.
-  if (moved) {
-    mPrev_.resize(k);
-    m_.swap(mPrev_);
-  }
-  momOwn_ = false;
-  momIdx_.clear();
-  momRuns_.clear();
-  oldHold_.reset();
-  ++step_;
-  return Status::Ok();
+Status Optimizer::Step(float* theta, const float* g) {
+  HostKernels k(this, theta, g);
+  return RunStep(k);
 }
 
 Status Optimizer::CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const {
@@ -757,17 +632,6 @@ void Optimizer::StayingFinish() {
         kernels::BlockedSum(staySum_.data() + stayFirst_[i], stayFirst_[i + 1] - stayFirst_[i]);
     pieceCnt_[q] = c;
   }
-}
-
-Status Optimizer::StayingPieces(const void* payload, uint64_t slot0, bool owned, const float* m) {
-  SCAPE_RETURN_IF_ERROR(StayingPlan(slot0, owned));
-  const size_t nb = staySum_.size();
-  const kernels::KernelStatus ks = kernels::StayingGradSqBlocksPacked(
-      payload, static_cast<scapeDataType_t>(hyper_.payload), m, hyper_.beta1, stayBounds_.data(),
-      nb, staySum_.data(), stayCnt_.data(), threads_);
-  if (ks != kernels::KernelStatus::kOk) return KernelError("segment_rms sums", ks);
-  StayingFinish();
-  return Status::Ok();
 }
 
 void Optimizer::EnterVsFromPieces() {

@@ -65,11 +65,13 @@ class Optimizer {
   // weight decay; the caller leaves the others as hyper() has them) after ValidateHyper.
   const OptimHyper& hyper() const { return hyper_; }
   Status SetHyper(const OptimHyper& h);
+  // The step is one algorithm (RunStep, optim_step.cc) over two kernel sets (step_kernels.h):
+  // Step runs it on host memory, StepDevice on device memory.
   // theta and g: n floats each, validated by the caller.
   Status Step(float* theta, const float* g);
   // The device step (optim_device.cc): dTheta and dG are n floats of device memory, validated
   // by the caller; the work is enqueued on `stream`. `exchange` is the communicator's device
-  // backend (plugin/backend: UCX staged or NCCL), which runs the step's packed collectives on
+  // backend (plugin/backend: UCX staged or NCCL), which runs the step's payload collectives on
   // device buffers, stream-ordered.
   Status StepDevice(float* dTheta, const float* dG, void* stream, backend::Backend* exchange);
   bool OnDevice() const { return dev_ != nullptr; }
@@ -93,6 +95,12 @@ class Optimizer {
 
  private:
   Optimizer() = default;
+  // The step's kernel dispatch (step_kernels.h) and its two kernel sets (HostKernels in
+  // optim.cc, DeviceKernels in optim_device.cc); RunStep is the step (optim_step.cc).
+  class StepKernels;
+  struct HostKernels;
+  struct DeviceKernels;
+  Status RunStep(StepKernels& k);
   double Density(int64_t t) const;  // scheduled density of step t
   Status CheckMaskUse() const;
   void BuildRuns();
@@ -181,13 +189,10 @@ class Optimizer {
   std::vector<uint64_t> denseInMask_;        // per rank: dense positions in its block
   // "segment_rms" (scapeOptimEnteringSegmentRms, docs/ALGORITHM.md 4.12): the staying sums of
   // the runs (pieces) selected by `owned` (true: this rank's; false: all), each piece's blocked
-  // sum in position order of runs_, into pieceSum_/pieceCnt_ (indexed like runs_). payload and
-  // idx are slot `slot0` of the mask order.
-  // m: m_{t-1} of slot j at m[j] (packed, mask order from slot0).
-  Status StayingPieces(const void* payload, uint64_t slot0, bool owned, const float* m);
-  // Its two halves (the device step runs the blocks on the device in between): the block
-  // bounds of the selected pieces (stayOrder_, stayFirst_, stayBounds_; staySum_/stayCnt_
-  // sized), and the pieces' sums from the blocks' sums.
+  // sum in position order of runs_, into pieceSum_/pieceCnt_ (indexed like runs_), payload
+  // slot 0 being mask slot `slot0`. In three parts, the kernels' StayingBlocks in between: the
+  // block bounds of the selected pieces (stayOrder_, stayFirst_, stayBounds_; staySum_/stayCnt_
+  // sized), the blocks' sums, and the pieces' sums from the blocks' sums.
   Status StayingPlan(uint64_t slot0, bool owned);
   void StayingFinish();
   void EnterVsFromPieces();  // enterVs_ per segment from pieceSum_/pieceCnt_ (position order)

@@ -1,19 +1,19 @@
-// The SCAPE-AdamS step on device buffers (scapeOptimStepStream): the host step of optim.cc
-// made of the stream-ordered device ops of plugin/device/runtime.h, with the same bits.
+// The SCAPE-AdamS step on device buffers (scapeOptimStepStream): the step of optim_step.cc
+// (RunStep, the one algorithm) over the device's kernels (DeviceKernels below: the
+// stream-ordered ops of plugin/device/runtime.h), with the same bits as the host step; and the
+// device state's life (allocation, the copies between host and device state).
 //
-// Per step, on the caller's stream:
-//   upload the current mask (mask order, sorted, and the permutations between them) |
-//   CandidatePackResidual at the sorted mask (payload, residual, the candidate as statistic) |
-//   Gather the payload into mask order | TopkAbs over this rank's owned pieces (the segments
-//   and options of Mask::SelectNextTopk) | copy the selected positions to pinned host memory,
-//   record an event | the packed exchange (replicated: all-reduce, per-rank counts; sharded:
-//   reduce-scatter then all-gather of the reduced payload, per-rank counts) through the device
-//   dispatch | [maxGradNorm > 0: RecoveredGradSqNorm per owner block, copied to the host: a
-//   HOST WAIT, the clip scale is an argument of the update] | Gather the payload back into
-//   sorted order | UnpackAdamSUpdate at the sorted mask.
-// The next mask's sync starts from the host with the positions of the event: at the end of the
-// call when the event has completed, else at the next optimizer call (step, checkpoint,
-// destroy), which waits for that event (a host wait on the small copy).
+// What the device kernels add to the algorithm, per step on the caller's stream:
+//   the non-finite scan's one-word result is a HOST WAIT (before anything changes) |
+//   the current mask is uploaded in mask order and sorted, with the permutations between them,
+//   and the payload is gathered from one order to the other around the candidate and the update
+//   (the device kernels take a sorted mask) | the next mask's positions are copied to pinned
+//   host memory behind an event; the mask sync starts from the host at the end of the call when
+//   the event has completed, else at the next optimizer call (step, checkpoint, destroy), which
+//   waits for that event (a host wait on the small copy) | the payload collectives run on the
+//   communicator's device backend, stream-ordered | the norm is computed only where something
+//   needs it (clipping; sharded "segment_rms"), a HOST WAIT for its partials; "segment_rms"'s
+//   block sums are another.
 //
 // Payloads: fp32, bf16 or fp16 (hyper_.payload): the payload buffers and the gathers use its
 // element size, and the exchange carries its type (on a UCX communicator the staged exchange
@@ -23,9 +23,8 @@
 // compute at the mask order, entry by entry. The candidate kernel runs with keepRounding: the
 // residual inside the mask is c - float(payload), the rounding error of a bf16/fp16 payload
 // (+0 for fp32, and +0 when the payload value is not finite), as the host's view kernel leaves
-// it. With sharded ownership every rank applies the update from the gathered reduced payload
-// instead of gathering the owner's (theta, m) pairs: the same bits when the ranks' params are
-// the same (data-parallel replicas), which the host step also assumes for m.
+// it. Sharded ownership runs the host's algorithm: the owner's update into (theta', m') pairs,
+// their all-gather, every rank's unpack.
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
@@ -38,6 +37,7 @@
 #include "plugin/backend/backend.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/optim_device.h"
+#include "plugin/optim/step_kernels.h"
 
 namespace scape {
 namespace {
@@ -101,7 +101,8 @@ Optimizer::DeviceState::~DeviceState() {
         dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
         static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
         static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag),
-        static_cast<void*>(dMaster), static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
+        static_cast<void*>(dMaster), static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt),
+        static_cast<void*>(dPairsSend), static_cast<void*>(dPairsAll)})
     rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
@@ -208,307 +209,278 @@ Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, cons
   return st;
 }
 
-Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
-                             backend::Backend* exchange) {
-  if (!comm_->error().ok()) return comm_->error();
-  if (masterType_ != scapeFloat32 && copy_ == nullptr)
-    return InvalidUsage(
-        "this optimizer holds fp32 master weights of 16-bit params: step with "
-        "scapeOptimStepMixed and those params (nothing was changed)");
-  device::Runtime* rt = device::GetRuntime();
-  const uint64_t n = layout_.n;
-  // The payload type (validated at create and load: fp32, bf16 or fp16) and its element size.
-  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
-  const size_t esz = scapeTypeSize(pt);
-  if (!dev_) {
-    // The first device step: the state moves to device memory.
-    std::unique_ptr<DeviceState> d(new DeviceState());
-    d->rt = rt;
-    d->stream = stream;
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dM));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dE));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dStat));
-    SCAPE_RETURN_IF_ERROR(d->AllocPayload(n, esz));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dMaskOrder));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dSorted));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dPerm));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &d->dInv));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, std::max<uint64_t>(ownedSize_, 1), &d->dTop));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(nranks_), &d->dSq));
-    void* h = nullptr;
-    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * std::max<uint64_t>(ownedSize_, 1), &h));
-    d->hTop = static_cast<uint64_t*>(h);
-    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(nranks_), &h));
-    d->hSq = static_cast<double*>(h);
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, 1, &d->dFlag));
-    SCAPE_RETURN_IF_ERROR(rt->HostAlloc(4, &h));
-    d->hFlag = static_cast<uint32_t*>(h);
-    SCAPE_RETURN_IF_ERROR(rt->EventCreate(&d->selDone));
-    dev_ = std::move(d);
-    Status st = DevicePush();
-    if (!st.ok()) {
-      dev_.reset();
-      return st.Prepend("moving the optimizer state to the device");
-    }
-  }
-  DeviceState& d = *dev_;
-  if (d.rt != rt) return InvalidUsage("the device runtime changed since the last device step");
-  if (copy_ != nullptr) dTheta = d.dMaster;  // mixed precision: the update runs on the masters
-  // The previous step's selection starts its mask sync now, at the latest.
-  SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
-  if (stream != d.stream) {
-    // The state and scratch are ordered on the last step's stream: finish it first.
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d.stream).Prepend("the previous step's stream"));
-    d.stream = stream;
-  }
-  if (d.payEsz != esz) {
-    // A loaded checkpoint changed the payload type: buffers of the new element size.
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d.stream).Prepend("the previous step's stream"));
-    SCAPE_RETURN_IF_ERROR(d.AllocPayload(n, esz));
-  }
-  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
-  for (double& p : phase_) p = 0.0;
+// The device step's kernels (step_kernels.h): the stream-ordered ops of the device runtime on
+// the state in device memory (DeviceState), the payload collectives on the communicator's
+// device backend on the step's stream. The momentum is dense on the device (n floats, +0
+// outside the mask). The device kernels take the mask sorted (strictly increasing); the payload
+// is in mask order (per owner, its pieces in layout order), so the mask is uploaded in both
+// orders with the permutations between them, and the payload is gathered from one to the other
+// around the candidate and the update (skipped when the two orders are the same).
+struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
+  DeviceKernels(Optimizer* o, float* dTheta, const float* dG, void* stream,
+                backend::Backend* exchange)
+      : o(o), dTheta(dTheta), dG(dG), st(stream), exchange(exchange) {}
+  Optimizer* o;
+  float* dTheta;
+  const float* dG;
+  void* st;
+  backend::Backend* exchange;
+  device::Runtime* rt = nullptr;
+  DeviceState* d = nullptr;
+  bool identity = true;  // sorted order == mask order
+  const uint64_t* dSortedMask = nullptr;
+  uint64_t k = 0;
 
-  int64_t t0 = NowNs();
-  // Non-finite gradients (scape.h, scapeOptimNonFinite_t): the scan on the stream, a HOST WAIT
-  // for its one-word result, then the ranks' agreement, before anything of the state changes.
-  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
-  if (agree) {
-    SCAPE_RETURN_IF_ERROR(
-        rt->AnyNonFinite(dG, n, devGradType_, d.dFlag, stream).Prepend("non-finite check"));
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hFlag, d.dFlag, 4, stream));
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("non-finite check (host wait)"));
-    bool skip = false;
-    SCAPE_RETURN_IF_ERROR(AgreeFinite(*d.hFlag != 0, UINT64_MAX, 0.0f, &skip));
-    if (skip) {
-      phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
-      return Status::Ok();
+  scapeDataType_t Pt() const { return static_cast<scapeDataType_t>(o->hyper_.payload); }
+  size_t Esz() const { return scapeTypeSize(Pt()); }
+
+  Status Begin() override {
+    rt = device::GetRuntime();
+    const uint64_t n = o->layout_.n;
+    if (!o->dev_) {
+      // The first device step: the state moves to device memory.
+      std::unique_ptr<DeviceState> s(new DeviceState());
+      s->rt = rt;
+      s->stream = st;
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dM));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dStat));
+      SCAPE_RETURN_IF_ERROR(s->AllocPayload(n, Esz()));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dMaskOrder));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dSorted));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dPerm));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dInv));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, std::max<uint64_t>(o->ownedSize_, 1), &s->dTop));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(o->nranks_), &s->dSq));
+      void* h = nullptr;
+      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * std::max<uint64_t>(o->ownedSize_, 1), &h));
+      s->hTop = static_cast<uint64_t*>(h);
+      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(o->nranks_), &h));
+      s->hSq = static_cast<double*>(h);
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, 1, &s->dFlag));
+      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(4, &h));
+      s->hFlag = static_cast<uint32_t*>(h);
+      SCAPE_RETURN_IF_ERROR(rt->EventCreate(&s->selDone));
+      o->dev_ = std::move(s);
+      Status ps = o->DevicePush();
+      if (!ps.ok()) {
+        o->dev_.reset();
+        return ps.Prepend("moving the optimizer state to the device");
+      }
     }
+    d = o->dev_.get();
+    if (d->rt != rt) return InvalidUsage("the device runtime changed since the last device step");
+    if (o->copy_ != nullptr)
+      dTheta = d->dMaster;  // mixed precision: the update runs on the masters
+    // The previous step's selection starts its mask sync now, at the latest.
+    SCAPE_RETURN_IF_ERROR(o->DeviceFinishSelect());
+    if (st != d->stream) {
+      // The state and scratch are ordered on the last step's stream: finish it first.
+      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d->stream).Prepend("the previous step's stream"));
+      d->stream = st;
+    }
+    if (d->payEsz != Esz()) {
+      // A loaded checkpoint changed the payload type: buffers of the new element size.
+      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d->stream).Prepend("the previous step's stream"));
+      SCAPE_RETURN_IF_ERROR(d->AllocPayload(n, Esz()));
+    }
+    return Status::Ok();
   }
-  SCAPE_RETURN_IF_ERROR(AdvanceToAgreedMask());
-  phase_[scapeOptimPhaseSyncWait] = static_cast<double>(NowNs() - t0) * 1e-9;
+
+  // The scan on the stream, then a HOST WAIT for its one-word result (no position known).
+  Status FindNonFinite(bool* bad, uint64_t*, float*) override {
+    SCAPE_RETURN_IF_ERROR(rt->AnyNonFinite(dG, o->layout_.n, o->devGradType_, d->dFlag, st)
+                              .Prepend("non-finite check"));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hFlag, d->dFlag, 4, st));
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("non-finite check (host wait)"));
+    *bad = *d->hFlag != 0;
+    return Status::Ok();
+  }
 
   // The mask in mask order, sorted (the runs in position order), and the permutations:
   // sorted slot s holds mask entry perm[s]; mask slot j is sorted slot inv[j].
-  const std::vector<uint64_t>& cur = mask_->Current();
-  const uint64_t k = cur.size();
-  const bool sharded = layout_.ownership == scapeOptimSharded;
-  d.hMaskOrder.assign(cur.begin(), cur.end());
-  d.hSorted.resize(k);
-  d.hPerm.resize(k);
-  d.hInv.resize(k);
-  {
-    std::vector<kernels::MaskRun> byPos = runs_;
+  Status PrepareMask(uint64_t kk, uint64_t, bool sharded) override {
+    k = kk;
+    const std::vector<uint64_t>& cur = o->mask_->Current();
+    d->hMaskOrder.assign(cur.begin(), cur.end());
+    d->hSorted.resize(k);
+    d->hPerm.resize(k);
+    d->hInv.resize(k);
+    std::vector<kernels::MaskRun> byPos = o->runs_;
     std::sort(byPos.begin(), byPos.end(), [](const kernels::MaskRun& a, const kernels::MaskRun& b) {
       return a.begin < b.begin;
     });
     uint64_t s = 0;
     for (const kernels::MaskRun& r : byPos)
       for (uint64_t j = r.jb; j < r.je; ++j, ++s) {
-        d.hSorted[s] = cur[j];
-        d.hPerm[s] = j;
-        d.hInv[j] = s;
+        d->hSorted[s] = cur[j];
+        d->hPerm[s] = j;
+        d->hInv[j] = s;
       }
     if (s != k)
-      return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", rank_,
+      return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", o->rank_,
                                      static_cast<unsigned long long>(s),
                                      static_cast<unsigned long long>(k)));
-  }
-  bool identity = true;
-  for (uint64_t s = 0; s < k && identity; ++s) identity = d.hPerm[s] == s;
-  void* st = stream;
-  if (k) {
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dMaskOrder, d.hMaskOrder.data(), 8 * k, st));
-    if (!identity) {
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dSorted, d.hSorted.data(), 8 * k, st));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dPerm, d.hPerm.data(), 8 * k, st));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.dInv, d.hInv.data(), 8 * k, st));
-    }
-  }
-  const uint64_t* dSortedMask = identity ? d.dMaskOrder : d.dSorted;
-
-  // Candidate + pack + residual; the candidate is the statistic. A bf16/fp16 payload's rounding
-  // error stays in the residual inside the mask, as in the host step.
-  t0 = NowNs();
-  void* paySorted = identity ? d.dSend : d.dPaySorted;
-  if (devGradType_ == scapeFloat32) {
-    SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d.dM, dG, d.dE, n, hyper_.beta1, dSortedMask, k,
-                                                    pt, paySorted, d.dStat, st)
-                              .Prepend("candidate"));
-  } else {
-    SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(d.dM, dG, devGradType_, d.dE, n,
-                                                        hyper_.beta1, dSortedMask, k, pt, paySorted,
-                                                        d.dStat, st)
-                              .Prepend("candidate"));
-  }
-  if (!identity && k) SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d.dInv, k, esz, d.dSend, st));
-  phase_[scapeOptimPhaseCandidate] = static_cast<double>(NowNs() - t0) * 1e-9;
-
-  // The next mask: top-k over this rank's owned pieces, as Mask::SelectNextTopk does it.
-  t0 = NowNs();
-  {
-    const double density = Density(step_ + 1);
-    Mask::TopkTable t;
-    mask_->TopkPlan(density, &t);
-    if (t.total > 0) {  // else only always-dense pieces (added by the mask), or none
-      if (t.k.size() > d.countsCap) {
-        d.rt->DeviceFree(d.dCounts);
-        d.dCounts = nullptr;
-        SCAPE_RETURN_IF_ERROR(Alloc(rt, t.k.size(), &d.dCounts));
-        d.countsCap = t.k.size();
+    identity = true;
+    for (uint64_t q = 0; q < k && identity; ++q) identity = d->hPerm[q] == q;
+    if (k) {
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMaskOrder, d->hMaskOrder.data(), 8 * k, st));
+      if (!identity) {
+        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dSorted, d->hSorted.data(), 8 * k, st));
+        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dPerm, d->hPerm.data(), 8 * k, st));
+        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dInv, d->hInv.data(), 8 * k, st));
       }
-      SCAPE_RETURN_IF_ERROR(
-          rt->TopkAbs(d.dStat, t.Segments(), kernels::TopkOptions(), d.dTop, d.dCounts, st)
-              .Prepend("top-k selection"));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hTop, d.dTop, 8 * t.total, st));
     }
-    SCAPE_RETURN_IF_ERROR(rt->EventRecord(d.selDone, st));
-    d.selCount = t.total;
-    d.selPending = true;
-  }
-  phase_[scapeOptimPhaseSelect] = static_cast<double>(NowNs() - t0) * 1e-9;
-
-  // The values-only exchange (average over ranks).
-  t0 = NowNs();
-  coll::CollArgs a;
-  a.type = sharded ? coll::CollType::kReduceScatter : coll::CollType::kAllReduce;
-  a.send = d.dSend;
-  a.recv = d.dRecv;
-  a.count = k;
-  a.counts = mask_->RankCounts();
-  a.dtype = pt;
-  a.op = scapeAvg;
-  if (sharded) {
-    // The reduced own block lands in place in the full payload (dRecv) via the all-gather;
-    // reduce-scatter into dStat's storage (free again: the top-k read it before, in order).
-    a.recv = d.dStat;
-  }
-  SCAPE_RETURN_IF_ERROR(RunOn(exchange, a, st).Prepend("payload exchange"));
-  if (sharded) {
-    coll::CollArgs g;
-    g.type = coll::CollType::kAllGather;
-    g.send = d.dStat;
-    g.recv = d.dRecv;
-    g.dtype = pt;
-    g.counts = mask_->RankCounts();
-    SCAPE_RETURN_IF_ERROR(RunOn(exchange, g, st).Prepend("reduced payload all-gather"));
-  }
-  phase_[scapeOptimPhaseExchange] = static_cast<double>(NowNs() - t0) * 1e-9;
-
-  // Global norm of the recovered gradient (clipping only): per owner block, summed in rank
-  // order on the host, as the host step sums its partials.
-  t0 = NowNs();
-  gradNorm_ = 0.0;
-  clipScale_ = 1.0f;
-  if (hyper_.maxGradNorm > 0.0f) {
-    for (int r = 0; r < nranks_; ++r) {
-      const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
-      SCAPE_RETURN_IF_ERROR(rt->RecoveredGradSqNorm(static_cast<char*>(d.dRecv) + esz * o, pt,
-                                                    d.dMaskOrder + o, c, d.dM, n, hyper_.beta1,
-                                                    d.dSq + r, st)
-                                .Prepend("gradient norm"));
+    dSortedMask = identity ? d->dMaskOrder : d->dSorted;
+    if (sharded && !d->dPairsSend) {
+      // The (theta', m') pairs (2 floats per masked value, at most n values; allocated once).
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * o->layout_.n, &d->dPairsSend));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * o->layout_.n, &d->dPairsAll));
     }
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d.hSq, d.dSq, 8 * static_cast<size_t>(nranks_), st));
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("gradient norm (host wait)"));
-    double sq = 0.0;
-    for (int r = 0; r < nranks_; ++r) sq += d.hSq[r];
-    gradNorm_ = std::sqrt(sq);
-    if (std::isfinite(gradNorm_)) {
-      const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
-      if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
-    }
-  }
-  // "segment_rms": the staying sums of every piece from the full reduced payload (every rank
-  // holds it, in both ownerships), block sums on the device, the rest as the host step (a host
-  // wait, like the clipping's).
-  if (SegmentRms()) {
-    SCAPE_RETURN_IF_ERROR(StayingPlan(0, false));
-    const size_t nb = staySum_.size();
-    if (nb > d.stayCap) {
-      d.rt->DeviceFree(d.dStaySum);
-      d.rt->DeviceFree(d.dStayCnt);
-      d.dStaySum = nullptr;
-      d.dStayCnt = nullptr;
-      d.stayCap = 0;
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d.dStaySum));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d.dStayCnt));
-      d.stayCap = nb;
-    }
-    if (nb) {
-      SCAPE_RETURN_IF_ERROR(rt->StayingGradSqBlocks(d.dRecv, pt, d.dMaskOrder, d.dM, n,
-                                                    hyper_.beta1, stayBounds_.data(), nb,
-                                                    d.dStaySum, d.dStayCnt, st)
-                                .Prepend("segment_rms sums"));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(staySum_.data(), d.dStaySum, 8 * nb, st));
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(stayCnt_.data(), d.dStayCnt, 8 * nb, st));
-      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("segment_rms sums (host wait)"));
-    }
-    StayingFinish();
-    EnterVsFromPieces();
-  }
-  phase_[scapeOptimPhaseNorm] = static_cast<double>(NowNs() - t0) * 1e-9;
-  if (agree && !std::isfinite(gradNorm_)) {
-    // Finite gradients, a reduced payload that is not (seen only with clipping, where the norm
-    // is computed): the update is left out, as in the host step.
-    SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
-    const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
-    const uint64_t r = nranks_ <= 1 ? 0 : static_cast<uint64_t>(nranks_ - 1);
-    payloadBytes_ = 2 * (ks_ * esz * r / static_cast<uint64_t>(nranks_));
-    denseBytes_ = 2 * (kd * esz * r / static_cast<uint64_t>(nranks_));
     return Status::Ok();
   }
 
-  kernels::AdamSParams ap;
-  ap.lr = hyper_.lr;
-  ap.beta1 = hyper_.beta1;
-  ap.beta2 = hyper_.beta2;
-  ap.eps = hyper_.eps;
-  ap.weight_decay = hyper_.weightDecay;
-  ap.clip_scale = clipScale_;
-  ap.clip_momentum = true;
-  ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
-  ap.step = step_ + 1;
-  if (SegmentRms()) {
-    ap.enter_offsets = layout_.offsets.data();
-    ap.enter_vs = enterVs_.data();
-    ap.enter_nseg = enterVs_.size();
-    ap.enter_cap = kernels::kEnterCap;
+  // The candidate is the statistic. A bf16/fp16 payload's rounding error stays in the residual
+  // inside the mask, as in the host step.
+  Status Candidate() override {
+    const uint64_t n = o->layout_.n;
+    void* paySorted = identity ? d->dSend : d->dPaySorted;
+    if (o->devGradType_ == scapeFloat32) {
+      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d->dM, dG, d->dE, n, o->hyper_.beta1,
+                                                      dSortedMask, k, Pt(), paySorted, d->dStat, st)
+                                .Prepend("candidate"));
+    } else {
+      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(d->dM, dG, o->devGradType_, d->dE, n,
+                                                          o->hyper_.beta1, dSortedMask, k, Pt(),
+                                                          paySorted, d->dStat, st)
+                                .Prepend("candidate"));
+    }
+    if (!identity && k)
+      SCAPE_RETURN_IF_ERROR(rt->Gather(paySorted, d->dInv, k, Esz(), d->dSend, st));
+    return Status::Ok();
   }
 
-  t0 = NowNs();
-  const void* recvSorted = d.dRecv;
-  if (!identity && k) {
-    SCAPE_RETURN_IF_ERROR(rt->Gather(d.dRecv, d.dPerm, k, esz, d.dPaySorted, st));
-    recvSorted = d.dPaySorted;
+  // Top-k over this rank's owned pieces, as Mask::SelectNextTopk does it; the positions reach
+  // the host through pinned memory and an event, and the mask sync starts from there
+  // (DeviceFinishSelect: at the end of this step when the event has completed, else at the
+  // next optimizer call).
+  Status SelectNext(double density) override {
+    Mask::TopkTable t;
+    o->mask_->TopkPlan(density, &t);
+    if (t.total > 0) {  // else only always-dense pieces (added by the mask), or none
+      if (t.k.size() > d->countsCap) {
+        rt->DeviceFree(d->dCounts);
+        d->dCounts = nullptr;
+        SCAPE_RETURN_IF_ERROR(Alloc(rt, t.k.size(), &d->dCounts));
+        d->countsCap = t.k.size();
+      }
+      SCAPE_RETURN_IF_ERROR(
+          rt->TopkAbs(d->dStat, t.Segments(), kernels::TopkOptions(), d->dTop, d->dCounts, st)
+              .Prepend("top-k selection"));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hTop, d->dTop, 8 * t.total, st));
+    }
+    SCAPE_RETURN_IF_ERROR(rt->EventRecord(d->selDone, st));
+    d->selCount = t.total;
+    d->selPending = true;
+    return Status::Ok();
   }
-  if (copy_ == nullptr) {
-    SCAPE_RETURN_IF_ERROR(
-        rt->UnpackAdamSUpdate(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n, ap, st)
-            .Prepend("AdamS update"));
-  } else {
+
+  void* Send() override { return d->dSend; }
+  void* Recv() override { return d->dRecv; }
+  float* PairsSend() override { return d->dPairsSend; }
+  float* PairsAll() override { return d->dPairsAll; }
+  Status Exchange(const coll::CollArgs& a) override { return RunOn(exchange, a, st); }
+  bool NormAlways() const override { return false; }
+
+  Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
+    if (nb > static_cast<size_t>(o->nranks_)) return InternalError("more norm blocks than ranks");
+    for (size_t i = 0; i < nb; ++i)
+      SCAPE_RETURN_IF_ERROR(
+          rt->RecoveredGradSqNorm(static_cast<char*>(d->dRecv) + Esz() * b[i].recvSlot, Pt(),
+                                  d->dMaskOrder + b[i].maskSlot, b[i].count, d->dM, o->layout_.n,
+                                  o->hyper_.beta1, d->dSq + i, st)
+              .Prepend("gradient norm"));
+    if (nb == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hSq, d->dSq, 8 * nb, st));
+    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("gradient norm (host wait)"));
+    for (size_t i = 0; i < nb; ++i) out[i] = d->hSq[i];
+    return Status::Ok();
+  }
+
+  Status StayingBlocks(uint64_t slot0) override {
+    const size_t nb = o->staySum_.size();
+    if (nb > d->stayCap) {
+      rt->DeviceFree(d->dStaySum);
+      rt->DeviceFree(d->dStayCnt);
+      d->dStaySum = nullptr;
+      d->dStayCnt = nullptr;
+      d->stayCap = 0;
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d->dStaySum));
+      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d->dStayCnt));
+      d->stayCap = nb;
+    }
+    if (nb == 0) return Status::Ok();
+    SCAPE_RETURN_IF_ERROR(rt->StayingGradSqBlocks(d->dRecv, Pt(), d->dMaskOrder + slot0, d->dM,
+                                                  o->layout_.n, o->hyper_.beta1,
+                                                  o->stayBounds_.data(), nb, d->dStaySum,
+                                                  d->dStayCnt, st)
+                              .Prepend("segment_rms sums"));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->staySum_.data(), d->dStaySum, 8 * nb, st));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->stayCnt_.data(), d->dStayCnt, 8 * nb, st));
+    return rt->StreamSynchronize(st).Prepend("segment_rms sums (host wait)");
+  }
+
+  Status Update(const kernels::AdamSParams& ap) override {
+    const void* recvSorted = d->dRecv;
+    if (!identity && k) {
+      SCAPE_RETURN_IF_ERROR(rt->Gather(d->dRecv, d->dPerm, k, Esz(), d->dPaySorted, st));
+      recvSorted = d->dPaySorted;
+    }
+    const uint64_t n = o->layout_.n;
+    if (o->copy_ == nullptr)
+      return rt->UnpackAdamSUpdate(recvSorted, Pt(), dSortedMask, k, dTheta, d->dM, n, ap, st)
+          .Prepend("AdamS update");
     // Mixed precision: the masters and the 16-bit params in the same pass.
-    SCAPE_RETURN_IF_ERROR(rt->UnpackAdamSUpdateCopy(recvSorted, pt, dSortedMask, k, dTheta, d.dM, n,
-                                                    ap, copy_->p, copy_->type, st)
-                              .Prepend("AdamS update"));
+    return rt
+        ->UnpackAdamSUpdateCopy(recvSorted, Pt(), dSortedMask, k, dTheta, d->dM, n, ap, o->copy_->p,
+                                o->copy_->type, st)
+        .Prepend("AdamS update");
   }
-  phase_[scapeOptimPhaseUpdate] = static_cast<double>(NowNs() - t0) * 1e-9;
 
-  const uint64_t kd = denseCount_, ks_ = k - std::min(k, kd);
-  auto ring = [&](uint64_t b) { return nranks_ <= 1 ? 0 : b * (nranks_ - 1) / nranks_; };
-  if (!sharded) {
-    payloadBytes_ = 2 * ring(ks_ * esz);
-    denseBytes_ = 2 * ring(kd * esz);
-  } else {
-    payloadBytes_ = 2 * ring(ks_ * esz);
-    denseBytes_ = 2 * ring(kd * esz);
+  Status UpdatePairs(const kernels::AdamSParams& ap, uint64_t offr, uint64_t kr) override {
+    return rt
+        ->AdamSUpdatePairs(d->dRecv, Pt(), d->dMaskOrder + offr, kr, dTheta, d->dM, o->layout_.n,
+                           ap, d->dPairsSend, st)
+        .Prepend("AdamS update");
   }
-  // The non-finite agreement; the norm partials stay on this rank (no exchange).
-  controlBytes_ = agree ? 8 * static_cast<uint64_t>(nranks_ - 1) : 0;
-  ++step_;
-  // Start the next mask's sync now if the selection is already done (no wait).
-  bool done = false;
-  if (rt->EventQuery(d.selDone, &done).ok() && done) SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
-  return Status::Ok();
+
+  // The gathered pairs are in mask order: into sorted order first (in dPairsSend, whose pairs
+  // the all-gather has read, in stream order).
+  Status UnpackPairs(const kernels::AdamSParams& ap) override {
+    const float* pairs = d->dPairsAll;
+    if (!identity && k) {
+      SCAPE_RETURN_IF_ERROR(rt->Gather(d->dPairsAll, d->dPerm, k, 8, d->dPairsSend, st));
+      pairs = d->dPairsSend;
+    }
+    return rt
+        ->UnpackPairsDecay(pairs, dSortedMask, k, dTheta, d->dM, o->layout_.n, ap,
+                           o->copy_ ? o->copy_->p : nullptr,
+                           o->copy_ ? o->copy_->type : scapeFloat32, st)
+        .Prepend("unpack");
+  }
+
+  // Starts the next mask's sync now if the selection is already done (no wait).
+  Status Finish() override {
+    bool done = false;
+    if (rt->EventQuery(d->selDone, &done).ok() && done) return o->DeviceFinishSelect();
+    return Status::Ok();
+  }
+};
+
+Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
+                             backend::Backend* exchange) {
+  DeviceKernels k(this, dTheta, dG, stream, exchange);
+  return RunStep(k);
 }
 
 }  // namespace scape

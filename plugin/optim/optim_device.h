@@ -40,6 +40,9 @@ struct Optimizer::DeviceState {
   device::Event selDone = nullptr;  // recorded after the copy of the selected positions
   bool selPending = false;          // a selection waits to be handed to the mask sync
   uint64_t selCount = 0;
+  // Sharded ownership: the (theta', m') pairs, 2n floats each (allocated at the first sharded
+  // step): this rank's, and every rank's after the all-gather (mask order).
+  float *dPairsSend = nullptr, *dPairsAll = nullptr;
   // "segment_rms": the staying sums' blocks (stayCap each).
   double* dStaySum = nullptr;
   uint64_t* dStayCnt = nullptr;

@@ -161,11 +161,19 @@ void TwentySteps(int P, int payload) {
         Pair p(ctx, k, seed);
         for (int t = 0; t < 20; ++t)
           if (!p.Step(seed, t, true)) return false;
+        scapeOptimInfo_t a, b;
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
+        // One algorithm, one byte count: the payload, its always-dense part and the mask the
+        // same; the control words too wherever both compute the norm (the host always does,
+        // the device only to clip: sharded without clipping it sends no norm all-gather).
+        EXPECT_EQ(a.payloadBytes, b.payloadBytes);
+        EXPECT_EQ(a.denseBytes, b.denseBytes);
+        EXPECT_EQ(a.maskBytes, b.maskBytes);
+        if (clip > 0 || own == scapeOptimReplicated) EXPECT_EQ(a.controlBytes, b.controlBytes);
+        if (P > 1 && own == scapeOptimSharded) EXPECT_GT(a.payloadBytes, 0u);
         if (clip > 0) {
           // The norm and the clip scale are reported as the host step reports them.
-          scapeOptimInfo_t a, b;
-          EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
-          EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
           EXPECT_EQ(a.gradNorm, b.gradNorm);
           EXPECT_EQ(a.clipScale, b.clipScale);
           EXPECT_LT(a.clipScale, 1.0f);  // the clipping ran

@@ -1,0 +1,277 @@
+// The SCAPE-AdamS step, written once for host and device memory (issue 24 item 4): the
+// phases, the routing of the step's collectives, the norm and clipping, the sharded pairs and
+// the byte accounting. The per-element work is a StepKernels' (step_kernels.h): HostKernels
+// (optim.cc) or DeviceKernels (optim_device.cc).
+//
+// One step, in order (docs/ALGORITHM.md section 4, docs/ARCHITECTURE.md "One optimizer step"):
+//   non-finite agreement (one word per rank) | wait for the previous step's mask sync, advance |
+//   candidate + pack + residual + statistic | select the next mask, start its sync |
+//   the values-only exchange (replicated: all-reduce; sharded: reduce-scatter to the owners) |
+//   the global norm (blocked partials summed in rank order; sharded: the owners' partials
+//   all-gathered, with the "segment_rms" piece sums riding on that all-gather) and the clip
+//   scale | replicated: unpack + update | sharded: the owner's update into (theta', m') pairs,
+//   their all-gather, the unpack | the bytes of the step.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/clock.h"
+#include "plugin/optim/optim.h"
+#include "plugin/optim/step_kernels.h"
+
+namespace scape {
+namespace {
+
+// Ring volume one rank sends for an all-reduce / reduce-scatter or all-gather of `bytes`.
+uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
+uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
+
+double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
+
+}  // namespace
+
+Status Optimizer::RunStep(StepKernels& K) {
+  if (!comm_->error().ok()) return comm_->error();
+  if (masterType_ != scapeFloat32 && copy_ == nullptr)
+    return InvalidUsage(
+        "this optimizer holds fp32 master weights of 16-bit params: step with "
+        "scapeOptimStepMixed and those params (nothing was changed)");
+  SCAPE_RETURN_IF_ERROR(K.Begin());
+  SCAPE_RETURN_IF_ERROR(CheckMaskUse());
+  for (double& p : phase_) p = 0.0;
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
+  const size_t esz = scapeTypeSize(pt);
+  const bool sharded = layout_.ownership == scapeOptimSharded;
+
+  int64_t t0 = NowNs();
+  // Non-finite gradients (scape.h, scapeOptimNonFinite_t): every rank agrees before anything of
+  // the state changes (timed with the sync wait).
+  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
+  if (agree) {
+    bool bad = false;
+    uint64_t first = UINT64_MAX;
+    float value = 0.0f;
+    SCAPE_RETURN_IF_ERROR(K.FindNonFinite(&bad, &first, &value));
+    bool skip = false;
+    SCAPE_RETURN_IF_ERROR(AgreeFinite(bad, first, value, &skip));
+    if (skip) {
+      phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+      return Status::Ok();
+    }
+  }
+  K.BeforeAdvance();
+  {
+    Status adv = AdvanceToAgreedMask();
+    if (!adv.ok()) {
+      K.AdvanceFailed();
+      return adv;
+    }
+  }
+  phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+  // Whatever ends this step before its update leaves the momentum where it was.
+  struct Ended {
+    StepKernels* k;
+    bool updated = false;
+    ~Ended() {
+      if (!updated) k->EndedWithoutUpdate();
+    }
+  } ended{&K};
+
+  const uint64_t k = mask_->Current().size();
+  const uint64_t kr = mask_->RankCount(rank_), offr = mask_->RankOffset(rank_);
+  SCAPE_RETURN_IF_ERROR(K.PrepareMask(k, sharded ? kr : k, sharded));
+
+  t0 = NowNs();
+  SCAPE_RETURN_IF_ERROR(K.Candidate());
+  phase_[scapeOptimPhaseCandidate] = Seconds(t0);
+
+  // The next mask from the new statistic; its sync runs in the background during the rest of
+  // this step and the next forward/backward, and is waited for at the next step.
+  t0 = NowNs();
+  SCAPE_RETURN_IF_ERROR(K.SelectNext(Density(step_ + 1)));
+  phase_[scapeOptimPhaseSelect] = Seconds(t0);
+
+  // The values-only exchange (average over ranks), owner blocks as reduce-scatter.
+  t0 = NowNs();
+  coll::CollArgs a;
+  a.type = sharded ? coll::CollType::kReduceScatter : coll::CollType::kAllReduce;
+  a.send = K.Send();
+  a.recv = K.Recv();
+  a.count = k;
+  a.counts = mask_->RankCounts();
+  a.dtype = pt;
+  a.op = scapeAvg;
+  SCAPE_RETURN_IF_ERROR(K.Exchange(a).Prepend("payload exchange"));
+  phase_[scapeOptimPhaseExchange] = Seconds(t0);
+
+  // Global norm of the recovered gradient: one partial per owner block (blocked order), summed
+  // in rank order, so replicated and sharded state get the same bits. Computed where the
+  // kernels always do (host), for clipping, and (sharded "segment_rms") where its all-gather
+  // carries the piece sums anyway.
+  t0 = NowNs();
+  const bool norm = K.NormAlways() || hyper_.maxGradNorm > 0.0f;
+  std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
+  bool normGathered = false;
+  uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
+  if (sharded) {
+    double mine = 0.0;
+    if (norm || SegmentRms()) {
+      const StepKernels::NormBlock b{0, offr, kr};
+      SCAPE_RETURN_IF_ERROR(K.NormPartials(&b, 1, &mine));
+    }
+    coll::CollArgs ng;
+    ng.type = coll::CollType::kAllGather;
+    ng.send = &mine;
+    ng.recv = partial.data();
+    ng.count = 1;
+    ng.dtype = scapeInt64;  // the doubles' bits, moved exactly
+    if (SegmentRms()) {
+      // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
+      // (sum, count) per owned piece in position order] per rank, no extra exchange.
+      SCAPE_RETURN_IF_ERROR(StayingPlan(offr, true));
+      SCAPE_RETURN_IF_ERROR(K.StayingBlocks(offr));
+      StayingFinish();
+      normMsg_.assign(1, 0);
+      std::memcpy(normMsg_.data(), &mine, 8);
+      ng.counts.assign(static_cast<size_t>(nranks_), 0);
+      size_t total = 0;
+      for (int r = 0; r < nranks_; ++r) {
+        ng.counts[static_cast<size_t>(r)] = 1 + 2 * mask_->Owned(r).size();
+        total += ng.counts[static_cast<size_t>(r)];
+      }
+      for (size_t q = 0; q < runs_.size(); ++q) {
+        if (!(runs_[q].flags & kernels::kRunOwned)) continue;
+        int64_t w;
+        std::memcpy(&w, &pieceSum_[q], 8);
+        normMsg_.push_back(w);
+        normMsg_.push_back(static_cast<int64_t>(pieceCnt_[q]));
+      }
+      normAll_.assign(total, 0);
+      ng.send = normMsg_.data();
+      ng.recv = normAll_.data();
+      ng.count = 0;
+      stayBytes = RingHalf(16 * (total - static_cast<size_t>(nranks_)), nranks_);
+    }
+    if (norm || SegmentRms()) {
+      SCAPE_RETURN_IF_ERROR(comm_->Run(ng).Prepend("gradient norm all-gather"));
+      normGathered = true;
+    }
+    if (SegmentRms()) {
+      size_t off = 0;
+      for (int r = 0; r < nranks_; ++r) {
+        std::memcpy(&partial[static_cast<size_t>(r)], &normAll_[off], 8);
+        size_t w = off + 1;
+        for (const Mask::Piece& p : mask_->Owned(r)) {
+          const size_t q = static_cast<size_t>(
+              std::lower_bound(runs_.begin(), runs_.end(), p.begin,
+                               [](const kernels::MaskRun& a, uint64_t b) { return a.begin < b; }) -
+              runs_.begin());
+          if (q >= runs_.size() || runs_[q].begin != p.begin)
+            return InternalError("segment_rms: a piece of the layout has no mask run");
+          std::memcpy(&pieceSum_[q], &normAll_[w], 8);
+          pieceCnt_[q] = static_cast<uint64_t>(normAll_[w + 1]);
+          w += 2;
+        }
+        off += ng.counts[static_cast<size_t>(r)];
+      }
+      EnterVsFromPieces();
+    }
+  } else {
+    if (norm) {
+      std::vector<StepKernels::NormBlock> blocks(static_cast<size_t>(nranks_));
+      for (int r = 0; r < nranks_; ++r) {
+        const uint64_t o = mask_->RankOffset(r), c = mask_->RankCount(r);
+        blocks[static_cast<size_t>(r)] = StepKernels::NormBlock{o, o, c};
+      }
+      SCAPE_RETURN_IF_ERROR(K.NormPartials(blocks.data(), blocks.size(), partial.data()));
+    }
+    if (SegmentRms()) {
+      SCAPE_RETURN_IF_ERROR(StayingPlan(0, false));
+      SCAPE_RETURN_IF_ERROR(K.StayingBlocks(0));
+      StayingFinish();
+      EnterVsFromPieces();
+    }
+  }
+  gradNorm_ = 0.0;
+  clipScale_ = 1.0f;
+  if (norm) {
+    double sq = 0.0;
+    for (double p : partial) sq += p;
+    gradNorm_ = std::sqrt(sq);
+    if (hyper_.maxGradNorm > 0.0f && std::isfinite(gradNorm_)) {
+      const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
+      if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
+    }
+  }
+  phase_[scapeOptimPhaseNorm] = Seconds(t0);
+
+  // The step's bytes (scapeOptimInfo_t): the payload split into its always-dense and sparse
+  // values; the control words (the non-finite agreement; sharded, the norm all-gather and the
+  // piece sums riding on it) apart.
+  const uint64_t kd = denseCount_, ksp = k - std::min(k, kd);
+  auto count = [&](bool pairs) {
+    if (!sharded) {
+      payloadBytes_ = RingAllReduce(ksp * esz, nranks_);
+      denseBytes_ = RingAllReduce(kd * esz, nranks_);
+    } else {
+      payloadBytes_ = RingHalf(ksp * esz, nranks_) + (pairs ? RingHalf(ksp * 8, nranks_) : 0);
+      denseBytes_ = RingHalf(kd * esz, nranks_) + (pairs ? RingHalf(kd * 8, nranks_) : 0);
+    }
+    controlBytes_ =
+        8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (normGathered ? 1 : 0));
+    controlBytes_ += stayBytes;
+  };
+  if (agree && !std::isfinite(gradNorm_)) {
+    // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every
+    // rank: replicated, each sums the same payload; sharded, the all-gathered partials). Seen
+    // where the norm is computed.
+    SCAPE_RETURN_IF_ERROR(SkipAfterExchange());
+    count(false);
+    return Status::Ok();
+  }
+
+  kernels::AdamSParams ap;
+  ap.lr = hyper_.lr;
+  ap.beta1 = hyper_.beta1;
+  ap.beta2 = hyper_.beta2;
+  ap.eps = hyper_.eps;
+  ap.weight_decay = hyper_.weightDecay;
+  ap.clip_scale = clipScale_;
+  ap.clip_momentum = true;
+  ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
+  ap.step = step_ + 1;
+  if (SegmentRms()) {
+    ap.enter_offsets = layout_.offsets.data();
+    ap.enter_vs = enterVs_.data();
+    ap.enter_nseg = enterVs_.size();
+    ap.enter_cap = kernels::kEnterCap;
+  }
+
+  t0 = NowNs();
+  if (!sharded) {
+    SCAPE_RETURN_IF_ERROR(K.Update(ap));
+    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
+  } else {
+    SCAPE_RETURN_IF_ERROR(K.UpdatePairs(ap, offr, kr));
+    phase_[scapeOptimPhaseUpdate] = Seconds(t0);
+    t0 = NowNs();
+    coll::CollArgs gg;
+    gg.type = coll::CollType::kAllGather;
+    gg.send = K.PairsSend();
+    gg.recv = K.PairsAll();
+    gg.dtype = scapeFloat32;
+    gg.counts = mask_->RankCounts();
+    for (size_t& c : gg.counts) c *= 2;
+    SCAPE_RETURN_IF_ERROR(K.Exchange(gg).Prepend("updated values all-gather"));
+    SCAPE_RETURN_IF_ERROR(K.UnpackPairs(ap));
+    phase_[scapeOptimPhaseGather] = Seconds(t0);
+  }
+  count(true);
+  ended.updated = true;
+  ++step_;
+  return K.Finish();
+}
+
+}  // namespace scape
