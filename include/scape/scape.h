@@ -1027,7 +1027,8 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *    already completed, else at the next optimizer call (step, checkpoint, destroy), which
  *    waits for that copy;
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
- *    of the update), so the update is enqueued after that wait; without clipping,
+ *    of the update), so the update is enqueued after that wait (so does sharded ownership with
+ *    scapeOptimEnteringSegmentRms, whose piece sums ride on the norm's all-gather); else
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
  *  - with entering = scapeOptimEnteringSegmentRms the call waits for the per-segment staying
  *    sums (a few bytes per segment; the segment values are an argument of the update);
@@ -1043,9 +1044,9 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *
  * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for fp32, bf16
  * and fp16 payloads (a bf16/fp16 payload's rounding error goes back into the residual inside
- * the mask, as in the host step). Sharded ownership: every rank
- * applies the update from the all-gathered reduced payload, the same bits as the host step when
- * the ranks' params agree (data-parallel replicas).
+ * the mask, as in the host step). Sharded ownership runs the host step's algorithm: the owner
+ * of each masked value updates it into a (param, momentum) pair and the pairs are all-gathered
+ * on the stream (scapeOptimInfo_t counts the same bytes as for a host step).
  *
  * scapeOptimStep with device buffers behaves as this call with stream = NULL.
  * Backends: on a UCX communicator the packed exchange is staged through page-locked host
