@@ -677,6 +677,12 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
                    4 * mPrev_.size() +  // m_{t-1} at the new mask (host step)
                    4 * ownedSize_ +
                    4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
+  if (dev_) {
+    // Device memory: the mask's index buffers, and the statistic (n floats: the device
+    // candidate writes every position), the payload, pair and top-k buffers (mask-sized).
+    x.maskStateBytes += dev_->IndexBytes();
+    x.scratchBytes += 4 * layout_.n + dev_->ScratchBytes();
+  }
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;
 }

@@ -82,17 +82,85 @@ Status WaitEvent(device::Runtime* rt, device::Event e, int timeoutMs) {
 
 }  // namespace
 
-Status Optimizer::DeviceState::AllocPayload(uint64_t n, size_t esz) {
-  for (void** p : {&dPaySorted, &dSend, &dRecv}) {
-    rt->DeviceFree(*p);
-    *p = nullptr;
+Status Optimizer::DeviceState::Fit(uint64_t k, size_t esz, bool perm, bool pairs) {
+  SweepRetired();
+  const bool refit = cap == 0 || k > cap || k < cap / 4 || esz != payEsz;
+  if (!refit && (!perm || dSorted) && (!pairs || dPairsSend)) return Status::Ok();
+  if (refit) {
+    // Work queued on the stream may still use the old buffers: they are freed once an event
+    // recorded now has completed (SweepRetired), not under the device, and without a wait.
+    bool any = false;
+    for (void** p : {&dPaySorted, &dSend, &dRecv, reinterpret_cast<void**>(&dMaskOrder),
+                     reinterpret_cast<void**>(&dSorted), reinterpret_cast<void**>(&dPerm),
+                     reinterpret_cast<void**>(&dInv), reinterpret_cast<void**>(&dPairsSend),
+                     reinterpret_cast<void**>(&dPairsAll)}) {
+      if (*p) retired.push_back(*p);
+      any = any || *p;
+      *p = nullptr;
+    }
+    if (any) {
+      if (!retiredAt) SCAPE_RETURN_IF_ERROR(rt->EventCreate(&retiredAt));
+      Status rs = rt->EventRecord(retiredAt, stream);
+      if (!rs.ok()) {
+        // No event: wait for the stream instead (a host wait), then free.
+        SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("resizing the scratch"));
+        for (void* p : retired) rt->DeviceFree(p);
+        retired.clear();
+      }
+    }
+    cap = 0;
+    payEsz = 0;
+    const uint64_t c = std::max<uint64_t>(k, 1);
+    for (void** p : {&dPaySorted, &dSend, &dRecv})
+      SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(esz * c, p));
+    payEsz = esz;
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMaskOrder));
+    cap = c;
   }
-  payEsz = 0;
-  const size_t bytes = esz * std::max<uint64_t>(n, 1);
-  for (void** p : {&dPaySorted, &dSend, &dRecv}) SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(bytes, p));
-  payEsz = esz;
+  if (perm && !dSorted) {
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dSorted));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dPerm));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dInv));
+  }
+  if (pairs && !dPairsSend) {
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * cap, &dPairsSend));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * cap, &dPairsAll));
+  }
   return Status::Ok();
 }
+
+Status Optimizer::DeviceState::FitTop(uint64_t total) {
+  if (topCap != 0 && total <= topCap && total >= topCap / 4) return Status::Ok();
+  // Idle: the last selection's top-k and copy have run (DeviceFinishSelect, at the start of
+  // this step, waited for the event recorded after them).
+  if (selPending) return InternalError("the top-k output is resized with a selection pending");
+  rt->DeviceFree(dTop);
+  dTop = nullptr;
+  if (hTop) rt->HostFree(hTop);
+  hTop = nullptr;
+  topCap = 0;
+  const uint64_t c = std::max<uint64_t>(total, 1);
+  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dTop));
+  void* h = nullptr;
+  SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * c, &h));
+  hTop = static_cast<uint64_t*>(h);
+  topCap = c;
+  return Status::Ok();
+}
+
+void Optimizer::DeviceState::SweepRetired() {
+  if (retired.empty()) return;
+  bool done = false;
+  if (!rt->EventQuery(retiredAt, &done).ok() || !done) return;
+  for (void* p : retired) rt->DeviceFree(p);
+  retired.clear();
+}
+
+uint64_t Optimizer::DeviceState::ScratchBytes() const {
+  return cap * (3 * payEsz + (dPairsSend ? 16 : 0)) + 8 * topCap;
+}
+
+uint64_t Optimizer::DeviceState::IndexBytes() const { return cap * 8 * (dSorted ? 4 : 1); }
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
@@ -104,6 +172,8 @@ Optimizer::DeviceState::~DeviceState() {
         static_cast<void*>(dMaster), static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt),
         static_cast<void*>(dPairsSend), static_cast<void*>(dPairsAll)})
     rt->DeviceFree(p);
+  for (void* p : retired) rt->DeviceFree(p);  // the stream was synchronised (DeviceRelease)
+  if (retiredAt) rt->EventDestroy(retiredAt);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
   if (hFlag) rt->HostFree(hFlag);
@@ -245,16 +315,9 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dM));
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dStat));
-      SCAPE_RETURN_IF_ERROR(s->AllocPayload(n, Esz()));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dMaskOrder));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dSorted));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dPerm));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dInv));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, std::max<uint64_t>(o->ownedSize_, 1), &s->dTop));
+      // The mask-sized scratch and the top-k output are fitted at each step (Fit, FitTop).
       SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(o->nranks_), &s->dSq));
       void* h = nullptr;
-      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * std::max<uint64_t>(o->ownedSize_, 1), &h));
-      s->hTop = static_cast<uint64_t*>(h);
       SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(o->nranks_), &h));
       s->hSq = static_cast<double*>(h);
       SCAPE_RETURN_IF_ERROR(Alloc(rt, 1, &s->dFlag));
@@ -278,11 +341,6 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       // The state and scratch are ordered on the last step's stream: finish it first.
       SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d->stream).Prepend("the previous step's stream"));
       d->stream = st;
-    }
-    if (d->payEsz != Esz()) {
-      // A loaded checkpoint changed the payload type: buffers of the new element size.
-      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d->stream).Prepend("the previous step's stream"));
-      SCAPE_RETURN_IF_ERROR(d->AllocPayload(n, Esz()));
     }
     return Status::Ok();
   }
@@ -323,6 +381,8 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
                                      static_cast<unsigned long long>(k)));
     identity = true;
     for (uint64_t q = 0; q < k && identity; ++q) identity = d->hPerm[q] == q;
+    // Scratch for k entries (a loaded checkpoint may have changed the payload type).
+    SCAPE_RETURN_IF_ERROR(d->Fit(k, Esz(), !identity, sharded));
     if (k) {
       SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMaskOrder, d->hMaskOrder.data(), 8 * k, st));
       if (!identity) {
@@ -332,11 +392,6 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       }
     }
     dSortedMask = identity ? d->dMaskOrder : d->dSorted;
-    if (sharded && !d->dPairsSend) {
-      // The (theta', m') pairs (2 floats per masked value, at most n values; allocated once).
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * o->layout_.n, &d->dPairsSend));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * o->layout_.n, &d->dPairsAll));
-    }
     return Status::Ok();
   }
 
@@ -367,6 +422,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   Status SelectNext(double density) override {
     Mask::TopkTable t;
     o->mask_->TopkPlan(density, &t);
+    SCAPE_RETURN_IF_ERROR(d->FitTop(t.total));
     if (t.total > 0) {  // else only always-dense pieces (added by the mask), or none
       if (t.k.size() > d->countsCap) {
         rt->DeviceFree(d->dCounts);

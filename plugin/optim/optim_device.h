@@ -18,31 +18,46 @@ struct Optimizer::DeviceState {
   float *dM = nullptr, *dE = nullptr, *dStat = nullptr;
   // n floats: the fp32 master weights (mixed precision; allocated while the optimizer has them).
   float* dMaster = nullptr;
-  // n payload elements of payEsz bytes each (the payload type's size: 4 for fp32, 2 for
-  // bf16/fp16; reallocated when a loaded checkpoint changes the payload type): the packed
-  // payload in sorted order, the exchange's send and receive buffers.
+  // The mask-sized scratch, `cap` mask entries each (Fit): the packed payload in sorted order,
+  // the exchange's send and receive buffers (payEsz bytes per element: the payload type's
+  // size), the mask in mask order; the mask sorted and the two permutations between the orders
+  // (allocated only once a mask's two orders differ); the sharded (theta', m') pairs, 2 floats
+  // per entry each (allocated at the first sharded step).
   void *dPaySorted = nullptr, *dSend = nullptr, *dRecv = nullptr;
   size_t payEsz = 0;
-  // (Re)allocates the three payload buffers for n elements of esz bytes. The stream must be
-  // idle (the caller synchronises it first when buffers exist).
-  Status AllocPayload(uint64_t n, size_t esz);
-  // n positions each: the mask in mask order, sorted, and the two permutations between them.
   uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
-  uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (owned size), its counts
+  float *dPairsSend = nullptr, *dPairsAll = nullptr;
+  uint64_t cap = 0;
+  // Makes the scratch fit a mask of k entries with esz-byte payloads (perm: the permutations
+  // are needed; pairs: the pair buffers). Reallocates only when k outgrows the capacity, falls
+  // below a quarter of it (the density schedule shrinks the mask: step 0's mask is full), or
+  // the payload type changed (the old buffers retire, see below). Else nothing: no allocation
+  // on a step's path once the density has settled.
+  Status Fit(uint64_t k, size_t esz, bool perm, bool pairs);
+  // Buffers a refit replaced, freed once `retiredAt` (recorded on the stream at the refit) has
+  // completed: queued work may still use them, and no step waits for it.
+  std::vector<void*> retired;
+  device::Event retiredAt = nullptr;
+  void SweepRetired();
+  // The device bytes of the scratch above and of the top-k output (scapeOptimInfo_t).
+  uint64_t ScratchBytes() const;
+  uint64_t IndexBytes() const;
+  // The top-k output: topCap positions on the device and pinned on the host (FitTop: as Fit,
+  // for `total` selected positions; the host copy is idle when it is called).
+  Status FitTop(uint64_t total);
+  uint64_t topCap = 0;
+  uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (topCap), its counts
   double* dSq = nullptr;                         // nranks partial squared norms
   size_t countsCap = 0;
   // Host side (pinned where the runtime gives it): the uploads and the selected positions.
   std::vector<uint64_t> hMaskOrder, hSorted, hPerm, hInv;
-  uint64_t* hTop = nullptr;         // pinned, owned size
+  uint64_t* hTop = nullptr;         // pinned, topCap
   double* hSq = nullptr;            // pinned, nranks
   uint32_t* dFlag = nullptr;        // the non-finite check's result (device, one word)
   uint32_t* hFlag = nullptr;        // its pinned copy
   device::Event selDone = nullptr;  // recorded after the copy of the selected positions
   bool selPending = false;          // a selection waits to be handed to the mask sync
   uint64_t selCount = 0;
-  // Sharded ownership: the (theta', m') pairs, 2n floats each (allocated at the first sharded
-  // step): this rank's, and every rank's after the all-gather (mask order).
-  float *dPairsSend = nullptr, *dPairsAll = nullptr;
   // "segment_rms": the staying sums' blocks (stayCap each).
   double* dStaySum = nullptr;
   uint64_t* dStayCnt = nullptr;

@@ -391,6 +391,55 @@ TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
   EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
 }
 
+// Device memory follows the mask (issue 24): the mask-sized scratch (payload, mask positions
+// and permutations, sharded pairs, top-k output) is sized by the mask, not by n, once the
+// density schedule has settled; the step's device memory is then the state and the statistic
+// (12 bytes per parameter) plus a few dozen bytes per masked value, and scapeOptimGetInfo
+// reports it. (Before: every buffer was n-sized, 60-80 bytes per parameter.) Independent count:
+// the fake device's live allocations.
+TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed();
+  for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+    auto res = RunRanks(P, [&](RankCtx& ctx) {
+      FakeRuntime& rt = Fake();
+      Cfg k;
+      k.ownership = own;
+      Pair p(ctx, k, seed);
+      const uint64_t before = rt.LiveBytes();
+      for (int t = 0; t < 10; ++t)
+        if (!p.Step(seed, t, t == 9)) return false;
+      const uint64_t allocs = rt.deviceAllocs.load();
+      for (int t = 10; t < 13; ++t)
+        if (!p.Step(seed, t, false)) return false;
+      EXPECT_EQ(rt.deviceAllocs.load(), allocs) << "no device allocation once the mask settled";
+      const uint64_t used = rt.LiveBytes() - before;
+      scapeOptimInfo_t dev, host;
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &dev), ctx.comm);
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &host), ctx.comm);
+      const uint64_t n = p.n, km = dev.maskCount;
+      EXPECT_LT(km, n / 10) << "the mask settled at the schedule's density";
+      // State (m, e) and statistic: 12n; per masked value at most 4x (the scratch is refitted
+      // when the mask falls below a quarter of it): 3 payloads (4 B), 4 index buffers (8 B), 2
+      // pair buffers (8 B), the top-k output (8 B); a few fixed words (norm partials, flags,
+      // counts).
+      const uint64_t bound = 12 * n + 4 * km * (12 + 32 + 16 + 8) + 1024;
+      EXPECT_GE(used, 12 * n);
+      EXPECT_LE(used, bound) << "n " << n << ", k " << km;
+      // scapeOptimGetInfo counts the device memory too (state, index buffers, statistic and
+      // scratch): its figures cover what was allocated, up to the fixed words (the host-side
+      // figures of the same fields add a little on top), and the statistic is counted.
+      EXPECT_GE(dev.stateBytes + dev.maskStateBytes + dev.scratchBytes + 1024, used);
+      EXPECT_LE(dev.stateBytes + dev.maskStateBytes + dev.scratchBytes,
+                used + host.maskStateBytes + host.scratchBytes);
+      EXPECT_GE(dev.scratchBytes, 4 * n);
+      return !::testing::Test::HasFailure();
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << " seed=" << seed << ": "
+                             << res.Describe();
+  }
+}
+
 // Non-finite gradients on the device (the default scapeOptimNonFiniteSkip): an inf or NaN in
 // the last rank's device gradients, inside the mask (an always-dense position) and outside it
 // (sparse positions the step's mask left out), skips the step on every rank: the device params

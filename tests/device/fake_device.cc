@@ -161,6 +161,13 @@ void FakeRuntime::DeviceFree(void* p) {
   std::free(p);
 }
 
+uint64_t FakeRuntime::LiveBytes() {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t b = 0;
+  for (const auto& kv : device_) b += kv.second;
+  return b;
+}
+
 bool FakeRuntime::Extent(const void* p, uintptr_t* base, size_t* bytes) {
   const auto u = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lk(mu_);

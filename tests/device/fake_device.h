@@ -152,6 +152,8 @@ class FakeRuntime final : public scape::device::Runtime {
 
   // "Device" memory, zero-filled (the tests' own helper; DeviceFree releases it too).
   void* DeviceMalloc(size_t bytes);
+  // Bytes of device memory allocated and not freed (DeviceAlloc / DeviceMalloc).
+  uint64_t LiveBytes();
   // A new stream (owned by the runtime); NULL is the default stream.
   scape::device::Stream NewStream();
   FakeStream* StreamOf(scape::device::Stream s);
