@@ -1048,6 +1048,16 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * of each masked value updates it into a (param, momentum) pair and the pairs are all-gathered
  * on the stream (scapeOptimInfo_t counts the same bytes as for a host step).
  *
+ * Device memory: the state (momentum and residual, 8 bytes per parameter; +4 with master
+ * weights), the statistic (4 bytes per parameter) and, sized by the mask rather than by n,
+ * the payload buffers (3 per masked value, of the payload type), the mask positions (8 bytes
+ * per masked value; 32 when the mask's order differs from position order), the sharded pairs
+ * (16 bytes per masked value) and the top-k output. Those mask-sized buffers are refitted when
+ * the mask outgrows them or falls below a quarter of them (step 0's mask is full; the density
+ * warm-up shrinks it step by step): the old ones are freed once the stream has passed the
+ * refit, with no host wait, and a step at a settled density allocates nothing.
+ * scapeOptimInfo_t counts them (stateBytes, maskStateBytes, scratchBytes).
+ *
  * scapeOptimStep with device buffers behaves as this call with stream = NULL.
  * Backends: on a UCX communicator the packed exchange is staged through page-locked host
  * memory (or zero-copy); on an NCCL-backend communicator (scapeCommInitNccl, with its host
@@ -1138,9 +1148,13 @@ typedef struct {
                                 on the device), + fp32 master weights with 16-bit params
                                 (4 bytes per parameter); see scapeOptimCreate */
   uint64_t maskStateBytes; /**< the mask's index buffers (and a mask the momentum keeps
-                                after a skipped step) */
+                                after a skipped step; after a device step, + the device's:
+                                8 or 32 bytes per masked value) */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers (and the fp32
-                                copy of 16-bit grads of scapeOptimStepMixed on the host) */
+                                copy of 16-bit grads of scapeOptimStepMixed on the host);
+                                after a device step, + the device's: the statistic (4 bytes
+                                per parameter) and the payload, pair and top-k buffers (sized
+                                by the mask, see scapeOptimStepStream) */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
   /* Appended fields (the order above is the ABI's). */
   uint64_t controlBytes; /**< the step's small control exchanges: the all-gather of the
