@@ -774,9 +774,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  *     cannot be sharded (sharded ownership shards the statistic and the update instead);
  *   - with the fp32 master weights of scapeOptimStepMixed, 4n bytes more.
  * So 4 + 4d bytes per parameter at density d (4.4 at d = 0.1, 4.04 at d = 0.01; 8 at the
- * dense step 0 and while the warm-up density is 1), 8 + 4d with masters. A device optimizer
- * (scapeOptimStepStream) keeps its momentum dense in device memory (8 bytes per parameter,
- * 12 with masters) and packs it when the state comes back to the host. Besides: the mask's
+ * dense step 0 and while the warm-up density is 1), 8 + 4d with masters, on the host and in
+ * device memory alike (scapeOptimStepStream; the device keeps the momentum's positions too, 8
+ * bytes per masked value, counted in maskStateBytes). Besides: the mask's
  * index buffers (16 bytes per masked position, 8 more for a mask the momentum keeps after a
  * skipped step), and scratch for the statistic of the owned part, the payload and the
  * momentum at the new mask (scapeOptimInfo_t.scratchBytes).
@@ -1048,11 +1048,14 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * of each masked value updates it into a (param, momentum) pair and the pairs are all-gathered
  * on the stream (scapeOptimInfo_t counts the same bytes as for a host step).
  *
- * Device memory: the state (momentum and residual, 8 bytes per parameter; +4 with master
- * weights), the statistic (4 bytes per parameter) and, sized by the mask rather than by n,
- * the payload buffers (3 per masked value, of the payload type), the mask positions (8 bytes
- * per masked value; 32 when the mask's order differs from position order), the sharded pairs
- * (16 bytes per masked value) and the top-k output. Those mask-sized buffers are refitted when
+ * Device memory: the state (the residual, 4 bytes per parameter, and the momentum packed at
+ * the mask with its positions, 12 bytes per masked value; +4 per parameter with master
+ * weights), the statistic (4 bytes per parameter; during the step it also holds the momentum
+ * densely, one extra 4-byte write per parameter and step) and, sized by the mask rather than
+ * by n, the payload buffers (3 per masked value, of the payload type), the momentum at the
+ * mask (4 bytes per masked value), the mask positions (8 bytes per masked value; 32 when the
+ * mask's order differs from position order), the sharded pairs (16 bytes per masked value)
+ * and the top-k output. Those mask-sized buffers are refitted when
  * the mask outgrows them or falls below a quarter of them (step 0's mask is full; the density
  * warm-up shrinks it step by step): the old ones are freed once the stream has passed the
  * refit, with no host wait, and a step at a settled density allocates nothing.
@@ -1144,12 +1147,12 @@ typedef struct {
   double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
   float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
   uint64_t stateBytes;     /**< residual (4 bytes per parameter) + momentum (4 bytes per
-                                position of the mask of the last step: packed; 4 per parameter
+                                position of the mask of the last step: packed, on the host and
                                 on the device), + fp32 master weights with 16-bit params
                                 (4 bytes per parameter); see scapeOptimCreate */
   uint64_t maskStateBytes; /**< the mask's index buffers (and a mask the momentum keeps
                                 after a skipped step; after a device step, + the device's:
-                                8 or 32 bytes per masked value) */
+                                8 or 32 bytes per masked value, + 8 per momentum value) */
   uint64_t scratchBytes;   /**< payload, statistic and exchange buffers (and the fp32
                                 copy of 16-bit grads of scapeOptimStepMixed on the host);
                                 after a device step, + the device's: the statistic (4 bytes

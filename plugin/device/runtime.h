@@ -91,6 +91,8 @@ class Runtime {
   // (the kernel's keep_rounding): the residual inside the mask is the rounding error
   // c - float(payload) (+0 for fp32 and when the payload value is not finite), what the host
   // optimizer step's view kernel leaves there.
+  // dCOut may be dM (in place: each element's m is read before its c is written), as the
+  // optimizer step does with its statistic buffer.
   virtual Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                        float beta1, const uint64_t* dMask, size_t k,
                                        scapeDataType_t payloadType, void* dPayload, float* dCOut,

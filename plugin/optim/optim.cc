@@ -260,12 +260,6 @@ void Optimizer::KeepOldMomentumMask() {
   oldHold_.reset();
 }
 
-void Optimizer::DenseMomentum(float* out) const {
-  std::fill(out, out + layout_.n, 0.0f);
-  const kernels::MaskView v = MomentumView();
-  for (size_t j = 0; j < v.k; ++j) out[v.idx[j]] = m_[j];
-}
-
 void Optimizer::PackMomentum(const float* dense) {
   const kernels::MaskView cur = View();
   auto bits = [&](uint64_t i) {
@@ -667,8 +661,8 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   x.gradNorm = gradNorm_;
   x.clipScale = clipScale_;
   // The residual (n floats), the packed momentum (one float per entry of its mask) and the
-  // masters (n floats); the device state holds its momentum dense (n floats).
-  const uint64_t mom = dev_ ? layout_.n : m_.size();
+  // masters (n floats), on the host or the device.
+  const uint64_t mom = dev_ ? dev_->kMom : m_.size();
   x.stateBytes = (masterType_ != scapeFloat32 ? 8 : 4) * layout_.n + 4 * mom;
   // The next mask's buffer belongs to the sync thread while a sync is in flight.
   const uint64_t nextSize = mask_->SyncInFlight() ? mask_->Current().size() : mask_->Next().size();
@@ -680,7 +674,7 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
   if (dev_) {
     // Device memory: the mask's index buffers, and the statistic (n floats: the device
     // candidate writes every position), the payload, pair and top-k buffers (mask-sized).
-    x.maskStateBytes += dev_->IndexBytes();
+    x.maskStateBytes += dev_->IndexBytes() + 8 * dev_->kMom;  // + the momentum's positions
     x.scratchBytes += 4 * layout_.n + dev_->ScratchBytes();
   }
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];

@@ -167,10 +167,9 @@ class Optimizer {
   kernels::MaskView MomentumView() const;  // where m_ lives (the current mask unless momOwn_)
   // Ends a host step that did not update: the momentum stays on the mask it was on.
   void KeepOldMomentumMask();
-  // The dense momentum (n floats, +0 outside the momentum mask), and back (the device state,
-  // checkpoints of versions 1-3): PackMomentum keeps every non-zero value (by its bits), so
-  // the momentum moves on the current mask unless values lie outside it.
-  void DenseMomentum(float* out) const;
+  // The momentum from its dense form (n floats, +0 outside its mask: the device state coming
+  // back, checkpoints of versions 1-3): keeps every non-zero value (by its bits), so the
+  // momentum moves on the current mask unless values lie outside it.
   void PackMomentum(const float* dense);
   // Mixed precision: fp32 master weights (n floats, identical on every rank) of the 16-bit
   // params of type masterType_ (scapeFloat32: none, master_ empty). copy_: the 16-bit copy the

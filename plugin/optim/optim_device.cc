@@ -93,21 +93,12 @@ Status Optimizer::DeviceState::Fit(uint64_t k, size_t esz, bool perm, bool pairs
     for (void** p : {&dPaySorted, &dSend, &dRecv, reinterpret_cast<void**>(&dMaskOrder),
                      reinterpret_cast<void**>(&dSorted), reinterpret_cast<void**>(&dPerm),
                      reinterpret_cast<void**>(&dInv), reinterpret_cast<void**>(&dPairsSend),
-                     reinterpret_cast<void**>(&dPairsAll)}) {
-      if (*p) retired.push_back(*p);
+                     reinterpret_cast<void**>(&dPairsAll), reinterpret_cast<void**>(&dMNew)}) {
       any = any || *p;
+      Retire(*p);
       *p = nullptr;
     }
-    if (any) {
-      if (!retiredAt) SCAPE_RETURN_IF_ERROR(rt->EventCreate(&retiredAt));
-      Status rs = rt->EventRecord(retiredAt, stream);
-      if (!rs.ok()) {
-        // No event: wait for the stream instead (a host wait), then free.
-        SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("resizing the scratch"));
-        for (void* p : retired) rt->DeviceFree(p);
-        retired.clear();
-      }
-    }
+    if (any) SCAPE_RETURN_IF_ERROR(RecordRetire());
     cap = 0;
     payEsz = 0;
     const uint64_t c = std::max<uint64_t>(k, 1);
@@ -115,6 +106,7 @@ Status Optimizer::DeviceState::Fit(uint64_t k, size_t esz, bool perm, bool pairs
       SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(esz * c, p));
     payEsz = esz;
     SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMaskOrder));
+    SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMNew));
     cap = c;
   }
   if (perm && !dSorted) {
@@ -148,6 +140,37 @@ Status Optimizer::DeviceState::FitTop(uint64_t total) {
   return Status::Ok();
 }
 
+void Optimizer::DeviceState::Retire(void* p) {
+  if (p) retired.push_back(p);
+}
+
+// The retired buffers are freed once the stream has passed this point.
+Status Optimizer::DeviceState::RecordRetire() {
+  if (!retiredAt) SCAPE_RETURN_IF_ERROR(rt->EventCreate(&retiredAt));
+  if (rt->EventRecord(retiredAt, stream).ok()) return Status::Ok();
+  // No event: wait for the stream instead (a host wait), then free.
+  SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("resizing the scratch"));
+  for (void* p : retired) rt->DeviceFree(p);
+  retired.clear();
+  return Status::Ok();
+}
+
+Status Optimizer::DeviceState::FitMom(uint64_t km) {
+  if (momCap != 0 && km <= momCap && km >= momCap / 4) return Status::Ok();
+  const bool any = dMp != nullptr;
+  Retire(dMp);
+  Retire(dMomIdx);
+  dMp = nullptr;
+  dMomIdx = nullptr;
+  momCap = 0;
+  if (any) SCAPE_RETURN_IF_ERROR(RecordRetire());
+  const uint64_t c = std::max<uint64_t>(km, 1);
+  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMp));
+  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMomIdx));
+  momCap = c;
+  return Status::Ok();
+}
+
 void Optimizer::DeviceState::SweepRetired() {
   if (retired.empty()) return;
   bool done = false;
@@ -157,20 +180,34 @@ void Optimizer::DeviceState::SweepRetired() {
 }
 
 uint64_t Optimizer::DeviceState::ScratchBytes() const {
-  return cap * (3 * payEsz + (dPairsSend ? 16 : 0)) + 8 * topCap;
+  return cap * (3 * payEsz + 4 + (dPairsSend ? 16 : 0)) + 8 * topCap;
 }
 
 uint64_t Optimizer::DeviceState::IndexBytes() const { return cap * 8 * (dSorted ? 4 : 1); }
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
-  for (void* p :
-       {static_cast<void*>(dM), static_cast<void*>(dE), static_cast<void*>(dStat), dPaySorted,
-        dSend, dRecv, static_cast<void*>(dMaskOrder), static_cast<void*>(dSorted),
-        static_cast<void*>(dPerm), static_cast<void*>(dInv), static_cast<void*>(dTop),
-        static_cast<void*>(dCounts), static_cast<void*>(dSq), static_cast<void*>(dFlag),
-        static_cast<void*>(dMaster), static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt),
-        static_cast<void*>(dPairsSend), static_cast<void*>(dPairsAll)})
+  for (void* p : {static_cast<void*>(dMp),
+                  static_cast<void*>(dMomIdx),
+                  static_cast<void*>(dMNew),
+                  static_cast<void*>(dE),
+                  static_cast<void*>(dStat),
+                  dPaySorted,
+                  dSend,
+                  dRecv,
+                  static_cast<void*>(dMaskOrder),
+                  static_cast<void*>(dSorted),
+                  static_cast<void*>(dPerm),
+                  static_cast<void*>(dInv),
+                  static_cast<void*>(dTop),
+                  static_cast<void*>(dCounts),
+                  static_cast<void*>(dSq),
+                  static_cast<void*>(dFlag),
+                  static_cast<void*>(dMaster),
+                  static_cast<void*>(dStaySum),
+                  static_cast<void*>(dStayCnt),
+                  static_cast<void*>(dPairsSend),
+                  static_cast<void*>(dPairsAll)})
     rt->DeviceFree(p);
   for (void* p : retired) rt->DeviceFree(p);  // the stream was synchronised (DeviceRelease)
   if (retiredAt) rt->EventDestroy(retiredAt);
@@ -205,15 +242,24 @@ Status Optimizer::DevicePull() {
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
-  // The device holds the momentum dense (n floats); the host packs it (PackMomentum).
-  std::vector<float> dense(n);
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(dense.data(), d.dM, 4 * n, d.stream));
+  // The device's packed momentum (sorted positions) comes back; the host keeps it in its own
+  // packed form (PackMomentum: on the current mask unless values lie outside it).
+  std::vector<float> mp(d.kMom), dense(n, 0.0f);
+  std::vector<uint64_t> idx(d.kMom);
+  if (d.kMom) {
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(mp.data(), d.dMp, 4 * d.kMom, d.stream));
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(idx.data(), d.dMomIdx, 8 * d.kMom, d.stream));
+  }
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(e_.data(), d.dE, 4 * n, d.stream));
   if (masterType_ != scapeFloat32 && d.dMaster) {
     master_.resize(n);
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(master_.data(), d.dMaster, 4 * n, d.stream));
   }
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  for (uint64_t j = 0; j < d.kMom; ++j) {
+    if (idx[j] >= n) return InternalError("the device momentum has a position beyond n");
+    dense[idx[j]] = mp[j];
+  }
   PackMomentum(dense.data());
   return Status::Ok();
 }
@@ -222,9 +268,24 @@ Status Optimizer::DevicePush() {
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
-  std::vector<float> dense(n);  // the packed momentum, dense for the device
-  DenseMomentum(dense.data());
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dM, dense.data(), 4 * n, d.stream));
+  // The packed momentum in position order (the device's form): its mask's entries, sorted.
+  const kernels::MaskView mv = MomentumView();
+  std::vector<uint64_t> order(mv.k);
+  for (uint64_t j = 0; j < mv.k; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(),
+            [&](uint64_t a, uint64_t b) { return mv.idx[a] < mv.idx[b]; });
+  std::vector<uint64_t> idx(mv.k);
+  std::vector<float> mp(mv.k);
+  for (uint64_t j = 0; j < mv.k; ++j) {
+    idx[j] = mv.idx[order[j]];
+    mp[j] = m_[order[j]];
+  }
+  SCAPE_RETURN_IF_ERROR(d.FitMom(mv.k));
+  d.kMom = mv.k;
+  if (mv.k) {
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMp, mp.data(), 4 * mv.k, d.stream));
+    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMomIdx, idx.data(), 8 * mv.k, d.stream));
+  }
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
   // The master weights live beside the state while the optimizer has them.
   if (masterType_ != scapeFloat32) {
@@ -281,9 +342,10 @@ Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, cons
 
 // The device step's kernels (step_kernels.h): the stream-ordered ops of the device runtime on
 // the state in device memory (DeviceState), the payload collectives on the communicator's
-// device backend on the step's stream. The momentum is dense on the device (n floats, +0
-// outside the mask). The device kernels take the mask sorted (strictly increasing); the payload
-// is in mask order (per owner, its pieces in layout order), so the mask is uploaded in both
+// device backend on the step's stream. The momentum is packed at the mask of the last update
+// (DeviceState::dMp / dMomIdx) and rebuilt densely in the statistic's buffer for the kernels,
+// which read m by position. The device kernels take the mask sorted (strictly increasing); the
+// payload is in mask order (per owner, its pieces in layout order), so the mask is uploaded in both
 // orders with the permutations between them, and the payload is gathered from one to the other
 // around the candidate and the update (skipped when the two orders are the same).
 struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
@@ -312,7 +374,6 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       std::unique_ptr<DeviceState> s(new DeviceState());
       s->rt = rt;
       s->stream = st;
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dM));
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dStat));
       // The mask-sized scratch and the top-k output are fitted at each step (Fit, FitTop).
@@ -399,13 +460,19 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   // inside the mask, as in the host step.
   Status Candidate() override {
     const uint64_t n = o->layout_.n;
+    // m_{t-1} dense in dStat (+0 outside its mask), and at this mask's entries in dMNew for
+    // after the candidate pass, which turns dStat into the statistic in place.
+    SCAPE_RETURN_IF_ERROR(rt->Memset(d->dStat, 0, 4 * n, st).Prepend("momentum"));
+    if (d->kMom) SCAPE_RETURN_IF_ERROR(rt->Scatter(d->dMp, d->dMomIdx, d->kMom, 4, d->dStat, st));
+    if (k) SCAPE_RETURN_IF_ERROR(rt->Gather(d->dStat, dSortedMask, k, 4, d->dMNew, st));
+    float* dM = d->dStat;
     void* paySorted = identity ? d->dSend : d->dPaySorted;
     if (o->devGradType_ == scapeFloat32) {
-      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(d->dM, dG, d->dE, n, o->hyper_.beta1,
+      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(dM, dG, d->dE, n, o->hyper_.beta1,
                                                       dSortedMask, k, Pt(), paySorted, d->dStat, st)
                                 .Prepend("candidate"));
     } else {
-      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(d->dM, dG, o->devGradType_, d->dE, n,
+      SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(dM, dG, o->devGradType_, d->dE, n,
                                                           o->hyper_.beta1, dSortedMask, k, Pt(),
                                                           paySorted, d->dStat, st)
                                 .Prepend("candidate"));
@@ -438,6 +505,9 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     SCAPE_RETURN_IF_ERROR(rt->EventRecord(d->selDone, st));
     d->selCount = t.total;
     d->selPending = true;
+    // The statistic has been read (in stream order): dStat holds m_{t-1} at the mask again for
+    // the norm, the update and the pairs, which read m only at masked positions.
+    if (k) SCAPE_RETURN_IF_ERROR(rt->Scatter(d->dMNew, dSortedMask, k, 4, d->dStat, st));
     return Status::Ok();
   }
 
@@ -453,7 +523,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     for (size_t i = 0; i < nb; ++i)
       SCAPE_RETURN_IF_ERROR(
           rt->RecoveredGradSqNorm(static_cast<char*>(d->dRecv) + Esz() * b[i].recvSlot, Pt(),
-                                  d->dMaskOrder + b[i].maskSlot, b[i].count, d->dM, o->layout_.n,
+                                  d->dMaskOrder + b[i].maskSlot, b[i].count, d->dStat, o->layout_.n,
                                   o->hyper_.beta1, d->dSq + i, st)
               .Prepend("gradient norm"));
     if (nb == 0) return Status::Ok();
@@ -476,7 +546,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       d->stayCap = nb;
     }
     if (nb == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(rt->StayingGradSqBlocks(d->dRecv, Pt(), d->dMaskOrder + slot0, d->dM,
+    SCAPE_RETURN_IF_ERROR(rt->StayingGradSqBlocks(d->dRecv, Pt(), d->dMaskOrder + slot0, d->dStat,
                                                   o->layout_.n, o->hyper_.beta1,
                                                   o->stayBounds_.data(), nb, d->dStaySum,
                                                   d->dStayCnt, st)
@@ -494,18 +564,18 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     }
     const uint64_t n = o->layout_.n;
     if (o->copy_ == nullptr)
-      return rt->UnpackAdamSUpdate(recvSorted, Pt(), dSortedMask, k, dTheta, d->dM, n, ap, st)
+      return rt->UnpackAdamSUpdate(recvSorted, Pt(), dSortedMask, k, dTheta, d->dStat, n, ap, st)
           .Prepend("AdamS update");
     // Mixed precision: the masters and the 16-bit params in the same pass.
     return rt
-        ->UnpackAdamSUpdateCopy(recvSorted, Pt(), dSortedMask, k, dTheta, d->dM, n, ap, o->copy_->p,
-                                o->copy_->type, st)
+        ->UnpackAdamSUpdateCopy(recvSorted, Pt(), dSortedMask, k, dTheta, d->dStat, n, ap,
+                                o->copy_->p, o->copy_->type, st)
         .Prepend("AdamS update");
   }
 
   Status UpdatePairs(const kernels::AdamSParams& ap, uint64_t offr, uint64_t kr) override {
     return rt
-        ->AdamSUpdatePairs(d->dRecv, Pt(), d->dMaskOrder + offr, kr, dTheta, d->dM, o->layout_.n,
+        ->AdamSUpdatePairs(d->dRecv, Pt(), d->dMaskOrder + offr, kr, dTheta, d->dStat, o->layout_.n,
                            ap, d->dPairsSend, st)
         .Prepend("AdamS update");
   }
@@ -519,14 +589,21 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       pairs = d->dPairsSend;
     }
     return rt
-        ->UnpackPairsDecay(pairs, dSortedMask, k, dTheta, d->dM, o->layout_.n, ap,
+        ->UnpackPairsDecay(pairs, dSortedMask, k, dTheta, d->dStat, o->layout_.n, ap,
                            o->copy_ ? o->copy_->p : nullptr,
                            o->copy_ ? o->copy_->type : scapeFloat32, st)
         .Prepend("unpack");
   }
 
-  // Starts the next mask's sync now if the selection is already done (no wait).
+  // m_t (dense in dStat after the update) is packed at this mask: the momentum's new home.
+  // Then the next mask's sync starts now if the selection is already done (no wait).
   Status Finish() override {
+    SCAPE_RETURN_IF_ERROR(d->FitMom(k));
+    if (k) {
+      SCAPE_RETURN_IF_ERROR(rt->Gather(d->dStat, dSortedMask, k, 4, d->dMp, st));
+      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMomIdx, dSortedMask, 8 * k, st));
+    }
+    d->kMom = k;
     bool done = false;
     if (rt->EventQuery(d->selDone, &done).ok() && done) return o->DeviceFinishSelect();
     return Status::Ok();

@@ -14,8 +14,18 @@ namespace scape {
 struct Optimizer::DeviceState {
   device::Runtime* rt = nullptr;
   void* stream = nullptr;  // the stream of the last device step
-  // n floats each: momentum, residual, the candidate (statistic).
-  float *dM = nullptr, *dE = nullptr, *dStat = nullptr;
+  // n floats each: the residual; the candidate (statistic), which is also the step's dense
+  // momentum scratch (m_{t-1} before the candidate pass, which overwrites it in place with the
+  // statistic; m_{t-1} at the mask again after the top-k, m_t after the update).
+  float *dE = nullptr, *dStat = nullptr;
+  // The momentum, packed (issue 24): kMom values at the positions dMomIdx (strictly increasing:
+  // the mask of the last update, sorted), +0 elsewhere; momCap entries each (FitMom).
+  float* dMp = nullptr;
+  uint64_t* dMomIdx = nullptr;
+  uint64_t kMom = 0, momCap = 0;
+  // Room for km packed momentum values (the contents are not kept: the caller writes them);
+  // replaced buffers retire like Fit's.
+  Status FitMom(uint64_t km);
   // n floats: the fp32 master weights (mixed precision; allocated while the optimizer has them).
   float* dMaster = nullptr;
   // The mask-sized scratch, `cap` mask entries each (Fit): the packed payload in sorted order,
@@ -27,6 +37,7 @@ struct Optimizer::DeviceState {
   size_t payEsz = 0;
   uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
   float *dPairsSend = nullptr, *dPairsAll = nullptr;
+  float* dMNew = nullptr;  // m_{t-1} at the current mask (sorted order), cap floats
   uint64_t cap = 0;
   // Makes the scratch fit a mask of k entries with esz-byte payloads (perm: the permutations
   // are needed; pairs: the pair buffers). Reallocates only when k outgrows the capacity, falls
@@ -39,6 +50,8 @@ struct Optimizer::DeviceState {
   std::vector<void*> retired;
   device::Event retiredAt = nullptr;
   void SweepRetired();
+  void Retire(void* p);
+  Status RecordRetire();
   // The device bytes of the scratch above and of the top-k output (scapeOptimInfo_t).
   uint64_t ScratchBytes() const;
   uint64_t IndexBytes() const;

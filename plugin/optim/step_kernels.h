@@ -8,7 +8,8 @@
 //   DeviceKernels (optim_device.cc): device memory, the stream-ordered ops of the device runtime
 //     (plugin/device/runtime.h: kernels/cuda, or the fake runtime in tests), the collectives on
 //     the communicator's device backend (plugin/backend) on the caller's stream; the momentum
-//     dense on the device (n floats).
+//     packed at the mask in position order, rebuilt densely in the statistic's buffer during
+//     the step.
 // Both compute the same bits (the device kernels' contracts say so op by op; the tests compare
 // host and device steps bit for bit).
 #ifndef SCAPE_PLUGIN_OPTIM_STEP_KERNELS_H_

@@ -391,12 +391,14 @@ TEST_P(DeviceOptim, StepEnqueuesAndReturns) {
   EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
 }
 
-// Device memory follows the mask (issue 24): the mask-sized scratch (payload, mask positions
-// and permutations, sharded pairs, top-k output) is sized by the mask, not by n, once the
-// density schedule has settled; the step's device memory is then the state and the statistic
-// (12 bytes per parameter) plus a few dozen bytes per masked value, and scapeOptimGetInfo
-// reports it. (Before: every buffer was n-sized, 60-80 bytes per parameter.) Independent count:
-// the fake device's live allocations.
+// Device memory follows the mask (issue 24): the momentum is packed at the mask on the device
+// too, and the mask-sized scratch (payload, m_{t-1} at the mask, mask positions and
+// permutations, sharded pairs, top-k output) is sized by the mask, not by n, once the density
+// schedule has settled. The step's device memory is then the residual and the statistic (8
+// bytes per parameter; the statistic doubles as the step's dense momentum scratch) plus a few
+// dozen bytes per masked value, and scapeOptimGetInfo reports it. (Before: the momentum dense
+// and every buffer n-sized, 60-80 bytes per parameter.) Independent count: the fake device's
+// live allocations.
 TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
@@ -419,12 +421,12 @@ TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &host), ctx.comm);
       const uint64_t n = p.n, km = dev.maskCount;
       EXPECT_LT(km, n / 10) << "the mask settled at the schedule's density";
-      // State (m, e) and statistic: 12n; per masked value at most 4x (the scratch is refitted
-      // when the mask falls below a quarter of it): 3 payloads (4 B), 4 index buffers (8 B), 2
-      // pair buffers (8 B), the top-k output (8 B); a few fixed words (norm partials, flags,
-      // counts).
-      const uint64_t bound = 12 * n + 4 * km * (12 + 32 + 16 + 8) + 1024;
-      EXPECT_GE(used, 12 * n);
+      // Residual and statistic: 8n; per masked value at most 4x (the buffers are refitted when
+      // the mask falls below a quarter of them): 3 payloads (4 B), m_{t-1} at the mask (4 B), 4
+      // index buffers (8 B), 2 pair buffers (8 B), the top-k output (8 B), the packed momentum
+      // and its positions (12 B); a few fixed words (norm partials, flags, counts).
+      const uint64_t bound = 8 * n + 4 * km * (12 + 4 + 32 + 16 + 8 + 12) + 1024;
+      EXPECT_GE(used, 8 * n);
       EXPECT_LE(used, bound) << "n " << n << ", k " << km;
       // scapeOptimGetInfo counts the device memory too (state, index buffers, statistic and
       // scratch): its figures cover what was allocated, up to the fixed words (the host-side
@@ -433,6 +435,9 @@ TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
       EXPECT_LE(dev.stateBytes + dev.maskStateBytes + dev.scratchBytes,
                 used + host.maskStateBytes + host.scratchBytes);
       EXPECT_GE(dev.scratchBytes, 4 * n);
+      // The momentum is packed on the device as on the host: the same state bytes.
+      EXPECT_EQ(dev.stateBytes, host.stateBytes);
+      EXPECT_EQ(dev.stateBytes, 4 * n + 4 * km);
       return !::testing::Test::HasFailure();
     });
     EXPECT_TRUE(res.AllOk()) << "P=" << P << " ownership=" << own << " seed=" << seed << ": "
