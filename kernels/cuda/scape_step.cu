@@ -458,27 +458,42 @@ void LaunchUpdatePass(const Point& point, int ckind, const Index* mask, size_t k
     LaunchUpdatePass<Index, Point, 2>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
 }
 
+// The update kernels' common checks (the CPU kernels' UpdatePrologue, device form), in this
+// order: the payload type (`type` nullptr: the kernel takes none) into *kind, the 16-bit copy
+// into *ckind, the AdamS scalars into *s, k <= n.
+KernelStatus UpdateArgs(const scapeDataType_t* type, const ModelCopy* copy,
+                        const AdamSParams& params, size_t k, size_t n, int* kind, int* ckind,
+                        AdamSScalars* s) {
+  *kind = type ? dev::PayloadKind(*type) : 0;
+  if (*kind < 0) return KernelStatus::kUnsupported;
+  *ckind = copy ? dev::PayloadKind(copy->type) : 0;
+  if (copy && *ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
+  if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
+  const KernelStatus st = MakeAdamSScalars(params, s);
+  if (st != KernelStatus::kOk) return st;
+  return k > n ? KernelStatus::kInvalidArgument : KernelStatus::kOk;
+}
+
+// The "segment_rms" table of `params` (device pointers here: the runtime uploads them).
+KernelStatus EnterTableOf(const AdamSParams& params, EnterTable* et) {
+  *et = EnterTable{params.enter_offsets, params.enter_vs, params.enter_nseg};
+  const bool bad = et->vs != nullptr && (et->off == nullptr || et->nseg == 0);
+  return bad ? KernelStatus::kInvalidArgument : KernelStatus::kOk;
+}
+
 template <typename Index>
 KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         float* theta, float* m, size_t n, const AdamSParams& params,
                         cudaStream_t stream, const ModelCopy* copy = nullptr) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
-  const int ckind = copy ? dev::PayloadKind(copy->type) : 0;
-  if (copy && ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
-  if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
+  int kind = 0, ckind = 0;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  KernelStatus st = UpdateArgs(&type, copy, params, k, n, &kind, &ckind, &s);
   if (st != KernelStatus::kOk) return st;
-  if (k > n) return KernelStatus::kInvalidArgument;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  // params.enter_offsets / enter_vs are device pointers here (the runtime uploads them).
-  EnterTable et{params.enter_offsets, params.enter_vs, params.enter_nseg};
-  if (et.vs != nullptr && (et.off == nullptr || et.nseg == 0)) {
-    return KernelStatus::kInvalidArgument;
-  }
+  EnterTable et;
+  if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   void* cp = copy ? copy->p : nullptr;
   if (kind == 0)
     LaunchUpdatePass(AdamSPointOp<0>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
@@ -493,21 +508,16 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
 KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t* idx, size_t k,
                        const float* theta, const float* m, size_t n, const AdamSParams& params,
                        float* pairs, cudaStream_t stream) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
+  int kind = 0, ckind = 0;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  KernelStatus st = UpdateArgs(&type, nullptr, params, k, n, &kind, &ckind, &s);
   if (st != KernelStatus::kOk) return st;
-  if (k > n) return KernelStatus::kInvalidArgument;
   if (k > 0 && (payload == nullptr || idx == nullptr || theta == nullptr || m == nullptr ||
                 pairs == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
-  // params.enter_offsets / enter_vs are device pointers here (the runtime uploads them).
-  EnterTable et{params.enter_offsets, params.enter_vs, params.enter_nseg};
-  if (et.vs != nullptr && (et.off == nullptr || et.nseg == 0)) {
-    return KernelStatus::kInvalidArgument;
-  }
+  EnterTable et;
+  if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   if (k == 0) return KernelStatus::kOk;
   const unsigned grid = dev::GridFor(k, kThreads);
   if (kind == 0) {
@@ -524,13 +534,10 @@ KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t
 KernelStatus UnpackPairsImpl(const float* pairs, const uint64_t* mask, size_t k, float* theta,
                              float* m, size_t n, const AdamSParams& params, const ModelCopy* copy,
                              cudaStream_t stream) {
-  const int ckind = copy ? dev::PayloadKind(copy->type) : 0;
-  if (copy && ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
-  if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
+  int kind = 0, ckind = 0;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(params, &s);
+  const KernelStatus st = UpdateArgs(nullptr, copy, params, k, n, &kind, &ckind, &s);
   if (st != KernelStatus::kOk) return st;
-  if (k > n) return KernelStatus::kInvalidArgument;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || pairs == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
