@@ -1055,7 +1055,7 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * by n, the payload buffers (3 per masked value, of the payload type), the momentum at the
  * mask (4 bytes per masked value), the mask positions (8 bytes per masked value; 32 when the
  * mask's order differs from position order), the sharded pairs (16 bytes per masked value)
- * and the top-k output. Those mask-sized buffers are refitted when
+ * and the top-k output, all from the communicator's device pool. Those buffers are refitted when
  * the mask outgrows them or falls below a quarter of them (step 0's mask is full; the density
  * warm-up shrinks it step by step): the old ones are freed once the stream has passed the
  * refit, with no host wait, and a step at a settled density allocates nothing.

@@ -141,14 +141,17 @@ class DeviceBackend : public Backend {
   void DropMask(const Mask& m);
   void DropStale(const Mask& m);
 
+  // The communicator's device pool (made at the first call that needs it): every device
+  // temporary, the optimizer step's scratch included (plugin/optim/optim_device.cc).
+  device::DevicePool& Pool();
+
   // Lifecycle (scapeCommDestroy / scapeCommAbort / scapeCommGetAsyncError).
   virtual void Release(int timeoutMs) = 0;  // drains device work in flight, closes
   virtual void Abort();                     // device work in flight fails fast
   virtual Status AsyncError() = 0;
 
  protected:
-  // The pool (and positions), made at the first call that needs them.
-  device::DevicePool& Pool();
+  // The mask positions, made at the first call that needs them (with the pool).
   device::MaskPositions& MaskPos();
   // Made now, with `rt` (an NCCL-backend communicator's pool is made at init).
   void MakePool(device::Runtime* rt);

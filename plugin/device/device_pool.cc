@@ -60,6 +60,9 @@ void DevicePool::SweepLocked(bool teardown) {
         ++pending;
       }
     }
+    // Dropped blocks whose work has finished are freed.
+    for (Retired& r : retired_)
+      if (r.idle && r.drop && r.b.d) FreeLocked(&r);
     // Records that hold nothing any more go.
     retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
                                   [](const Retired& r) { return r.idle && r.b.d == nullptr; }),
@@ -99,7 +102,7 @@ void DevicePool::SweepLocked(bool teardown) {
   }
 }
 
-Status DevicePool::Acquire(size_t bytes, Stream s, Block* out) {
+Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
   *out = Block();
   if (bytes == 0) return Status::Ok();
   std::lock_guard<std::mutex> lk(mu_);
@@ -111,7 +114,7 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out) {
   auto best = retired_.end();
   for (int pass = 0; pass < 2 && best == retired_.end(); ++pass)
     for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-      const bool usable = it->b.d && (pass == 0 ? it->s == s : it->idle);
+      const bool usable = it->b.d && !it->drop && (pass == 0 ? it->s == s : it->idle);
       if (usable && it->b.bytes >= bytes && (best == retired_.end() || it->b.bytes < best->b.bytes))
         best = it;
     }
@@ -122,8 +125,9 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out) {
     if (best->idle) retired_.erase(best);
     return Status::Ok();
   }
-  // With a quarter to spare, rounded to 256 bytes (the runtime's alignment is larger anyway).
-  size_t want = bytes + bytes / 4;
+  // With a quarter to spare (unless exact), rounded to 256 bytes (the runtime's alignment is
+  // larger anyway).
+  size_t want = exact ? bytes : bytes + bytes / 4;
   want = (want + 255) & ~static_cast<size_t>(255);
   void* d = nullptr;
   SCAPE_RETURN_IF_ERROR(rt_->DeviceAlloc(want, &d));
@@ -151,6 +155,32 @@ void DevicePool::Release(Block b, Stream s, std::shared_ptr<const void> keep) {
   }
   std::lock_guard<std::mutex> lk(mu_);
   retired_.push_back(std::move(r));
+}
+
+void DevicePool::Sweep() {
+  std::lock_guard<std::mutex> lk(mu_);
+  SweepLocked(false);
+}
+
+void DevicePool::Drop(Block b, Stream s) {
+  if (!b.d) return;
+  Retired r;
+  r.b = b;
+  r.s = s;
+  r.drop = true;
+  Status st = rt_->EventCreate(&r.ev);
+  if (st.ok()) st = rt_->EventRecord(r.ev, s);
+  if (!st.ok()) {
+    // No event: wait for the stream (a host wait), then free.
+    if (r.ev) rt_->EventDestroy(r.ev);
+    Status w = rt_->StreamSynchronize(s);
+    if (!w.ok()) SCAPE_WARN("device pool: %s", w.message().c_str());
+    rt_->DeviceFree(b.d);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  retired_.push_back(std::move(r));
+  SweepLocked(false);
 }
 
 }  // namespace device

@@ -11,6 +11,7 @@
 //    that same stream (stream order makes reuse safe at once; NULL is the legacy default
 //    stream), else among the idle ones (their work has finished); else it allocates, with a
 //    quarter to spare so that a mask whose k varies a little is served from the same block.
+//  - Drop(block, stream): freed once the work on `stream` has finished, never reused.
 //  - At most kMaxIdle finished blocks are kept (enough for two masks on two streams: positions,
 //    packed values and the top-k's output each); the smallest beyond that are freed.
 //  - Teardown waits (within the communicator's timeout) for the work still using a block, then
@@ -52,11 +53,22 @@ class DevicePool {
   Runtime* runtime() const { return rt_; }
 
   // A block of at least `bytes` for work about to be enqueued on `s` (see the policy above).
-  Status Acquire(size_t bytes, Stream s, Block* out);
+  // exact: a new block gets no quarter to spare (a user that sizes its own blocks: the
+  // optimizer's scratch, refitted by its own rule).
+  Status Acquire(size_t bytes, Stream s, Block* out, bool exact = false);
   // Hands `b` back once the work that uses it has been enqueued on `s`, with `keep` (may be
   // null) held until that work has run. A null block only holds `keep`. If no event can be
   // recorded, waits for the stream instead (a host wait, bounded by the runtime's).
   void Release(Block b, Stream s, std::shared_ptr<const void> keep = nullptr);
+
+  // Hands `b` back for good: it is freed (never reused) once the work enqueued on `s` so far
+  // has finished, without a host wait. For a block a long-lived user outgrew or shrank out of
+  // (the optimizer's scratch when its mask's size changes), which idle-keeping would hold.
+  void Drop(Block b, Stream s);
+
+  // Frees the dropped blocks whose work has finished (and trims the idle set): for a user that
+  // holds its blocks across calls and may not call Acquire again for a long time.
+  void Sweep();
 
   // scapeCommAbort: teardown then waits kAbandonWaitMs at most for the work in flight.
   void Abandon() { abandoned_.store(true); }
@@ -71,6 +83,7 @@ class DevicePool {
     Event ev = nullptr;
     Stream s = nullptr;
     bool idle = false;  // ev has completed
+    bool drop = false;  // Drop: freed once idle, never taken again
     std::shared_ptr<const void> keep;
   };
   // Marks the records whose event has completed idle (dropping what they kept); frees the

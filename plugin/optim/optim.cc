@@ -673,9 +673,10 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
                    4 * gWide_.size();  // widened 16-bit gradients (scapeOptimStepMixed, host)
   if (dev_) {
     // Device memory: the mask's index buffers, and the statistic (n floats: the device
-    // candidate writes every position), the payload, pair and top-k buffers (mask-sized).
+    // candidate writes every position), the payload, pair and top-k buffers (mask-sized), as
+    // allocated from the communicator's device pool.
     x.maskStateBytes += dev_->IndexBytes() + 8 * dev_->kMom;  // + the momentum's positions
-    x.scratchBytes += 4 * layout_.n + dev_->ScratchBytes();
+    x.scratchBytes += dev_->ScratchBytes();
   }
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
   *info = x;

@@ -82,57 +82,82 @@ Status WaitEvent(device::Runtime* rt, device::Event e, int timeoutMs) {
 
 }  // namespace
 
-Status Optimizer::DeviceState::Fit(uint64_t k, size_t esz, bool perm, bool pairs) {
-  SweepRetired();
-  const bool refit = cap == 0 || k > cap || k < cap / 4 || esz != payEsz;
-  if (!refit && (!perm || dSorted) && (!pairs || dPairsSend)) return Status::Ok();
-  if (refit) {
-    // Work queued on the stream may still use the old buffers: they are freed once an event
-    // recorded now has completed (SweepRetired), not under the device, and without a wait.
-    bool any = false;
-    for (void** p : {&dPaySorted, &dSend, &dRecv, reinterpret_cast<void**>(&dMaskOrder),
-                     reinterpret_cast<void**>(&dSorted), reinterpret_cast<void**>(&dPerm),
-                     reinterpret_cast<void**>(&dInv), reinterpret_cast<void**>(&dPairsSend),
-                     reinterpret_cast<void**>(&dPairsAll), reinterpret_cast<void**>(&dMNew)}) {
-      any = any || *p;
-      Retire(*p);
-      *p = nullptr;
-    }
-    if (any) SCAPE_RETURN_IF_ERROR(RecordRetire());
-    cap = 0;
-    payEsz = 0;
-    const uint64_t c = std::max<uint64_t>(k, 1);
-    for (void** p : {&dPaySorted, &dSend, &dRecv})
-      SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(esz * c, p));
-    payEsz = esz;
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMaskOrder));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMNew));
-    cap = c;
+namespace {
+
+// Carves aligned sub-buffers out of one block (CUB's temp-storage layout): Take(bytes) returns
+// the next piece; with base == nullptr it only adds up the size.
+struct Carve {
+  char* base;
+  size_t off = 0;
+  void* Take(size_t bytes) {
+    void* p = base ? base + off : nullptr;
+    off += (bytes + 255) & ~static_cast<size_t>(255);
+    return p;
   }
-  if (perm && !dSorted) {
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dSorted));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dPerm));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, cap, &dInv));
+};
+
+}  // namespace
+
+Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, bool perm, bool pairs) {
+  // Blocks dropped at earlier refits are freed once the stream has passed them.
+  pool->Sweep();
+  const bool refit = !scratch.d || n != statN || k > cap || k < cap / 4 || esz != payEsz ||
+                     (perm && !hasPerm) || (pairs && !hasPairs);
+  if (!refit) return Status::Ok();
+  // The parts a mask needed once stay in the new block (they are likely needed again).
+  const bool wantPerm = perm || hasPerm, wantPairs = pairs || hasPairs;
+  const uint64_t c = std::max<uint64_t>(k, 1);
+  auto layout = [&](char* base) {
+    Carve cv{base};
+    dStat = static_cast<float*>(cv.Take(4 * std::max<uint64_t>(n, 1)));
+    dPaySorted = cv.Take(esz * c);
+    dSend = cv.Take(esz * c);
+    dRecv = cv.Take(esz * c);
+    dMNew = static_cast<float*>(cv.Take(4 * c));
+    dMaskOrder = static_cast<uint64_t*>(cv.Take(8 * c));
+    dSorted = wantPerm ? static_cast<uint64_t*>(cv.Take(8 * c)) : nullptr;
+    dPerm = wantPerm ? static_cast<uint64_t*>(cv.Take(8 * c)) : nullptr;
+    dInv = wantPerm ? static_cast<uint64_t*>(cv.Take(8 * c)) : nullptr;
+    dPairsSend = wantPairs ? static_cast<float*>(cv.Take(8 * c)) : nullptr;
+    dPairsAll = wantPairs ? static_cast<float*>(cv.Take(8 * c)) : nullptr;
+    return cv.off;
+  };
+  const size_t bytes = layout(nullptr);
+  // Work queued on the stream may still use the old block: the pool frees it once the stream
+  // has passed this point.
+  pool->Drop(scratch, stream);
+  scratch = device::DevicePool::Block();
+  cap = 0;
+  Status st = pool->Acquire(bytes, stream, &scratch, /*exact=*/true);
+  if (!st.ok()) {
+    layout(nullptr);  // no block: every pointer null
+    return st.Prepend(
+        StrFormat("device memory for the optimizer step's scratch (%zu bytes)", bytes));
   }
-  if (pairs && !dPairsSend) {
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * cap, &dPairsSend));
-    SCAPE_RETURN_IF_ERROR(Alloc(rt, 2 * cap, &dPairsAll));
-  }
+  layout(static_cast<char*>(scratch.d));
+  cap = c;
+  statN = n;
+  payEsz = esz;
+  hasPerm = wantPerm;
+  hasPairs = wantPairs;
   return Status::Ok();
 }
 
 Status Optimizer::DeviceState::FitTop(uint64_t total) {
-  if (topCap != 0 && total <= topCap && total >= topCap / 4) return Status::Ok();
+  if (top.d && total <= topCap && total >= topCap / 4) return Status::Ok();
   // Idle: the last selection's top-k and copy have run (DeviceFinishSelect, at the start of
   // this step, waited for the event recorded after them).
   if (selPending) return InternalError("the top-k output is resized with a selection pending");
-  rt->DeviceFree(dTop);
+  pool->Drop(top, stream);
+  top = device::DevicePool::Block();
   dTop = nullptr;
   if (hTop) rt->HostFree(hTop);
   hTop = nullptr;
   topCap = 0;
   const uint64_t c = std::max<uint64_t>(total, 1);
-  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dTop));
+  SCAPE_RETURN_IF_ERROR(
+      pool->Acquire(8 * c, stream, &top, /*exact=*/true).Prepend("device memory for the top-k"));
+  dTop = static_cast<uint64_t*>(top.d);
   void* h = nullptr;
   SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * c, &h));
   hTop = static_cast<uint64_t*>(h);
@@ -140,77 +165,44 @@ Status Optimizer::DeviceState::FitTop(uint64_t total) {
   return Status::Ok();
 }
 
-void Optimizer::DeviceState::Retire(void* p) {
-  if (p) retired.push_back(p);
-}
-
-// The retired buffers are freed once the stream has passed this point.
-Status Optimizer::DeviceState::RecordRetire() {
-  if (!retiredAt) SCAPE_RETURN_IF_ERROR(rt->EventCreate(&retiredAt));
-  if (rt->EventRecord(retiredAt, stream).ok()) return Status::Ok();
-  // No event: wait for the stream instead (a host wait), then free.
-  SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("resizing the scratch"));
-  for (void* p : retired) rt->DeviceFree(p);
-  retired.clear();
-  return Status::Ok();
-}
-
 Status Optimizer::DeviceState::FitMom(uint64_t km) {
-  if (momCap != 0 && km <= momCap && km >= momCap / 4) return Status::Ok();
-  const bool any = dMp != nullptr;
-  Retire(dMp);
-  Retire(dMomIdx);
+  if (mom.d && km <= momCap && km >= momCap / 4) return Status::Ok();
+  pool->Drop(mom, stream);
+  mom = device::DevicePool::Block();
   dMp = nullptr;
   dMomIdx = nullptr;
   momCap = 0;
-  if (any) SCAPE_RETURN_IF_ERROR(RecordRetire());
   const uint64_t c = std::max<uint64_t>(km, 1);
-  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMp));
-  SCAPE_RETURN_IF_ERROR(Alloc(rt, c, &dMomIdx));
+  Carve cv{nullptr};
+  cv.Take(8 * c);
+  cv.Take(4 * c);
+  SCAPE_RETURN_IF_ERROR(pool->Acquire(cv.off, stream, &mom, /*exact=*/true)
+                            .Prepend("device memory for the packed momentum"));
+  Carve at{static_cast<char*>(mom.d)};
+  dMomIdx = static_cast<uint64_t*>(at.Take(8 * c));
+  dMp = static_cast<float*>(at.Take(4 * c));
   momCap = c;
   return Status::Ok();
 }
 
-void Optimizer::DeviceState::SweepRetired() {
-  if (retired.empty()) return;
-  bool done = false;
-  if (!rt->EventQuery(retiredAt, &done).ok() || !done) return;
-  for (void* p : retired) rt->DeviceFree(p);
-  retired.clear();
-}
-
 uint64_t Optimizer::DeviceState::ScratchBytes() const {
-  return cap * (3 * payEsz + 4 + (dPairsSend ? 16 : 0)) + 8 * topCap;
+  return scratch.bytes + top.bytes - IndexBytes();
 }
 
-uint64_t Optimizer::DeviceState::IndexBytes() const { return cap * 8 * (dSorted ? 4 : 1); }
+uint64_t Optimizer::DeviceState::IndexBytes() const { return cap * 8 * (hasPerm ? 4 : 1); }
 
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
-  for (void* p : {static_cast<void*>(dMp),
-                  static_cast<void*>(dMomIdx),
-                  static_cast<void*>(dMNew),
-                  static_cast<void*>(dE),
-                  static_cast<void*>(dStat),
-                  dPaySorted,
-                  dSend,
-                  dRecv,
-                  static_cast<void*>(dMaskOrder),
-                  static_cast<void*>(dSorted),
-                  static_cast<void*>(dPerm),
-                  static_cast<void*>(dInv),
-                  static_cast<void*>(dTop),
-                  static_cast<void*>(dCounts),
-                  static_cast<void*>(dSq),
-                  static_cast<void*>(dFlag),
-                  static_cast<void*>(dMaster),
-                  static_cast<void*>(dStaySum),
-                  static_cast<void*>(dStayCnt),
-                  static_cast<void*>(dPairsSend),
-                  static_cast<void*>(dPairsAll)})
+  // The pool's blocks go back for good (the stream was synchronised: DeviceRelease).
+  if (pool) {
+    pool->Drop(scratch, stream);
+    pool->Drop(top, stream);
+    pool->Drop(mom, stream);
+  }
+  for (void* p : {static_cast<void*>(dE), static_cast<void*>(dCounts), static_cast<void*>(dSq),
+                  static_cast<void*>(dFlag), static_cast<void*>(dMaster),
+                  static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
     rt->DeviceFree(p);
-  for (void* p : retired) rt->DeviceFree(p);  // the stream was synchronised (DeviceRelease)
-  if (retiredAt) rt->EventDestroy(retiredAt);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
   if (hFlag) rt->HostFree(hFlag);
@@ -371,12 +363,15 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     const uint64_t n = o->layout_.n;
     if (!o->dev_) {
       // The first device step: the state moves to device memory.
+      if (exchange == nullptr || exchange->kind() == backend::Kind::kHost)
+        return InternalError("the communicator has no device backend");
       std::unique_ptr<DeviceState> s(new DeviceState());
       s->rt = rt;
       s->stream = st;
+      s->pool = &static_cast<backend::DeviceBackend*>(exchange)->Pool();
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dStat));
-      // The mask-sized scratch and the top-k output are fitted at each step (Fit, FitTop).
+      // The scratch, the top-k output and the momentum are pool blocks fitted at each step
+      // (Fit, FitTop, FitMom).
       SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(o->nranks_), &s->dSq));
       void* h = nullptr;
       SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(o->nranks_), &h));
@@ -443,7 +438,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     identity = true;
     for (uint64_t q = 0; q < k && identity; ++q) identity = d->hPerm[q] == q;
     // Scratch for k entries (a loaded checkpoint may have changed the payload type).
-    SCAPE_RETURN_IF_ERROR(d->Fit(k, Esz(), !identity, sharded));
+    SCAPE_RETURN_IF_ERROR(d->Fit(o->layout_.n, k, Esz(), !identity, sharded));
     if (k) {
       SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMaskOrder, d->hMaskOrder.data(), 8 * k, st));
       if (!identity) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "plugin/device/device_pool.h"
 #include "plugin/device/runtime.h"
 #include "plugin/optim/optim.h"
 
@@ -14,52 +15,56 @@ namespace scape {
 struct Optimizer::DeviceState {
   device::Runtime* rt = nullptr;
   void* stream = nullptr;  // the stream of the last device step
-  // n floats each: the residual; the candidate (statistic), which is also the step's dense
-  // momentum scratch (m_{t-1} before the candidate pass, which overwrites it in place with the
-  // statistic; m_{t-1} at the mask again after the top-k, m_t after the update).
-  float *dE = nullptr, *dStat = nullptr;
+  // The communicator's device pool (plugin/device/device_pool.h, owned by its device backend):
+  // the step's temporaries and the packed momentum are blocks of it, so that every device
+  // temporary of the library is allocated, retired and torn down by one pool.
+  device::DevicePool* pool = nullptr;
+  // n floats: the residual (this rank's own; state).
+  float* dE = nullptr;
   // The momentum, packed (issue 24): kMom values at the positions dMomIdx (strictly increasing:
-  // the mask of the last update, sorted), +0 elsewhere; momCap entries each (FitMom).
+  // the mask of the last update, sorted), +0 elsewhere; one pool block `mom` of momCap entries
+  // (FitMom: room for km values, the contents not kept; a refit drops the old block to the
+  // pool, which frees it once the stream has passed).
+  device::DevicePool::Block mom;
   float* dMp = nullptr;
   uint64_t* dMomIdx = nullptr;
   uint64_t kMom = 0, momCap = 0;
-  // Room for km packed momentum values (the contents are not kept: the caller writes them);
-  // replaced buffers retire like Fit's.
   Status FitMom(uint64_t km);
   // n floats: the fp32 master weights (mixed precision; allocated while the optimizer has them).
   float* dMaster = nullptr;
-  // The mask-sized scratch, `cap` mask entries each (Fit): the packed payload in sorted order,
-  // the exchange's send and receive buffers (payEsz bytes per element: the payload type's
-  // size), the mask in mask order; the mask sorted and the two permutations between the orders
-  // (allocated only once a mask's two orders differ); the sharded (theta', m') pairs, 2 floats
-  // per entry each (allocated at the first sharded step).
+  // The step's scratch, one pool block `scratch` (Fit): the statistic (n floats), which is also
+  // the step's dense momentum (m_{t-1} before the candidate pass, which overwrites it in place
+  // with the statistic; m_{t-1} at the mask again after the top-k; m_t after the update); and,
+  // `cap` mask entries each: the packed payload in sorted order, the exchange's send and receive
+  // buffers (payEsz bytes per element: the payload type's size), m_{t-1} at the mask, the mask
+  // in mask order; the mask sorted and the two permutations between the orders (once a mask's
+  // two orders differ); the sharded (theta', m') pairs, 2 floats per entry each.
+  device::DevicePool::Block scratch;
+  float* dStat = nullptr;
   void *dPaySorted = nullptr, *dSend = nullptr, *dRecv = nullptr;
   size_t payEsz = 0;
+  float* dMNew = nullptr;
   uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
   float *dPairsSend = nullptr, *dPairsAll = nullptr;
-  float* dMNew = nullptr;  // m_{t-1} at the current mask (sorted order), cap floats
-  uint64_t cap = 0;
-  // Makes the scratch fit a mask of k entries with esz-byte payloads (perm: the permutations
-  // are needed; pairs: the pair buffers). Reallocates only when k outgrows the capacity, falls
-  // below a quarter of it (the density schedule shrinks the mask: step 0's mask is full), or
-  // the payload type changed (the old buffers retire, see below). Else nothing: no allocation
+  uint64_t cap = 0, statN = 0;
+  bool hasPerm = false, hasPairs = false;
+  // Makes the scratch fit n parameters and a mask of k entries with esz-byte payloads (perm:
+  // the permutations are needed; pairs: the pair buffers). A new block only when k outgrows
+  // the capacity, falls below a quarter of it (the density schedule shrinks the mask: step 0's
+  // mask is full), the payload type changed or a part is missing; the old block is dropped to
+  // the pool (freed once the stream has passed it, no host wait). Else nothing: no allocation
   // on a step's path once the density has settled.
-  Status Fit(uint64_t k, size_t esz, bool perm, bool pairs);
-  // Buffers a refit replaced, freed once `retiredAt` (recorded on the stream at the refit) has
-  // completed: queued work may still use them, and no step waits for it.
-  std::vector<void*> retired;
-  device::Event retiredAt = nullptr;
-  void SweepRetired();
-  void Retire(void* p);
-  Status RecordRetire();
-  // The device bytes of the scratch above and of the top-k output (scapeOptimInfo_t).
+  Status Fit(uint64_t n, uint64_t k, size_t esz, bool perm, bool pairs);
+  // The device bytes of the scratch and top-k blocks, less the index buffers (scapeOptimInfo_t:
+  // scratchBytes), and of the index buffers (maskStateBytes).
   uint64_t ScratchBytes() const;
   uint64_t IndexBytes() const;
-  // The top-k output: topCap positions on the device and pinned on the host (FitTop: as Fit,
-  // for `total` selected positions; the host copy is idle when it is called).
+  // The top-k output: a pool block of topCap positions on the device, topCap pinned on the host
+  // (FitTop: as Fit, for `total` selected positions; both are idle when it is called).
   Status FitTop(uint64_t total);
+  device::DevicePool::Block top;
   uint64_t topCap = 0;
-  uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (topCap), its counts
+  uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (in `top`), its counts
   double* dSq = nullptr;                         // nranks partial squared norms
   size_t countsCap = 0;
   // Host side (pinned where the runtime gives it): the uploads and the selected positions.

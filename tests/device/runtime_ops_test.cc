@@ -16,6 +16,7 @@
 #include "kernels/cpu/gather.h"
 #include "kernels/cpu/scape_step.h"
 #include "kernels/cpu/topk.h"
+#include "plugin/device/device_pool.h"
 #include "tests/device/fake_device.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -522,3 +523,38 @@ TEST_F(FakeOps, InjectedFaultsFailTheNextOps) {
 }
 
 }  // namespace
+
+// The device pool's Drop and exact sizes (plugin/device/device_pool.h), as the optimizer's
+// scratch uses them: an exact block has no quarter to spare; a dropped block is never taken
+// again and is freed once its stream has passed the drop (not before: the stream is held), by
+// the next Sweep, without a host wait; a released block is taken again on its stream.
+TEST_F(FakeOps, PoolDropFreesOnceTheStreamHasPassed) {
+  scape::device::DevicePool pool(rt_, 5000);
+  scape::device::DevicePool::Block a, b, c;
+  ASSERT_ST_OK(pool.Acquire(1000, s_, &a, /*exact=*/true));
+  EXPECT_EQ(a.bytes, 1024u);  // 1000 rounded to 256, no spare
+  ASSERT_ST_OK(pool.Acquire(1000, s_, &b));
+  EXPECT_EQ(b.bytes, 1280u);  // 1250 rounded to 256
+  const uint64_t live = fake_.deviceLive.load();
+  Gate gate;
+  fake_.HoldStream(s_, &gate);
+  pool.Drop(a, s_);  // returns at once although the stream is held
+  pool.Sweep();
+  EXPECT_EQ(fake_.deviceLive.load(), live) << "freed under the held stream";
+  ASSERT_ST_OK(pool.Acquire(1000, s_, &c, /*exact=*/true));
+  EXPECT_NE(c.d, a.d) << "a dropped block was taken again";
+  gate.Open();
+  ASSERT_ST_OK(rt_->StreamSynchronize(s_));
+  pool.Sweep();
+  EXPECT_EQ(fake_.deviceLive.load(), live) << "a freed, c allocated";
+  EXPECT_EQ(rt_->Kind(a.d), PtrKind::kHost) << "the dropped block is freed";
+  pool.Release(b, s_);
+  scape::device::DevicePool::Block d;
+  ASSERT_ST_OK(pool.Acquire(1100, s_, &d));
+  EXPECT_EQ(d.d, b.d) << "a released block is reused on its stream";
+  pool.Drop(c, s_);
+  pool.Drop(d, s_);
+  ASSERT_ST_OK(rt_->StreamSynchronize(s_));
+  pool.Sweep();
+  EXPECT_EQ(pool.BlocksHeld(), 0u);
+}
