@@ -34,7 +34,7 @@
 #     scapeOptimStepStream against scapeOptimStep, params and checkpoints bit for bit; then the
 #     SCAPE step (density 0.01) timed against a dense AdamS step (the same call with every
 #     segment always dense: no top-k, every value exchanged) and the dense all-reduce alone, on
-#     device; then 20 steps with bf16 payloads, bit for bit.
+#     device; then 20 steps with bf16 payloads, and 20 with sharded ownership, bit for bit.
 # The figures (every RESULT line, the kernel table, the targets and the verdicts) go to
 # $FIGURES (default perf/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #
@@ -298,6 +298,11 @@ if [ -x "$bin_optim" ] && [ "$(left)" -gt 30 ]; then
   fig ""
   fig "bf16 payloads (20 steps, not timed):"
   optim_pair optim_bf16 120 "bf16 optimizer step on device" "$dn" 0.01 20 0 bf16
+  # Sharded ownership (the owners' pairs all-gathered on the stream, AdamSUpdatePairs and
+  # UnpackPairsDecay on the GPU): 20 steps bit for bit, no timed steps.
+  fig ""
+  fig "sharded ownership (20 steps, not timed):"
+  optim_pair optim_sharded 120 "sharded optimizer step on device" "$dn" 0.01 20 0 f32 sharded
 else
   fail "optimizer step on device: no $bin_optim (or out of time)"
 fi

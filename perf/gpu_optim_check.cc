@@ -1,8 +1,10 @@
 // One rank of the optimizer-step check on a real GPU: scapeOptimStepStream (the SCAPE-AdamS
 // step on CUDA device buffers, enqueued on a stream) against scapeOptimStep on host buffers.
 //
-//   gpu_optim_check RANK NRANKS DIR N [DENSITY [STEPS [TIMED [PAYLOAD]]]]
+//   gpu_optim_check RANK NRANKS DIR N [DENSITY [STEPS [TIMED [PAYLOAD [OWNERSHIP]]]]]
 //
+// OWNERSHIP: replicated (default) or sharded (the owners' (param, momentum) pairs all-gathered
+// on the stream: the device runs the host step's sharded algorithm and must match its bits).
 // PAYLOAD: the optimizers' payloadType, f32 (default), bf16 or f16; both parts use it. With
 // bf16/f16 the device step keeps the payload's rounding error in the residual as the host step
 // does, so the bits must match as for f32. Given, rank 0 also prints RESULT payload.
@@ -43,6 +45,7 @@ using gpu_check::g_rank;
 using gpu_check::Now;
 
 int g_payload = scapeFloat32;
+int g_ownership = scapeOptimReplicated;
 
 // allDense: every segment always dense (the dense AdamS step through the same call).
 scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& offs, double density,
@@ -59,6 +62,7 @@ scapeOptim_t Create(scapeComm_t comm, uint64_t n, const std::vector<uint64_t>& o
   c.biasCorrection = scapeBiasCorrectionAdamS;
   c.density = density;
   c.payloadType = g_payload;
+  c.ownership = g_ownership;
   scapeOptim_t o = nullptr;
   SCAPE_OK(scapeOptimCreate(&o, &c, comm), comm);
   return o;
@@ -76,7 +80,9 @@ std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED [f32|bf16|f16]]]]\n",
+    std::fprintf(stderr,
+                 "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED [f32|bf16|f16 "
+                 "[replicated|sharded]]]]]\n",
                  argv[0]);
     return 1;
   }
@@ -96,6 +102,15 @@ int main(int argc, char** argv) {
     g_payload = scapeFloat16;
   } else {
     std::fprintf(stderr, "PAYLOAD %s: f32, bf16 or f16\n", payload.c_str());
+    return 1;
+  }
+  const std::string own = argc > 9 ? argv[9] : "replicated";
+  if (own == "replicated") {
+    g_ownership = scapeOptimReplicated;
+  } else if (own == "sharded") {
+    g_ownership = scapeOptimSharded;
+  } else {
+    std::fprintf(stderr, "OWNERSHIP %s: replicated or sharded\n", own.c_str());
     return 1;
   }
   if (n == 0 || P < 1 || g_rank < 0 || g_rank >= P) return 1;
