@@ -1027,8 +1027,7 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *    already completed, else at the next optimizer call (step, checkpoint, destroy), which
  *    waits for that copy;
  *  - with maxGradNorm > 0 the call waits for the gradient norm (the clip scale is an argument
- *    of the update), so the update is enqueued after that wait (so does sharded ownership with
- *    scapeOptimEnteringSegmentRms, whose piece sums ride on the norm's all-gather); else
+ *    of the update), so the update is enqueued after that wait; without clipping,
  *    scapeOptimInfo_t.gradNorm is 0 after a device step (not computed);
  *  - with entering = scapeOptimEnteringSegmentRms the call waits for the per-segment staying
  *    sums (a few bytes per segment; the segment values are an argument of the update);

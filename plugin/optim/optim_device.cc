@@ -11,9 +11,8 @@
 //   host memory behind an event; the mask sync starts from the host at the end of the call when
 //   the event has completed, else at the next optimizer call (step, checkpoint, destroy), which
 //   waits for that event (a host wait on the small copy) | the payload collectives run on the
-//   communicator's device backend, stream-ordered | the norm is computed only where something
-//   needs it (clipping; sharded "segment_rms"), a HOST WAIT for its partials; "segment_rms"'s
-//   block sums are another.
+//   communicator's device backend, stream-ordered | the norm is computed only for clipping, a
+//   HOST WAIT for its partials; "segment_rms"'s block sums are another.
 //
 // Payloads: fp32, bf16 or fp16 (hyper_.payload): the payload buffers and the gathers use its
 // element size, and the exchange carries its type (on a UCX communicator the staged exchange

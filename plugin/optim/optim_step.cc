@@ -108,8 +108,8 @@ Status Optimizer::RunStep(StepKernels& K) {
 
   // Global norm of the recovered gradient: one partial per owner block (blocked order), summed
   // in rank order, so replicated and sharded state get the same bits. Computed where the
-  // kernels always do (host), for clipping, and (sharded "segment_rms") where its all-gather
-  // carries the piece sums anyway.
+  // kernels always do (host) and for clipping; sharded, the partials' all-gather also runs for
+  // "segment_rms", whose piece sums ride on it (with a partial of 0 when there is no norm).
   t0 = NowNs();
   const bool norm = K.NormAlways() || hyper_.maxGradNorm > 0.0f;
   std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
@@ -117,7 +117,7 @@ Status Optimizer::RunStep(StepKernels& K) {
   uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   if (sharded) {
     double mine = 0.0;
-    if (norm || SegmentRms()) {
+    if (norm) {
       const StepKernels::NormBlock b{0, offr, kr};
       SCAPE_RETURN_IF_ERROR(K.NormPartials(&b, 1, &mine));
     }
