@@ -1049,9 +1049,9 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *
  * Device memory: the state (the residual, 4 bytes per parameter, and the momentum packed at
  * the mask with its positions, 12 bytes per masked value; +4 per parameter with master
- * weights), the statistic (4 bytes per parameter; during the step it also holds the momentum
- * densely, one extra 4-byte write per parameter and step) and, sized by the mask rather than
- * by n, the payload buffers (3 per masked value, of the payload type), the momentum at the
+ * weights), the statistic (4 bytes per parameter; between steps and during the step it also
+ * holds the momentum densely, so the packing costs no pass over n) and, sized by the mask rather
+ * than by n, the payload buffers (3 per masked value, of the payload type), the momentum at the
  * mask (4 bytes per masked value), the mask positions (8 bytes per masked value; 32 when the
  * mask's order differs from position order), the sharded pairs (16 bytes per masked value)
  * and the top-k output, all from the communicator's device pool. Those buffers are refitted when

@@ -134,6 +134,7 @@ Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, bool perm
         StrFormat("device memory for the optimizer step's scratch (%zu bytes)", bytes));
   }
   layout(static_cast<char*>(scratch.d));
+  statIsMomentum = false;  // a new block: the momentum is rebuilt from its packed form
   cap = c;
   statN = n;
   payEsz = esz;
@@ -273,6 +274,7 @@ Status Optimizer::DevicePush() {
   }
   SCAPE_RETURN_IF_ERROR(d.FitMom(mv.k));
   d.kMom = mv.k;
+  d.statIsMomentum = false;  // a new momentum (a loaded checkpoint, the host's state)
   if (mv.k) {
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMp, mp.data(), 4 * mv.k, d.stream));
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMomIdx, idx.data(), 8 * mv.k, d.stream));
@@ -455,9 +457,14 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   Status Candidate() override {
     const uint64_t n = o->layout_.n;
     // m_{t-1} dense in dStat (+0 outside its mask), and at this mask's entries in dMNew for
-    // after the candidate pass, which turns dStat into the statistic in place.
-    SCAPE_RETURN_IF_ERROR(rt->Memset(d->dStat, 0, 4 * n, st).Prepend("momentum"));
-    if (d->kMom) SCAPE_RETURN_IF_ERROR(rt->Scatter(d->dMp, d->dMomIdx, d->kMom, 4, d->dStat, st));
+    // after the candidate pass, which turns dStat into the statistic in place. After an update
+    // dStat holds exactly that already (the update wrote m_t there, +0 outside the mask, and
+    // Finish packed it): then no memset and no scatter.
+    if (!d->statIsMomentum) {
+      SCAPE_RETURN_IF_ERROR(rt->Memset(d->dStat, 0, 4 * n, st).Prepend("momentum"));
+      if (d->kMom) SCAPE_RETURN_IF_ERROR(rt->Scatter(d->dMp, d->dMomIdx, d->kMom, 4, d->dStat, st));
+    }
+    d->statIsMomentum = false;
     if (k) SCAPE_RETURN_IF_ERROR(rt->Gather(d->dStat, dSortedMask, k, 4, d->dMNew, st));
     float* dM = d->dStat;
     void* paySorted = identity ? d->dSend : d->dPaySorted;
@@ -598,6 +605,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMomIdx, dSortedMask, 8 * k, st));
     }
     d->kMom = k;
+    d->statIsMomentum = true;  // m_t, dense: the next step's candidate pass starts from it
     bool done = false;
     if (rt->EventQuery(d->selDone, &done).ok() && done) return o->DeviceFinishSelect();
     return Status::Ok();

@@ -48,6 +48,9 @@ struct Optimizer::DeviceState {
   float *dPairsSend = nullptr, *dPairsAll = nullptr;
   uint64_t cap = 0, statN = 0;
   bool hasPerm = false, hasPairs = false;
+  // dStat holds the packed momentum densely (+0 elsewhere): set after an update, cleared when
+  // a candidate pass, a new block or a new momentum (DevicePush) overwrites it.
+  bool statIsMomentum = false;
   // Makes the scratch fit n parameters and a mask of k entries with esz-byte payloads (perm:
   // the permutations are needed; pairs: the pair buffers). A new block only when k outgrows
   // the capacity, falls below a quarter of it (the density schedule shrinks the mask: step 0's

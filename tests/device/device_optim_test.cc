@@ -411,10 +411,13 @@ TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
       const uint64_t before = rt.LiveBytes();
       for (int t = 0; t < 10; ++t)
         if (!p.Step(seed, t, t == 9)) return false;
-      const uint64_t allocs = rt.deviceAllocs.load();
+      const uint64_t allocs = rt.deviceAllocs.load(), memsets = rt.memsets.load();
       for (int t = 10; t < 13; ++t)
         if (!p.Step(seed, t, false)) return false;
       EXPECT_EQ(rt.deviceAllocs.load(), allocs) << "no device allocation once the mask settled";
+      // The statistic's buffer still holds the last update's momentum: not rebuilt (no memset
+      // of n floats) from one update to the next.
+      EXPECT_EQ(rt.memsets.load(), memsets) << "the momentum was rebuilt between updates";
       const uint64_t used = rt.LiveBytes() - before;
       scapeOptimInfo_t dev, host;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &dev), ctx.comm);
