@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/scape_step.h"
+#include "tests/device/device_buffer.h"
 #include "tests/device/fake_device.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -30,42 +31,7 @@ using scape::device::Stream;
 namespace kn = scape::kernels;
 using kn::testing_util::RandomNormal;
 
-#define ASSERT_ST_OK(expr)                                   \
-  do {                                                       \
-    const Status st_ = (expr);                               \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.message(); \
-  } while (0)
-
-// A device buffer of the fake, filled from / read back to host vectors.
-class Dev {
- public:
-  Dev(Runtime* rt, size_t bytes) : rt_(rt) {
-    Status st = rt_->DeviceAlloc(bytes, &p_);
-    EXPECT_TRUE(st.ok()) << st.message();
-    if (bytes) std::memset(p_, 0x5A, bytes);  // garbage where the op must write
-  }
-  template <typename T>
-  Dev(Runtime* rt, const std::vector<T>& v) : Dev(rt, v.size() * sizeof(T)) {
-    if (!v.empty()) std::memcpy(p_, v.data(), v.size() * sizeof(T));  // fake: host-addressable
-  }
-  ~Dev() { rt_->DeviceFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-  template <typename T>
-  std::vector<T> Read(size_t count) const {
-    std::vector<T> v(count);
-    if (count) std::memcpy(v.data(), p_, count * sizeof(T));
-    return v;
-  }
-
- private:
-  Runtime* rt_;
-  void* p_ = nullptr;
-};
+using fake_device::Dev;
 
 template <typename T>
 bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
