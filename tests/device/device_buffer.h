@@ -12,10 +12,10 @@
 #include "plugin/device/runtime.h"
 
 // A Status-returning call that must succeed (the message on failure).
-#define ASSERT_ST_OK(expr)                                          \
-  do {                                                              \
-    const ::scape::Status st_ = (expr);                             \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.message();        \
+#define ASSERT_ST_OK(expr)                                   \
+  do {                                                       \
+    const ::scape::Status st_ = (expr);                      \
+    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.message(); \
   } while (0)
 
 namespace fake_device {
