@@ -88,6 +88,13 @@ class Plan:
     grids: Dict[str, List[float]] = field(default_factory=dict)
     extend: bool = True         # one more lr beyond a grid edge that wins
     fixed_steps: int = 0        # timing runs: this many steps, the batch of the plan's size
+    # issue 30: grids per configuration (over the family's), the grid extended until its best
+    # point is interior (at most this many points beyond the edges), and the sweep ordered from
+    # the middle of each grid outwards, interleaved across configurations, so that a study cut
+    # short has every configuration's best region first
+    group_grids: Dict[str, List[float]] = field(default_factory=dict)
+    max_extend: int = 1
+    swept: List[str] = field(default_factory=list)
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
@@ -99,6 +106,15 @@ PLANS: Dict[str, Plan] = {
                 256, 1024, 100, GRIDS_CPU),
     # beyond the ~2 h budget of `cpu`: run after it, in the background, into the same folder
     "cpu-xl": Plan(["d192L4"], 2.0, 64, 0, 240, 2, 4, 256, 1024, 100, GRIDS_CPU),
+    # issue 30, step 1: the learning rate of every method at 20 tokens per parameter, one seed,
+    # at the same tokens per step (4 sequences of 64 per rank) as every later point; grids of
+    # 5 points spaced by 2x, extended until the best is interior
+    "q20": Plan(["d64L2"], 20.0, 64, 4, 0, 3, 10, 256, 1024, 100,
+                {"adamw": [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],
+                 "adams": [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3],
+                 "scape": [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]},
+                group_grids={"scape-0.01": [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]},
+                max_extend=4, swept=["adams", "scape-0.01", "scape-0.1", "adamw"]),
     "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
                 300, {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
                       "scape": [3e-4, 1e-3, 3e-3]}),
@@ -255,18 +271,33 @@ class Schedule:
                 and (seed is None or r["seed"] == seed)]
 
     def sweep_lrs(self, results: List[Dict[str, Any]], size: str, group: str) -> List[float]:
-        grid = list(self.plan.grids[CONFIGS[group]["sweep"]])
-        if not self.plan.extend:
+        pl = self.plan
+        grid = list(pl.group_grids.get(group) or pl.grids[CONFIGS[group]["sweep"]])
+        if not pl.extend:
             return grid
         got = {r["lr"]: r["final_val_loss"] for r in self.done(results, size, group, 1)}
-        if not all(lr in got for lr in grid):
-            return grid
-        best = min(grid, key=lambda lr: (got[lr], lr))
-        if best == grid[-1]:
-            grid.append(grid[-1] * grid[-1] / grid[-2])
-        elif best == grid[0] and len(grid) > 1:
-            grid.insert(0, grid[0] * grid[0] / grid[1])
+        for _ in range(max(1, pl.max_extend)):
+            if not all(lr in got for lr in grid):
+                return grid
+            best = min(grid, key=lambda lr: (got[lr], lr))
+            if best == grid[-1]:
+                grid.append(grid[-1] * grid[-1] / grid[-2])
+            elif best == grid[0] and len(grid) > 1:
+                grid.insert(0, grid[0] * grid[0] / grid[1])
+            else:
+                break
         return grid
+
+    @staticmethod
+    def middle_out(grid: List[float]) -> List[float]:
+        """The grid from its middle point outwards (middle, right, left, ...)."""
+        mid = len(grid) // 2
+        order = [grid[mid]]
+        for d in range(1, len(grid)):
+            for i in (mid + d, mid - d):
+                if 0 <= i < len(grid):
+                    order.append(grid[i])
+        return order
 
     def best_lr(self, results: List[Dict[str, Any]], size: str, group: str) -> Optional[float]:
         if "sweep" not in CONFIGS[group]:
@@ -292,11 +323,20 @@ class Schedule:
                        entering=c.get("entering", ""), **kw)
 
         best: Dict[str, Optional[float]] = {}
-        for g in SWEPT:
-            for lr in self.sweep_lrs(results, size, g):
-                out.append(mk(g, 1, lr, "sweep"))
+        swept = self.plan.swept or SWEPT
+        if self.plan.swept:  # interleaved, each grid from its middle outwards
+            grids = {g: self.middle_out(self.sweep_lrs(results, size, g)) for g in swept}
+            for i in range(max(len(v) for v in grids.values())):
+                for g in swept:
+                    if i < len(grids[g]):
+                        out.append(mk(g, 1, grids[g][i], "sweep"))
+        else:
+            for g in swept:
+                for lr in self.sweep_lrs(results, size, g):
+                    out.append(mk(g, 1, lr, "sweep"))
+        for g in swept:
             best[g] = self.best_lr(results, size, g)
-        for g in SWEPT:
+        for g in swept:
             if best[g] is None:
                 waiting.append(f"{g} seeds 2..: its sweep")
                 continue
