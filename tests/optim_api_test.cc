@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/harness.h"
+#include "tests/optim_util.h"
 #include "tests/test_util.h"
 
 namespace scape_test {
@@ -212,15 +213,6 @@ std::vector<float> Steps(scapeOptim_t opt, scapeComm_t comm, int rank, int first
   return theta;
 }
 
-bool SameOnAllRanks(RankCtx& c, const std::vector<float>& v) {
-  std::vector<int64_t> h(static_cast<size_t>(c.nranks));
-  int64_t mine = static_cast<int64_t>(HashBytes(v.data(), 4 * v.size()));
-  EXPECT_SCAPE_OK(scapeAllGather(&mine, h.data(), 1, scapeInt64, c.comm, nullptr), c.comm);
-  for (int64_t x : h)
-    if (x != mine) return false;
-  return true;
-}
-
 // Each setter before the first step gives the bits of an optimizer configured with the value
 // (an independent path: scapeOptimCreate's validation and copy); scapeOptimSetHyperparams
 // equals the five single setters; a change mid-run changes the following steps (and only
@@ -365,15 +357,6 @@ TEST(OptimHyper, BadValuesAreRefusedAndChangeNothing) {
     return true;
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
-}
-
-std::vector<uint8_t> Checkpoint(scapeOptim_t opt, scapeComm_t comm) {
-  size_t sz = 0, w = 0;
-  EXPECT_SCAPE_OK(scapeOptimCheckpointSize(opt, &sz), comm);
-  std::vector<uint8_t> b(sz);
-  EXPECT_SCAPE_OK(scapeOptimSave(opt, b.data(), b.size(), &w), comm);
-  b.resize(w);
-  return b;
 }
 
 // The current mask of `opt` (all ranks' parts).

@@ -1114,6 +1114,50 @@ SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
                                             scapeDataType_t paramType, const void* grads,
                                             scapeDataType_t gradType, uint64_t count, void* stream);
 
+/** One member of a joint step (scapeOptimStepJoint): an optimizer and its buffers, as for
+ *  scapeOptimStepMixed (paramType and gradType scapeFloat32: the plain step). */
+typedef struct {
+  scapeOptim_t optim;
+  void* params;
+  scapeDataType_t paramType;
+  const void* grads;
+  scapeDataType_t gradType;
+  uint64_t count; /**< the optimizer's n */
+} scapeOptimStepArgs_t;
+
+/**
+ * One step of several optimizers as one optimizer step: a framework's parameter groups, each
+ * its own scapeOptim_t (its own learning rate, weight decay, layout), clipped by one global
+ * norm, as torch.nn.utils.clip_grad_norm_ over every group, Megatron-LM and DeepSpeed do.
+ * Collective: every rank calls it with the same optimizers in the same order (each created on
+ * `comm`, the same communicator for all).
+ *
+ * Each member's step runs up to its gradient norm (the mask wait, candidate, the next mask's
+ * selection, the values-only exchange, the squared L2 norm of its recovered gradient g^); then
+ * the norm over all members, sqrt of their squared norms added in member order (the same bits
+ * on every rank), is the one every member's clipping compares with maxGradNorm; then each
+ * member's update. scapeOptimInfo_t.gradNorm of every member is that joint norm, clipScale the
+ * joint factor. Each member moves the same bytes as its own step would.
+ * Non-finite values (scapeOptimNonFinite_t): every member's agreement runs first; when some
+ * rank's gradients of any member hold an inf or NaN, every member skips the step before
+ * anything of theirs changed (counted in each skippedSteps), and with scapeOptimNonFiniteError
+ * the call fails with that member's error and nothing changes. A reduced payload that is not
+ * finite although every gradient was makes every member skip after its exchange (as the single
+ * step does: residuals and masks moved on).
+ * Requirements: every member's maxGradNorm and nonFinite are the same (maxGradNorm is the one
+ * threshold of the joint norm); no optimizer appears twice; every member's buffers are host
+ * memory, or every member's device memory on `stream` (NULL = default stream; NULL for host
+ * buffers). Each member's buffers are checked as scapeOptimStepMixed checks them. count = 1 is
+ * the member's own step.
+ *
+ * @return scapeSuccess; scapeInvalidArgument (steps NULL, count < 1, a member's arguments as
+ *         scapeOptimStepMixed, two members on different communicators or the same optimizer
+ *         twice, different maxGradNorm or nonFinite, host and device members mixed; the
+ *         message names the member), or a member's step error (the message names the member).
+ */
+SCAPE_API scapeResult_t scapeOptimStepJoint(const scapeOptimStepArgs_t* steps, int count,
+                                            void* stream);
+
 /** The phases of a step, as timed in scapeOptimInfo_t.phaseSeconds. */
 typedef enum {
   scapeOptimPhaseSyncWait = 0,  /**< the non-finite check and agreement (scapeOptimNonFinite_t),

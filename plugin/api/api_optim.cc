@@ -433,6 +433,61 @@ SCAPE_API scapeResult_t scapeOptimStepMixed(scapeOptim_t optim, void* params,
   });
 }
 
+SCAPE_API scapeResult_t scapeOptimStepJoint(const scapeOptimStepArgs_t* steps, int count,
+                                            void* stream) {
+  scapeComm* comm = steps && count >= 1 ? CommOf(steps[0].optim) : nullptr;
+  return Guard(comm, "scapeOptimStepJoint", [&]() -> Status {
+    if (!steps) return scape::InvalidArgument("steps is NULL");
+    if (count < 1) return scape::InvalidArgument(StrFormat("count = %d: expected >= 1", count));
+    std::vector<scape::Optimizer::JointMember> members(static_cast<size_t>(count));
+    bool device = false;
+    for (int i = 0; i < count; ++i) {
+      const scapeOptimStepArgs_t& a = steps[i];
+      bool dev = false;
+      SCAPE_RETURN_IF_ERROR(CheckMixedStepArgs(a.optim, a.params, static_cast<int>(a.paramType),
+                                               a.grads, static_cast<int>(a.gradType), a.count, &dev)
+                                .Prepend(StrFormat("steps[%d]", i)));
+      const int rank = a.optim->comm->impl->rank();
+      if (i == 0) device = dev;
+      const scape::OptimHyper& h0 = steps[0].optim->impl->hyper();
+      const scape::OptimHyper& h = a.optim->impl->hyper();
+      if (a.optim->comm != steps[0].optim->comm)
+        return scape::InvalidArgument(StrFormat(
+            "rank %d: steps[%d].optim was made on another communicator than steps[0].optim", rank,
+            i));
+      for (int j = 0; j < i; ++j)
+        if (steps[j].optim == a.optim)
+          return scape::InvalidArgument(StrFormat(
+              "rank %d: steps[%d].optim is steps[%d].optim: an optimizer steps once", rank, i, j));
+      if (h.maxGradNorm != h0.maxGradNorm)
+        return scape::InvalidArgument(StrFormat(
+            "rank %d: steps[%d].optim has maxGradNorm = %g, steps[0].optim %g: a joint "
+            "step clips to one global norm (make every member's maxGradNorm the same)",
+            rank, i, static_cast<double>(h.maxGradNorm), static_cast<double>(h0.maxGradNorm)));
+      if (a.optim->impl->NonFinite() != steps[0].optim->impl->NonFinite())
+        return scape::InvalidArgument(StrFormat(
+            "rank %d: steps[%d].optim has another nonFinite than steps[0].optim: a joint step "
+            "skips as one (make every member's nonFinite the same)",
+            rank, i));
+      if (dev != device)
+        return scape::InvalidArgument(
+            StrFormat("rank %d: steps[%d] has %s buffers, steps[0] %s: a joint step runs on host "
+                      "memory or on device memory",
+                      rank, i, dev ? "device" : "host", device ? "device" : "host"));
+      members[static_cast<size_t>(i)] = {a.optim->impl.get(), a.params, a.paramType, a.grads,
+                                         a.gradType};
+    }
+    if (!device && stream)
+      return scape::InvalidArgument(
+          StrFormat("rank %d: stream = %p with host params and grads: a stream orders device "
+                    "work only (pass NULL for host buffers)",
+                    steps[0].optim->comm->impl->rank(), stream));
+    scapeComm* c = steps[0].optim->comm;
+    return scape::Optimizer::StepJoint(members.data(), members.size(), device, stream,
+                                       device && c->data ? c->data->device() : nullptr);
+  });
+}
+
 SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* info) {
   return Guard(CommOf(optim), "scapeOptimGetInfo", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckOptim(optim));

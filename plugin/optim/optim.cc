@@ -523,9 +523,22 @@ struct Optimizer::HostKernels final : Optimizer::StepKernels {
   }
 };
 
+Status Optimizer::PrepareHost(float* theta, const float* g, std::unique_ptr<StepRun>* run) {
+  run->reset(new StepRun(this, std::unique_ptr<StepKernels>(new HostKernels(this, theta, g))));
+  return Status::Ok();
+}
+
 Status Optimizer::Step(float* theta, const float* g) {
-  HostKernels k(this, theta, g);
-  return RunStep(k);
+  std::unique_ptr<StepRun> run;
+  SCAPE_RETURN_IF_ERROR(PrepareHost(theta, g, &run));
+  return RunStep(*run);
+}
+
+Status Optimizer::PrepareMember(const JointMember& m, bool device, void* stream,
+                                backend::Backend* exchange, std::unique_ptr<StepRun>* run) {
+  if (device)
+    return PrepareDeviceMixed(m.params, m.paramType, m.grads, m.gradType, stream, exchange, run);
+  return PrepareMixed(m.params, m.paramType, m.grads, m.gradType, run);
 }
 
 Status Optimizer::CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const {
@@ -553,6 +566,13 @@ Status Optimizer::CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gra
 
 Status Optimizer::StepMixed(void* params, scapeDataType_t paramType, const void* grads,
                             scapeDataType_t gradType) {
+  std::unique_ptr<StepRun> run;
+  SCAPE_RETURN_IF_ERROR(PrepareMixed(params, paramType, grads, gradType, &run));
+  return RunStep(*run);
+}
+
+Status Optimizer::PrepareMixed(void* params, scapeDataType_t paramType, const void* grads,
+                               scapeDataType_t gradType, std::unique_ptr<StepRun>* run) {
   SCAPE_RETURN_IF_ERROR(CheckMixedTypes(paramType, gradType));
   if (!comm_->error().ok()) return comm_->error();
   // State left on the device by device steps comes back to the host (master included).
@@ -568,7 +588,7 @@ Status Optimizer::StepMixed(void* params, scapeDataType_t paramType, const void*
       kernels::ConvertFp16ToFloat(static_cast<const uint16_t*>(grads), gWide_.data(), n);
     g = gWide_.data();
   }
-  if (paramType == scapeFloat32) return Step(static_cast<float*>(params), g);
+  if (paramType == scapeFloat32) return PrepareHost(static_cast<float*>(params), g, run);
   if (masterType_ == scapeFloat32) {
     // The first mixed step: the masters are the params, widened exactly (the same bits on
     // every rank, whose params are identical).
@@ -579,13 +599,11 @@ Status Optimizer::StepMixed(void* params, scapeDataType_t paramType, const void*
       kernels::ConvertFp16ToFloat(static_cast<const uint16_t*>(params), master_.data(), n);
     masterType_ = paramType;
   }
-  kernels::ModelCopy c;
-  c.p = params;
-  c.type = paramType;
-  copy_ = &c;
-  Status st = Step(master_.data(), g);
-  copy_ = nullptr;
-  return st;
+  SCAPE_RETURN_IF_ERROR(PrepareHost(master_.data(), g, run));
+  (*run)->copy.p = params;
+  (*run)->copy.type = paramType;
+  copy_ = &(*run)->copy;
+  return Status::Ok();
 }
 
 Status Optimizer::StayingPlan(uint64_t slot0, bool owned) {

@@ -64,6 +64,7 @@ class Optimizer {
   // The hyperparameters in force; SetHyper replaces the per-step ones (lr, beta1, beta2, eps,
   // weight decay; the caller leaves the others as hyper() has them) after ValidateHyper.
   const OptimHyper& hyper() const { return hyper_; }
+  scapeOptimNonFinite_t NonFinite() const { return layout_.nonFinite; }
   Status SetHyper(const OptimHyper& h);
   // The step is one algorithm (RunStep, optim_step.cc) over two kernel sets (step_kernels.h):
   // Step runs it on host memory, StepDevice on device memory.
@@ -84,6 +85,21 @@ class Optimizer {
   // The same on device memory (optim_device.cc), enqueued on `stream`.
   Status StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
                          scapeDataType_t gradType, void* stream, backend::Backend* exchange);
+  // One step of several optimizers of the same communicator as one (scapeOptimStepJoint):
+  // every member's step up to its gradient norm, then one norm over all members (their squared
+  // norms added in member order) for clipping, then every member's update. A step skipped for
+  // non-finite values by one member is skipped by all. Every member has the same maxGradNorm
+  // and nonFinite (checked by the caller). params / grads / types as for StepMixed (fp32
+  // params and grads: the plain step); `device` for device memory on `stream`.
+  struct JointMember {
+    Optimizer* opt = nullptr;
+    void* params = nullptr;
+    scapeDataType_t paramType = scapeFloat32;
+    const void* grads = nullptr;
+    scapeDataType_t gradType = scapeFloat32;
+  };
+  static Status StepJoint(const JointMember* members, size_t count, bool device, void* stream,
+                          backend::Backend* exchange);
   // The 16-bit type the master weights shadow; scapeFloat32 while there are none.
   scapeDataType_t MasterType() const { return masterType_; }
   void GetInfo(scapeOptimInfo_t* info) const;
@@ -98,9 +114,28 @@ class Optimizer {
   // The step's kernel dispatch (step_kernels.h) and its two kernel sets (HostKernels in
   // optim.cc, DeviceKernels in optim_device.cc); RunStep is the step (optim_step.cc).
   class StepKernels;
+  class StepRun;
   struct HostKernels;
   struct DeviceKernels;
-  Status RunStep(StepKernels& k);
+  // The step forms' first part (checks, 16-bit conversions, the kernels; no collective yet):
+  // a run for RunStep, or for RunFront and RunBack.
+  Status PrepareHost(float* theta, const float* g, std::unique_ptr<StepRun>* run);
+  Status PrepareMixed(void* params, scapeDataType_t paramType, const void* grads,
+                      scapeDataType_t gradType, std::unique_ptr<StepRun>* run);
+  Status PrepareDevice(float* dTheta, const float* dG, void* stream, backend::Backend* exchange,
+                       std::unique_ptr<StepRun>* run);
+  Status PrepareDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
+                            scapeDataType_t gradType, void* stream, backend::Backend* exchange,
+                            std::unique_ptr<StepRun>* run);
+  Status PrepareMember(const JointMember& m, bool device, void* stream, backend::Backend* exchange,
+                       std::unique_ptr<StepRun>* run);
+  // The step (optim_step.cc): RunAgree, RunFront up to the gradient norm, RunBack from the clipping
+  // on with `clipNorm`, the norm compared with maxGradNorm (the run's own, or a joint step's);
+  // RunStep both.
+  Status RunStep(StepRun& run);
+  Status RunAgree(StepRun& run);  // up to the non-finite agreement (run.skipped)
+  Status RunFront(StepRun& run);
+  Status RunBack(StepRun& run, double clipNorm, bool haveNorm);
   double Density(int64_t t) const;  // scheduled density of step t
   Status CheckMaskUse() const;
   void BuildRuns();

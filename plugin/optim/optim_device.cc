@@ -300,6 +300,15 @@ Status Optimizer::DeviceToHost() {
 Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
                                   scapeDataType_t gradType, void* stream,
                                   backend::Backend* exchange) {
+  std::unique_ptr<StepRun> run;
+  SCAPE_RETURN_IF_ERROR(
+      PrepareDeviceMixed(dParams, paramType, dG, gradType, stream, exchange, &run));
+  return RunStep(*run);
+}
+
+Status Optimizer::PrepareDeviceMixed(void* dParams, scapeDataType_t paramType, const void* dG,
+                                     scapeDataType_t gradType, void* stream,
+                                     backend::Backend* exchange, std::unique_ptr<StepRun>* run) {
   SCAPE_RETURN_IF_ERROR(CheckMixedTypes(paramType, gradType));
   if (!comm_->error().ok()) return comm_->error();
   device::Runtime* rt = device::GetRuntime();
@@ -320,17 +329,17 @@ Status Optimizer::StepDeviceMixed(void* dParams, scapeDataType_t paramType, cons
     if (dev_)
       SCAPE_RETURN_IF_ERROR(DevicePush().Prepend("moving the master weights to the device"));
   }
-  kernels::ModelCopy c;
-  c.p = dParams;
-  c.type = paramType;
-  copy_ = paramType != scapeFloat32 ? &c : nullptr;
+  // dTheta = nullptr: the device master weights (DeviceKernels).
+  SCAPE_RETURN_IF_ERROR(
+      PrepareDevice(paramType != scapeFloat32 ? nullptr : static_cast<float*>(dParams),
+                    static_cast<const float*>(dG), stream, exchange, run));
+  if (paramType != scapeFloat32) {
+    (*run)->copy.p = dParams;
+    (*run)->copy.type = paramType;
+    copy_ = &(*run)->copy;
+  }
   devGradType_ = gradType;
-  // dTheta = nullptr: the device master weights (StepDevice).
-  Status st = StepDevice(paramType != scapeFloat32 ? nullptr : static_cast<float*>(dParams),
-                         static_cast<const float*>(dG), stream, exchange);
-  copy_ = nullptr;
-  devGradType_ = scapeFloat32;
-  return st;
+  return Status::Ok();
 }
 
 // The device step's kernels (step_kernels.h): the stream-ordered ops of the device runtime on
@@ -612,10 +621,18 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 };
 
+Status Optimizer::PrepareDevice(float* dTheta, const float* dG, void* stream,
+                                backend::Backend* exchange, std::unique_ptr<StepRun>* run) {
+  run->reset(new StepRun(
+      this, std::unique_ptr<StepKernels>(new DeviceKernels(this, dTheta, dG, stream, exchange))));
+  return Status::Ok();
+}
+
 Status Optimizer::StepDevice(float* dTheta, const float* dG, void* stream,
                              backend::Backend* exchange) {
-  DeviceKernels k(this, dTheta, dG, stream, exchange);
-  return RunStep(k);
+  std::unique_ptr<StepRun> run;
+  SCAPE_RETURN_IF_ERROR(PrepareDevice(dTheta, dG, stream, exchange, &run));
+  return RunStep(*run);
 }
 
 }  // namespace scape

@@ -32,7 +32,15 @@ double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 
 }  // namespace
 
-Status Optimizer::RunStep(StepKernels& K) {
+Status Optimizer::RunStep(StepRun& run) {
+  SCAPE_RETURN_IF_ERROR(RunAgree(run));
+  if (run.skipped) return Status::Ok();
+  SCAPE_RETURN_IF_ERROR(RunFront(run));
+  return RunBack(run, run.norm ? std::sqrt(run.sq) : 0.0, run.norm);
+}
+
+Status Optimizer::RunAgree(StepRun& run) {
+  StepKernels& K = *run.K;
   if (!comm_->error().ok()) return comm_->error();
   if (masterType_ != scapeFloat32 && copy_ == nullptr)
     return InvalidUsage(
@@ -41,14 +49,12 @@ Status Optimizer::RunStep(StepKernels& K) {
   SCAPE_RETURN_IF_ERROR(K.Begin());
   SCAPE_RETURN_IF_ERROR(CheckMaskUse());
   for (double& p : phase_) p = 0.0;
-  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
-  const size_t esz = scapeTypeSize(pt);
-  const bool sharded = layout_.ownership == scapeOptimSharded;
+  run.sharded = layout_.ownership == scapeOptimSharded;
 
   int64_t t0 = NowNs();
   // Non-finite gradients (scape.h, scapeOptimNonFinite_t): every rank agrees before anything of
   // the state changes (timed with the sync wait).
-  const bool agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
+  const bool agree = run.agree = layout_.nonFinite != scapeOptimNonFiniteIgnore;
   if (agree) {
     bool bad = false;
     uint64_t first = UINT64_MAX;
@@ -56,11 +62,17 @@ Status Optimizer::RunStep(StepKernels& K) {
     SCAPE_RETURN_IF_ERROR(K.FindNonFinite(&bad, &first, &value));
     bool skip = false;
     SCAPE_RETURN_IF_ERROR(AgreeFinite(bad, first, value, &skip));
-    if (skip) {
-      phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
-      return Status::Ok();
-    }
+    if (skip) run.skipped = true;
   }
+  phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
+  return Status::Ok();
+}
+
+Status Optimizer::RunFront(StepRun& run) {
+  StepKernels& K = *run.K;
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
+  const bool sharded = run.sharded;
+  int64_t t0 = NowNs();
   K.BeforeAdvance();
   {
     Status adv = AdvanceToAgreedMask();
@@ -69,18 +81,12 @@ Status Optimizer::RunStep(StepKernels& K) {
       return adv;
     }
   }
-  phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
-  // Whatever ends this step before its update leaves the momentum where it was.
-  struct Ended {
-    StepKernels* k;
-    bool updated = false;
-    ~Ended() {
-      if (!updated) k->EndedWithoutUpdate();
-    }
-  } ended{&K};
+  phase_[scapeOptimPhaseSyncWait] += Seconds(t0);
+  // Whatever ends this step before its update leaves the momentum where it was (~StepRun).
+  run.advanced = true;
 
-  const uint64_t k = mask_->Current().size();
-  const uint64_t kr = mask_->RankCount(rank_), offr = mask_->RankOffset(rank_);
+  const uint64_t k = run.k = mask_->Current().size();
+  const uint64_t kr = run.kr = mask_->RankCount(rank_), offr = run.offr = mask_->RankOffset(rank_);
   SCAPE_RETURN_IF_ERROR(K.PrepareMask(k, sharded ? kr : k, sharded));
 
   t0 = NowNs();
@@ -111,10 +117,10 @@ Status Optimizer::RunStep(StepKernels& K) {
   // kernels always do (host) and for clipping; sharded, the partials' all-gather also runs for
   // "segment_rms", whose piece sums ride on it (with a partial of 0 when there is no norm).
   t0 = NowNs();
-  const bool norm = K.NormAlways() || hyper_.maxGradNorm > 0.0f;
+  const bool norm = run.norm = K.NormAlways() || hyper_.maxGradNorm > 0.0f;
   std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
-  bool normGathered = false;
-  uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
+  bool& normGathered = run.normGathered;
+  uint64_t& stayBytes = run.stayBytes;
   if (sharded) {
     double mine = 0.0;
     if (norm) {
@@ -194,18 +200,30 @@ Status Optimizer::RunStep(StepKernels& K) {
       EnterVsFromPieces();
     }
   }
+  run.sq = 0.0;
+  if (norm)
+    for (double p : partial) run.sq += p;
+  phase_[scapeOptimPhaseNorm] = Seconds(t0);
+  return Status::Ok();
+}
+
+Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
+  StepKernels& K = *run.K;
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
+  const size_t esz = scapeTypeSize(pt);
+  const bool sharded = run.sharded, agree = run.agree, normGathered = run.normGathered;
+  const uint64_t k = run.k, kr = run.kr, offr = run.offr, stayBytes = run.stayBytes;
+  int64_t t0 = NowNs();
   gradNorm_ = 0.0;
   clipScale_ = 1.0f;
-  if (norm) {
-    double sq = 0.0;
-    for (double p : partial) sq += p;
-    gradNorm_ = std::sqrt(sq);
+  if (haveNorm) {
+    gradNorm_ = clipNorm;
     if (hyper_.maxGradNorm > 0.0f && std::isfinite(gradNorm_)) {
       const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
       if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
     }
   }
-  phase_[scapeOptimPhaseNorm] = Seconds(t0);
+  phase_[scapeOptimPhaseNorm] += Seconds(t0);
 
   // The step's bytes (scapeOptimInfo_t): the payload split into its always-dense and sparse
   // values; the control words (the non-finite agreement; sharded, the norm all-gather and the
@@ -269,9 +287,54 @@ Status Optimizer::RunStep(StepKernels& K) {
     phase_[scapeOptimPhaseGather] = Seconds(t0);
   }
   count(true);
-  ended.updated = true;
+  run.updated = true;
   ++step_;
   return K.Finish();
+}
+
+Status Optimizer::StepJoint(const JointMember* members, size_t count, bool device, void* stream,
+                            backend::Backend* exchange) {
+  std::vector<std::unique_ptr<StepRun>> runs(count);
+  for (size_t i = 0; i < count; ++i)
+    SCAPE_RETURN_IF_ERROR(
+        members[i].opt->PrepareMember(members[i], device, stream, exchange, &runs[i]));
+  // Every member's non-finite agreement first (collective: every rank learns every member's
+  // answer): when one skips, all skip before anything of theirs changed.
+  bool skipped = false;
+  for (size_t i = 0; i < count; ++i) {
+    SCAPE_RETURN_IF_ERROR(
+        members[i].opt->RunAgree(*runs[i]).Prepend(StrFormat("joint step member %zu", i)));
+    skipped = skipped || runs[i]->skipped;
+  }
+  if (skipped) {
+    for (size_t i = 0; i < count; ++i)
+      if (!runs[i]->skipped) members[i].opt->MarkSkipped();
+    return Status::Ok();
+  }
+  // Every member's first half (each member's collectives in member order on every rank).
+  bool haveNorm = true;
+  double sq = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    Optimizer* o = members[i].opt;
+    SCAPE_RETURN_IF_ERROR(o->RunFront(*runs[i]).Prepend(StrFormat("joint step member %zu", i)));
+    haveNorm = haveNorm && runs[i]->norm;
+    if (runs[i]->norm) sq += runs[i]->sq;
+  }
+  // A reduced payload that is not finite although every gradient was (see scape.h): every
+  // member skips after its exchange.
+  const double norm = std::sqrt(sq);
+  if (haveNorm && runs[0]->agree && !std::isfinite(norm)) skipped = true;
+  for (size_t i = 0; i < count; ++i) {
+    Optimizer* o = members[i].opt;
+    if (skipped) {
+      SCAPE_RETURN_IF_ERROR(o->SkipAfterExchange());
+      continue;
+    }
+    SCAPE_RETURN_IF_ERROR(
+        o->RunBack(*runs[i], haveNorm ? norm : std::sqrt(runs[i]->sq), runs[i]->norm)
+            .Prepend(StrFormat("joint step member %zu", i)));
+  }
+  return Status::Ok();
 }
 
 }  // namespace scape

@@ -16,6 +16,7 @@
 #define SCAPE_PLUGIN_OPTIM_STEP_KERNELS_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "base/status.h"
 #include "kernels/cpu/scape_step.h"
@@ -79,6 +80,37 @@ class Optimizer::StepKernels {
   virtual Status UnpackPairs(const kernels::AdamSParams& ap) = 0;
   // After the update: the momentum m_t lives on the current mask.
   virtual Status Finish() = 0;
+};
+
+// One step in progress (optim_step.cc): the kernels it runs on and what the step's first half
+// (RunFront: up to the gradient norm) leaves for its second (RunBack: clipping, the update).
+// RunStep runs both halves at once; a joint step (scapeOptimStepJoint) runs every member's
+// first half, then every member's second half with one norm over all of them. A run destroyed
+// after the mask advanced but before its update ends without update (the momentum stays where
+// it was, StepKernels::EndedWithoutUpdate), and takes the step form's settings (the 16-bit copy,
+// the device gradients' type) off the optimizer.
+class Optimizer::StepRun {
+ public:
+  StepRun(Optimizer* o, std::unique_ptr<StepKernels> k) : o(o), K(std::move(k)) {}
+  ~StepRun() {
+    if (advanced && !updated) K->EndedWithoutUpdate();
+    o->copy_ = nullptr;
+    o->devGradType_ = scapeFloat32;
+  }
+  StepRun(const StepRun&) = delete;
+  StepRun& operator=(const StepRun&) = delete;
+
+  Optimizer* o;
+  std::unique_ptr<StepKernels> K;
+  kernels::ModelCopy copy;  // the 16-bit params the update also writes (o->copy_ points here)
+  // RunFront's results.
+  bool skipped = false;   // skipped at the non-finite agreement: nothing changed
+  bool advanced = false;  // the mask advanced: the step ends in RunBack or without update
+  bool updated = false;
+  bool agree = false, sharded = false, norm = false, normGathered = false;
+  uint64_t k = 0, kr = 0, offr = 0;
+  uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
+  double sq = 0.0;         // with norm: the squared L2 norm of g^ (partials in rank order)
 };
 
 }  // namespace scape

@@ -56,6 +56,11 @@ class _OptimInfo(Structure):
     ]
 
 
+class _StepArgs(Structure):  # scapeOptimStepArgs_t
+    _fields_ = [("optim", c_void_p), ("params", c_void_p), ("paramType", c_int),
+                ("grads", c_void_p), ("gradType", c_int), ("count", c_uint64)]
+
+
 _declared = False
 
 
@@ -90,6 +95,8 @@ def _L() -> ctypes.CDLL:
         d("scapeOptimLoad", p, p, c_size_t)
         if _lib.has_symbol("scapeOptimStepMixed"):
             d("scapeOptimStepMixed", p, p, c_int, p, c_int, c_uint64, p)
+        if _lib.has_symbol("scapeOptimStepJoint"):
+            d("scapeOptimStepJoint", POINTER(_StepArgs), c_int, p)
         if _lib.has_symbol("scapeGetDeviceSupport"):
             d("scapeGetDeviceSupport", POINTER(c_int), POINTER(c_int))
         _declared = True
@@ -406,16 +413,24 @@ class _Group:
                 self.grad[a:b].copy_(g.reshape(-1))
                 p.grad = self.grad[a:b].view_as(p)
 
+    def set_lr(self, lr: float) -> None:
+        if self.handle is not None and lr != self.lr:
+            self._check(_L().scapeOptimSetLr(self.handle, float(lr)), "scapeOptimSetLr")
+            self.lr = lr
+
     def step(self, lr: float) -> None:
         if self.handle is None:
             return
         L = _L()
-        if lr != self.lr:
-            self._check(L.scapeOptimSetLr(self.handle, float(lr)), "scapeOptimSetLr")
-            self.lr = lr
+        self.set_lr(lr)
         self.comm._check_alive("scapeOptimStep")
         self._check(self._lib_step(L), "scapeOptimStep" if self.dtype == torch.float32 and
                     self.device.type == "cpu" else "scapeOptimStepMixed")
+
+    def step_args(self) -> "_StepArgs":
+        """This group as a member of a joint step (scapeOptimStepArgs_t)."""
+        return _StepArgs(self.handle, self.flat.data_ptr(), int(_PARAM_TYPES[self.dtype]),
+                         self.grad.data_ptr(), int(_PARAM_TYPES[self.grad_dtype]), self.n)
 
     def info(self) -> StepInfo:
         if self.handle is None:
@@ -504,8 +519,11 @@ class ScapeAdamS(torch.optim.Optimizer):
         density: target fraction of each sparse tensor exchanged per step (0 < density <= 1).
         warmup_steps: geometric density warm-up from 1.0 to ``density`` over this many steps
             (0: fixed density from step 1; step 0 is always dense).
-        max_grad_norm: clip the recovered gradient to this global L2 norm (0: off). Do not clip
-            raw gradients yourself.
+        max_grad_norm: clip the recovered (averaged) gradient to this global L2 norm over
+            every parameter group and rank (0: off), as ``torch.nn.utils.clip_grad_norm_`` over
+            all parameters does (the groups step together, ``scapeOptimStepJoint``); the
+            pre-clip norm of the last step is :attr:`grad_norm`. One value for every group (a
+            group that sets another is refused). Do not clip raw gradients yourself.
         bias_correction: "none" (the AdamS paper, default), "adams" or "artifact".
         payload_dtype: dtype of the exchanged values: torch.float32, torch.bfloat16 or
             torch.float16 (the rounding error goes to the residual).
@@ -521,7 +539,8 @@ class ScapeAdamS(torch.optim.Optimizer):
             overrides it for that group.
         broadcast_parameters: broadcast rank 0's initial parameters to every rank at
             construction (default True), so all ranks start identical.
-        nonfinite: what a step does when some rank's gradients hold an inf or NaN: "skip"
+        nonfinite: what a step does when some rank's gradients (of any group: one value for
+            every group) hold an inf or NaN: "skip"
             (default, as Megatron-LM and DeepSpeed do: every rank skips the step, nothing of
             the parameters or the optimizer state changes, ``info()[i]["skipped_steps"]``
             counts it), "error" (every rank raises ``scape.InvalidArgumentError`` naming the
@@ -548,7 +567,9 @@ class ScapeAdamS(torch.optim.Optimizer):
             23, docs/ALGORITHM.md section 4.13).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
-    groups may differ in every hyperparameter. ``lr``, ``betas``, ``eps`` and
+    groups may differ in every hyperparameter but ``max_grad_norm`` and ``nonfinite``, which
+    act on all groups at once: the groups step together (one global gradient norm, one skip
+    decision). ``lr``, ``betas``, ``eps`` and
     ``weight_decay`` are read from each param group at every step, as torch optimizers do, so
     schedulers that change them work (``OneCycleLR`` with ``cycle_momentum=True`` cycles
     beta1); every rank must set the same values. The other keywords are fixed at construction
@@ -602,8 +623,16 @@ class ScapeAdamS(torch.optim.Optimizer):
                         master_weights=master_weights, grad_dtype=grad_dtype, entering=entering)
         super().__init__(params, defaults)
         self._ready = True
+        #: The L2 norm of the recovered gradient over every group and rank before clipping, in
+        #: the last step (what torch.nn.utils.clip_grad_norm_ returns, for the averaged
+        #: gradient): a float, NaN for a skipped step, None before the first step and for CUDA
+        #: parameters without clipping (not computed: it would cost a host wait).
+        self.grad_norm: Optional[float] = None
+        #: The factor max_grad_norm applied to that gradient in the last step (1.0: none).
+        self.clip_scale: float = 1.0
         for g in self.param_groups:
             self._groups.append(_Group(self, g))
+        self._check_joint()
 
     # -- groups --------------------------------------------------------------------------
 
@@ -682,6 +711,7 @@ class ScapeAdamS(torch.optim.Optimizer):
         self._normalise(self.param_groups[-1])
         if self._ready:
             self._groups.append(_Group(self, self.param_groups[-1]))
+            self._check_joint()
 
     # -- the step ------------------------------------------------------------------------
 
@@ -739,10 +769,48 @@ class ScapeAdamS(torch.optim.Optimizer):
                                      f"library optimizer's layout and schedule are fixed)")
             hyper = _step_hyper(pg)
             g.set_hyper(hyper)
-            lr = hyper[0]
+            g.set_lr(hyper[0])
             g.sync_views()
-            g.step(lr)
+        live = [g for g in self._groups if g.handle is not None]
+        if len(live) > 1 and _lib.has_symbol("scapeOptimStepJoint"):
+            # One step of every group: one global norm for max_grad_norm, one skip decision.
+            self._comm._check_alive("scapeOptimStepJoint")
+            args = (_StepArgs * len(live))(*[g.step_args() for g in live])
+            stream = None
+            dev = live[0].device
+            if dev.type == "cuda":
+                with torch.cuda.device(dev):
+                    stream = torch.cuda.current_stream(dev).cuda_stream or None
+            code = _L().scapeOptimStepJoint(args, len(live), stream)
+            if code != SUCCESS:
+                raise self._comm._error(code, "scapeOptimStepJoint")
+        else:
+            for g in live:
+                g.step(g.lr)
+        self.grad_norm, self.clip_scale = None, 1.0
+        if live:
+            i = live[0].info()
+            if not (live[0].device.type == "cuda" and not self.defaults["max_grad_norm"]):
+                self.grad_norm = i["grad_norm"]
+            self.clip_scale = i["clip_scale"]
         return loss
+
+    def _check_joint(self) -> None:
+        """Every group shares max_grad_norm and nonfinite (one global norm and one skip decision
+        over all groups, scapeOptimStepJoint) and, with more than one group, the device."""
+        ref = self.param_groups[0]
+        for k in ("max_grad_norm", "nonfinite"):
+            for i, pg in enumerate(self.param_groups[1:], 1):
+                if pg[k] != ref[k]:
+                    raise bad_arg(k, f"param group {i} has {k}={pg[k]!r}, group 0 {ref[k]!r}: "
+                                     f"{k} applies to every group at once (one global gradient "
+                                     f"norm over all groups, as torch.nn.utils.clip_grad_norm_; "
+                                     f"one skip decision); set it once, in the constructor")
+        devs = {g.device for g in self._groups if g.n}
+        if len(devs) > 1:
+            raise bad_arg("params", f"parameter groups on several devices ({sorted(map(str, devs))}"
+                                    f"): one step clips and skips every group together, so all "
+                                    f"groups must be on one device")
 
     # -- introspection -------------------------------------------------------------------
 

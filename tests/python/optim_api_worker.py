@@ -280,3 +280,48 @@ def case_optim_nonfinite(comm, steps=6, bad_step=3):
         bad_kw = e.argument
     return {"hash": h_skip, "plain": h_plain, "error_hash": h_err, "skip_error": e_skip,
             "error": e_err, "skipped": n_skip, "bad_kw": bad_kw}
+
+
+def case_optim_global_clip(comm, steps=3):
+    """Issue 32: max_grad_norm is one norm over every param group and rank. Three groups with
+    their own lr and weight decay, dense (density 1: the recovered gradient is the ranks'
+    average), clipped hard: each step's ``grad_norm`` and ``clip_scale`` against
+    torch.nn.utils.clip_grad_norm_ over every parameter's averaged gradient; every group's
+    factor is that one. A group that sets its own max_grad_norm is refused."""
+    import scape
+
+    m = _model(3)
+    lin1, norm, lin2 = m[0], m[1], m[3]
+    groups = [{"params": [lin1.weight, lin2.weight], "weight_decay": 0.1},
+              {"params": [lin1.bias, lin2.bias], "weight_decay": 0.0, "lr": 0.02},
+              {"params": list(norm.parameters()), "weight_decay": 0.0, "lr": 0.005}]
+    max_norm = 1e-3
+    opt = ScapeAdamS(groups, comm, lr=0.01, density=1.0, max_grad_norm=max_norm)
+    params = [p for g in groups for p in g["params"]]
+    rows = []
+    for s in range(steps):
+        opt.zero_grad()
+        _loss(m, s, RANK).backward()
+        # the reference: the ranks' average of every gradient, clipped as torch does
+        avg = torch.cat([p.grad.reshape(-1) for p in params]).clone()
+        comm.all_reduce(avg, op="avg")
+        ref = [torch.nn.Parameter(torch.zeros_like(p)) for p in params]
+        off = 0
+        for r, p in zip(ref, params):
+            r.grad = avg[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        total = float(torch.nn.utils.clip_grad_norm_(ref, max_norm))
+        opt.step()
+        scales = [i["clip_scale"] for i in opt.info()]
+        rows.append({"norm": opt.grad_norm, "scale": opt.clip_scale, "ref_norm": total,
+                     "ref_scale": max_norm / (total + 1e-6), "group_scales": scales,
+                     "group_norms": [i["grad_norm"] for i in opt.info()]})
+    h = _hash(opt.flat_parameters())
+    opt.destroy()
+    bad = None
+    try:
+        ScapeAdamS([{"params": [lin1.weight]}, {"params": [lin2.weight], "max_grad_norm": 0.5}],
+                   comm, max_grad_norm=1.0)
+    except scape.InvalidArgumentError as e:
+        bad = [e.argument, str(e)]
+    return {"rows": rows, "hash": h, "bad": bad}

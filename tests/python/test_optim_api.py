@@ -33,6 +33,26 @@ class HyperparametersTest(unittest.TestCase):
             self.assertIn("lr * weightDecay", e["pair"][1])
 
 
+class GlobalClipTest(unittest.TestCase):
+    def test_one_norm_over_every_group_as_clip_grad_norm(self):
+        for n in (1, 2, 3):
+            with self.subTest(nranks=n):
+                res = run_ranks("optim_global_clip", n, 3, timeout=180)
+                self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                for r in res:
+                    for row in r["rows"]:
+                        self.assertAlmostEqual(row["norm"] / row["ref_norm"], 1.0, delta=1e-5,
+                                               msg=row)
+                        self.assertLess(row["scale"], 0.5, "the test does not clip")
+                        self.assertAlmostEqual(row["scale"] / row["ref_scale"], 1.0, delta=1e-5,
+                                               msg=row)
+                        # one factor and one norm in every group
+                        self.assertEqual(set(row["group_scales"]), {row["scale"]}, row)
+                        self.assertEqual(set(row["group_norms"]), {row["norm"]}, row)
+                    self.assertEqual(r["bad"][0], "max_grad_norm", r["bad"])
+                    self.assertIn("param group 1", r["bad"][1])
+
+
 class GradScalerTest(unittest.TestCase):
     def test_one_rank_inf_skips_the_step_on_every_rank(self):
         for n in (1, 2, 3):
