@@ -24,6 +24,7 @@
 
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/scape_step.h"
+#include "tests/checkpoint_util.h"
 #include "tests/harness.h"
 #include "tests/test_util.h"
 
@@ -51,6 +52,7 @@ struct Hyper {
   scapeDataType_t payload = scapeFloat32;
   int ownership = scapeOptimReplicated;
   int maskOwnership = -1;
+  int clipNorm = scapeOptimClipNormRecovered;
 };
 
 scapeOptimConfig_t MakeConfig(const Layout& l, const Hyper& h) {
@@ -72,6 +74,7 @@ scapeOptimConfig_t MakeConfig(const Layout& l, const Hyper& h) {
   c.density = h.density;
   c.warmupSteps = h.warmup;
   c.payloadType = h.payload;
+  c.clipNorm = h.clipNorm;
   return c;
 }
 
@@ -135,7 +138,12 @@ class Reference {
     }
   }
 
-  void Step(unsigned seed) {
+  // libClip: the clip factor the library reported for this step. With clipNorm = staying the
+  // reference sums the staying g^2 in its own order (a plain double sum), so its factor may
+  // differ from the library's blocked sums in the last bits: it must agree within 1e-6
+  // (counted in clipMismatch), and the library's factor is then used so that the rest of the
+  // step is still compared bit for bit.
+  void Step(unsigned seed, float libClip = -1.0f) {
     const uint64_t n = l_.n();
     const scapeDataType_t T = h_.payload;
     const float b1 = h_.b1, omb1c = 1.0f - b1;
@@ -211,11 +219,26 @@ class Reference {
     }
     double total = 0.0;
     for (double p : partial) total += p;
+    if (h_.clipNorm == scapeOptimClipNormStaying) {
+      // Only the staying coordinates: masked, previous momentum non-zero.
+      total = 0.0;
+      size_t o = 0;
+      for (int b = 0; b < P_; ++b)
+        for (uint64_t i : mask_[static_cast<size_t>(b)]) {
+          const float mp = m[i];
+          const double gh = static_cast<double>((mt[o++] - (b1 * mp)) / omb1c);
+          if (mp != 0.0f) total += gh * gh;
+        }
+    }
     const double norm = std::sqrt(total);
     float clip = 1.0f;
     if (h_.clip > 0.0f && std::isfinite(norm)) {
       const double cc = static_cast<double>(h_.clip) / (norm + 1e-6);
       if (cc < 1.0) clip = std::max(static_cast<float>(cc), FLT_MIN);
+    }
+    if (h_.clipNorm == scapeOptimClipNormStaying && libClip >= 0.0f) {
+      if (std::fabs(libClip - clip) > 1e-6f * clip) ++clipMismatch;
+      clip = libClip;
     }
     clipped += clip < 1.0f;
     lastClip = clip;
@@ -262,6 +285,7 @@ class Reference {
   std::vector<std::vector<uint64_t>> mask_;  // per owner, increasing
   int64_t step = 0;
   int clipped = 0;
+  int clipMismatch = 0;
   float lastClip = 1.0f;
 };
 
@@ -310,17 +334,19 @@ std::vector<float> Grads(unsigned seed, int rank, int64_t step, uint64_t n) {
 
 constexpr int kSteps = 50;
 
-// 50 steps against the reference, every payload type (one optimizer each, in turn).
-void ReferenceCase(int P, int ownership) {
+// 50 steps against the reference, every payload type (one optimizer each, in turn); with
+// clipNorm = staying (issue 30) fp32 only.
+void ReferenceCase(int P, int ownership, int clipNorm = scapeOptimClipNormRecovered) {
   const unsigned seed = FreshSeed() + static_cast<unsigned>(P * 101 + ownership * 13);
   RunResult res = RunRanks(P, [&](RankCtx& c) {
     Layout l;
     const uint64_t n = l.n();
     const scapeDataType_t types[] = {scapeFloat32, scapeBfloat16, scapeFloat16};
-    for (int ti = 0; ti < 3; ++ti) {
+    for (int ti = 0; ti < (clipNorm == scapeOptimClipNormRecovered ? 3 : 1); ++ti) {
       Hyper h;
       h.payload = types[ti];
       h.ownership = ownership;
+      h.clipNorm = clipNorm;
       h.bias = ti;  // none, AdamS reference, SCAPE artifact
       scapeOptimConfig_t cfg = MakeConfig(l, h);
       scapeOptim_t opt = nullptr;
@@ -332,7 +358,9 @@ void ReferenceCase(int P, int ownership) {
       for (int step = 0; step < kSteps; ++step) {
         std::vector<float> g = Grads(seed, c.rank, step, n);
         EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
-        ref.Step(seed);
+        scapeOptimInfo_t info;
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+        ref.Step(seed, info.clipScale);
         const bool sameTheta = std::memcmp(theta.data(), ref.theta.data(), 4 * n) == 0;
         size_t firstBad = 0;
         while (!sameTheta && firstBad < n &&
@@ -343,8 +371,6 @@ void ReferenceCase(int P, int ownership) {
                                << " (" << (firstBad < n ? theta[firstBad] : 0.f) << " vs "
                                << (firstBad < n ? ref.theta[firstBad] : 0.f) << ")";
         EXPECT_TRUE(SameOnAllRanks(c, theta.data(), 4 * n)) << "parameters differ between ranks";
-        scapeOptimInfo_t info;
-        EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
         EXPECT_EQ(info.step, step + 1);
         EXPECT_EQ(info.clipScale, ref.lastClip) << "step " << step;
         // The residual (n floats) and the momentum packed at the mask (one float per entry).
@@ -358,6 +384,7 @@ void ReferenceCase(int P, int ownership) {
       EXPECT_TRUE(sawTarget) << "the warm-up never reached the target density";
       EXPECT_GT(ref.clipped, 0) << "clipping was never active";
       EXPECT_LT(ref.clipped, kSteps) << "clipping was always active";
+      EXPECT_EQ(ref.clipMismatch, 0) << "the staying clip factor differs from the reference's";
       EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
     }
     return true;
@@ -368,6 +395,11 @@ void ReferenceCase(int P, int ownership) {
 class OptimRanks : public ::testing::TestWithParam<int> {};
 TEST_P(OptimRanks, ReplicatedMatchesReference) { ReferenceCase(GetParam(), scapeOptimReplicated); }
 TEST_P(OptimRanks, ShardedMatchesReference) { ReferenceCase(GetParam(), scapeOptimSharded); }
+// Issue 30: the clipping norm over the staying coordinates only.
+TEST_P(OptimRanks, StayingClipNormMatchesReference) {
+  ReferenceCase(GetParam(), scapeOptimReplicated, scapeOptimClipNormStaying);
+  ReferenceCase(GetParam(), scapeOptimSharded, scapeOptimClipNormStaying);
+}
 INSTANTIATE_TEST_SUITE_P(Ranks, OptimRanks, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "P" + std::to_string(i.param);
@@ -436,6 +468,9 @@ TEST(Optim, CheckpointResumeIsBitIdentical) {
         h.ownership = own;
         h.payload = own == scapeOptimSharded ? scapeFloat16 : scapeBfloat16;
         h.bias = scapeBiasCorrectionArtifact;
+        // the clipping norm is in the checkpoint (version 5): the resumed optimizer is made with
+        // the other one
+        if (own == scapeOptimSharded) h.clipNorm = scapeOptimClipNormStaying;
         scapeOptimConfig_t cfg = MakeConfig(l, h);
         scapeOptim_t a = nullptr;
         EXPECT_SCAPE_OK(scapeOptimCreate(&a, &cfg, c.comm), c.comm);
@@ -455,6 +490,7 @@ TEST(Optim, CheckpointResumeIsBitIdentical) {
         Hyper h2 = h;
         h2.lr = 0.5f;
         h2.density = 0.5;
+        h2.clipNorm = 1 - h.clipNorm;
         scapeOptimConfig_t cfg2 = MakeConfig(l, h2);
         scapeOptim_t b = nullptr;
         EXPECT_SCAPE_OK(scapeOptimCreate(&b, &cfg2, c.comm), c.comm);
@@ -485,6 +521,54 @@ TEST(Optim, CheckpointResumeIsBitIdentical) {
     });
     EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
   }
+}
+
+// Version 4 checkpoints (before the clipping norm was a choice) load with the recovered-gradient
+// norm; a version-4 checkpoint claiming another is refused.
+TEST(Optim, Version4CheckpointsClipByTheRecoveredNorm) {
+  const unsigned seed = FreshSeed() + 4444u;
+  RunResult res = RunRanks(2, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    Hyper h;
+    scapeOptimConfig_t cfg = MakeConfig(l, h);
+    scapeOptim_t a = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&a, &cfg, c.comm), c.comm);
+    std::vector<float> ta = InitialTheta(seed, n);
+    for (int step = 0; step < 6; ++step) {
+      std::vector<float> g = Grads(seed, c.rank, step, n);
+      EXPECT_SCAPE_OK(scapeOptimStep(a, ta.data(), g.data(), n), c.comm);
+    }
+    std::vector<uint8_t> ck = Save(a, c.comm);
+    uint32_t ver = 0;
+    std::memcpy(&ver, ck.data() + 8, 4);
+    EXPECT_EQ(ver, 5u);
+    EXPECT_EQ(ck[111], scapeOptimClipNormRecovered);
+    const uint32_t v4 = 4;
+    std::memcpy(ck.data() + 8, &v4, 4);
+    Reseal(&ck);
+    Hyper hs = h;
+    hs.clipNorm = scapeOptimClipNormStaying;
+    scapeOptimConfig_t cfgs = MakeConfig(l, hs);
+    scapeOptim_t b = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&b, &cfgs, c.comm), c.comm);
+    EXPECT_SCAPE_OK(scapeOptimLoad(b, ck.data(), ck.size()), c.comm);
+    std::vector<float> tb = ta;
+    for (int step = 6; step < 20; ++step) {
+      std::vector<float> g = Grads(seed, c.rank, step, n);
+      EXPECT_SCAPE_OK(scapeOptimStep(a, ta.data(), g.data(), n), c.comm);
+      EXPECT_SCAPE_OK(scapeOptimStep(b, tb.data(), g.data(), n), c.comm);
+    }
+    EXPECT_EQ(std::memcmp(ta.data(), tb.data(), 4 * n), 0)
+        << "a version-4 checkpoint did not restore the recovered-gradient clipping norm";
+    ck[111] = scapeOptimClipNormStaying;
+    Reseal(&ck);
+    EXPECT_EQ(scapeOptimLoad(b, ck.data(), ck.size()), scapeInvalidArgument);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(a), c.comm);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(b), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
 // Every bad checkpoint is refused on every rank with a message, and the optimizer goes on

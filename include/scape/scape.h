@@ -831,6 +831,25 @@ typedef enum {
 } scapeOptimEntering_t;
 
 /**
+ * Which coordinates the clipping norm is taken over (config.clipNorm; issue 30, docs/ALGORITHM.md
+ * section 4.7). The clip factor min(1, maxGradNorm / (norm + 1e-6)) always scales the whole
+ * recovered gradient g^; only the norm it is compared with changes.
+ */
+typedef enum {
+  /** The L2 norm of g^ over every masked coordinate (default; what the paper and torch's
+   *  clip_grad_norm_ over the averaged gradient do). */
+  scapeOptimClipNormRecovered = 0,
+  /** Over the staying coordinates only (masked, previous momentum non-zero): a coordinate that
+   *  enters the mask carries the residual it accumulated over the steps it was left out, which
+   *  can dominate the norm and make the clip scale down what the exchange just delivered. A
+   *  step with no staying coordinate (step 0) does not clip. No extra wire bytes replicated;
+   *  sharded, 16 bytes per segment piece ride on the norm partials' all-gather (as for
+   *  scapeOptimEnteringSegmentRms, and shared with it). */
+  scapeOptimClipNormStaying = 1,
+  scapeNumOptimClipNorms = 2
+} scapeOptimClipNorm_t;
+
+/**
  * Optimizer configuration. Fill it with scapeOptimConfigInit (defaults below), then set the
  * layout and what differs. Every rank must pass the same configuration (checked: a layout
  * that differs between ranks fails scapeOptimCreate on every rank).
@@ -854,6 +873,7 @@ typedef enum {
  * scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         | | maskEncoding   | a
  * scapeMaskEncoding_t                                    | auto         |
  * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)          | payload      |
+ * | clipNorm       | a scapeOptimClipNorm_t: what maxGradNorm is compared with | recovered   |
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
@@ -883,6 +903,7 @@ typedef struct {
   int maskEncoding; /**< scapeMaskEncoding_t */
   int nonFinite;    /**< scapeOptimNonFinite_t: a step with non-finite gradients (default: skip) */
   int entering;     /**< scapeOptimEntering_t (default scapeOptimEnteringPayload) */
+  int clipNorm;     /**< scapeOptimClipNorm_t (default scapeOptimClipNormRecovered) */
 } scapeOptimConfig_t;
 
 /**

@@ -134,10 +134,28 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                              entering="segment_rms"),
     "scape-0.01-segrms": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                               entering="segment_rms"),
+    # issue 30's options, each alone and stacked with segment_rms: the clipping norm over the
+    # staying coordinates, the artifact's bias correction
+    "scape-0.1-clipstay": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                               options="clip_norm=staying"),
+    "scape-0.01-clipstay": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                options="clip_norm=staying"),
+    "scape-0.1-artifact": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                               options="bias_correction=artifact"),
+    "scape-0.01-artifact": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                options="bias_correction=artifact"),
+    "scape-0.1-segrms-clipstay": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                                      entering="segment_rms", options="clip_norm=staying"),
+    "scape-0.01-segrms-clipstay": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                       entering="segment_rms", options="clip_norm=staying"),
 }
 SWEPT = ["adamw", "adams", "scape-0.1", "scape-0.01"]
 PEERS = ["topk-0.1", "topk-0.01", "powersgd@0.1", "powersgd@0.01"]
 VARIANTS = ["scape-0.1-segrms", "scape-0.01-segrms"]
+# issue 30 (plan q20 and later): the options screened beside segment_rms
+VARIANTS_Q = VARIANTS + ["scape-0.1-clipstay", "scape-0.01-clipstay", "scape-0.1-artifact",
+                         "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
+                         "scape-0.01-segrms-clipstay"]
 DENSITY_WARMUP_FRAC = 0.1   # SCAPE's geometric density warm-up from 1.0, fraction of the steps
 POWERSGD_START_ITER = 2     # the hook's vanilla all-reduce steps (its minimum with feedback)
 MAX_POWERSGD_RANK = 64
@@ -230,6 +248,7 @@ class Run:
     batch: int                    # sequences per rank per step
     warmup_frac: float = 0.0
     entering: str = ""
+    options: str = ""             # more ScapeAdamS keywords, "k=v,k=v" (issue 30's options)
     powersgd_rank: int = 0
     match_bytes: float = 0.0      # the SCAPE bytes per step a powersgd run was matched to
     powersgd_bytes_predicted: float = 0.0   # bytes per step of its rank (powersgd_bytes_per_step)
@@ -320,7 +339,7 @@ class Schedule:
             c = CONFIGS[group]
             return Run(size, group, c["opt"], seed, steps, lr, c["density"], stage, self.world,
                        batch, warmup_frac=DENSITY_WARMUP_FRAC if c["opt"] == "scape" else 0.0,
-                       entering=c.get("entering", ""), **kw)
+                       entering=c.get("entering", ""), options=c.get("options", ""), **kw)
 
         best: Dict[str, Optional[float]] = {}
         swept = self.plan.swept or SWEPT
@@ -360,7 +379,7 @@ class Schedule:
                 kw = dict(powersgd_rank=rank, match_bytes=target, powersgd_bytes_predicted=pred)
             for s in seeds:
                 out.append(mk(g, s, lr, "peer", **kw))
-        for g in VARIANTS:
+        for g in (VARIANTS_Q if self.plan.swept else VARIANTS):
             c = CONFIGS[g]
             lr = best[c["lr_from"]]
             if not self.variant:
@@ -494,6 +513,9 @@ class Study:
             kw: Dict[str, Any] = {}
             if r.entering:
                 kw["entering"] = r.entering
+            for item in filter(None, r.options.split(",")):
+                k, v = item.split("=", 1)
+                kw[k] = v
             opt = ScapeAdamS(params, self.comm, lr=r.lr, betas=BETAS, eps=1e-8,
                              weight_decay=WEIGHT_DECAY, density=r.density,
                              warmup_steps=int(r.warmup_frac * r.steps), max_grad_norm=CLIP,

@@ -113,6 +113,7 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   h.warmupSteps = c->warmupSteps;
   h.payload = c->payloadType;
   h.entering = c->entering;
+  h.clipNorm = c->clipNorm;
   SCAPE_RETURN_IF_ERROR(scape::ValidateHyper(h).Prepend("config"));
   layout->n = c->n;
   layout->offsets.assign(o, o + c->nsegments + 1);
@@ -169,6 +170,7 @@ SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
     c->maskEncoding = scapeMaskEncodingAuto;
     c->nonFinite = scapeOptimNonFiniteSkip;
     c->entering = scapeOptimEnteringPayload;
+    c->clipNorm = scapeOptimClipNormRecovered;
     return Status::Ok();
   });
 }

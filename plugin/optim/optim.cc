@@ -78,6 +78,9 @@ Status ValidateHyper(const OptimHyper& h) {
   if (h.entering < 0 || h.entering >= scapeNumOptimEnterings)
     return InvalidArgument(StrFormat("entering = %d: expected a scapeOptimEntering_t (0..%d)",
                                      h.entering, scapeNumOptimEnterings - 1));
+  if (h.clipNorm < 0 || h.clipNorm >= scapeNumOptimClipNorms)
+    return InvalidArgument(StrFormat("clipNorm = %d: expected a scapeOptimClipNorm_t (0..%d)",
+                                     h.clipNorm, scapeNumOptimClipNorms - 1));
   const double decay = 1.0 - static_cast<double>(h.lr) * h.weightDecay;
   if (!(decay > 0.0))
     return InvalidArgument(
@@ -120,6 +123,7 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
           static_cast<uint64_t>(hyper.payload));
   h = Fnv(h, static_cast<uint64_t>(layout.nonFinite));
   h = Fnv(h, static_cast<uint64_t>(hyper.entering));
+  h = Fnv(h, static_cast<uint64_t>(hyper.clipNorm));
   int64_t mine = static_cast<int64_t>(h);
   std::vector<int64_t> all(static_cast<size_t>(o->nranks_));
   coll::CollArgs ag;

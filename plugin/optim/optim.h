@@ -31,7 +31,8 @@ struct OptimHyper {
   double density = 0.01;
   int64_t warmupSteps = 0;
   int payload = scapeFloat32;
-  int entering = scapeOptimEnteringPayload;  // a scapeOptimEntering_t (issue 23)
+  int entering = scapeOptimEnteringPayload;    // a scapeOptimEntering_t (issue 23)
+  int clipNorm = scapeOptimClipNormRecovered;  // a scapeOptimClipNorm_t (issue 30)
 };
 
 // Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
@@ -232,6 +233,9 @@ class Optimizer {
   void EnterVsFromPieces();  // enterVs_ per segment from pieceSum_/pieceCnt_ (position order)
   std::vector<size_t> stayOrder_, stayFirst_;
   bool SegmentRms() const { return hyper_.entering == scapeOptimEnteringSegmentRms; }
+  bool ClipStaying() const { return hyper_.clipNorm == scapeOptimClipNormStaying; }
+  // The staying sums (pieceSum_) are needed by segment_rms and by the staying clip norm.
+  bool NeedStaying() const { return SegmentRms() || (ClipStaying() && hyper_.maxGradNorm > 0.0f); }
   std::vector<double> pieceSum_;
   std::vector<uint64_t> pieceCnt_;
   std::vector<uint64_t> stayBounds_, stayCnt_;

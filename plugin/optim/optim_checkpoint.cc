@@ -31,7 +31,7 @@ using optim_internal::Fnv;
 // Version 3 is version 2 with 108 split: 108 u16 the master type, 110 u16 the entering rule
 // (scapeOptimEntering_t; 0 = the paper's). Versions 1 and 2 load (their u16 at 110 is 0: the
 // paper's rule).
-// Version 4 (written now; packed momentum, issue 24) has a 160-byte header: version 3's and
+// Version 4 (packed momentum, issue 24) has a 160-byte header: version 3's and
 //   144 u64 km, the number of momentum values | 152 u64 own: 1 when the momentum has a mask of
 //   its own (a step skipped after the mask advanced), 0 when it lies on the current mask,
 // then residual (n f32) | master weights (n f32, with masters) | momentum (km f32): at the
@@ -40,10 +40,13 @@ using optim_internal::Fnv;
 // only, increasing) | this rank's part of the current mask (kc u64) | of the next (kn u64).
 // Versions 1 to 3 load: their dense momentum is packed at the restored current mask (values
 // outside it, which only a skipped step leaves, keep a mask of their own).
+// Version 5 (written now; issue 30) is version 4 with the u16 at 110 split: 110 u8 the entering
+// rule, 111 u8 the clip norm (scapeOptimClipNorm_t). Earlier versions load with the
+// recovered-gradient norm (their byte 111 is the high half of the entering rule: 0).
 constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kHeaderV3 = 144;  // versions 1 to 3
-constexpr size_t kHeader = 160;    // version 4
+constexpr size_t kHeader = 160;    // versions 4 and 5
 
 template <typename T>
 void Put(uint8_t* b, size_t off, T v) {
@@ -145,7 +148,8 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   // Version 3: 108 u16 master type, 110 u16 entering rule (version 2 wrote an i32 master type
   // there, whose high half is 0: the paper's entering rule).
   Put<uint16_t>(b, 108, static_cast<uint16_t>(masterType_));
-  Put<uint16_t>(b, 110, static_cast<uint16_t>(hyper_.entering));
+  Put<uint8_t>(b, 110, static_cast<uint8_t>(hyper_.entering));
+  Put<uint8_t>(b, 111, static_cast<uint8_t>(hyper_.clipNorm));  // version 5
   Put<double>(b, 112, hyper_.density);
   Put<int64_t>(b, 120, hyper_.warmupSteps);
   Put<uint64_t>(b, 128, kc);
@@ -262,14 +266,15 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   h.payload = Get<int32_t>(b, 92);
   h.density = Get<double>(b, 112);
   h.warmupSteps = Get<int64_t>(b, 120);
-  h.entering = Get<uint16_t>(b, 110);
+  h.entering = Get<uint8_t>(b, 110);
+  h.clipNorm = Get<uint8_t>(b, 111);
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
   const int64_t st = Get<int64_t>(b, 56);
   const int32_t nx = Get<int32_t>(b, 104);
   const int32_t mt = Get<uint16_t>(b, 108);
   if (st < 0 || (nx != 0 && nx != 1) ||
       (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))) ||
-      (ver < 3 && h.entering != 0))
+      (ver < 3 && h.entering != 0) || (ver < 5 && h.clipNorm != 0))
     return InvalidArgument("checkpoint: bad step counter or flags");
   const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
   const uint64_t n = layout_.n;

@@ -36,7 +36,7 @@ Status Optimizer::RunStep(StepRun& run) {
   SCAPE_RETURN_IF_ERROR(RunAgree(run));
   if (run.skipped) return Status::Ok();
   SCAPE_RETURN_IF_ERROR(RunFront(run));
-  return RunBack(run, run.norm ? std::sqrt(run.sq) : 0.0, run.norm);
+  return RunBack(run, run.norm ? std::sqrt(run.clipSq) : 0.0, run.norm);
 }
 
 Status Optimizer::RunAgree(StepRun& run) {
@@ -133,7 +133,7 @@ Status Optimizer::RunFront(StepRun& run) {
     ng.recv = partial.data();
     ng.count = 1;
     ng.dtype = scapeInt64;  // the doubles' bits, moved exactly
-    if (SegmentRms()) {
+    if (NeedStaying()) {
       // Each owner's piece sums (bits, count) ride on the norm all-gather: [norm partial,
       // (sum, count) per owned piece in position order] per rank, no extra exchange.
       SCAPE_RETURN_IF_ERROR(StayingPlan(offr, true));
@@ -160,11 +160,11 @@ Status Optimizer::RunFront(StepRun& run) {
       ng.count = 0;
       stayBytes = RingHalf(16 * (total - static_cast<size_t>(nranks_)), nranks_);
     }
-    if (norm || SegmentRms()) {
+    if (norm || NeedStaying()) {
       SCAPE_RETURN_IF_ERROR(comm_->Run(ng).Prepend("gradient norm all-gather"));
       normGathered = true;
     }
-    if (SegmentRms()) {
+    if (NeedStaying()) {
       size_t off = 0;
       for (int r = 0; r < nranks_; ++r) {
         std::memcpy(&partial[static_cast<size_t>(r)], &normAll_[off], 8);
@@ -182,7 +182,7 @@ Status Optimizer::RunFront(StepRun& run) {
         }
         off += ng.counts[static_cast<size_t>(r)];
       }
-      EnterVsFromPieces();
+      if (SegmentRms()) EnterVsFromPieces();
     }
   } else {
     if (norm) {
@@ -193,16 +193,23 @@ Status Optimizer::RunFront(StepRun& run) {
       }
       SCAPE_RETURN_IF_ERROR(K.NormPartials(blocks.data(), blocks.size(), partial.data()));
     }
-    if (SegmentRms()) {
+    if (NeedStaying()) {
       SCAPE_RETURN_IF_ERROR(StayingPlan(0, false));
       SCAPE_RETURN_IF_ERROR(K.StayingBlocks(0));
       StayingFinish();
-      EnterVsFromPieces();
+      if (SegmentRms()) EnterVsFromPieces();
     }
   }
   run.sq = 0.0;
   if (norm)
     for (double p : partial) run.sq += p;
+  // The staying clip norm: every piece's staying sum, in position order (the same bits on every
+  // rank and in both ownerships).
+  run.clipSq = run.sq;
+  if (norm && ClipStaying()) {
+    run.clipSq = 0.0;
+    for (double p : pieceSum_) run.clipSq += p;
+  }
   phase_[scapeOptimPhaseNorm] = Seconds(t0);
   return Status::Ok();
 }
@@ -241,7 +248,7 @@ Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
         8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (normGathered ? 1 : 0));
     controlBytes_ += stayBytes;
   };
-  if (agree && !std::isfinite(gradNorm_)) {
+  if (agree && (!std::isfinite(gradNorm_) || (run.norm && !std::isfinite(run.sq)))) {
     // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every
     // rank: replicated, each sums the same payload; sharded, the all-gathered partials). Seen
     // where the norm is computed.
@@ -313,17 +320,20 @@ Status Optimizer::StepJoint(const JointMember* members, size_t count, bool devic
   }
   // Every member's first half (each member's collectives in member order on every rank).
   bool haveNorm = true;
-  double sq = 0.0;
+  double sq = 0.0, full = 0.0;  // the members' clip norms and full norms, squared
   for (size_t i = 0; i < count; ++i) {
     Optimizer* o = members[i].opt;
     SCAPE_RETURN_IF_ERROR(o->RunFront(*runs[i]).Prepend(StrFormat("joint step member %zu", i)));
     haveNorm = haveNorm && runs[i]->norm;
-    if (runs[i]->norm) sq += runs[i]->sq;
+    if (runs[i]->norm) {
+      sq += runs[i]->clipSq;
+      full += runs[i]->sq;
+    }
   }
   // A reduced payload that is not finite although every gradient was (see scape.h): every
   // member skips after its exchange.
   const double norm = std::sqrt(sq);
-  if (haveNorm && runs[0]->agree && !std::isfinite(norm)) skipped = true;
+  if (haveNorm && runs[0]->agree && !std::isfinite(full)) skipped = true;
   for (size_t i = 0; i < count; ++i) {
     Optimizer* o = members[i].opt;
     if (skipped) {
@@ -331,7 +341,7 @@ Status Optimizer::StepJoint(const JointMember* members, size_t count, bool devic
       continue;
     }
     SCAPE_RETURN_IF_ERROR(
-        o->RunBack(*runs[i], haveNorm ? norm : std::sqrt(runs[i]->sq), runs[i]->norm)
+        o->RunBack(*runs[i], haveNorm ? norm : std::sqrt(runs[i]->clipSq), runs[i]->norm)
             .Prepend(StrFormat("joint step member %zu", i)));
   }
   return Status::Ok();

@@ -111,6 +111,7 @@ class Optimizer::StepRun {
   uint64_t k = 0, kr = 0, offr = 0;
   uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   double sq = 0.0;         // with norm: the squared L2 norm of g^ (partials in rank order)
+  double clipSq = 0.0;     // the squared norm clipping compares with (scapeOptimClipNorm_t)
 };
 
 }  // namespace scape

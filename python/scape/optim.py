@@ -29,6 +29,7 @@ PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gat
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
 NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
 ENTERINGS = {"payload": 0, "segment_rms": 1}
+CLIP_NORMS = {"recovered": 0, "staying": 1}  # scapeOptimClipNorm_t
 
 
 class _OptimConfig(Structure):
@@ -40,7 +41,7 @@ class _OptimConfig(Structure):
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
         ("nonFinite", c_int),
-        ("entering", c_int),
+        ("entering", c_int), ("clipNorm", c_int),
     ]
 
 
@@ -308,6 +309,7 @@ class _Group:
         cfg.maskEncoding = int(group["mask_encoding"])
         cfg.nonFinite = NONFINITE[group["nonfinite"]]
         cfg.entering = ENTERINGS[group["entering"]]
+        cfg.clipNorm = CLIP_NORMS[group["clip_norm"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -565,6 +567,12 @@ class ScapeAdamS(torch.optim.Optimizer):
             mean square of the recovered gradient over the coordinates of the same tensor that
             stay in the mask, so the residual moves it in proportion; capped at 100 lr; issue
             23, docs/ALGORITHM.md section 4.13).
+        clip_norm: which coordinates ``max_grad_norm`` measures (the factor always scales the
+            whole recovered gradient): "recovered" (default: every masked coordinate, as
+            ``clip_grad_norm_`` over the averaged gradient) or "staying" (only the coordinates
+            that stay in the mask, previous momentum non-zero: an entering coordinate's
+            accumulated residual does not shrink what the exchange delivers; issue 30,
+            docs/ALGORITHM.md section 4.7).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter but ``max_grad_norm`` and ``nonfinite``, which
@@ -588,7 +596,7 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
               "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite",
-              "master_weights", "grad_dtype", "entering")
+              "master_weights", "grad_dtype", "entering", "clip_norm")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -600,7 +608,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                  dense: Union[None, Callable[[torch.Tensor], bool], Iterable[torch.Tensor]] = None,
                  broadcast_parameters: bool = True, nonfinite: str = "skip",
                  master_weights: Optional[bool] = None,
-                 grad_dtype: Optional[torch.dtype] = None, entering: str = "payload") -> None:
+                 grad_dtype: Optional[torch.dtype] = None, entering: str = "payload",
+                 clip_norm: str = "recovered") -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -620,7 +629,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                         bias_correction=bias_correction, payload_dtype=payload_dtype,
                         sharded=sharded, mask_encoding=mask_encoding,
                         mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite,
-                        master_weights=master_weights, grad_dtype=grad_dtype, entering=entering)
+                        master_weights=master_weights, grad_dtype=grad_dtype, entering=entering,
+                        clip_norm=clip_norm)
         super().__init__(params, defaults)
         self._ready = True
         #: The L2 norm of the recovered gradient over every group and rank before clipping, in
@@ -681,6 +691,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             raise bad_arg("entering", f"{group.get('entering')!r} is not one of "
                                       f"{', '.join(ENTERINGS)}")
         group["entering"] = en
+        cn = str(group.get("clip_norm", "recovered")).lower()
+        if cn not in CLIP_NORMS:
+            raise bad_arg("clip_norm", f"{group.get('clip_norm')!r} is not one of "
+                                       f"{', '.join(CLIP_NORMS)}")
+        group["clip_norm"] = cn
         pd = group["payload_dtype"]
         names = {torch.float32: DataType.FLOAT32, torch.bfloat16: DataType.BFLOAT16,
                  torch.float16: DataType.FLOAT16, "float32": DataType.FLOAT32,

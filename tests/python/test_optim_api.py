@@ -53,6 +53,18 @@ class GlobalClipTest(unittest.TestCase):
                     self.assertIn("param group 1", r["bad"][1])
 
 
+    def test_clip_norm_staying(self):
+        res = run_ranks("optim_clip_norm", 2, 4, timeout=180)
+        self.assertEqual(len({r["staying"]["hash"] for r in res}), 1, "ranks differ")
+        for r in res:
+            self.assertLess(r["recovered"]["scales"][0], 1.0, r)
+            self.assertEqual(r["staying"]["scales"][0], 1.0, "no coordinate stays at step 0")
+            self.assertLess(min(r["staying"]["scales"][1:]), 1.0, "staying never clipped")
+            self.assertNotEqual(r["staying"]["hash"], r["recovered"]["hash"])
+            self.assertEqual(r["staying"]["group"], "staying")
+            self.assertEqual(r["bad"], "clip_norm")
+
+
 class GradScalerTest(unittest.TestCase):
     def test_one_rank_inf_skips_the_step_on_every_rank(self):
         for n in (1, 2, 3):
