@@ -224,11 +224,18 @@ def powersgd_bytes_per_step(shapes: List[Tuple[int, ...]], rank: int, steps: int
 
 
 def match_powersgd_rank(shapes: List[Tuple[int, ...]], target: float, steps: int,
-                        world: int) -> Tuple[int, float]:
-    """The matrix rank whose bytes per step come closest (in ratio) to `target`."""
-    best = (1, powersgd_bytes_per_step(shapes, 1, steps, world))
+                        world: int, steady: bool = False) -> Tuple[int, float]:
+    """The matrix rank whose bytes per step come closest (in ratio) to `target`: the mean over
+    the run (warm-up included), or with `steady` the bytes of one compressed step (issue 30:
+    matched to SCAPE's steady state, both warm-ups reported apart)."""
+    def bytes_of(r: int) -> float:
+        if steady:
+            return ring_bytes(powersgd_elements(shapes, r), world)
+        return powersgd_bytes_per_step(shapes, r, steps, world)
+
+    best = (1, bytes_of(1))
     for r in range(2, MAX_POWERSGD_RANK + 1):
-        b = powersgd_bytes_per_step(shapes, r, steps, world)
+        b = bytes_of(r)
         if abs(math.log(b / target)) < abs(math.log(best[1] / target)):
             best = (r, b)
     return best
@@ -370,12 +377,14 @@ class Schedule:
                 continue
             kw: Dict[str, Any] = {}
             if c["opt"] == "powersgd":
-                ref = [r["bytes_per_step"] for r in self.done(results, size, c["match"])]
+                steady = bool(self.plan.swept)  # issue 30's plans: the steady state
+                key = "bytes_per_step_steady" if steady else "bytes_per_step"
+                ref = [r[key] for r in self.done(results, size, c["match"]) if key in r]
                 if not ref:
                     waiting.append(f"{g}: a {c['match']} run to match its bytes")
                     continue
                 target = float(np.mean(ref))
-                rank, pred = match_powersgd_rank(shapes, target, steps, self.world)
+                rank, pred = match_powersgd_rank(shapes, target, steps, self.world, steady)
                 kw = dict(powersgd_rank=rank, match_bytes=target, powersgd_bytes_predicted=pred)
             for s in seeds:
                 out.append(mk(g, s, lr, "peer", **kw))
@@ -442,6 +451,7 @@ class Study:
             self.plan.fixed_steps = args.steps
         if args.lr:
             self.plan.grids = {k: [args.lr] for k in self.plan.grids}
+            self.plan.group_grids = {}
             self.plan.extend = False
         self.device = torch.device(args.device)
         self.comm = scape.Communicator.from_env()
@@ -509,6 +519,7 @@ class Study:
         fwd: torch.nn.Module = m
         opt: Any
         psgd = None
+        psgd_start = POWERSGD_START_ITER
         if r.opt in ("adams", "scape"):
             kw: Dict[str, Any] = {}
             if r.entering:
@@ -527,9 +538,11 @@ class Study:
 
                 fwd = DDP(m, device_ids=None if self.device.type == "cpu" else [self.device],
                           broadcast_buffers=False)
+                if self.plan.swept:  # issue 30: SCAPE's warm-up, dense, for PowerSGD too
+                    psgd_start = max(POWERSGD_START_ITER, int(DENSITY_WARMUP_FRAC * r.steps))
                 psgd = ph.PowerSGDState(process_group=None,
                                         matrix_approximation_rank=r.powersgd_rank,
-                                        start_powerSGD_iter=POWERSGD_START_ITER,
+                                        start_powerSGD_iter=psgd_start,
                                         use_error_feedback=True, warm_start=True,
                                         random_seed=r.seed)
                 fwd.register_comm_hook(psgd, serial_powersgd_hook)
@@ -579,7 +592,7 @@ class Study:
             elif r.opt == "powersgd":
                 # DDP averaged the (compressed) gradients during backward
                 after = psgd.total_numel_after_compression
-                el = n if step < POWERSGD_START_ITER else after - psgd_prev
+                el = n if step < psgd_start else after - psgd_prev
                 psgd_prev = after
                 torch.nn.utils.clip_grad_norm_(params, CLIP)
                 opt.step()
@@ -612,6 +625,9 @@ class Study:
                 frac.append(len(ii) / n)
             train_time += time.perf_counter() - t0
         tokens = r.steps * tps
+        warm = int(r.warmup_frac * r.steps) + 1 if r.opt == "scape" else 0
+        if r.opt == "powersgd":
+            warm = psgd_start
         cpu = self.allsum([time.process_time() - cpu0])[0]
         out = {
             **asdict(r), "key": r.key(), "params": n, "size_label": size_label(n),
@@ -623,6 +639,9 @@ class Study:
             "cpu_seconds_all_ranks": cpu,
             "tokens_per_second": tokens / train_time if train_time else None,
             "bytes_per_step": float(np.mean(sent)) if sent else 0.0,
+            # after the density warm-up (SCAPE) / the dense start (PowerSGD): the steady state
+            "bytes_per_step_steady": float(np.mean(sent[warm:])) if sent[warm:] else 0.0,
+            "bytes_per_step_warmup": float(np.mean(sent[:warm])) if sent[:warm] else 0.0,
             "bytes_per_step_dense_fp32_ring": ring_bytes(n, self.size),
             "avg_sent_fraction": float(np.mean(frac)) if frac else 1.0,
             "ranks_identical": all(same), "final_param_hash": weights_hash(m),
