@@ -156,7 +156,8 @@ def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
     return b[lo:lo + 4 * n].clone().view(torch.float32)
 
 
-def _checkpoint_state(blob: torch.Tensor, n: int, mask_indices: Callable[[], Any]) -> Dict[str, Any]:
+def _checkpoint_state(blob: torch.Tensor, n: int,
+                      mask_indices: Callable[[], Any]) -> Dict[str, Any]:
     """Dense CPU copies of what a library checkpoint holds (docs/FORMATS.md section 6): the
     step counter, the momentum (``exp_avg``, n fp32, 0 outside the mask), the error-feedback
     residual (n fp32) and the fp32 master weights (or None). ``mask_indices()`` gives the
@@ -632,8 +633,16 @@ class ScapeAdamS(torch.optim.Optimizer):
     device: after construction
     ``p.data`` and ``p.grad`` are views into it, so backward writes gradients straight into
     the buffer the library reads (no copy per step). Keep them that way: ``zero_grad()`` zeroes
-    the buffer (``set_to_none`` is ignored); a parameter or gradient that user code replaces
-    anyway is copied back in at the next step.
+    the buffer; ``zero_grad(set_to_none=True)`` sets ``p.grad`` to None (a None gradient steps
+    as zero); a parameter or gradient that user code replaces is copied back in at the next
+    step. A parameter whose dtype or device changed after construction is an error at the
+    next step; a parameter given twice is refused.
+
+    ``optimizer.state[p]`` is torch's per-parameter state, read-only: ``step``, ``exp_avg``
+    (momentum, dense, 0 outside the mask), ``residual`` (this rank's error feedback) and, with
+    master weights, ``master_param``, as CPU copies decoded from the library checkpoint.
+    :meth:`consolidate_state_dict` lets one rank save every rank's state (Hugging Face
+    Trainer's single ``optimizer.pt``).
 
     Args:
         params: parameters or parameter groups (dicts), as for any torch optimizer. CPU or

@@ -78,6 +78,7 @@ expect="scape_comm-$version-py3-none-linux_x86_64.whl"
 # ---- 3. the wheel's contents ------------------------------------------------------------------
 list=$("$py" -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' "$whl")
 for f in scape/__init__.py scape/_lib.py scape/optim.py scape/launch.py scape/py.typed \
+         scape/integrations/__init__.py scape/integrations/hf.py \
          scape/libnccl-net-scape.so; do
   grep -qx "$f" <<<"$list" && pass "wheel holds $f" || fail "wheel lacks $f"
 done
