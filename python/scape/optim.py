@@ -1062,15 +1062,20 @@ class ScapeAdamS(torch.optim.Optimizer):
             for r in range(size):
                 if r not in ranks or len(ranks[r]) != len(sc["checkpoints"]):
                     lacking[r] = 1.0
+        elif sc.get("rank", rank) != rank or sc.get("size", size) != size:
+            # another rank's own state (e.g. rank 0's file loaded on every rank)
+            lacking[rank] = 1.0
         self._comm.all_reduce(lacking, op="max")
         if float(lacking.sum()) != 0.0:
             who = [r for r in range(size) if float(lacking[r]) != 0.0]
+            held = (f"the parts of ranks {sorted(ranks)}" if ranks is not None else
+                    f"the own state of rank {sc.get('rank')} of {sc.get('size')}")
             raise bad_arg("state_dict", f"lacks the optimizer state of rank"
                                         f"{'s' if len(who) > 1 else ''} "
-                                        f"{', '.join(map(str, who))} (of {size}): a state_dict "
-                                        f"saved by one rank resumes every rank only when "
-                                        f"consolidate_state_dict() was called on every rank "
-                                        f"before it was saved")
+                                        f"{', '.join(map(str, who))} (of {size}; it holds "
+                                        f"{held}): a state_dict saved by one rank resumes "
+                                        f"every rank only when consolidate_state_dict() was "
+                                        f"called on every rank before it was saved")
         if ranks is not None:
             sc = dict(sc, checkpoints=ranks[rank], rank=rank)
         groups = state_dict.get("param_groups", [])

@@ -190,6 +190,16 @@ def case_optim_tl_consolidated(comm, steps=4):
     except scape.InvalidArgumentError as e:
         err = [type(e).__name__, str(e)]
     assert err is not None, "a state_dict without a rank's part was accepted"
+    # rank 0's own (not consolidated) state loaded on every rank: refused on both, naming 1
+    own = None
+    if RANK == 0:
+        torch.save(o2.state_dict(), path)
+    comm.barrier()
+    try:
+        o2.load_state_dict(torch.load(path))
+    except scape.InvalidArgumentError as e:
+        own = [type(e).__name__, str(e)]
+    assert own is not None, "rank 0's own state_dict was accepted on every rank"
     _steps(m2, o2, 2 * steps, 1)  # still usable on every rank
     assert flat_hash(m2) != before
     comm.barrier()
@@ -197,7 +207,7 @@ def case_optim_tl_consolidated(comm, steps=4):
         os.remove(path)
     opt.destroy()
     o2.destroy()
-    return {"hash": got, "error": err, "stale": stale}
+    return {"hash": got, "error": err, "stale": stale, "own": own}
 
 
 CASES: Dict[str, Any] = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}

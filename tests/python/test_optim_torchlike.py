@@ -39,7 +39,10 @@ class TorchLike(unittest.TestCase):
         res = run_ranks("optim_tl_consolidated", 2, timeout=120)
         self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
         for r in res:
-            self.assertIn("lacks the optimizer state of rank 1 (of 2)", r["error"][1])
+            self.assertIn("lacks the optimizer state of rank 1 (of 2; it holds the parts of "
+                          "ranks [0])", r["error"][1])
+            self.assertIn("lacks the optimizer state of rank 1 (of 2; it holds the own state "
+                          "of rank 0 of 2)", r["own"][1])
         self.assertIn("stale", res[0]["stale"])
 
 
