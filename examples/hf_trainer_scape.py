@@ -149,6 +149,9 @@ def main() -> int:
             print(f"optim {a.optim} density {a.density if a.optim == 'scape' else 1.0} "
                   f"steps {a.steps} params {nparams}")
             print(f"loss first {first:.4f} last {last:.4f}")
+            if not probe.bytes:
+                print(f"bytes all-reduced per step (DDP's gradient buckets, fp32): "
+                      f"{4 * grad_elems}")
             if probe.bytes:
                 print(f"bytes sent per step (ScapeAdamS, rank 0, mean of the last half): "
                       f"{sum(probe.bytes[half:]) / max(1, len(probe.bytes[half:])):.0f}")

@@ -363,6 +363,7 @@ class _Group:
         self.handle: Optional[int] = None
         self.comm = opt._comm
         self.index = len(opt._groups)  # this group's position in param_groups (for messages)
+        self.siblings = opt._groups  # every group (the list grows with add_param_group)
         sizes = [p.numel() for p in self.params]
         self.n = int(sum(sizes))
         self.offsets = [0]
@@ -540,8 +541,10 @@ class _Group:
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
         ``p.data = ...``) at the flat buffers, copying their values in (a None gradient is
-        zero). A parameter whose dtype or device changed is an error (:meth:`check_placement`)."""
-        self.check_placement()
+        zero). A parameter whose dtype or device changed is an error (:meth:`check_placement`):
+        the first group checks every group, so that a step raises before any group steps."""
+        for g in (self.siblings if self.index == 0 else [self]):
+            g.check_placement()
         if self.main_grad:
             return self._sync_main_grads()
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):

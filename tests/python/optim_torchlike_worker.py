@@ -112,7 +112,23 @@ def case_optim_tl_dtype_change(comm):
     assert err is not None, "a float64 parameter was accepted"
     assert m[0].weight.dtype == torch.float64  # not undone
     opt.destroy()
-    return {"error": err}
+    # two groups, the second one's parameter converted: no group steps
+    m2 = tiny_model()
+    o2 = ScapeAdamS([{"params": list(m2[0].parameters())},
+                     {"params": list(m2[3].parameters())}], comm, lr=0.01, density=0.5)
+    _steps(m2, o2, 0, 1)
+    m2[3].bias.data = m2[3].bias.data.double()
+    before = [p.detach().clone() for p in m2[0].parameters()]
+    err2 = None
+    try:
+        o2.step()
+    except scape.InvalidArgumentError as e:
+        err2 = str(e)
+    assert err2 is not None and "param group 1, parameter 1 (shape (3,))" in err2, err2
+    assert all(torch.equal(a, b) for a, b in zip(before, m2[0].parameters())), \
+        "group 0 stepped before group 1's conversion was refused"
+    o2.destroy()
+    return {"error": err, "error2": err2}
 
 
 def case_optim_tl_set_to_none(comm, steps=4):
