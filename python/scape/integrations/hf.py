@@ -11,7 +11,10 @@ with ``python3 -m scape.launch -n N train.py`` (or torchrun)::
 What it changes in Trainer (docs/frameworks.md, "Hugging Face Trainer"):
 
 - creates torch's process group if there is none (gloo, from the launcher's environment:
-  :func:`scape.integrations.ensure_process_group`) and the SCAPE communicator beside it;
+  :func:`scape.integrations.ensure_process_group`) and the SCAPE communicator beside it.
+  ``TrainingArguments(...)`` already sets up accelerate's state, which creates the group
+  itself, with MPI where torch has it (Debian's torch has not: gloo): call
+  ``ensure_process_group()`` before building the arguments to be sure of gloo;
 - builds ScapeAdamS from ``TrainingArguments`` (``learning_rate``, ``adam_beta1``,
   ``adam_beta2``, ``adam_epsilon``, ``weight_decay`` with Trainer's own two groups: no decay
   for biases and norms) plus ``scape_kwargs`` (``density``, ``warmup_steps``,
