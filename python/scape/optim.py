@@ -164,6 +164,128 @@ def _checkpoint_masters(blob: torch.Tensor, n: int) -> Optional[torch.Tensor]:
     return b[lo:lo + 4 * n].clone().view(torch.float32)
 
 
+def _checkpoint_state(blob: torch.Tensor, n: int,
+                      mask_indices: Callable[[], Any]) -> Dict[str, Any]:
+    """Dense CPU copies of what a library checkpoint holds (docs/FORMATS.md section 6): the
+    step counter, the momentum (``exp_avg``, n fp32, 0 outside the mask), the error-feedback
+    residual (n fp32) and the fp32 master weights (or None). ``mask_indices()`` gives the
+    optimizer's current mask positions in mask order, where a version-4 checkpoint keeps the
+    momentum without positions of its own."""
+    b = blob.detach().cpu().contiguous()
+    out: Dict[str, Any] = {"step": 0, "exp_avg": torch.zeros(n), "residual": torch.zeros(n),
+                           "master": None}
+    if b.numel() < _CK_MIN_HEADER:
+        return out
+    i64 = lambda off: int(b[off:off + 8].view(torch.int64)[0])  # noqa: E731
+    f32 = lambda off, k: b[off:off + 4 * k].view(torch.float32).clone()  # noqa: E731
+    version = int(b[8:12].view(torch.int32)[0])
+    header = int(b[12:16].view(torch.int32)[0])
+    out["step"] = i64(56)
+    masters = int(b[108:110].view(torch.int16)[0]) != 0
+    if version < 4:  # dense momentum, then the residual, then the masters
+        out["exp_avg"] = f32(header, n)
+        out["residual"] = f32(header + 4 * n, n)
+        if masters:
+            out["master"] = f32(header + 8 * n, n)
+        return out
+    out["residual"] = f32(header, n)
+    off = header + 4 * n
+    if masters:
+        out["master"] = f32(off, n)
+        off += 4 * n
+    km, own = i64(144), i64(152)
+    values = f32(off, km)
+    if own:
+        pos = b[off + 4 * km:off + 12 * km].clone().view(torch.int64)
+    else:
+        import numpy as np
+
+        pos = torch.from_numpy(np.asarray(mask_indices(), dtype=np.int64))
+    if km and pos.numel() == km:
+        out["exp_avg"][pos] = values
+    return out
+
+
+class _StateView:
+    """``optimizer.state``: a read-only mapping from each parameter to a dict of CPU tensors
+    (see :attr:`ScapeAdamS.state`). Built on access from the library checkpoint of the
+    parameter's group, cached until the group's state changes."""
+
+    def __init__(self, opt: "ScapeAdamS") -> None:
+        self._opt = opt
+        self._cache: Dict[int, Any] = {}
+        self._index: Optional[tuple] = None
+
+    def _where(self, p: Any):
+        groups = self._opt._groups
+        if self._index is None or self._index[0] != len(groups):
+            self._index = (len(groups), {id(q): (g, i) for g in groups
+                                         for i, q in enumerate(g.params)})
+        return self._index[1].get(id(p), (None, -1))
+
+    def _group_state(self, g: "_Group") -> Dict[str, Any]:
+        if g.handle is None:
+            return {"step": 0, "exp_avg": torch.zeros(g.n), "residual": torch.zeros(g.n),
+                    "master": None}
+        info = g.info()
+        # the state changes only in a step (completed or skipped) and in load_state_dict
+        key = (info["step"], info["skipped_steps"], self._opt._loads)
+        hit = self._cache.get(id(g))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        st = _checkpoint_state(g.save(), g.n, g.mask_indices)
+        self._cache[id(g)] = (key, st)
+        return st
+
+    def __getitem__(self, p: Any) -> Dict[str, Any]:
+        import types
+
+        g, i = self._where(p)
+        if g is None:
+            raise KeyError("not a parameter of this optimizer")
+        st = self._group_state(g)
+        a, b = g.offsets[i], g.offsets[i + 1]
+        shape = g.params[i].shape
+        out = {"step": torch.tensor(float(st["step"])),
+               "exp_avg": st["exp_avg"][a:b].view(shape),
+               "residual": st["residual"][a:b].view(shape)}
+        if st["master"] is not None:
+            out["master_param"] = st["master"][a:b].view(shape)
+        return types.MappingProxyType(out)  # type: ignore[return-value]
+
+    def get(self, p: Any, default: Any = None) -> Any:
+        return self[p] if p in self else default
+
+    def __contains__(self, p: Any) -> bool:
+        return self._where(p)[0] is not None
+
+    def __iter__(self):
+        for g in self._opt._groups:
+            yield from g.params
+
+    def keys(self):
+        return list(iter(self))
+
+    def items(self):
+        return [(p, self[p]) for p in self]
+
+    def values(self):
+        return [self[p] for p in self]
+
+    def __len__(self) -> int:
+        return sum(len(g.params) for g in self._opt._groups)
+
+    def __setitem__(self, p: Any, v: Any) -> None:
+        raise TypeError("ScapeAdamS.state is read-only: the state lives in the library "
+                        "(use load_state_dict to restore it)")
+
+    def __delitem__(self, p: Any) -> None:
+        self.__setitem__(p, None)
+
+    def __repr__(self) -> str:
+        return f"<ScapeAdamS state of {len(self)} parameters (read-only)>"
+
+
 def _cuda_built() -> bool:
     L = _L()
     if not _lib.has_symbol("scapeGetDeviceSupport"):
@@ -248,6 +370,8 @@ class _Group:
         self.params: List[torch.Tensor] = list(group["params"])
         self.handle: Optional[int] = None
         self.comm = opt._comm
+        self.index = len(opt._groups)  # this group's position in param_groups (for messages)
+        self.siblings = opt._groups  # every group (the list grows with add_param_group)
         sizes = [p.numel() for p in self.params]
         self.n = int(sum(sizes))
         self.offsets = [0]
@@ -396,9 +520,40 @@ class _Group:
         self.hyper = hyper
         self.lr = hyper[0]
 
+    def check_placement(self) -> None:
+        """Raises naming the parameter when one no longer has the dtype or device its group was
+        built with (``model.double()``, ``model.to(...)`` after the optimizer): copying it back
+        would silently undo the conversion."""
+        for i, p in enumerate(self.params):
+            if p.dtype != self.dtype or p.device != self.device:
+                raise bad_arg("params", f"param group {self.index}, parameter {i} (shape "
+                                        f"{tuple(p.shape)}) is now {p.dtype} on {p.device}, "
+                                        f"but ScapeAdamS holds it as {self.dtype} on "
+                                        f"{self.device}: convert the model (model.double(), "
+                                        f"model.to(...)) before building the optimizer",
+                              type_error=True)
+
+    def mask_indices(self) -> Any:
+        """The current mask's positions in mask order (numpy uint64; local)."""
+        import numpy as np
+
+        L = _lib.lib()
+        m, k = c_void_p(), c_uint64()
+        self._check(_L().scapeOptimGetMask(self.handle, byref(m)), "scapeOptimGetMask")
+        self._check(L.scapeMaskGetCount(m, byref(k)), "scapeMaskGetCount")
+        out = np.empty(k.value, dtype=np.uint64)
+        if k.value:
+            self._check(L.scapeMaskGetIndices(m, out.ctypes.data_as(POINTER(c_uint64)),
+                                              k.value), "scapeMaskGetIndices")
+        return out
+
     def sync_views(self) -> None:
         """Re-points parameters and gradients that user code replaced (``p.grad = None``,
-        ``p.data = ...``) at the flat buffers, copying their values in."""
+        ``p.data = ...``) at the flat buffers, copying their values in (a None gradient is
+        zero). A parameter whose dtype or device changed is an error (:meth:`check_placement`):
+        the first group checks every group, so that a step raises before any group steps."""
+        for g in (self.siblings if self.index == 0 else [self]):
+            g.check_placement()
         if self.main_grad:
             return self._sync_main_grads()
         for p, a, b in zip(self.params, self.offsets, self.offsets[1:]):
@@ -498,8 +653,16 @@ class ScapeAdamS(torch.optim.Optimizer):
     device: after construction
     ``p.data`` and ``p.grad`` are views into it, so backward writes gradients straight into
     the buffer the library reads (no copy per step). Keep them that way: ``zero_grad()`` zeroes
-    the buffer (``set_to_none`` is ignored); a parameter or gradient that user code replaces
-    anyway is copied back in at the next step.
+    the buffer; ``zero_grad(set_to_none=True)`` sets ``p.grad`` to None (a None gradient steps
+    as zero); a parameter or gradient that user code replaces is copied back in at the next
+    step. A parameter whose dtype or device changed after construction is an error at the
+    next step; a parameter given twice is refused.
+
+    ``optimizer.state[p]`` is torch's per-parameter state, read-only: ``step``, ``exp_avg``
+    (momentum, dense, 0 outside the mask), ``residual`` (this rank's error feedback) and, with
+    master weights, ``master_param``, as CPU copies decoded from the library checkpoint.
+    :meth:`consolidate_state_dict` lets one rank save every rank's state (Hugging Face
+    Trainer's single ``optimizer.pt``).
 
     Args:
         params: parameters or parameter groups (dicts), as for any torch optimizer. CPU or
@@ -632,6 +795,10 @@ class ScapeAdamS(torch.optim.Optimizer):
                         master_weights=master_weights, grad_dtype=grad_dtype, entering=entering,
                         clip_norm=clip_norm)
         super().__init__(params, defaults)
+        self._loads = 0  # load_state_dict calls (the state view's cache key)
+        self._consolidated: Optional[Dict[str, Any]] = None  # consolidate_state_dict's result
+        # torch's per-parameter dict, read-only here: the state lives in the library
+        self.state = _StateView(self)  # type: ignore[assignment]
         self._ready = True
         #: The L2 norm of the recovered gradient over every group and rank before clipping, in
         #: the last step (what torch.nn.utils.clip_grad_norm_ returns, for the averaged
@@ -648,6 +815,10 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     @staticmethod
     def _normalise(group: Dict[str, Any]) -> None:
+        if len({id(p) for p in group["params"]}) != len(group["params"]):
+            # torch only warns here; a parameter cannot be two views of one flat buffer
+            raise bad_arg("params", "some parameters appear more than once in a parameter "
+                                    "group")
         for p in group["params"]:
             if not isinstance(p, torch.Tensor):
                 raise bad_arg("params", f"expected tensors, got {type(p).__name__}",
@@ -731,8 +902,21 @@ class ScapeAdamS(torch.optim.Optimizer):
     # -- the step ------------------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zeroes the flat gradient buffers (one fill per group). ``set_to_none`` is ignored:
-        the gradients stay views into the buffer the library reads."""
+        """Zeroes the flat gradient buffers (one fill per group); the gradients stay views into
+        the buffer the library reads (no copy at the next step).
+
+        ``set_to_none=True`` does what torch does: every ``p.grad`` becomes None (backward then
+        allocates new gradients); the next :meth:`step` treats a None gradient as zero and
+        copies the others into the flat buffer, re-pointing ``p.grad`` at it (one copy of the
+        gradients per step). With ``grad_dtype=torch.float32`` ``p.main_grad`` is zeroed
+        either way."""
+        if set_to_none:
+            for g in self._groups:
+                if g.main_grad:
+                    g.grad.zero_()
+                for p in g.params:
+                    p.grad = None
+            return
         for g in self._groups:
             if g.main_grad:  # grad_dtype=float32: autograd's p.grad is dropped, not added
                 for p in g.params:
@@ -868,6 +1052,41 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     # -- checkpoints ---------------------------------------------------------------------
 
+    def consolidate_state_dict(self, to: Optional[int] = 0) -> None:
+        """Collects every rank's optimizer state on rank `to` (collective: every rank calls
+        it), as ``torch.distributed.optim.ZeroRedundancyOptimizer.consolidate_state_dict``
+        does: the next :meth:`state_dict` on rank `to` then holds every rank's library
+        checkpoints (``state_dict()["scape"]["ranks"]``, rank -> one uint8 tensor per group),
+        so one file saved by one rank resumes every rank (:meth:`load_state_dict` on each rank
+        takes its own part). The error-feedback residuals (and the mask parts) differ per rank,
+        so a single rank's state cannot resume the others. One all-gather of the sizes and
+        one of the checkpoints (padded to the largest) over the communicator, per group; the
+        other ranks' :meth:`state_dict` stays per-rank. A step (or a load) after this call
+        makes the consolidated state stale: :meth:`state_dict` then warns and returns rank
+        `to`'s own state. ``to=None``: every rank gets the consolidated state (a saver per
+        node)."""
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int)
+                               or not 0 <= to < self._comm.size):
+            raise bad_arg("to", f"{to!r} is not a rank of the communicator "
+                                f"(0..{self._comm.size - 1})")
+        size = self._comm.size
+        mine = [g.save() for g in self._groups]
+        parts: Dict[int, List[torch.Tensor]] = {r: [] for r in range(size)}
+        for blob in mine:
+            lens = torch.zeros(size, dtype=torch.int64)
+            self._comm.all_gather(torch.tensor([blob.numel()], dtype=torch.int64), lens)
+            words = (int(lens.max()) + 3) // 4
+            pad = torch.zeros(4 * max(words, 1), dtype=torch.uint8)
+            pad[:blob.numel()] = blob
+            every = torch.zeros(size * pad.numel(), dtype=torch.uint8)
+            self._comm.all_gather(pad.view(torch.int32), every.view(torch.int32))
+            if to is None or self._comm.rank == to:
+                for r in range(size):
+                    k = int(lens[r])
+                    parts[r].append(every[r * pad.numel():r * pad.numel() + k].clone())
+        self._consolidated = ({"to": to, "mine": mine, "ranks": parts, "loads": self._loads}
+                              if to is None or self._comm.rank == to else None)
+
     def state_dict(self) -> Dict[str, Any]:
         """This rank's optimizer state: the param groups (hyperparameters, as torch does) and,
         per group, the library checkpoint (momentum, residual, masks, step counter,
@@ -875,8 +1094,15 @@ class ScapeAdamS(torch.optim.Optimizer):
         checksummed) as a uint8 tensor. ``state_dict()["scape"]["master_weights"]`` shows the
         masters (a CPU fp32 tensor per group, None without): a copy of what the checkpoint
         holds, which is what :meth:`load_state_dict` restores. Parameters are not included:
-        save the model's state_dict as usual. Each rank saves its own."""
-        sd = super().state_dict()
+        save the model's state_dict as usual. Each rank saves its own, unless
+        :meth:`consolidate_state_dict` was called just before: then rank `to`'s state_dict
+        also holds every rank's part (``["scape"]["ranks"]``) and resumes every rank.
+        Local (no communication); ``["state"]`` is empty (see :attr:`state`)."""
+        view, self.state = self.state, {}  # torch packs self.state: the blobs hold it all
+        try:
+            sd = super().state_dict()
+        finally:
+            self.state = view
         blobs = [g.save() for g in self._groups]
         sd["scape"] = {
             "format": 1, "rank": self._comm.rank, "size": self._comm.size,
@@ -884,6 +1110,18 @@ class ScapeAdamS(torch.optim.Optimizer):
             "master_weights": [_checkpoint_masters(b, g.n) if g.masters else None
                                for b, g in zip(blobs, self._groups)],
         }
+        c = self._consolidated
+        if c is not None:
+            fresh = (c["loads"] == self._loads and len(c["mine"]) == len(blobs)
+                     and all(torch.equal(a, b) for a, b in zip(c["mine"], blobs)))
+            if fresh:
+                sd["scape"]["ranks"] = c["ranks"]
+            else:
+                warnings.warn("ScapeAdamS.state_dict: the state consolidated by "
+                              "consolidate_state_dict() is stale (a step or a load since): "
+                              "returning this rank's state only; call "
+                              "consolidate_state_dict() on every rank right before saving")
+                self._consolidated = None
         for pg in sd["param_groups"]:
             pg["payload_dtype"] = int(pg["payload_dtype"])
             pg["mask_encoding"] = int(pg["mask_encoding"])
@@ -892,13 +1130,40 @@ class ScapeAdamS(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restores a state saved by :meth:`state_dict` on the same rank of a run with the same
-        rank count and layout. Collective (every rank loads its own). The library validates
-        every rank's checkpoint and the ranks agree before anything changes: if any is bad,
-        every rank raises and nothing is changed."""
+        """Restores a state saved by :meth:`state_dict`: either on the same rank of a run with
+        the same rank count and layout, or a consolidated one (:meth:`consolidate_state_dict`)
+        that every rank loads, each taking its own part. Collective (every rank calls it). The
+        ranks first agree on whether every rank has its part (one all-reduce of one float per
+        rank): a consolidated state_dict that lacks some rank's part is refused on every rank
+        with an ``InvalidArgumentError`` naming the rank(s), and nothing changes. Then the
+        library validates every rank's checkpoint and the ranks agree before anything changes:
+        if any is bad, every rank raises and nothing is changed."""
         sc = state_dict.get("scape") if isinstance(state_dict, dict) else None
         if not isinstance(sc, dict) or "checkpoints" not in sc:
             raise bad_arg("state_dict", "not a ScapeAdamS state_dict (no 'scape' entry)")
+        size, rank = self._comm.size, self._comm.rank
+        lacking = torch.zeros(size, dtype=torch.float32)
+        ranks = sc.get("ranks")
+        if ranks is not None:
+            for r in range(size):
+                if r not in ranks or len(ranks[r]) != len(sc["checkpoints"]):
+                    lacking[r] = 1.0
+        elif sc.get("rank", rank) != rank or sc.get("size", size) != size:
+            # another rank's own state (e.g. rank 0's file loaded on every rank)
+            lacking[rank] = 1.0
+        self._comm.all_reduce(lacking, op="max")
+        if float(lacking.sum()) != 0.0:
+            who = [r for r in range(size) if float(lacking[r]) != 0.0]
+            held = (f"the parts of ranks {sorted(ranks)}" if ranks is not None else
+                    f"the own state of rank {sc.get('rank')} of {sc.get('size')}")
+            raise bad_arg("state_dict", f"lacks the optimizer state of rank"
+                                        f"{'s' if len(who) > 1 else ''} "
+                                        f"{', '.join(map(str, who))} (of {size}; it holds "
+                                        f"{held}): a state_dict saved by one rank resumes "
+                                        f"every rank only when consolidate_state_dict() was "
+                                        f"called on every rank before it was saved")
+        if ranks is not None:
+            sc = dict(sc, checkpoints=ranks[rank], rank=rank)
         groups = state_dict.get("param_groups", [])
         if len(groups) != len(self.param_groups) or len(sc["checkpoints"]) != len(self._groups):
             raise bad_arg("state_dict", f"has {len(groups)} param groups, this optimizer "
@@ -911,6 +1176,7 @@ class ScapeAdamS(torch.optim.Optimizer):
             # still let the library decide (it refuses on every rank together), but say why
             warnings.warn(f"state_dict was saved by rank {sc.get('rank')} of {sc.get('size')}, "
                           f"loading on rank {self._comm.rank} of {self._comm.size}")
+        self._loads += 1
         for saved, pg, g, blob in zip(groups, self.param_groups, self._groups,
                                       sc["checkpoints"]):
             g.load(blob, float(saved["lr"]))

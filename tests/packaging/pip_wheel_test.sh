@@ -61,6 +61,10 @@ launcher=()
 command -v ccache >/dev/null 2>&1 &&
   launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
             --config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache)
+# scikit-build-core runs `cmake --build`, which takes its job count from
+# CMAKE_BUILD_PARALLEL_LEVEL; without it Ninja runs every core + 2 jobs, too many beside the
+# rest of the suite on the 2-core CI machine (run_all.sh builds with -j2 too).
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 t0=$(date +%s)
 if ! (cd "$src" && "$py" -m pip wheel --disable-pip-version-check --no-index --find-links "$wh" \
         --no-deps -w "$dist" --config-settings=build-dir="$work/skbuild" \
@@ -78,6 +82,7 @@ expect="scape_comm-$version-py3-none-linux_x86_64.whl"
 # ---- 3. the wheel's contents ------------------------------------------------------------------
 list=$("$py" -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' "$whl")
 for f in scape/__init__.py scape/_lib.py scape/optim.py scape/launch.py scape/py.typed \
+         scape/integrations/__init__.py scape/integrations/hf.py \
          scape/libnccl-net-scape.so; do
   grep -qx "$f" <<<"$list" && pass "wheel holds $f" || fail "wheel lacks $f"
 done

@@ -299,6 +299,9 @@ from optim_mixed_worker import CASES as _MIXED_CASES  # noqa: E402
 
 CASES = {k[5:]: v for k, v in dict(globals()).items() if k.startswith("case_")}
 CASES.update(_MIXED_CASES)
+from optim_torchlike_worker import CASES as _TORCHLIKE_CASES  # noqa: E402
+
+CASES.update(_TORCHLIKE_CASES)
 
 
 def run(case: str, outdir: str, args: List[str]):
