@@ -144,6 +144,11 @@ class DeviceBackend : public Backend {
   // The communicator's device pool (made at the first call that needs it): every device
   // temporary, the optimizer step's scratch included (plugin/optim/optim_device.cc).
   device::DevicePool& Pool();
+  // The same pool, shared: a user that holds blocks of it beyond one call (the optimizer's
+  // device state) keeps the pool alive with them, so the order in which the communicator's
+  // device side and that user go (scapeCommAbort frees the device side before the optimizers)
+  // does not matter: the last owner frees the pool.
+  std::shared_ptr<device::DevicePool> SharedPool();
 
   // Lifecycle (scapeCommDestroy / scapeCommAbort / scapeCommGetAsyncError).
   virtual void Release(int timeoutMs) = 0;  // drains device work in flight, closes
@@ -159,8 +164,9 @@ class DeviceBackend : public Backend {
 
  private:
   const int timeoutMs_;
-  // positions_ before pool_ in destruction order: its blocks go back to the pool first.
-  std::unique_ptr<device::DevicePool> pool_;
+  // positions_ before pool_ in destruction order: its blocks go back to the pool first. Shared
+  // with the optimizers' device states (SharedPool).
+  std::shared_ptr<device::DevicePool> pool_;
   std::unique_ptr<device::MaskPositions> positions_;
 };
 

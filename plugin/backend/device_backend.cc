@@ -23,7 +23,8 @@ Status AsyncWithDevice(const char* what) {
 }  // namespace
 
 DeviceBackend::~DeviceBackend() {
-  // The positions' blocks go back to the pool before the pool goes.
+  // The positions' blocks go back to the pool before the pool goes (if this was its last
+  // owner: an optimizer's device state may still hold it, SharedPool).
   positions_.reset();
   pool_.reset();
 }
@@ -38,6 +39,12 @@ void DeviceBackend::MakePool(device::Runtime* rt) {
 device::DevicePool& DeviceBackend::Pool() {
   MakePool(device::GetRuntime());
   return *pool_;
+}
+
+std::shared_ptr<device::DevicePool> DeviceBackend::SharedPool() {
+  MakePool(device::GetRuntime());
+  std::lock_guard<std::mutex> lk(mu_);
+  return pool_;
 }
 
 device::MaskPositions& DeviceBackend::MaskPos() {

@@ -1,7 +1,8 @@
 // The one home of the library's device temporaries (CUB's temp-storage discipline, stream-
 // ordered): the mask positions and packed values of the masked all-reduce on both backends,
 // the positions of scapeMaskPack / scapeMaskUnpack and the device top-k's output. One pool per
-// communicator, made at its first device call and torn down with it.
+// communicator, made at its first device call and torn down with its last owner (the
+// communicator's device backend, or an optimizer's device state that outlives it).
 //
 // Policy (what removed cudaMalloc / cudaFree from every per-call path: cudaFree synchronises
 // the whole device, a stall once a step):

@@ -369,7 +369,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       std::unique_ptr<DeviceState> s(new DeviceState());
       s->rt = rt;
       s->stream = st;
-      s->pool = &static_cast<backend::DeviceBackend*>(exchange)->Pool();
+      s->pool = static_cast<backend::DeviceBackend*>(exchange)->SharedPool();
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
       // The scratch, the top-k output and the momentum are pool blocks fitted at each step
       // (Fit, FitTop, FitMom).
