@@ -1376,6 +1376,10 @@ SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
  * scapeCommDestroy ends it with ncclCommDestroy (after the device work of the SCAPE
  * communicator has drained; waited for at most the timeout, then left behind with a warning),
  * scapeCommAbort with ncclCommAbort (ncclCommDestroy if the library has no ncclCommAbort).
+ * Once scapeCommAbort has begun (a watchdog thread aborting while a call is in progress), the
+ * library makes no further NCCL call on the communicator (owned or the caller's): the call in
+ * progress fails at its next NCCL step with scapeInvalidUsage saying the NCCL communicator was
+ * aborted.
  *
  * Deadlines (config timeoutMs, else SCAPE_TIMEOUT_MS): the host join and the broadcast and
  * all-reduce fail with scapeTimeout as the host collectives do; ncclCommInitRank, which waits

@@ -216,6 +216,9 @@ NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutM
 Status NcclBackend::Admit(const coll::CollArgs& a, Stream, bool async) {
   using coll::CollType;
   const int rank = nccl_->rank();
+  // After scapeCommAbort (from another thread while this call is in progress): a clear error,
+  // never a call on the aborted NCCL communicator (Run checks again).
+  SCAPE_RETURN_IF_ERROR(nccl_->CheckOpen(coll::CollName(a.type)));
   if (a.type == CollType::kBarrier)
     return Unsupported(
         "the NCCL backend has no barrier (NCCL has none): all-reduce one "
