@@ -1038,8 +1038,11 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *    run); scapeOptimNonFiniteIgnore removes this wait.
  * The caller must not change params or grads until the stream has run the step, and must
  * keep the stream of the last device step alive until the optimizer is destroyed (destroy
- * waits for it). A host wait for the selected positions fails with scapeTimeout after the
- * communicator's timeout.
+ * waits for it, within the communicator's timeout; past it the device state is leaked with a
+ * warning rather than freed under the stream). Each of these host waits (and the wait for the
+ * selected positions) has the communicator's timeout: a stream that does not get there in
+ * time (work queued ahead of the step that never finishes) fails the call with scapeTimeout
+ * naming the wait, instead of blocking the caller (or a watchdog's scapeCommAbort).
  *
  * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for fp32, bf16
  * and fp16 payloads (a bf16/fp16 payload's rounding error goes back into the residual inside

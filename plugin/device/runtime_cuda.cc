@@ -294,6 +294,17 @@ class Cuda final : public Runtime {
     cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
   }
+  Status StreamQuery(Stream s, bool* done) override {
+    cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
+    if (r == cudaErrorNotReady) {
+      *done = false;
+      return Status::Ok();
+    }
+    *done = false;
+    if (r != cudaSuccess) return CudaFail("cudaStreamQuery", r);
+    *done = true;
+    return Status::Ok();
+  }
   Status StreamCreate(Stream* s) override {
     cudaStream_t cs = nullptr;
     cudaError_t r = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);

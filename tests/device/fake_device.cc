@@ -57,6 +57,11 @@ bool FakeStream::Sync(int timeoutMs) {
   return cv_.wait_for(lk, std::chrono::milliseconds(timeoutMs), [&] { return ran_ >= target; });
 }
 
+bool FakeStream::Idle() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return ran_ >= pushed_;
+}
+
 void FakeStream::Main() {
   for (;;) {
     std::function<void()> fn;
@@ -308,6 +313,14 @@ Status FakeRuntime::StreamSynchronize(Stream s) {
   FakeStream* st = StreamOf(s);
   if (!st->Sync()) return scape::TimeoutError("fake stream did not drain in 30 s");
   return st->Error();
+}
+
+Status FakeRuntime::StreamQuery(Stream s, bool* done) {
+  FakeStream* st = StreamOf(s);
+  *done = st->Idle();
+  Status err = st->Error();
+  if (!err.ok()) *done = false;
+  return err;
 }
 
 // ---- device ops --------------------------------------------------------------------------------

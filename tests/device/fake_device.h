@@ -50,6 +50,8 @@ class FakeStream {
   static void SetQueueDepth(size_t depth);
   // Waits until everything queued so far has run (false after timeoutMs).
   bool Sync(int timeoutMs = 30000);
+  // Everything queued so far has run (no wait).
+  bool Idle();
   // The sticky error of the stream (the first one set; Ok while none).
   void SetError(const scape::Status& st);
   scape::Status Error();
@@ -96,6 +98,8 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status LaunchHostFunc(scape::device::Stream s, scape::device::HostFn fn,
                                void* arg) override;
   scape::Status StreamSynchronize(scape::device::Stream s) override;
+  // Done when everything queued on the stream so far has run; its sticky error once failed.
+  scape::Status StreamQuery(scape::device::Stream s, bool* done) override;
   // NewStream (owned by the runtime, so StreamDestroy leaves it alive; counted).
   scape::Status StreamCreate(scape::device::Stream* s) override;
   void StreamDestroy(scape::device::Stream s) override;
