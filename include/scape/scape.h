@@ -1271,8 +1271,9 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    and on other streams once that work has completed; at most 8 idle blocks are kept, and
  *    the pool is freed with the communicator (waiting, within the timeout, for work in
  *    flight), or, when scapeCommAbort frees an optimizer that stepped on the device with it,
- *    once that optimizer's state has handed its blocks back. So a training loop's steady state makes no cudaMalloc / cudaFree (which may
- *    synchronise the device); memory is allocated only when k outgrows what the pool holds.
+ *    once that optimizer's state has handed its blocks back. So a training loop's steady
+ *    state makes no cudaMalloc / cudaFree (which may synchronise the device); memory is
+ *    allocated only when k outgrows what the pool holds.
  *    A mask advanced after a call does not affect that call.
  *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
  *    their values but its masked positions may have been overwritten (the scatter runs on
