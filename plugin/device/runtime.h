@@ -60,6 +60,10 @@ class Runtime {
   // error is a failed stream. The default synchronises the stream (a runtime without a
   // query), so *done is then always true.
   virtual Status StreamQuery(Stream s, bool* done);
+  // Work enqueued on `s` after this call waits (on the device, no host wait) until the work
+  // before the last record of `e` has finished (cudaStreamWaitEvent); `e` may be destroyed
+  // once this returns. The default waits on the host (polling EventQuery).
+  virtual Status StreamWaitEvent(Stream s, Event e);
   // A new stream that does not synchronise with the default stream (cudaStreamCreateWithFlags
   // cudaStreamNonBlocking), and its release (after the work on it has finished). The defaults
   // say scapeUnsupported / do nothing (the "none" runtime has no streams).

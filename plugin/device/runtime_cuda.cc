@@ -294,6 +294,11 @@ class Cuda final : public Runtime {
     cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
   }
+  Status StreamWaitEvent(Stream s, Event e) override {
+    cudaError_t r =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
+    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamWaitEvent", r);
+  }
   Status StreamQuery(Stream s, bool* done) override {
     cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
     if (r == cudaErrorNotReady) {

@@ -51,6 +51,7 @@ class None final : public Runtime {
   Status LaunchHostFunc(Stream, HostFn, void*) override { return NoStream(); }
   Status StreamSynchronize(Stream) override { return NoStream(); }
   Status StreamQuery(Stream, bool*) override { return NoStream(); }
+  Status StreamWaitEvent(Stream, Event) override { return NoStream(); }
 };
 
 std::atomic<Runtime*> g_override{nullptr};
@@ -66,6 +67,15 @@ Status Runtime::StreamQuery(Stream s, bool* done) {
   SCAPE_RETURN_IF_ERROR(StreamSynchronize(s));
   *done = true;
   return Status::Ok();
+}
+
+Status Runtime::StreamWaitEvent(Stream, Event e) {
+  for (;;) {
+    bool done = false;
+    SCAPE_RETURN_IF_ERROR(EventQuery(e, &done));
+    if (done) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 Status StreamWaitFor(Runtime* rt, Stream s, int timeoutMs, const char* what) {
