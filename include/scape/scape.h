@@ -572,6 +572,16 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
  */
 SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
                                                 double density);
+/**
+ * scapeMaskSelectNextTopk on `stream` (a cudaStream_t; NULL: the default stream, the same as
+ * scapeMaskSelectNextTopk): a device statistic's top-k is enqueued on `stream`, after the
+ * caller's work there (no need to finish writing the statistic first; the Python binding
+ * passes the framework's current stream), and the call waits on the host for the selected
+ * positions' copy on that stream (within the communicator's timeout). A host statistic with a
+ * non-NULL stream waits for the stream first.
+ */
+SCAPE_API scapeResult_t scapeMaskSelectNextTopkStream(scapeMask_t mask, const float* statistic,
+                                                      double density, void* stream);
 
 /**
  * Starts the all-gather of every rank's owned part of the next mask (encoded as configured).
@@ -634,6 +644,18 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
                                       scapeDataType_t dtype);
 SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, void* dense,
                                         scapeDataType_t dtype);
+/**
+ * scapeMaskPack / scapeMaskUnpack on `stream` (a cudaStream_t; NULL: the default stream, the
+ * same as the forms without it): with device buffers the gather / scatter is enqueued on
+ * `stream`, in order with the caller's work there, and the call returns without waiting for
+ * it (the Python binding passes the framework's current stream, so a non-blocking stream such
+ * as torch's side streams is ordered too). Host buffers with a non-NULL stream wait for it
+ * first.
+ */
+SCAPE_API scapeResult_t scapeMaskPackStream(scapeMask_t mask, const void* dense, void* packed,
+                                            scapeDataType_t dtype, void* stream);
+SCAPE_API scapeResult_t scapeMaskUnpackStream(scapeMask_t mask, const void* packed, void* dense,
+                                              scapeDataType_t dtype, void* stream);
 
 /*
  * Values-only collectives on the current mask (host or device memory). Wire traffic is proportional
@@ -1279,7 +1301,8 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    their values but its masked positions may have been overwritten (the scatter runs on
  *    the stream regardless); the error is reported as for the other device collectives.
  *  - scapeMaskPack / scapeMaskUnpack take no stream: with device buffers they run on the
- *    default (legacy) stream, enqueued, and return.
+ *    default (legacy) stream, enqueued, and return; scapeMaskPackStream /
+ *    scapeMaskUnpackStream (and scapeMaskSelectNextTopkStream) enqueue on a given stream.
  *  - scapeMaskSelectNextTopk with a device statistic runs the top-k on the device, on the
  *    default stream, over the segments this rank owns (the same selection as from host
  *    memory) and copies back only the selected positions: a host wait for that copy (bounded

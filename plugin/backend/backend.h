@@ -132,10 +132,11 @@ class DeviceBackend : public Backend {
   Status Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz, void* dense,
                  Stream s) override;
 
-  // scapeMaskSelectNextTopk with a device statistic: the top-k of |statistic| on the device
-  // over the segments this rank owns (the host path's segment table and options), only the
-  // selected positions copied back (a host wait with the communicator's deadline).
-  Status SelectTopk(Mask& m, const float* statistic, double density);
+  // scapeMaskSelectNextTopk[Stream] with a device statistic: the top-k of |statistic| on the
+  // device, on stream `s` (NULL: the legacy default stream), over the segments this rank owns
+  // (the host path's segment table and options), only the selected positions copied back (a
+  // host wait with the communicator's deadline).
+  Status SelectTopk(Mask& m, const float* statistic, double density, Stream s = nullptr);
   // The mask's device positions are let go (freed once the work that uses them has run):
   // Drop, the mask is being destroyed; DropStale, only the copies of older generations.
   void DropMask(const Mask& m);
