@@ -806,7 +806,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
  * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
  * optimizer before the communicator. scapeCommAbort frees its optimizers too (their handles
- * become invalid, like its masks').
+ * become invalid, like its masks'), also after device steps (a watchdog need not call
+ * scapeOptimDestroy first): an optimizer's device state is freed once the stream has run its
+ * last step (waited for within the communicator's timeout; leaked with a warning past it).
  */
 
 /** Opaque optimizer handle. */
