@@ -572,6 +572,16 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
  */
 SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
                                                 double density);
+/**
+ * scapeMaskSelectNextTopk on `stream` (a cudaStream_t; NULL: the default stream, the same as
+ * scapeMaskSelectNextTopk): a device statistic's top-k is enqueued on `stream`, after the
+ * caller's work there (no need to finish writing the statistic first; the Python binding
+ * passes the framework's current stream), and the call waits on the host for the selected
+ * positions' copy on that stream (within the communicator's timeout). A host statistic with a
+ * non-NULL stream waits for the stream first.
+ */
+SCAPE_API scapeResult_t scapeMaskSelectNextTopkStream(scapeMask_t mask, const float* statistic,
+                                                      double density, void* stream);
 
 /**
  * Starts the all-gather of every rank's owned part of the next mask (encoded as configured).
@@ -634,6 +644,18 @@ SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void*
                                       scapeDataType_t dtype);
 SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, void* dense,
                                         scapeDataType_t dtype);
+/**
+ * scapeMaskPack / scapeMaskUnpack on `stream` (a cudaStream_t; NULL: the default stream, the
+ * same as the forms without it): with device buffers the gather / scatter is enqueued on
+ * `stream`, in order with the caller's work there, and the call returns without waiting for
+ * it (the Python binding passes the framework's current stream, so a non-blocking stream such
+ * as torch's side streams is ordered too). Host buffers with a non-NULL stream wait for it
+ * first.
+ */
+SCAPE_API scapeResult_t scapeMaskPackStream(scapeMask_t mask, const void* dense, void* packed,
+                                            scapeDataType_t dtype, void* stream);
+SCAPE_API scapeResult_t scapeMaskUnpackStream(scapeMask_t mask, const void* packed, void* dense,
+                                              scapeDataType_t dtype, void* stream);
 
 /*
  * Values-only collectives on the current mask (host or device memory). Wire traffic is proportional
@@ -784,7 +806,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  * Threads and lifetime: an optimizer follows its communicator's rules (calls serialised with
  * the communicator's). It owns a mask on the communicator (scapeOptimGetMask): destroy the
  * optimizer before the communicator. scapeCommAbort frees its optimizers too (their handles
- * become invalid, like its masks').
+ * become invalid, like its masks'), also after device steps (a watchdog need not call
+ * scapeOptimDestroy first): an optimizer's device state is freed once the stream has run its
+ * last step (waited for within the communicator's timeout; leaked with a warning past it).
  */
 
 /** Opaque optimizer handle. */
@@ -1059,8 +1083,11 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  *    run); scapeOptimNonFiniteIgnore removes this wait.
  * The caller must not change params or grads until the stream has run the step, and must
  * keep the stream of the last device step alive until the optimizer is destroyed (destroy
- * waits for it). A host wait for the selected positions fails with scapeTimeout after the
- * communicator's timeout.
+ * waits for it, within the communicator's timeout; past it the device state is leaked with a
+ * warning rather than freed under the stream). Each of these host waits (and the wait for the
+ * selected positions) has the communicator's timeout: a stream that does not get there in
+ * time (work queued ahead of the step that never finishes) fails the call with scapeTimeout
+ * naming the wait, instead of blocking the caller (or a watchdog's scapeCommAbort).
  *
  * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for fp32, bf16
  * and fp16 payloads (a bf16/fp16 payload's rounding error goes back into the residual inside
@@ -1332,14 +1359,17 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  *    back to it once the work that uses it is enqueued, is reused at once on the same stream
  *    and on other streams once that work has completed; at most 8 idle blocks are kept, and
  *    the pool is freed with the communicator (waiting, within the timeout, for work in
- *    flight). So a training loop's steady state makes no cudaMalloc / cudaFree (which may
- *    synchronise the device); memory is allocated only when k outgrows what the pool holds.
+ *    flight), or, when scapeCommAbort frees an optimizer that stepped on the device with it,
+ *    once that optimizer's state has handed its blocks back. So a training loop's steady
+ *    state makes no cudaMalloc / cudaFree (which may synchronise the device); memory is
+ *    allocated only when k outgrows what the pool holds.
  *    A mask advanced after a call does not affect that call.
  *    If the exchange fails after the call returned, recvbuf's positions outside the mask keep
  *    their values but its masked positions may have been overwritten (the scatter runs on
  *    the stream regardless); the error is reported as for the other device collectives.
  *  - scapeMaskPack / scapeMaskUnpack take no stream: with device buffers they run on the
- *    default (legacy) stream, enqueued, and return.
+ *    default (legacy) stream, enqueued, and return; scapeMaskPackStream /
+ *    scapeMaskUnpackStream (and scapeMaskSelectNextTopkStream) enqueue on a given stream.
  *  - scapeMaskSelectNextTopk with a device statistic runs the top-k on the device, on the
  *    default stream, over the segments this rank owns (the same selection as from host
  *    memory) and copies back only the selected positions: a host wait for that copy (bounded
@@ -1440,6 +1470,10 @@ SCAPE_API scapeResult_t scapeCommInitNccl(scapeComm_t* comm, void* ncclComm,
  * scapeCommDestroy ends it with ncclCommDestroy (after the device work of the SCAPE
  * communicator has drained; waited for at most the timeout, then left behind with a warning),
  * scapeCommAbort with ncclCommAbort (ncclCommDestroy if the library has no ncclCommAbort).
+ * Once scapeCommAbort has begun (a watchdog thread aborting while a call is in progress), the
+ * library makes no further NCCL call on the communicator (owned or the caller's): the call in
+ * progress fails at its next NCCL step with scapeInvalidUsage saying the NCCL communicator was
+ * aborted.
  *
  * Deadlines (config timeoutMs, else SCAPE_TIMEOUT_MS): the host join and the broadcast and
  * all-reduce fail with scapeTimeout as the host collectives do; ncclCommInitRank, which waits

@@ -255,18 +255,37 @@ SCAPE_API scapeResult_t scapeMaskSetNextIndices(scapeMask_t mask, const uint64_t
   });
 }
 
+namespace {
+
+Status SelectNextTopk(scapeMask_t mask, const float* statistic, double density, void* stream) {
+  SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+  if (!(density > 0.0 && density <= 1.0))
+    return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
+  if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
+  // A device statistic: top-k on the device (on `stream`), only the selected positions come
+  // back.
+  if (statistic && scape::device::GetRuntime()->Kind(statistic) != scape::device::PtrKind::kHost) {
+    scape::backend::DeviceBackend* d = mask->comm->data->device();
+    if (!d) return scape::InvalidUsage("the communicator's device data path has been released");
+    return d->SelectTopk(*mask->impl, statistic, density, stream);
+  }
+  // A host statistic with a stream: what the caller queued there must finish first.
+  if (stream) SCAPE_RETURN_IF_ERROR(scape::device::GetRuntime()->StreamSynchronize(stream));
+  return mask->impl->SelectNextTopk(statistic, density);
+}
+
+}  // namespace
+
 SCAPE_API scapeResult_t scapeMaskSelectNextTopk(scapeMask_t mask, const float* statistic,
                                                 double density) {
-  return Guard(CommOf(mask), "scapeMaskSelectNextTopk", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    if (!(density > 0.0 && density <= 1.0))
-      return scape::InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
-    if (!statistic && mask->impl->n() > 0) return scape::InvalidArgument("statistic is NULL");
-    // A device statistic: top-k on the device, only the selected positions come back.
-    if (statistic && scape::device::GetRuntime()->Kind(statistic) != scape::device::PtrKind::kHost)
-      return mask->comm->data->device()->SelectTopk(*mask->impl, statistic, density);
-    return mask->impl->SelectNextTopk(statistic, density);
-  });
+  return Guard(CommOf(mask), "scapeMaskSelectNextTopk",
+               [&]() -> Status { return SelectNextTopk(mask, statistic, density, nullptr); });
+}
+
+SCAPE_API scapeResult_t scapeMaskSelectNextTopkStream(scapeMask_t mask, const float* statistic,
+                                                      double density, void* stream) {
+  return Guard(CommOf(mask), "scapeMaskSelectNextTopkStream",
+               [&]() -> Status { return SelectNextTopk(mask, statistic, density, stream); });
 }
 
 SCAPE_API scapeResult_t scapeMaskSyncStart(scapeMask_t mask) {
@@ -347,27 +366,44 @@ SCAPE_API scapeResult_t scapeMaskGetSyncInfo(scapeMask_t mask, scapeMaskSyncInfo
   });
 }
 
+namespace {
+
+// scapeMaskPack / scapeMaskUnpack and their *Stream forms.
+Status PackOrUnpack(scapeMask_t mask, const void* dense, const void* packed, scapeDataType_t dtype,
+                    bool unpack, void* stream) {
+  SCAPE_RETURN_IF_ERROR(CheckMask(mask));
+  if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
+  scape::backend::Backend* b = nullptr;
+  SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
+  return scape::backend::MaskPack(*b, *mask->impl, dense, const_cast<void*>(packed),
+                                  scapeTypeSize(dtype), unpack, stream);
+}
+
+}  // namespace
+
 SCAPE_API scapeResult_t scapeMaskPack(scapeMask_t mask, const void* dense, void* packed,
                                       scapeDataType_t dtype) {
   return Guard(CommOf(mask), "scapeMaskPack", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
-    scape::backend::Backend* b = nullptr;
-    SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
-    return scape::backend::MaskPack(*b, *mask->impl, dense, packed, scapeTypeSize(dtype), false);
+    return PackOrUnpack(mask, dense, packed, dtype, false, nullptr);
   });
 }
 
 SCAPE_API scapeResult_t scapeMaskUnpack(scapeMask_t mask, const void* packed, void* dense,
                                         scapeDataType_t dtype) {
-  return Guard(CommOf(mask), "scapeMaskUnpack", [&]() -> Status {
-    SCAPE_RETURN_IF_ERROR(CheckMask(mask));
-    if (!ValidType(dtype)) return scape::InvalidArgument("dtype is not a scapeDataType_t");
-    scape::backend::Backend* b = nullptr;
-    SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
-    return scape::backend::MaskPack(*b, *mask->impl, dense, const_cast<void*>(packed),
-                                    scapeTypeSize(dtype), true);
-  });
+  return Guard(CommOf(mask), "scapeMaskUnpack",
+               [&]() -> Status { return PackOrUnpack(mask, dense, packed, dtype, true, nullptr); });
+}
+
+SCAPE_API scapeResult_t scapeMaskPackStream(scapeMask_t mask, const void* dense, void* packed,
+                                            scapeDataType_t dtype, void* stream) {
+  return Guard(CommOf(mask), "scapeMaskPackStream",
+               [&]() -> Status { return PackOrUnpack(mask, dense, packed, dtype, false, stream); });
+}
+
+SCAPE_API scapeResult_t scapeMaskUnpackStream(scapeMask_t mask, const void* packed, void* dense,
+                                              scapeDataType_t dtype, void* stream) {
+  return Guard(CommOf(mask), "scapeMaskUnpackStream",
+               [&]() -> Status { return PackOrUnpack(mask, dense, packed, dtype, true, stream); });
 }
 
 SCAPE_API scapeResult_t scapeMaskAllReducePacked(const void* sendbuf, void* recvbuf,

@@ -132,10 +132,11 @@ class DeviceBackend : public Backend {
   Status Scatter(const void* packed, const uint64_t* pos, size_t k, size_t esz, void* dense,
                  Stream s) override;
 
-  // scapeMaskSelectNextTopk with a device statistic: the top-k of |statistic| on the device
-  // over the segments this rank owns (the host path's segment table and options), only the
-  // selected positions copied back (a host wait with the communicator's deadline).
-  Status SelectTopk(Mask& m, const float* statistic, double density);
+  // scapeMaskSelectNextTopk[Stream] with a device statistic: the top-k of |statistic| on the
+  // device, on stream `s` (NULL: the legacy default stream), over the segments this rank owns
+  // (the host path's segment table and options), only the selected positions copied back (a
+  // host wait with the communicator's deadline).
+  Status SelectTopk(Mask& m, const float* statistic, double density, Stream s = nullptr);
   // The mask's device positions are let go (freed once the work that uses them has run):
   // Drop, the mask is being destroyed; DropStale, only the copies of older generations.
   void DropMask(const Mask& m);
@@ -144,6 +145,11 @@ class DeviceBackend : public Backend {
   // The communicator's device pool (made at the first call that needs it): every device
   // temporary, the optimizer step's scratch included (plugin/optim/optim_device.cc).
   device::DevicePool& Pool();
+  // The same pool, shared: a user that holds blocks of it beyond one call (the optimizer's
+  // device state) keeps the pool alive with them, so the order in which the communicator's
+  // device side and that user go (scapeCommAbort frees the device side before the optimizers)
+  // does not matter: the last owner frees the pool.
+  std::shared_ptr<device::DevicePool> SharedPool();
 
   // Lifecycle (scapeCommDestroy / scapeCommAbort / scapeCommGetAsyncError).
   virtual void Release(int timeoutMs) = 0;  // drains device work in flight, closes
@@ -159,8 +165,9 @@ class DeviceBackend : public Backend {
 
  private:
   const int timeoutMs_;
-  // positions_ before pool_ in destruction order: its blocks go back to the pool first.
-  std::unique_ptr<device::DevicePool> pool_;
+  // positions_ before pool_ in destruction order: its blocks go back to the pool first. Shared
+  // with the optimizers' device states (SharedPool).
+  std::shared_ptr<device::DevicePool> pool_;
   std::unique_ptr<device::MaskPositions> positions_;
 };
 

@@ -23,7 +23,8 @@ Status AsyncWithDevice(const char* what) {
 }  // namespace
 
 DeviceBackend::~DeviceBackend() {
-  // The positions' blocks go back to the pool before the pool goes.
+  // The positions' blocks go back to the pool before the pool goes (if this was its last
+  // owner: an optimizer's device state may still hold it, SharedPool).
   positions_.reset();
   pool_.reset();
 }
@@ -38,6 +39,12 @@ void DeviceBackend::MakePool(device::Runtime* rt) {
 device::DevicePool& DeviceBackend::Pool() {
   MakePool(device::GetRuntime());
   return *pool_;
+}
+
+std::shared_ptr<device::DevicePool> DeviceBackend::SharedPool() {
+  MakePool(device::GetRuntime());
+  std::lock_guard<std::mutex> lk(mu_);
+  return pool_;
 }
 
 device::MaskPositions& DeviceBackend::MaskPos() {
@@ -76,7 +83,7 @@ Status DeviceBackend::Scatter(const void* packed, const uint64_t* pos, size_t k,
   return Pool().runtime()->Scatter(packed, pos, k, esz, dense, s);
 }
 
-Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density) {
+Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density, Stream s) {
   if (m.SyncInFlight()) return InvalidUsage("a mask sync is in flight: wait for it first");
   // The host path's segment table and options (Mask::SelectNextTopk): the same selected set.
   Mask::TopkTable t;
@@ -86,18 +93,19 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   device::Runtime* rt = device::GetRuntime();
   device::DevicePool& pool = Pool();
   device::DevicePool::Block dOut, dCounts;
-  Status st = pool.Acquire(total * sizeof(uint64_t), nullptr, &dOut);
-  if (st.ok()) st = pool.Acquire(t.k.size() * sizeof(uint64_t), nullptr, &dCounts);
-  // Legacy default stream: ordered after the caller's work on blocking streams.
+  Status st = pool.Acquire(total * sizeof(uint64_t), s, &dOut);
+  if (st.ok()) st = pool.Acquire(t.k.size() * sizeof(uint64_t), s, &dCounts);
+  // On the caller's stream (NULL, the legacy default stream: ordered after the caller's work on
+  // blocking streams).
   if (st.ok())
     st = rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(),
-                     static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), nullptr);
+                     static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), s);
   // Only the selected positions come back (a host wait on that copy, with a deadline).
   auto host = std::make_shared<std::vector<uint64_t>>(total);
-  if (st.ok()) st = rt->CopyAsync(host->data(), dOut.d, total * sizeof(uint64_t), nullptr);
+  if (st.ok()) st = rt->CopyAsync(host->data(), dOut.d, total * sizeof(uint64_t), s);
   device::Event ev = nullptr;
   if (st.ok()) st = rt->EventCreate(&ev);
-  if (st.ok()) st = rt->EventRecord(ev, nullptr);
+  if (st.ok()) st = rt->EventRecord(ev, s);
   bool done = false;
   Deadline dl = Deadline::AfterMs(timeoutMs_);
   while (st.ok()) {
@@ -112,8 +120,8 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   if (ev) rt->EventDestroy(ev);
   // Back to the pool; if the work is not known to have finished, the copy's target stays
   // alive until it has.
-  pool.Release(dOut, nullptr, done ? nullptr : host);
-  pool.Release(dCounts, nullptr);
+  pool.Release(dOut, s, done ? nullptr : host);
+  pool.Release(dCounts, s);
   if (!done) return st.Prepend("top-k of the device statistic");
   return m.SetNextFromTopk(host->data(), host->size());
 }
@@ -209,6 +217,9 @@ NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutM
 Status NcclBackend::Admit(const coll::CollArgs& a, Stream, bool async) {
   using coll::CollType;
   const int rank = nccl_->rank();
+  // After scapeCommAbort (from another thread while this call is in progress): a clear error,
+  // never a call on the aborted NCCL communicator (Run checks again).
+  SCAPE_RETURN_IF_ERROR(nccl_->CheckOpen(coll::CollName(a.type)));
   if (a.type == CollType::kBarrier)
     return Unsupported(
         "the NCCL backend has no barrier (NCCL has none): all-reduce one "

@@ -51,16 +51,20 @@ Status MaskedAllReduce(Backend& b, Mask& m, const coll::CollArgs& dense, Stream 
   return st;
 }
 
-Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz,
-                bool unpack) {
+Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz, bool unpack,
+                Stream s) {
+  // Host buffers with a stream: what the caller queued there must finish first.
+  if (s && b.kind() == Kind::kHost)
+    SCAPE_RETURN_IF_ERROR(device::GetRuntime()->StreamSynchronize(s));
   const size_t k = m.Current().size();
   if (k == 0) return Status::Ok();
   if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
+  const Stream on = b.kind() == Kind::kHost ? nullptr : s;
   const uint64_t* pos = nullptr;
-  Status st = b.Positions(m, nullptr, &pos);
+  Status st = b.Positions(m, on, &pos);
   if (st.ok())
-    st = unpack ? b.Scatter(packed, pos, k, esz, const_cast<void*>(dense), nullptr)
-                : b.Gather(dense, pos, k, esz, packed, nullptr);
+    st = unpack ? b.Scatter(packed, pos, k, esz, const_cast<void*>(dense), on)
+                : b.Gather(dense, pos, k, esz, packed, on);
   if (!st.ok()) st.Prepend(unpack ? "scattering on the device" : "gathering on the device");
   return st;
 }

@@ -32,11 +32,12 @@ namespace backend {
 Status MaskedAllReduce(Backend& b, Mask& m, const coll::CollArgs& dense, Stream s,
                        std::shared_ptr<PendingOp>* async);
 
-// scapeMaskPack (unpack = false: dense -> packed) and scapeMaskUnpack (packed -> dense) of m's
-// current positions, on `b` (DataPath::RouteBuffers), on the default stream: nothing when the
-// mask is empty; a NULL buffer otherwise is scapeInvalidArgument naming it.
-Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz,
-                bool unpack);
+// scapeMaskPack[Stream] (unpack = false: dense -> packed) and scapeMaskUnpack[Stream] (packed ->
+// dense) of m's current positions, on `b` (DataPath::RouteBuffers), on stream `s` (NULL: the
+// default stream; host buffers with a stream wait for it first): nothing when the mask is
+// empty; a NULL buffer otherwise is scapeInvalidArgument naming it.
+Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz, bool unpack,
+                Stream s = nullptr);
 
 }  // namespace backend
 }  // namespace scape

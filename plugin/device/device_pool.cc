@@ -108,8 +108,8 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
   std::lock_guard<std::mutex> lk(mu_);
   SweepLocked(false);
   // The smallest that fits among the blocks last released on `s` (whatever their work's
-  // state: stream order makes reuse safe; the legacy default stream, NULL, is one stream per
-  // device too), else among the idle ones. Trying `s` first keeps each stream on its own
+  // state: the event wait below orders the reuse; the legacy default stream, NULL, is one
+  // stream per device too), else among the idle ones. Trying `s` first keeps each stream on its own
   // blocks, so whether another stream's event has completed yet does not change the choice.
   auto best = retired_.end();
   for (int pass = 0; pass < 2 && best == retired_.end(); ++pass)
@@ -118,6 +118,11 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
       if (usable && it->b.bytes >= bytes && (best == retired_.end() || it->b.bytes < best->b.bytes))
         best = it;
     }
+  // A block from pass 0 may still be in use by the work released with it: the new work waits
+  // for its event on the device (no host wait). Stream order alone is not enough: a stream
+  // destroyed and a new one created at the same address are one key here but two streams.
+  if (best != retired_.end() && !best->idle && best->ev && !rt_->StreamWaitEvent(s, best->ev).ok())
+    best = retired_.end();  // no wait could be enqueued: a new block instead
   if (best != retired_.end()) {
     *out = best->b;
     best->b = Block();

@@ -1,16 +1,19 @@
 // The one home of the library's device temporaries (CUB's temp-storage discipline, stream-
 // ordered): the mask positions and packed values of the masked all-reduce on both backends,
 // the positions of scapeMaskPack / scapeMaskUnpack and the device top-k's output. One pool per
-// communicator, made at its first device call and torn down with it.
+// communicator, made at its first device call and torn down with its last owner (the
+// communicator's device backend, or an optimizer's device state that outlives it).
 //
 // Policy (what removed cudaMalloc / cudaFree from every per-call path: cudaFree synchronises
 // the whole device, a stall once a step):
 //  - Release(block, stream) hands a block back after the work that uses it was enqueued on
 //    `stream`; an event recorded there says when that work has finished.
 //  - Acquire(bytes, stream) takes the smallest block that fits among the ones last released on
-//    that same stream (stream order makes reuse safe at once; NULL is the legacy default
-//    stream), else among the idle ones (their work has finished); else it allocates, with a
-//    quarter to spare so that a mask whose k varies a little is served from the same block.
+//    that same stream handle (reused at once: the stream waits on the device for the release's
+//    event, so the reuse is ordered even when the handle is a new stream that the runtime
+//    created at a destroyed one's address; NULL is the legacy default stream), else among the
+//    idle ones (their work has finished); else it allocates, with a quarter to spare so that a
+//    mask whose k varies a little is served from the same block.
 //  - Drop(block, stream): freed once the work on `stream` has finished, never reused.
 //  - At most kMaxIdle finished blocks are kept (enough for two masks on two streams: positions,
 //    packed values and the top-k's output each); the smallest beyond that are freed.

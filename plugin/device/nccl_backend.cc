@@ -207,8 +207,18 @@ Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bo
   return Status::Ok();
 }
 
+Status NcclBackend::CheckOpen(const char* what) const {
+  if (!closed()) return Status::Ok();
+  return InvalidUsage(StrFormat(
+      "rank %d: %s: the NCCL communicator was %s (scapeComm%s was called): no NCCL call is made "
+      "on it any more",
+      rank_, what, aborted_.load() ? "aborted" : "destroyed",
+      aborted_.load() ? "Abort" : "Destroy"));
+}
+
 void NcclBackend::Close(bool abort, int timeoutMs) {
-  if (!owned_ || closed_.exchange(true)) return;
+  if (abort) aborted_.store(true);
+  if (closed_.exchange(true, std::memory_order_acq_rel) || !owned_) return;
   void* comm = comm_;
   const NcclApi* api = api_;
   if (abort && api->commAbort) {
@@ -234,7 +244,8 @@ void NcclBackend::Close(bool abort, int timeoutMs) {
 
 Status NcclBackend::Fail(int r, const char* what) {
   if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
-  const char* msg = api_->getLastError ? api_->getLastError(comm_) : nullptr;
+  // ncclGetLastError reads the communicator: not once it has been ended.
+  const char* msg = api_->getLastError && !closed() ? api_->getLastError(comm_) : nullptr;
   if (!msg || !*msg) msg = api_->getErrorString(r);
   return FromNccl(r, what, msg);
 }
@@ -242,8 +253,8 @@ Status NcclBackend::Fail(int r, const char* what) {
 namespace {
 
 // The packed (V) forms: the per-rank blocks of a.counts.
-Status RunV(const NcclApi& api, void* comm, int rank, const coll::CollArgs& a, int dt,
-            Stream stream, int* r, const char** what) {
+Status RunV(const NcclBackend& self, const NcclApi& api, void* comm, int rank,
+            const coll::CollArgs& a, int dt, Stream stream, int* r, const char** what) {
   using coll::CollType;
   const size_t p = a.counts.size(), esz = scapeTypeSize(a.dtype);
   size_t total = 0;
@@ -292,7 +303,8 @@ Status RunV(const NcclApi& api, void* comm, int rank, const coll::CollArgs& a, i
   size_t off = 0;
   for (size_t b = 0; b < p; ++b) {
     const size_t n = a.counts[b];
-    if (n == 0) continue;  // every rank skips the same blocks (the counts agree)
+    if (n == 0) continue;      // every rank skips the same blocks (the counts agree)
+    if (self.closed()) break;  // aborted meanwhile: no call on it (the group is still closed)
     int rr;
     if (rs) {
       const char* blk = static_cast<const char*>(a.send) + off * esz;
@@ -312,6 +324,7 @@ Status RunV(const NcclApi& api, void* comm, int rank, const coll::CollArgs& a, i
   }
   // The group is always closed, even after a failed call inside it.
   int re = api.groupEnd();
+  SCAPE_RETURN_IF_ERROR(self.CheckOpen(need));
   if (first != kNcclSuccess) {
     *r = first;
     *what = firstWhat;
@@ -326,6 +339,7 @@ Status RunV(const NcclApi& api, void* comm, int rank, const coll::CollArgs& a, i
 
 Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
   using coll::CollType;
+  SCAPE_RETURN_IF_ERROR(CheckOpen(coll::CollName(a.type)));
   const int dt = NcclDataType(a.dtype);
   if (dt < 0) return InvalidArgument(StrFormat("datatype %d has no NCCL type", a.dtype));
   int r = kNcclSuccess;
@@ -334,7 +348,7 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
     if (a.counts.size() != static_cast<size_t>(nranks_))
       return InvalidArgument(
           StrFormat("rank %d: %zu per-rank counts for %d ranks", rank_, a.counts.size(), nranks_));
-    SCAPE_RETURN_IF_ERROR(RunV(*api_, comm_, rank_, a, dt, stream, &r, &what));
+    SCAPE_RETURN_IF_ERROR(RunV(*this, *api_, comm_, rank_, a, dt, stream, &r, &what));
     return Fail(r, what);
   }
   switch (a.type) {
@@ -364,6 +378,7 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
 }
 
 Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
+  SCAPE_RETURN_IF_ERROR(CheckOpen("broadcast"));
   Runtime* rt = GetRuntime();
   // Page-locked host memory: a device-to-pageable copy would block the host until NCCL has
   // finished, past any deadline.
@@ -428,6 +443,7 @@ Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int time
 }
 
 Status NcclBackend::AsyncError() {
+  SCAPE_RETURN_IF_ERROR(CheckOpen("ncclCommGetAsyncError"));
   int e = kNcclSuccess;
   int r = api_->commGetAsyncError(comm_, &e);
   if (r != kNcclSuccess) return FromNccl(r, "ncclCommGetAsyncError", api_->getErrorString(r));

@@ -103,7 +103,16 @@ class NcclBackend {
   // library has no ncclCommAbort), else ncclCommDestroy on a helper thread with the calling
   // thread's device, waited for at most timeoutMs (a destroy that does not return in time is
   // left behind with a warning rather than hanging the caller). Later calls do nothing.
+  // From then on (a caller's communicator too: the library makes no more calls on it) every
+  // call of this object that would reach NCCL (Run, BroadcastHostBytes, AsyncError) is
+  // scapeInvalidUsage saying so, without touching the NCCL communicator, which ncclCommAbort /
+  // ncclCommDestroy has freed. Close may come from another thread (scapeCommAbort) while a call
+  // is in progress: that call makes no NCCL call after it has seen the close; one already
+  // inside NCCL is NCCL's to end (ncclCommAbort is made for that).
   void Close(bool abort, int timeoutMs);
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // scapeInvalidUsage naming `what` when closed, else Ok.
+  Status CheckOpen(const char* what) const;
   bool owned() const { return owned_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
@@ -131,6 +140,7 @@ class NcclBackend {
   void* comm_ = nullptr;
   bool owned_ = false;
   std::atomic<bool> closed_{false};
+  std::atomic<bool> aborted_{false};  // closed by Close(abort = true)
   int rank_ = 0, nranks_ = 1;
 };
 

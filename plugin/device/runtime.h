@@ -56,6 +56,14 @@ class Runtime {
   // return (cudaLaunchHostFunc). fn must not call the runtime.
   virtual Status LaunchHostFunc(Stream s, HostFn fn, void* arg) = 0;
   virtual Status StreamSynchronize(Stream s) = 0;
+  // *done = the work queued on `s` so far has finished (cudaStreamQuery); never blocks. An
+  // error is a failed stream. The default synchronises the stream (a runtime without a
+  // query), so *done is then always true.
+  virtual Status StreamQuery(Stream s, bool* done);
+  // Work enqueued on `s` after this call waits (on the device, no host wait) until the work
+  // before the last record of `e` has finished (cudaStreamWaitEvent); `e` may be destroyed
+  // once this returns. The default waits on the host (polling EventQuery).
+  virtual Status StreamWaitEvent(Stream s, Event e);
   // A new stream that does not synchronise with the default stream (cudaStreamCreateWithFlags
   // cudaStreamNonBlocking), and its release (after the work on it has finished). The defaults
   // say scapeUnsupported / do nothing (the "none" runtime has no streams).
@@ -157,6 +165,13 @@ class Runtime {
                                      const uint64_t* bounds, size_t nb, double* dSums,
                                      uint64_t* dCounts, Stream s);
 };
+
+// A host wait with a deadline: waits (polling rt->StreamQuery) for the work queued on `s` so
+// far, at most timeoutMs (the communicator's timeout). scapeTimeout naming `what` after that
+// (the work stays queued: what it uses must not be freed), the stream's error if it failed.
+// Every host wait of a call that has a communicator's deadline uses it, never an unbounded
+// StreamSynchronize.
+Status StreamWaitFor(Runtime* rt, Stream s, int timeoutMs, const char* what);
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".
 Runtime* GetRuntime();

@@ -294,6 +294,22 @@ class Cuda final : public Runtime {
     cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
   }
+  Status StreamWaitEvent(Stream s, Event e) override {
+    cudaError_t r =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
+    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamWaitEvent", r);
+  }
+  Status StreamQuery(Stream s, bool* done) override {
+    cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
+    if (r == cudaErrorNotReady) {
+      *done = false;
+      return Status::Ok();
+    }
+    *done = false;
+    if (r != cudaSuccess) return CudaFail("cudaStreamQuery", r);
+    *done = true;
+    return Status::Ok();
+  }
   Status StreamCreate(Stream* s) override {
     cudaStream_t cs = nullptr;
     cudaError_t r = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);

@@ -1,7 +1,11 @@
 // The runtime of a build (or a machine) without CUDA: every pointer is host memory, and a
 // stream cannot exist, so anything stream-ordered is scapeUnsupported.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
+
+#include "base/clock.h"
 
 #include "plugin/device/runtime.h"
 #include "scape_config.h"
@@ -46,6 +50,8 @@ class None final : public Runtime {
   Status EventQuery(Event, bool*) override { return NoStream(); }
   Status LaunchHostFunc(Stream, HostFn, void*) override { return NoStream(); }
   Status StreamSynchronize(Stream) override { return NoStream(); }
+  Status StreamQuery(Stream, bool*) override { return NoStream(); }
+  Status StreamWaitEvent(Stream, Event) override { return NoStream(); }
 };
 
 std::atomic<Runtime*> g_override{nullptr};
@@ -55,6 +61,41 @@ Status NoDeviceOp(const Runtime* rt, const char* op) {
 }
 
 }  // namespace
+
+Status Runtime::StreamQuery(Stream s, bool* done) {
+  *done = false;
+  SCAPE_RETURN_IF_ERROR(StreamSynchronize(s));
+  *done = true;
+  return Status::Ok();
+}
+
+Status Runtime::StreamWaitEvent(Stream, Event e) {
+  for (;;) {
+    bool done = false;
+    SCAPE_RETURN_IF_ERROR(EventQuery(e, &done));
+    if (done) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+Status StreamWaitFor(Runtime* rt, Stream s, int timeoutMs, const char* what) {
+  Deadline dl = Deadline::AfterMs(timeoutMs);
+  for (int spin = 0;; ++spin) {
+    bool done = false;
+    SCAPE_RETURN_IF_ERROR(rt->StreamQuery(s, &done).Prepend(what));
+    if (done) return Status::Ok();
+    if (dl.Expired())
+      return TimeoutError(
+          StrFormat("%s: the stream did not get there within %d ms (work queued ahead of it that "
+                    "does not finish, or a held stream; the communicator's timeout, "
+                    "SCAPE_TIMEOUT_MS, sets the limit)",
+                    what, timeoutMs));
+    if (spin < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
 
 Status Runtime::StreamCreate(Stream* s) {
   *s = nullptr;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <set>
 
+#include "plugin/nccl/net_abi.h"
 #include "scape_config.h"
 
 #if SCAPE_HAVE_IBVERBS
@@ -327,6 +328,10 @@ Status MergeDevices(const std::vector<NetDevice>& devs, int nPhysical,
   }
   *out = v;
   return Status::Ok();
+}
+
+int PtrSupport(const CudaCaps& caps) {
+  return NCCL_PTR_HOST | (caps.gpuDirect ? NCCL_PTR_CUDA : 0);
 }
 
 }  // namespace nccl

@@ -50,6 +50,21 @@ Status DiscoverDevices(const PluginParams& params, std::vector<NetDevice>* out, 
 Status MergeDevices(const std::vector<NetDevice>& devs, int nPhysical,
                     const std::vector<int>& children, NetDevice* out);
 
+// What the plugin can do with CUDA memory.
+struct CudaCaps {
+  bool ucxMovesCuda = false;  // the UCX context lists CUDA memory (e.g. only its cuda_copy)
+  // GPUDirect RDMA: the NIC reads and writes GPU memory, which needs the memory registered with
+  // it (regMr) and received data flushed to the GPU (iflush). This plugin's regMr registers
+  // nothing and its iflush does nothing, so it is off.
+  bool gpuDirect = false;
+};
+inline constexpr bool kPluginGpuDirect = false;
+// ncclNetProperties_t.ptrSupport: NCCL_PTR_HOST, plus NCCL_PTR_CUDA only with GPUDirect.
+// UCX's cuda_copy alone is not enough: UCX would then stage every transfer through host memory
+// itself, behind NCCL's back and without the registration and flush NCCL expects of a plugin
+// that takes CUDA pointers; with host only, NCCL stages through its own host buffers.
+int PtrSupport(const CudaCaps& caps);
+
 }  // namespace nccl
 }  // namespace scape
 

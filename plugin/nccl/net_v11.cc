@@ -69,6 +69,15 @@ Global& G() {
   return *g;
 }
 
+// What the plugin does with CUDA memory (net_devices.h: NCCL_PTR_CUDA only with GPUDirect,
+// which it does not implement, whatever UCX can copy).
+scape::nccl::CudaCaps CudaCapsOf(const Global& g) {
+  scape::nccl::CudaCaps c;
+  c.ucxMovesCuda = g.cuda;
+  c.gpuDirect = scape::nccl::kPluginGpuDirect;
+  return c;
+}
+
 ncclResult_t ToNccl(scapeResult_t c) {
   switch (c) {
     case scapeSuccess:
@@ -215,7 +224,8 @@ ncclResult_t Init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config,
     NET_INFO(NCCL_INIT | NCCL_NET, "init: comm 0x%llx, trafficClass %d%s, CUDA memory %s",
              static_cast<unsigned long long>(commId), pc->trafficClass,
              pc->trafficClass != NCCL_NET_TRAFFIC_CLASS_UNDEF ? " (not applied by UCX 1.13)" : "",
-             G().cuda ? "supported by this UCX" : "not supported by this UCX (host only)");
+             G().cuda ? "copied by this UCX, not advertised (no GPUDirect RDMA: host only)"
+                      : "not supported by this UCX (host only)");
     *ctx = pc.release();
     return Status::Ok();
   });
@@ -243,7 +253,7 @@ ncclResult_t GetProperties(int dev, ncclNetProperties_v11_t* props) {
     props->name = const_cast<char*>(d.name.c_str());
     props->pciPath = d.pciPath.empty() ? nullptr : const_cast<char*>(d.pciPath.c_str());
     props->guid = d.guid;
-    props->ptrSupport = NCCL_PTR_HOST | (g.cuda ? NCCL_PTR_CUDA : 0);
+    props->ptrSupport = scape::nccl::PtrSupport(CudaCapsOf(g));
     props->regIsGlobal = 0;
     props->forceFlush = 0;
     props->speed = d.speedMbps;
@@ -337,10 +347,11 @@ Status RegCommon(void* comm, void* data, size_t size, int type, void** mhandle) 
   if (type == NCCL_PTR_HOST) {
     mt = ucxnet::MemType::kHost;
   } else if (type == NCCL_PTR_CUDA) {
-    if (!G().cuda)
+    if (!(scape::nccl::PtrSupport(CudaCapsOf(G())) & NCCL_PTR_CUDA))
       return BadArg(
-          "type NCCL_PTR_CUDA, but this plugin does not advertise CUDA memory (its UCX "
-          "cannot move it)");
+          "type NCCL_PTR_CUDA, but this plugin does not advertise CUDA memory (no GPUDirect "
+          "RDMA: it registers no memory with the NIC and does not flush; NCCL stages device "
+          "buffers through host memory)");
     mt = ucxnet::MemType::kCuda;
   } else {
     return BadArg(StrFormat("type %d is not NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", type));

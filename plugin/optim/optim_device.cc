@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "kernels/cpu/dtype.h"
 #include "plugin/backend/backend.h"
 #include "plugin/optim/optim.h"
@@ -211,7 +212,19 @@ Optimizer::DeviceState::~DeviceState() {
 
 void Optimizer::DeviceRelease() {
   if (!dev_) return;
-  if (dev_->rt) (void)dev_->rt->StreamSynchronize(dev_->stream);
+  if (dev_->rt) {
+    // Within the communicator's deadline: the state's memory is freed only once the stream has
+    // passed the last step (a stuck stream leaks it, as the device pool leaks a block still in
+    // use, rather than freeing it under the device or hanging scapeCommAbort).
+    Status st = device::StreamWaitFor(dev_->rt, dev_->stream, comm_->config().timeoutMs,
+                                      "releasing the optimizer's device state");
+    if (!st.ok()) {
+      SCAPE_WARN("%s; its device memory is leaked rather than freed under the device",
+                 st.message().c_str());
+      (void)dev_.release();
+      return;
+    }
+  }
   dev_.reset();
 }
 
@@ -233,7 +246,8 @@ Status Optimizer::DevicePull() {
   SCAPE_RETURN_IF_ERROR(DeviceFinishSelect());
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
-  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  SCAPE_RETURN_IF_ERROR(device::StreamWaitFor(d.rt, d.stream, comm_->config().timeoutMs,
+                                              "finishing the last device step"));
   // The device's packed momentum (sorted positions) comes back; the host keeps it in its own
   // packed form (PackMomentum: on the current mask unless values lie outside it).
   std::vector<float> mp(d.kMom), dense(n, 0.0f);
@@ -247,6 +261,8 @@ Status Optimizer::DevicePull() {
     master_.resize(n);
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(master_.data(), d.dMaster, 4 * n, d.stream));
   }
+  // Unbounded: the copies write into locals, which must outlive them (the stream was idle
+  // just before, so only these copies are waited for).
   SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
   for (uint64_t j = 0; j < d.kMom; ++j) {
     if (idx[j] >= n) return InternalError("the device momentum has a position beyond n");
@@ -259,7 +275,8 @@ Status Optimizer::DevicePull() {
 Status Optimizer::DevicePush() {
   DeviceState& d = *dev_;
   const size_t n = layout_.n;
-  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  SCAPE_RETURN_IF_ERROR(device::StreamWaitFor(d.rt, d.stream, comm_->config().timeoutMs,
+                                              "finishing the last device step"));
   // The packed momentum in position order (the device's form): its mask's entries, sorted.
   const kernels::MaskView mv = MomentumView();
   std::vector<uint64_t> order(mv.k);
@@ -288,6 +305,7 @@ Status Optimizer::DevicePush() {
     d.rt->DeviceFree(d.dMaster);
     d.dMaster = nullptr;
   }
+  // Unbounded: the copies read locals, which must outlive them (the stream was idle before).
   return d.rt->StreamSynchronize(d.stream);
 }
 
@@ -366,6 +384,8 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   uint64_t k = 0;
 
   scapeDataType_t Pt() const { return static_cast<scapeDataType_t>(o->hyper_.payload); }
+  // The deadline of the step's host waits: the communicator's timeout.
+  int TimeoutMs() const { return o->comm_->config().timeoutMs; }
   size_t Esz() const { return scapeTypeSize(Pt()); }
 
   Status Begin() override {
@@ -378,7 +398,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       std::unique_ptr<DeviceState> s(new DeviceState());
       s->rt = rt;
       s->stream = st;
-      s->pool = &static_cast<backend::DeviceBackend*>(exchange)->Pool();
+      s->pool = static_cast<backend::DeviceBackend*>(exchange)->SharedPool();
       SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
       // The scratch, the top-k output and the momentum are pool blocks fitted at each step
       // (Fit, FitTop, FitMom).
@@ -405,7 +425,8 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     SCAPE_RETURN_IF_ERROR(o->DeviceFinishSelect());
     if (st != d->stream) {
       // The state and scratch are ordered on the last step's stream: finish it first.
-      SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(d->stream).Prepend("the previous step's stream"));
+      SCAPE_RETURN_IF_ERROR(
+          device::StreamWaitFor(rt, d->stream, TimeoutMs(), "the previous step's stream"));
       d->stream = st;
     }
     return Status::Ok();
@@ -416,7 +437,10 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     SCAPE_RETURN_IF_ERROR(rt->AnyNonFinite(dG, o->layout_.n, o->devGradType_, d->dFlag, st)
                               .Prepend("non-finite check"));
     SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hFlag, d->dFlag, 4, st));
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("non-finite check (host wait)"));
+    // A host wait with the communicator's deadline (the flag lands in the state's pinned
+    // word, which outlives a timeout).
+    SCAPE_RETURN_IF_ERROR(
+        device::StreamWaitFor(rt, st, TimeoutMs(), "non-finite check (host wait)"));
     *bad = *d->hFlag != 0;
     return Status::Ok();
   }
@@ -538,7 +562,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
               .Prepend("gradient norm"));
     if (nb == 0) return Status::Ok();
     SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hSq, d->dSq, 8 * nb, st));
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(st).Prepend("gradient norm (host wait)"));
+    SCAPE_RETURN_IF_ERROR(device::StreamWaitFor(rt, st, TimeoutMs(), "gradient norm (host wait)"));
     for (size_t i = 0; i < nb; ++i) out[i] = d->hSq[i];
     return Status::Ok();
   }
@@ -563,7 +587,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
                               .Prepend("segment_rms sums"));
     SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->staySum_.data(), d->dStaySum, 8 * nb, st));
     SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->stayCnt_.data(), d->dStayCnt, 8 * nb, st));
-    return rt->StreamSynchronize(st).Prepend("segment_rms sums (host wait)");
+    return device::StreamWaitFor(rt, st, TimeoutMs(), "segment_rms sums (host wait)");
   }
 
   Status Update(const kernels::AdamSParams& ap) override {

@@ -4,6 +4,7 @@
 #define SCAPE_PLUGIN_OPTIM_OPTIM_DEVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "plugin/device/device_pool.h"
@@ -15,10 +16,13 @@ namespace scape {
 struct Optimizer::DeviceState {
   device::Runtime* rt = nullptr;
   void* stream = nullptr;  // the stream of the last device step
-  // The communicator's device pool (plugin/device/device_pool.h, owned by its device backend):
-  // the step's temporaries and the packed momentum are blocks of it, so that every device
-  // temporary of the library is allocated, retired and torn down by one pool.
-  device::DevicePool* pool = nullptr;
+  // The communicator's device pool (plugin/device/device_pool.h), shared with its device
+  // backend (DeviceBackend::SharedPool): the step's temporaries and the packed momentum are
+  // blocks of it, so that every device temporary of the library is allocated, retired and torn
+  // down by one pool. Shared, because this state may outlive the backend (scapeCommAbort
+  // releases the communicator's device side before it frees the optimizers): the blocks go
+  // back to a live pool, which the last owner frees.
+  std::shared_ptr<device::DevicePool> pool;
   // n floats: the residual (this rank's own; state).
   float* dE = nullptr;
   // The momentum, packed (issue 24): kMom values at the positions dMomIdx (strictly increasing:

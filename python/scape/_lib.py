@@ -175,6 +175,12 @@ def _declare(L: ctypes.CDLL) -> None:
     d("scapeMaskGetSyncInfo", R, p, POINTER(MaskSyncInfoStruct))
     d("scapeMaskPack", R, p, p, p, c_int)
     d("scapeMaskUnpack", R, p, p, p, c_int)
+    # The stream forms (device buffers on the caller's stream); absent from older libraries.
+    for name, args in (("scapeMaskPackStream", (p, p, p, c_int, p)),
+                       ("scapeMaskUnpackStream", (p, p, p, c_int, p)),
+                       ("scapeMaskSelectNextTopkStream", (p, p, c_double, p))):
+        if hasattr(L, name):
+            d(name, R, *args)
     d("scapeMaskAllReducePacked", R, p, p, c_int, c_int, p, p, p)
     d("scapeMaskAllReducePackedAsync", R, p, p, c_int, c_int, p, p, p, POINTER(p))
     d("scapeMaskReduceScatter", R, p, p, c_int, c_int, p, p, p)

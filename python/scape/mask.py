@@ -15,6 +15,18 @@ from .types import DataType, MaskEncoding, Ownership, ReduceOp, to_enum
 _u64p = ctypes.POINTER(c_uint64)
 
 
+def _stream_form(function: str) -> str:
+    """The *Stream form of a mask call that otherwise runs on the default stream (device
+    buffers must go on their own stream); a library without it is refused, not silently run on
+    the default stream."""
+    name = function + "Stream"
+    if not _lib.has_symbol(name):
+        raise InvalidUsageError(f"the loaded library {_lib.library_path()} has no {name}: "
+                                f"rebuild it (device buffers must run on their stream)",
+                                function=function)
+    return name
+
+
 @dataclass
 class SyncInfo:
     """What the last completed mask sync cost this rank (``scapeMaskGetSyncInfo``).
@@ -205,12 +217,17 @@ class Mask:
                           type_error=True) from None
         if not 0.0 < d <= 1.0:
             raise bad_arg("density", f"{density!r} is outside (0, 1]")
-        dev, _ = placement([(s, "statistic")], self._comm)
+        dev, stream = placement([(s, "statistic")], self._comm)
         h = self._check_alive("scapeMaskSelectNextTopk")
         from .comm import on_device
 
         with on_device(dev):
-            self._call("scapeMaskSelectNextTopk", h, s.ptr, d)
+            if dev is not None:
+                # On the statistic's stream (torch's current one for a torch tensor), after the
+                # work that wrote it: the default stream is not ordered with a non-blocking one.
+                self._call(_stream_form("scapeMaskSelectNextTopk"), h, s.ptr, d, stream)
+            else:
+                self._call("scapeMaskSelectNextTopk", h, s.ptr, d)
 
     def sync_start(self) -> None:
         """Starts the background all-gather of every rank's part of the next mask.
@@ -291,12 +308,15 @@ class Mask:
         p = as_buf(packed, "packed", writable=True)
         same_dtype(d, "dense", p, "packed")
         expect_count(p, "packed", k, "the current mask's count")
-        dev, _ = placement([(d, "dense"), (p, "packed")], self._comm)
+        dev, stream = placement([(d, "dense"), (p, "packed")], self._comm)
         from .comm import on_device
 
+        h = self._check_alive("scapeMaskPack")
         with on_device(dev):
-            self._call("scapeMaskPack", self._check_alive("scapeMaskPack"), d.ptr, p.ptr,
-                       int(d.dtype))
+            if dev is not None:  # on the buffers' stream (torch: the current stream)
+                self._call(_stream_form("scapeMaskPack"), h, d.ptr, p.ptr, int(d.dtype), stream)
+            else:
+                self._call("scapeMaskPack", h, d.ptr, p.ptr, int(d.dtype))
         return packed
 
     def unpack(self, packed: Any, dense: Any) -> Any:
@@ -307,12 +327,15 @@ class Mask:
         same_dtype(p, "packed", d, "dense")
         expect_count(d, "dense", self._n, "the mask's n")
         expect_count(p, "packed", self.count, "the current mask's count")
-        dev, _ = placement([(p, "packed"), (d, "dense")], self._comm)
+        dev, stream = placement([(p, "packed"), (d, "dense")], self._comm)
         from .comm import on_device
 
+        h = self._check_alive("scapeMaskUnpack")
         with on_device(dev):
-            self._call("scapeMaskUnpack", self._check_alive("scapeMaskUnpack"), p.ptr, d.ptr,
-                       int(d.dtype))
+            if dev is not None:  # on the buffers' stream (torch: the current stream)
+                self._call(_stream_form("scapeMaskUnpack"), h, p.ptr, d.ptr, int(d.dtype), stream)
+            else:
+                self._call("scapeMaskUnpack", h, p.ptr, d.ptr, int(d.dtype))
         return dense
 
     def _coll(self, function: str, async_op: bool, bufs: Sequence[Any], result: Any,

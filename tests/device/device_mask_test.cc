@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/device/device_pool.h"
@@ -329,6 +332,74 @@ TEST(DeviceMaskStream, CallsEnqueueAndReturn) {
       }
     rt.DeviceFree(d);
     rt.DeviceFree(p);
+    EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The stream forms of the calls that otherwise run on the default stream (issue 31: the
+// Python binding passes the framework's current stream): scapeMaskPackStream /
+// scapeMaskUnpackStream enqueue on the given stream and return, the top-k of a device statistic
+// runs after the work queued on it; the results equal the default-stream forms'.
+TEST(DeviceMaskStream, PackUnpackAndTopkStreamFormsRunOnTheirStream) {
+  auto res = RunRanks(1, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const uint64_t n = 999;
+    scapeMask_t m = MakeMask(ctx, n, 1, 78, 0.1);
+    if (!m) return false;
+    uint64_t k = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+    std::vector<uint64_t> idx(k);
+    EXPECT_SCAPE_OK(scapeMaskGetIndices(m, idx.data(), k), ctx.comm);
+    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    for (uint64_t i = 0; i < n; ++i) d[i] = static_cast<float>(i);
+    auto* p = static_cast<float*>(rt.DeviceMalloc(k * 4 + 4));
+    auto* out = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    void* s = rt.NewStream();
+    Gate gate;
+    rt.HoldStream(s, &gate);
+    EXPECT_SCAPE_OK(scapeMaskPackStream(m, d, p, scapeFloat32, s), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskUnpackStream(m, p, out, scapeFloat32, s), ctx.comm);
+    EXPECT_TRUE(rt.StreamSynchronize(nullptr).ok());
+    for (uint64_t j = 0; j < k; ++j)
+      if (p[j] != 0.0f) {
+        ADD_FAILURE() << "packed element " << j << " written before the stream reached the call";
+        break;
+      }
+    gate.Open();
+    EXPECT_TRUE(rt.StreamOf(s)->Sync());
+    for (uint64_t j = 0; j < k; ++j) EXPECT_EQ(p[j], static_cast<float>(idx[j])) << j;
+    for (uint64_t j = 0; j < k; ++j) EXPECT_EQ(out[idx[j]], static_cast<float>(idx[j])) << j;
+    // The top-k of a statistic written by a copy still queued on the stream sees its values.
+    std::vector<float> stat(n, 0.0f);
+    stat[7] = 5.0f;
+    stat[500] = -9.0f;
+    auto* dstat = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    Gate g2;
+    rt.HoldStream(s, &g2);
+    EXPECT_TRUE(rt.CopyAsync(dstat, stat.data(), n * 4, s).ok());
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      g2.Open();
+    });
+    // One position per segment piece (density below 1/length: k = 1 each): 7, the one-element
+    // segment's 333, and 500.
+    EXPECT_SCAPE_OK(scapeMaskSelectNextTopkStream(m, dstat, 1e-6, s), ctx.comm);
+    opener.join();
+    EXPECT_SCAPE_OK(scapeMaskSyncStart(m), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskSyncWait(m), ctx.comm);
+    EXPECT_SCAPE_OK(scapeMaskAdvance(m), ctx.comm);
+    uint64_t k2 = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k2), ctx.comm);
+    std::vector<uint64_t> sel(k2);
+    EXPECT_SCAPE_OK(scapeMaskGetIndices(m, sel.data(), sel.size()), ctx.comm);
+    std::sort(sel.begin(), sel.end());
+    EXPECT_EQ(sel, (std::vector<uint64_t>{7, 333, 500}));
+    rt.DeviceFree(d);
+    rt.DeviceFree(p);
+    rt.DeviceFree(out);
+    rt.DeviceFree(dstat);
     EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
     return !::testing::Test::HasFailure();
   });

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -596,6 +597,52 @@ TEST(DeviceOptimErrors, BadArgumentsAreRefused) {
     EXPECT_EQ(Save(p.dev, ctx.comm), Save(p.host, ctx.comm));
     return !::testing::Test::HasFailure();
   });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The step's host waits have the communicator's deadline (issue 31): the non-finite check's
+// wait for its one-word flag on a stream that never gets there (held here by a gate: work
+// queued ahead of the step that does not finish) fails with scapeTimeout within about the
+// timeout, naming the wait, instead of blocking the caller (and a watchdog's scapeCommAbort)
+// for as long as the stream is stuck. The fake's own StreamSynchronize gives up only after 30 s.
+TEST(DeviceOptimWaits, AHeldStreamTimesOutTheNonFiniteCheckWithinTheTimeout) {
+  const unsigned seed = scape_test::FreshSeed();
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 1000;
+  auto res = RunRanks(
+      1,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        Layout l;
+        const size_t n = l.n();
+        scapeOptim_t o = Create(ctx, l, Cfg());
+        if (!o) return false;
+        float* dp = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        float* dg = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        std::vector<float> g = Grads(seed, ctx.rank, 0, n);
+        std::memcpy(dg, g.data(), 4 * n);
+        void* s = rt.NewStream();
+        EXPECT_SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, s), ctx.comm);  // state on the device
+        EXPECT_TRUE(rt.StreamSynchronize(s).ok());
+        Gate gate;
+        rt.HoldStream(s, &gate);
+        const auto t0 = std::chrono::steady_clock::now();
+        const scapeResult_t r = scapeOptimStepStream(o, dp, dg, n, s);
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string msg = scapeGetLastError(ctx.comm);
+        gate.Open();
+        EXPECT_TRUE(rt.StreamSynchronize(s).ok());
+        EXPECT_EQ(r, scapeTimeout) << msg;
+        EXPECT_LT(secs, 5.0) << "the host wait ignored the communicator's 1000 ms timeout";
+        EXPECT_NE(msg.find("non-finite check"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("1000 ms"), std::string::npos) << msg;
+        EXPECT_SCAPE_OK(scapeOptimDestroy(o), ctx.comm);
+        rt.DeviceFree(dp);
+        rt.DeviceFree(dg);
+        return !::testing::Test::HasFailure();
+      },
+      opts);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 

@@ -57,6 +57,11 @@ bool FakeStream::Sync(int timeoutMs) {
   return cv_.wait_for(lk, std::chrono::milliseconds(timeoutMs), [&] { return ran_ >= target; });
 }
 
+bool FakeStream::Idle() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return ran_ >= pushed_;
+}
+
 void FakeStream::Main() {
   for (;;) {
     std::function<void()> fn;
@@ -104,7 +109,10 @@ void Gate::Wait() {
 
 namespace {
 struct FakeEvent {
-  std::atomic<uint64_t> recorded{0}, reached{0};
+  std::atomic<uint64_t> recorded{0};
+  // Shared with the work queued on streams (the record, StreamWaitEvent's waits), which may
+  // run after the event is destroyed.
+  std::shared_ptr<std::atomic<uint64_t>> reached = std::make_shared<std::atomic<uint64_t>>(0);
   std::atomic<FakeStream*> stream{nullptr};  // where it was last recorded
 };
 }  // namespace
@@ -227,18 +235,42 @@ Stream FakeRuntime::NewStream() {
 }
 
 Status FakeRuntime::StreamCreate(Stream* s) {
-  *s = NewStream();
+  std::lock_guard<std::mutex> lk(mu_);
+  streams_.emplace_back(new FakeStream());
+  if (!freeHandles_.empty()) {
+    // As a CUDA runtime may: the handle of a destroyed stream, for a new stream.
+    *s = freeHandles_.back();
+    freeHandles_.pop_back();
+  } else {
+    handleMem_.emplace_back(new char);
+    *s = handleMem_.back().get();
+  }
+  handles_[*s] = streams_.back().get();
   ++streamsCreated;
   ++streamsLive;
   return Status::Ok();
 }
 
 void FakeRuntime::StreamDestroy(Stream s) {
-  if (s) --streamsLive;
+  if (!s) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = handles_.find(s);
+  if (it == handles_.end()) return;
+  // The old stream's thread goes on with its queue (cudaStreamDestroy returns at once and the
+  // work completes); its handle is free for the next StreamCreate.
+  handles_.erase(it);
+  freeHandles_.push_back(s);
+  --streamsLive;
 }
 
 FakeStream* FakeRuntime::StreamOf(Stream s) {
-  return s ? static_cast<FakeStream*>(s) : default_.get();
+  if (!s) return default_.get();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = handles_.find(s);
+    if (it != handles_.end()) return it->second;
+  }
+  return static_cast<FakeStream*>(s);
 }
 
 void FakeRuntime::HoldStream(Stream s, Gate* gate) {
@@ -280,13 +312,23 @@ Status FakeRuntime::EventRecord(scape::device::Event e, Stream s) {
   const uint64_t gen = ++ev->recorded;
   FakeStream* st = StreamOf(s);
   ev->stream.store(st);
-  st->Push([ev, gen] { ev->reached.store(gen); });
+  st->Push([reached = ev->reached, gen] { reached->store(gen); });
+  return Status::Ok();
+}
+
+Status FakeRuntime::StreamWaitEvent(Stream s, scape::device::Event e) {
+  auto* ev = static_cast<FakeEvent*>(e);
+  const uint64_t gen = ev->recorded.load();
+  ++streamWaits;
+  StreamOf(s)->Push([reached = ev->reached, gen] {
+    while (reached->load() < gen) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  });
   return Status::Ok();
 }
 
 Status FakeRuntime::EventQuery(scape::device::Event e, bool* done) {
   auto* ev = static_cast<FakeEvent*>(e);
-  *done = ev->reached.load() >= ev->recorded.load();
+  *done = ev->reached->load() >= ev->recorded.load();
   if (FakeStream* st = ev->stream.load()) {
     Status err = st->Error();  // sticky, as a CUDA kernel fault
     if (!err.ok()) {
@@ -308,6 +350,14 @@ Status FakeRuntime::StreamSynchronize(Stream s) {
   FakeStream* st = StreamOf(s);
   if (!st->Sync()) return scape::TimeoutError("fake stream did not drain in 30 s");
   return st->Error();
+}
+
+Status FakeRuntime::StreamQuery(Stream s, bool* done) {
+  FakeStream* st = StreamOf(s);
+  *done = st->Idle();
+  Status err = st->Error();
+  if (!err.ok()) *done = false;
+  return err;
 }
 
 // ---- device ops --------------------------------------------------------------------------------

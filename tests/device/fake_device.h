@@ -50,6 +50,8 @@ class FakeStream {
   static void SetQueueDepth(size_t depth);
   // Waits until everything queued so far has run (false after timeoutMs).
   bool Sync(int timeoutMs = 30000);
+  // Everything queued so far has run (no wait).
+  bool Idle();
   // The sticky error of the stream (the first one set; Ok while none).
   void SetError(const scape::Status& st);
   scape::Status Error();
@@ -96,9 +98,16 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status LaunchHostFunc(scape::device::Stream s, scape::device::HostFn fn,
                                void* arg) override;
   scape::Status StreamSynchronize(scape::device::Stream s) override;
-  // NewStream (owned by the runtime, so StreamDestroy leaves it alive; counted).
+  // Done when everything queued on the stream so far has run; its sticky error once failed.
+  scape::Status StreamQuery(scape::device::Stream s, bool* done) override;
+  // A new stream (owned by the runtime; counted). Its handle is not the FakeStream: like a CUDA
+  // runtime, the fake hands the handle of a destroyed stream to the next StreamCreate, for a new
+  // stream (a new queue and thread, not ordered after the old one's work, which StreamDestroy
+  // lets finish). StreamOf maps a handle to its current stream.
   scape::Status StreamCreate(scape::device::Stream* s) override;
   void StreamDestroy(scape::device::Stream s) override;
+  // Work queued on s after this waits until e's last record has been reached (counted).
+  scape::Status StreamWaitEvent(scape::device::Stream s, scape::device::Event e) override;
 
   // Device memory and the device kernel ops (see the top of this file).
   // DeviceAlloc fills the new memory with 0xA5 bytes (cudaMalloc does not zero it either).
@@ -175,7 +184,7 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> stayingSums{0}, enteringUpdates{0};  // "segment_rms" ops
   std::atomic<uint64_t> pairUpdates{0}, pairUnpacks{0};      // the sharded step's halves
   std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
-  std::atomic<uint64_t> streamsCreated{0}, streamsLive{0};
+  std::atomic<uint64_t> streamsCreated{0}, streamsLive{0}, streamWaits{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running
   // (as a kernel fault would), so callers' error paths can be tested.
   std::atomic<int> failNextOps{0};
@@ -199,6 +208,10 @@ class FakeRuntime final : public scape::device::Runtime {
   std::mutex mu_;
   std::map<uintptr_t, size_t> device_;  // base -> bytes
   std::vector<std::unique_ptr<FakeStream>> streams_;
+  // StreamCreate's handles: live ones and the stream each names, free ones (reused first).
+  std::map<scape::device::Stream, FakeStream*> handles_;
+  std::vector<scape::device::Stream> freeHandles_;
+  std::vector<std::unique_ptr<char>> handleMem_;
   std::unique_ptr<FakeStream> default_;
 };
 

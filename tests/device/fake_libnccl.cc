@@ -14,7 +14,11 @@
 //     the copies and kernels around it), else at once. ncclGroupStart/End defer the calls made
 //     between them to the end of the group, in order (every rank issues the same sequence).
 // Communicators can also be made by ncclGetUniqueId + ncclCommInitRank (see the end of this
-// file) and ended by ncclCommDestroy / ncclCommAbort.
+// file) and ended by ncclCommDestroy / ncclCommAbort. An ended communicator is poisoned rather
+// than freed (real NCCL frees it: any later use is a use after free): every later call on it,
+// collectives, queries and a second destroy / abort alike, returns ncclInvalidUsage without
+// touching it and is counted (fakeNcclCallsOnEndedComms), and work of it still queued on a
+// stream is skipped.
 // Built in five flavours: complete, without the init entry points (FAKE_NCCL_NO_INIT), without
 // ncclAllGather (FAKE_NCCL_NO_ALLGATHER), without ncclReduce and the group calls
 // (FAKE_NCCL_NO_GROUP), and reporting an old version (FAKE_NCCL_VERSION).
@@ -30,7 +34,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <set>
 #include <vector>
 
 #ifndef FAKE_NCCL_VERSION
@@ -79,6 +85,21 @@ typedef void (*FakeNcclEnqueue)(void* stream, FakeNcclFn fn, void* arg);
 static FakeNcclCall g_last;
 static FakeNcclEnqueue g_enqueue = nullptr;
 
+// Communicators ended by ncclCommDestroy / ncclCommAbort (kept, poisoned: see the top), and the
+// calls made on them since.
+static std::mutex g_endedMu;
+static std::set<const void*> g_ended;
+static std::atomic<int> g_callsOnEnded{0};
+
+// True (and the call is counted) when `comm` was ended: the caller returns ncclInvalidUsage.
+static bool Ended(const void* comm) {
+  std::lock_guard<std::mutex> lk(g_endedMu);
+  if (g_ended.count(comm) == 0) return false;
+  ++g_callsOnEnded;
+  return true;
+}
+
+FAKE_API int fakeNcclCallsOnEndedComms() { return g_callsOnEnded.load(); }
 FAKE_API const FakeNcclCall* fakeNcclLastCall() { return &g_last; }
 FAKE_API void fakeNcclSetEnqueue(FakeNcclEnqueue e) { g_enqueue = e; }
 
@@ -224,6 +245,13 @@ static bool Reduce(FakeNcclShared* s, int p, size_t off, size_t n, int dt, int o
 static void RunShared(void* arg) {
   Op* o = static_cast<Op*>(arg);
   FakeNcclComm* c = o->comm;
+  {
+    std::lock_guard<std::mutex> lk(g_endedMu);
+    if (g_ended.count(c)) {  // queued before the communicator was ended: never runs
+      delete o;
+      return;
+    }
+  }
   FakeNcclShared* s = c->shared;
   const int p = c->nranks, me = c->rank;
   const size_t esz = Size(o->dtype);
@@ -291,6 +319,7 @@ static int Record(Kind kind, const char* fn, const void* s, void* r, size_t n, i
   g_last.comm = comm;
   g_last.stream = stream;
   ++g_last.calls;
+  if (Ended(comm)) return 5;  // ncclInvalidUsage
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (c->failWith) return c->failWith;
   if (!c->shared) {
@@ -313,18 +342,22 @@ FAKE_API const char* ncclGetErrorString(int r) {
   return r == 0 ? "no error" : "fake NCCL error string";
 }
 FAKE_API const char* ncclGetLastError(void* comm) {
+  if (Ended(comm)) return "fake NCCL: the communicator was destroyed or aborted";
   auto* c = static_cast<FakeNcclComm*>(comm);
   return c && c->failWith ? "fake NCCL: the last call failed on purpose" : "";
 }
 FAKE_API int ncclCommCount(void* comm, int* n) {
+  if (Ended(comm)) return 5;
   *n = static_cast<FakeNcclComm*>(comm)->nranks;
   return 0;
 }
 FAKE_API int ncclCommUserRank(void* comm, int* r) {
+  if (Ended(comm)) return 5;
   *r = static_cast<FakeNcclComm*>(comm)->rank;
   return 0;
 }
 FAKE_API int ncclCommGetAsyncError(void* comm, int* e) {
+  if (Ended(comm)) return 5;
   *e = static_cast<FakeNcclComm*>(comm)->asyncError;
   return 0;
 }
@@ -464,8 +497,12 @@ FAKE_API int ncclCommInitRank(void** comm, int nranks, FakeUniqueId id, int rank
 static int EndComm(void* comm, std::atomic<int>* counter) {
   auto* c = static_cast<FakeNcclComm*>(comm);
   if (!c) return 4;
-  if (c->shared) munmap(c->shared, SegmentBytes());
-  delete c;
+  if (Ended(c)) return 5;  // ended twice
+  {
+    // Poisoned, not freed (the struct and its segment stay: g_ended keeps them reachable).
+    std::lock_guard<std::mutex> lk(g_endedMu);
+    g_ended.insert(c);
+  }
   --g_live;
   ++*counter;
   return 0;

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "plugin/backend/backend.h"
 #include "plugin/device/nccl_backend.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
@@ -254,6 +256,59 @@ TEST_F(NcclBackend, NcclErrorsAreMappedWithNcclsMessage) {
   EXPECT_EQ(scapeCommGetAsyncError(comm_, &ae), scapeSuccess);
   EXPECT_EQ(ae, scapeRemoteError);
   fc_.asyncError = 0;
+  rt.DeviceFree(d);
+}
+
+// After ncclCommAbort (scapeCommAbort: DataPath::Abort, possibly from another thread while a
+// call is in progress) the NCCL communicator is gone: every later call of the backend is a
+// clear scapeInvalidUsage and none reaches NCCL. The fake NCCL poisons an ended communicator
+// and counts the calls made on it, as real NCCL would use freed memory there.
+TEST(NcclBackendAbort, EveryCallAfterAbortIsAClearErrorAndNeverReachesNccl) {
+  auto& rt = Fake();
+  setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_PATH, 1);
+  void* h = dlopen(FAKE_NCCL_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto getId = reinterpret_cast<int (*)(scape::device::NcclUniqueId*)>(dlsym(h, "ncclGetUniqueId"));
+  auto init = reinterpret_cast<int (*)(void**, int, scape::device::NcclUniqueId, int)>(
+      dlsym(h, "ncclCommInitRank"));
+  auto onEnded = reinterpret_cast<int (*)()>(dlsym(h, "fakeNcclCallsOnEndedComms"));
+  ASSERT_TRUE(getId && init && onEnded);
+  scape::device::NcclUniqueId id;
+  ASSERT_EQ(getId(&id), 0);
+  void* nc = nullptr;
+  ASSERT_EQ(init(&nc, 1, id, 0), 0);
+  std::unique_ptr<scape::device::NcclBackend> nb;
+  ASSERT_TRUE(scape::device::NcclBackend::Create(nc, &nb, /*owned=*/true).ok());
+  scape::device::NcclBackend* raw = nb.get();
+  scape::backend::NcclBackend b(std::move(nb), 2000);
+  const size_t n = 64;
+  void* d = rt.DeviceMalloc(n * 4);
+  scape::coll::CollArgs a;
+  a.type = scape::coll::CollType::kAllReduce;
+  a.send = d;
+  a.recv = d;
+  a.count = n;
+  ASSERT_TRUE(b.Admit(a, nullptr, false).ok());
+  ASSERT_TRUE(b.Run(a, nullptr, nullptr).ok());
+  EXPECT_TRUE(b.AsyncError().ok());
+  const int before = onEnded();
+  b.Abort();  // ncclCommAbort
+  auto refused = [&](const scape::Status& st, const char* what) {
+    EXPECT_EQ(st.code(), scapeInvalidUsage) << what << ": " << st.message();
+    EXPECT_NE(st.message().find("NCCL communicator was aborted"), std::string::npos)
+        << what << ": " << st.message();
+  };
+  refused(b.Admit(a, nullptr, false), "Admit");
+  refused(b.Run(a, nullptr, nullptr), "Run");
+  refused(raw->Run(a, nullptr), "device::NcclBackend::Run");
+  a.counts = {n};  // the packed (V) form
+  refused(raw->Run(a, nullptr), "device::NcclBackend::Run (V)");
+  a.counts.clear();
+  refused(b.AsyncError(), "AsyncError");
+  int32_t v = 1;
+  refused(raw->BroadcastHostBytes(&v, sizeof(v), 0, 1000), "BroadcastHostBytes");
+  b.Release(1000);  // no ncclCommDestroy after the abort
+  EXPECT_EQ(onEnded(), before) << "a call reached NCCL after ncclCommAbort";
   rt.DeviceFree(d);
 }
 

@@ -494,6 +494,41 @@ TEST_F(FakeOps, InjectedFaultsFailTheNextOps) {
 // scratch uses them: an exact block has no quarter to spare; a dropped block is never taken
 // again and is freed once its stream has passed the drop (not before: the stream is held), by
 // the next Sweep, without a host wait; a released block is taken again on its stream.
+// Issue 31: the pool's same-stream reuse is keyed on the stream handle, and a runtime may hand
+// a destroyed stream's handle to a new stream (the fake does, as CUDA may). A block released on
+// the old stream while its work is still queued there, then taken on the new stream of the same
+// handle, must not be written by the new stream's work before the old work has run: the reuse
+// waits on the release's event (on the device, no host wait), whatever the handle.
+TEST_F(FakeOps, PoolReuseOnTheHandleOfADestroyedStreamWaitsForItsWork) {
+  scape::device::DevicePool pool(rt_, 5000);
+  Stream s1 = nullptr, s2 = nullptr;
+  ASSERT_ST_OK(rt_->StreamCreate(&s1));
+  scape::device::DevicePool::Block a, b;
+  ASSERT_ST_OK(pool.Acquire(1024, s1, &a, /*exact=*/true));
+  Gate gate;
+  fake_.HoldStream(s1, &gate);
+  ASSERT_ST_OK(rt_->Memset(a.d, 1, a.bytes, s1));  // the old stream's work on the block, held
+  scape::device::Event oldDone = nullptr;
+  ASSERT_ST_OK(rt_->EventCreate(&oldDone));
+  ASSERT_ST_OK(rt_->EventRecord(oldDone, s1));
+  pool.Release(a, s1);
+  rt_->StreamDestroy(s1);
+  ASSERT_ST_OK(rt_->StreamCreate(&s2));
+  ASSERT_EQ(s2, s1) << "the fake did not hand the destroyed stream's handle to the new stream";
+  ASSERT_ST_OK(pool.Acquire(1024, s2, &b, /*exact=*/true));
+  EXPECT_EQ(b.d, a.d) << "the block released on the handle is reused at once";
+  ASSERT_ST_OK(rt_->Memset(b.d, 2, b.bytes, s2));  // the new owner's work
+  (void)fake_.StreamOf(s2)->Sync(300);  // unordered, it would run now, before the old work
+  gate.Open();
+  for (bool done = false; !done;) ASSERT_ST_OK(rt_->EventQuery(oldDone, &done));
+  ASSERT_TRUE(fake_.StreamOf(s2)->Sync());
+  const std::vector<uint8_t> got(static_cast<uint8_t*>(b.d), static_cast<uint8_t*>(b.d) + b.bytes);
+  EXPECT_EQ(got, std::vector<uint8_t>(b.bytes, 2)) << "the old stream's work ran after the reuse";
+  rt_->EventDestroy(oldDone);
+  pool.Release(b, s2);
+  rt_->StreamDestroy(s2);
+}
+
 TEST_F(FakeOps, PoolDropFreesOnceTheStreamHasPassed) {
   scape::device::DevicePool pool(rt_, 5000);
   scape::device::DevicePool::Block a, b, c;

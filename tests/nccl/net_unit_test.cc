@@ -1,6 +1,7 @@
 // Unit tests of the net plugin's internal pieces: the device selection syntax and merging.
 #include <gtest/gtest.h>
 
+#include "plugin/nccl/net_abi.h"
 #include "plugin/nccl/net_devices.h"
 
 namespace {
@@ -67,6 +68,19 @@ TEST(MergeDevices, SumsSpeedJoinsNamesAndRoutes) {
   EXPECT_FALSE(scape::nccl::MergeDevices(devs, 2, {0, 2}, &v).ok());  // 2 is not physical
   EXPECT_FALSE(scape::nccl::MergeDevices(devs, 3, {0, -1}, &v).ok());
   EXPECT_FALSE(scape::nccl::MergeDevices(devs, 3, {0, 1, 2, 0, 1}, &v).ok());
+}
+
+// Issue 31: NCCL_PTR_CUDA only with GPUDirect RDMA (registration with the NIC and a flush),
+// which the plugin does not implement: a UCX that lists CUDA memory through cuda_copy alone
+// (staging through host memory behind NCCL's back) does not make the plugin advertise it.
+TEST(PtrSupport, CudaOnlyWithGpuDirect) {
+  scape::nccl::CudaCaps c;
+  EXPECT_EQ(scape::nccl::PtrSupport(c), NCCL_PTR_HOST);
+  c.ucxMovesCuda = true;  // UCX with cuda_copy only
+  EXPECT_EQ(scape::nccl::PtrSupport(c), NCCL_PTR_HOST);
+  c.gpuDirect = true;
+  EXPECT_EQ(scape::nccl::PtrSupport(c), NCCL_PTR_HOST | NCCL_PTR_CUDA);
+  EXPECT_FALSE(scape::nccl::kPluginGpuDirect) << "GPUDirect needs regMr and iflush first";
 }
 
 TEST(DiscoverDevices, ExplicitListSelectsExactlyThoseInterfaces) {

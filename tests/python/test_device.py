@@ -198,5 +198,74 @@ class NcclFromPython(unittest.TestCase):
         self.assertTrue(p is None or os.path.exists(p), p)
 
 
+@unittest.skipUnless(HAVE, "SCAPE_TEST_FAKEDEV / SCAPE_TEST_FAKE_NCCL not set (run by ctest)")
+class MaskStreams(unittest.TestCase):
+    """The mask calls without a stream argument in C run on their buffers' stream."""
+
+    @classmethod
+    def setUpClass(cls):
+        fd.install()
+        cls.comm = scape.Communicator(1, scape.get_unique_id(), 0, device=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+    def test_mask_calls_run_on_the_buffers_stream(self):
+        # Issue 31: pack, unpack and the device top-k run on the stream of their buffers (for
+        # torch tensors torch's current stream), not on the default stream, which a
+        # non-blocking stream does not order with: held behind a gate on that stream, the
+        # work is not done until the gate opens.
+        import threading
+        import time
+
+        c = self.comm
+        m = c.create_mask([8])
+        m.set_next_indices(np.array([1, 5], np.uint64))
+        m.sync_start(), m.sync_wait(), m.advance()
+        s = fd.new_stream()
+        dense = fd.FakeCudaArray(np.arange(8, dtype=np.float32), stream=s)
+        packed = fd.FakeCudaArray(np.zeros(2, np.float32), stream=s)
+        gate = fd.Gate(s)
+        m.pack(dense, packed)
+        fd.sync(None)  # the default stream has nothing of it
+        self.assertEqual(packed.numpy(stream=0).tolist(), [0.0, 0.0],
+                         "pack ran before the work queued ahead of it on its stream")
+        gate.open()
+        self.assertEqual(packed.numpy().tolist(), [1.0, 5.0])
+        out = fd.FakeCudaArray(np.zeros(8, np.float32), stream=s)
+        gate = fd.Gate(s)
+        m.unpack(packed, out)
+        fd.sync(None)
+        self.assertEqual(out.numpy(stream=0).tolist(), [0.0] * 8,
+                         "unpack ran before the work queued ahead of it on its stream")
+        gate.open()
+        self.assertEqual(out.numpy().tolist(), [0, 1, 0, 0, 0, 5, 0, 0])
+        # The top-k waits (on the host) for its stream: it returns only once the gate opens.
+        stat = fd.FakeCudaArray(np.array([0, 9, 0, 0, 7, 0, 0, 1], np.float32), stream=s)
+        gate = fd.Gate(s)
+        done = threading.Event()
+        errors = []
+
+        def select():
+            try:
+                m.select_next_topk(stat, 0.25)
+            except Exception as e:  # reported below
+                errors.append(e)
+            done.set()
+
+        t = threading.Thread(target=select)
+        t.start()
+        time.sleep(0.3)
+        returned_early = done.is_set()
+        gate.open()
+        t.join(30)
+        self.assertFalse(returned_early, "the top-k did not wait for the statistic's stream")
+        self.assertEqual(errors, [])
+        m.sync_start(), m.sync_wait(), m.advance()
+        self.assertEqual(sorted(m.indices().tolist()), [1, 4])
+        m.destroy()
+
+
 if __name__ == "__main__":
     unittest.main()
