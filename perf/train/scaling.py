@@ -95,10 +95,22 @@ class Plan:
     group_grids: Dict[str, List[float]] = field(default_factory=dict)
     max_extend: int = 1
     swept: List[str] = field(default_factory=list)
+    # issue 30's axes: no sweep of their own; every method at the best lr of plan `lr_plan`'s
+    # sweep (the same out folder), at this plan's length and sizes
+    lr_plan: str = ""
+    # the peers and variants a plan runs (None: the scaling study's PEERS / VARIANTS); the axes
+    # run the options the q20 screen keeps (none until it has run)
+    peers: Optional[List[str]] = None
+    variants: Optional[List[str]] = None
+    variant_seeds: int = 0  # seeds of a variant (0: the plan's); q20 screens with 2
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
              "scape": [1e-3, 3e-3, 1e-2]}
+# issue 30 (plan q20 and later): the options screened beside segment_rms
+VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "scape-0.01-clipstay",
+              "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
+              "scape-0.01-segrms-clipstay"]
 PLANS: Dict[str, Plan] = {
     "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [1e-2]}, extend=False),
@@ -114,7 +126,18 @@ PLANS: Dict[str, Plan] = {
                  "adams": [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3],
                  "scape": [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]},
                 group_grids={"scape-0.01": [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]},
-                max_extend=4, swept=["adams", "scape-0.01", "scape-0.1", "adamw"]),
+                max_extend=4, swept=["adams", "scape-0.01", "scape-0.1", "adamw"],
+                variants=VARIANTS_Q, variant_seeds=2),
+    # issue 30, the two axes, dense AdamS and SCAPE at q20's best lr, 3 seeds (AdamW at q20
+    # only: the CPU budget): length (0.12M at 2, 5, 10 and 40 tokens per parameter; 20 is q20
+    # itself) and size at 20 tokens per parameter
+    **{f"q-len{t}": Plan(["d64L2"], float(t), 64, 4, 0, 3, 10, 256, 1024, 20, {},
+                         swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
+                         peers=[], variants=[])
+       for t in (2, 5, 10, 40)},
+    "q-size": Plan(["d32L2", "d48L2", "d96L3"], 20.0, 64, 4, 0, 3, 10, 256, 1024, 100, {},
+                   swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
+                   peers=[], variants=[]),
     "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
                 300, {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
                       "scape": [3e-4, 1e-3, 3e-3]}),
@@ -152,10 +175,6 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
 SWEPT = ["adamw", "adams", "scape-0.1", "scape-0.01"]
 PEERS = ["topk-0.1", "topk-0.01", "powersgd@0.1", "powersgd@0.01"]
 VARIANTS = ["scape-0.1-segrms", "scape-0.01-segrms"]
-# issue 30 (plan q20 and later): the options screened beside segment_rms
-VARIANTS_Q = VARIANTS + ["scape-0.1-clipstay", "scape-0.01-clipstay", "scape-0.1-artifact",
-                         "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
-                         "scape-0.01-segrms-clipstay"]
 DENSITY_WARMUP_FRAC = 0.1   # SCAPE's geometric density warm-up from 1.0, fraction of the steps
 POWERSGD_START_ITER = 2     # the hook's vanilla all-reduce steps (its minimum with feedback)
 MAX_POWERSGD_RANK = 64
@@ -290,11 +309,13 @@ class Schedule:
             return pl.fixed_steps, b
         return max(pl.min_steps, int(round(tokens / (seq * b)))), b
 
-    @staticmethod
-    def done(results: List[Dict[str, Any]], size: str, group: str,
+    def done(self, results: List[Dict[str, Any]], size: str, group: str,
              seed: Optional[int] = None) -> List[Dict[str, Any]]:
+        """The finished runs of this plan's length at `size` (plans of other lengths may share
+        the out folder)."""
+        steps = self.steps(size)[0]
         return [r for r in results if r["size"] == size and r["group"] == group
-                and (seed is None or r["seed"] == seed)]
+                and r["steps"] == steps and (seed is None or r["seed"] == seed)]
 
     def sweep_lrs(self, results: List[Dict[str, Any]], size: str, group: str) -> List[float]:
         pl = self.plan
@@ -328,6 +349,9 @@ class Schedule:
     def best_lr(self, results: List[Dict[str, Any]], size: str, group: str) -> Optional[float]:
         if "sweep" not in CONFIGS[group]:
             return None
+        if self.plan.lr_plan:  # the axes: the lr of the sweep plan, at its size
+            src = Schedule(PLANS[self.plan.lr_plan], self.world, self.variant)
+            return src.best_lr(results, src.plan.sizes[0], group)
         lrs = self.sweep_lrs(results, size, group)
         got = {r["lr"]: r["final_val_loss"] for r in self.done(results, size, group, 1)}
         if not all(lr in got for lr in lrs):
@@ -350,7 +374,9 @@ class Schedule:
 
         best: Dict[str, Optional[float]] = {}
         swept = self.plan.swept or SWEPT
-        if self.plan.swept:  # interleaved, each grid from its middle outwards
+        if self.plan.lr_plan:
+            pass  # no sweep: every seed at the sweep plan's best lr (below)
+        elif self.plan.swept:  # interleaved, each grid from its middle outwards
             grids = {g: self.middle_out(self.sweep_lrs(results, size, g)) for g in swept}
             for i in range(max(len(v) for v in grids.values())):
                 for g in swept:
@@ -366,10 +392,10 @@ class Schedule:
             if best[g] is None:
                 waiting.append(f"{g} seeds 2..: its sweep")
                 continue
-            for s in seeds[1:]:
+            for s in (seeds if self.plan.lr_plan else seeds[1:]):
                 out.append(mk(g, s, best[g], "seed"))
         shapes = param_shapes(size, self.plan.context)
-        for g in PEERS:
+        for g in (PEERS if self.plan.peers is None else self.plan.peers):
             c = CONFIGS[g]
             lr = best[c["lr_from"]]
             if lr is None:
@@ -388,7 +414,7 @@ class Schedule:
                 kw = dict(powersgd_rank=rank, match_bytes=target, powersgd_bytes_predicted=pred)
             for s in seeds:
                 out.append(mk(g, s, lr, "peer", **kw))
-        for g in (VARIANTS_Q if self.plan.swept else VARIANTS):
+        for g in (VARIANTS if self.plan.variants is None else self.plan.variants):
             c = CONFIGS[g]
             lr = best[c["lr_from"]]
             if not self.variant:
@@ -397,7 +423,7 @@ class Schedule:
             if lr is None:
                 waiting.append(f"{g}: the {c['lr_from']} sweep")
                 continue
-            for s in seeds:
+            for s in seeds[:self.plan.variant_seeds or len(seeds)]:
                 out.append(mk(g, s, lr, "variant"))
         return out, waiting
 

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The quality study of issue 30, one command, resumable (perf/train/scaling.py, plans q20 then
+# the two axes; README "Model quality", perf/RESULTS_training.md):
+#   q20      the lr of every method at 20 tokens per parameter (0.12M params, seed 1, grids of 5+
+#            points spaced 2x, extended until the best is interior), then 3 seeds at the best lr,
+#            the peers at matched steady-state bytes (PowerSGD-EF, top-k + EF, 3 seeds) and the
+#            screen of the options (clip_norm=staying, bias_correction=artifact, segment_rms,
+#            stacked; 2 seeds)
+#   q-lenT   0.12M at T = 2, 5, 10, 40 tokens per parameter, dense AdamS and SCAPE 0.1 / 0.01 at
+#            q20's lr, 3 seeds (the options the screen keeps are added to these plans after it)
+#   q-size   0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same
+# Cost, from the first q20 runs (115-160 CPU-s per 0.12M run of 2356 steps, 4 ranks): q20 about
+# 2.2 CPU-hours (56 runs), the length axis 1.0, the size axis 2.9 (0.37M: 7159 steps of about
+# 2.5x the work): about 6 CPU-hours, 3 wall-hours on 2 idle cores; more on a shared machine.
+# Every run is one line of OUT/runs.jsonl; a rerun skips what is there, so the same command
+# continues an interrupted study. 4 local ranks, one thread each; the same tokens per step
+# (4 sequences of 64 per rank) at every point. Then perf/train/quality_summary.py prints the
+# tables (OUT/summary.md).
+#   bash perf/train/run_quality.sh                      # the whole study, hours: run it with nohup
+#   PLANS=q20 bash perf/train/run_quality.sh            # one plan
+#   SHORT=1 bash perf/train/run_quality.sh              # < 10 min: one point of the length table
+#                                                       # (q-len2, dense AdamS and SCAPE 0.01,
+#                                                       # seed 1) rerun beside what OUT recorded
+# BUILD_DIR, OUT, NPROC, PLANS, SKIP_BUILD=1 also apply.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD_DIR=${BUILD_DIR:-build}
+OUT=${OUT:-perf/train/out-quality}
+NPROC=${NPROC:-4}
+PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size"}
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  bash tests/install_deps.sh
+  cmake -B "$BUILD_DIR" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 ||
+    { cat "$BUILD_DIR.cmake.log"; exit 1; }
+  rm -f "$BUILD_DIR.cmake.log"
+  cmake --build "$BUILD_DIR" -j2 --target nccl-net-scape
+fi
+export PYTHONPATH="$PWD/$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=1 SCAPE_SOCKET_IFNAME=${SCAPE_SOCKET_IFNAME:-lo}
+export SCAPE_TIMEOUT_MS=${SCAPE_TIMEOUT_MS:-600000}  # a shared machine: slow steps are no hang
+mkdir -p "$OUT"
+if [ "${SHORT:-0}" = 1 ]; then
+  # One point rerun into a scratch folder holding OUT's q20 sweep (for the lr), then compared.
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  [ -f "$OUT/runs.jsonl" ] && grep '"stage": "sweep"' "$OUT/runs.jsonl" > "$tmp/runs.jsonl" || true
+  /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 3600 perf/train/scaling.py \
+    --plan q-len2 --out "$tmp" --only adams scape-0.01 --seeds 1
+  /usr/bin/python3 - "$OUT" "$tmp" <<'PY'
+import json, sys
+def rows(d):
+    try:
+        return [json.loads(l) for l in open(d + "/runs.jsonl") if l.strip()]
+    except OSError:
+        return []
+old, new = rows(sys.argv[1]), rows(sys.argv[2])
+for r in new:
+    if r["stage"] == "sweep":
+        continue
+    same = [o["final_val_loss"] for o in old if o["key"] == r["key"]]
+    seeds = [o["final_val_loss"] for o in old if o["group"] == r["group"] and
+             o["steps"] == r["steps"] and o["lr"] == r["lr"] and o["size"] == r["size"]]
+    spread = (max(seeds) - min(seeds)) if len(seeds) > 1 else float("nan")
+    print(f"short: {r['group']} {r['tokens_per_param']:.0f} tokens/param lr {r['lr']:g}: "
+          f"{r['final_val_loss']:.4f} now, recorded {same[0] if same else 'none'}"
+          f" (seed spread {spread:.4f})")
+PY
+  exit 0
+fi
+lscpu | grep -E "^(Model name|CPU\(s\))" || true
+for plan in $PLANS; do
+  start=$(date +%s)
+  /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 172800 perf/train/scaling.py \
+    --plan "$plan" --out "$OUT"
+  echo "run_quality.sh: plan $plan took $(( $(date +%s) - start )) s"
+done
+/usr/bin/python3 perf/train/quality_summary.py "$OUT" --md "$OUT/summary.md"
