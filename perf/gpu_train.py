@@ -13,7 +13,8 @@ over the ranks, the same seed and token budget for every configuration:
                    dense (dense=lambda p: True; no top-k, every value exchanged), fp32 payload
   scape-<d>        SCAPE-AdamS at density d (geometric density warm-up over 10% of the steps),
                    bf16 payloads
-  scape-<d>-<v>    the same with ScapeAdamS(entering="<v>") (the variant of issue 23)
+  scape-<d>-<v>    the same with the options <v>, "+"-joined: segment_rms (entering, issue 23),
+                   clipstay (clip_norm="staying"), artifact (bias_correction="artifact")
 
 ScapeAdamS holds the fp32 master weights of a bf16 model itself (master_weights, auto).
 Rank 0 appends one JSON line to OUT/train_runs.jsonl: the validation-loss curve (with the bytes
@@ -223,11 +224,18 @@ class Trainer:
                 kw.update(density=cfg["density"],
                           warmup_steps=int(DENSITY_WARMUP_FRAC * s.steps),
                           payload_dtype=torch.bfloat16)
-                if cfg["variant"]:
-                    if not gc.accepts(ScapeAdamS.__init__, "entering"):
-                        raise SystemExit(f"this scape's ScapeAdamS has no entering= (variant "
-                                         f"{cfg['variant']!r}: helper variant's change)")
-                    kw["entering"] = cfg["variant"]
+                # the variant: "+"-joined options (issue 30): segment_rms (entering),
+                # clipstay (clip_norm="staying"), artifact (bias_correction="artifact")
+                opts = {"segment_rms": ("entering", "segment_rms"),
+                        "clipstay": ("clip_norm", "staying"),
+                        "artifact": ("bias_correction", "artifact")}
+                for v in filter(None, (cfg["variant"] or "").split("+")):
+                    if v not in opts:
+                        raise SystemExit(f"unknown variant option {v!r} (one of {sorted(opts)})")
+                    key, val = opts[v]
+                    if not gc.accepts(ScapeAdamS.__init__, key):
+                        raise SystemExit(f"this scape's ScapeAdamS has no {key}= (variant {v!r})")
+                    kw[key] = val
             opt = ScapeAdamS(params, self.comm, **kw)
             ring_bytes = 0.0
 

@@ -29,7 +29,8 @@
 # Environment: RANKS (4), PARAMS (268435456: the step benchmark's fp32 parameters; 1073741824
 # needs ~70 GiB for 4 ranks: an H200), STEPS (the training shape's 200), BUDGET_S (460: the
 # whole run; rows and configurations that would not fit are skipped or truncated and say so),
-# STEP_BUDGET_S (150), VARIANT (segment_rms; empty: no variant run), PYTHON (python3 there,
+# STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu_train.py, e.g.
+# segment_rms+clipstay, the quality study's candidates; empty: no variant run), PYTHON (python3 there,
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding

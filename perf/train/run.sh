@@ -9,17 +9,10 @@
 #   BUILD_DIR=... OUT=... NPROC=... also apply
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD_DIR=${BUILD_DIR:-build}
 PLAN=${PLAN:-full}
 OUT=${OUT:-perf/train/out}
 NPROC=${NPROC:-4}
-bash tests/install_deps.sh
-cmake -B "$BUILD_DIR" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 ||
-  { cat "$BUILD_DIR.cmake.log"; exit 1; }
-rm -f "$BUILD_DIR.cmake.log"
-cmake --build "$BUILD_DIR" -j2 --target nccl-net-scape
-export PYTHONPATH="$PWD/$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
-export OMP_NUM_THREADS=1 SCAPE_SOCKET_IFNAME=${SCAPE_SOCKET_IFNAME:-lo}
+source perf/train/setup_env.sh
 lscpu | grep -E "^(Model name|CPU\(s\))" || true
 start=$(date +%s)
 /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 3600 perf/train/train.py --plan "$PLAN" --out "$OUT"

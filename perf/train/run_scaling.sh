@@ -10,20 +10,11 @@
 # BUILD_DIR, OUT, NPROC, PLANS, SKIP_BUILD=1, DEVICE (cpu | cuda) also apply.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD_DIR=${BUILD_DIR:-build}
 PLANS=${PLANS:-cpu}
 OUT=${OUT:-perf/train/out-scaling}
 NPROC=${NPROC:-4}
 DEVICE=${DEVICE:-cpu}
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  bash tests/install_deps.sh
-  cmake -B "$BUILD_DIR" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 ||
-    { cat "$BUILD_DIR.cmake.log"; exit 1; }
-  rm -f "$BUILD_DIR.cmake.log"
-  cmake --build "$BUILD_DIR" -j2 --target nccl-net-scape
-fi
-export PYTHONPATH="$PWD/$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
-export OMP_NUM_THREADS=1 SCAPE_SOCKET_IFNAME=${SCAPE_SOCKET_IFNAME:-lo}
+source perf/train/setup_env.sh
 # the machine may be shared: give a slow step more than the default 120 s before a deadline
 export SCAPE_TIMEOUT_MS=${SCAPE_TIMEOUT_MS:-600000}
 mkdir -p "$OUT"
