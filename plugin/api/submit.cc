@@ -1,7 +1,8 @@
-// The one place where the API layer hands a validated call to the communicator's data path:
-// every entry point (dense in api.cc, masked in api_mask.cc, the optimizer's device exchange
-// in api_optim.cc) ends here, and the data path (plugin/backend) takes it to plugin/core or a
-// device backend, so a payload leaves the API layer once.
+// The one place where the API layer hands a validated collective to the communicator's data
+// path: every collective entry point (dense in api.cc, masked and packed in api_mask.cc) ends
+// here, and the data path (plugin/backend) takes it to plugin/core or a device backend, so a
+// payload leaves the API layer once. (The optimizer step is not a collective call: api_optim.cc
+// hands the whole step to plugin/optim, with the data path's device backend for a device step.)
 #include <functional>
 #include <memory>
 #include <utility>

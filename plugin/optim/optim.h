@@ -1,5 +1,7 @@
-// The SCAPE-AdamS optimizer step (issue 11): the whole step on host memory, built on the agreed
-// mask (plugin/mask) and the collectives of the communicator (plugin/core, plugin/coll).
+// The SCAPE-AdamS optimizer step (issue 11): the whole step on host or device memory (one
+// algorithm, optim_step.cc, over the kernels of step_kernels.h), built on the agreed mask
+// (plugin/mask), the collectives of the communicator (plugin/core, plugin/coll) and, for a
+// device step, the communicator's device backend (plugin/backend).
 // Internal; the public handle (struct scapeOptim) wraps it in plugin/api/api_optim.cc, which
 // validates every argument before calling in.
 #ifndef SCAPE_PLUGIN_OPTIM_OPTIM_H_
