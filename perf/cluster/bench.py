@@ -64,6 +64,7 @@ class Timers:
         self.bwd: List[float] = []
         self.xchg: List[float] = []
         self.opt_step: List[float] = []
+        self.ready: List[float] = []           # first communication call of each step
         self.phases: List[Dict[str, float]] = []
         self.lib_bytes: List[Dict[str, Any]] = []
         self.end: Optional[float] = None
@@ -81,6 +82,12 @@ class Timers:
 
     def step(self) -> int:
         return len(self.starts) - 1
+
+    def mark_ready(self, t: float) -> None:
+        """This rank has computed its gradients and makes its first exchange call."""
+        i = self.step()
+        if i >= 0 and len(self.ready) == i:
+            self.ready.append(t)
 
     def add(self, arr: List[float], dt: float) -> None:
         i = self.step()
@@ -131,6 +138,7 @@ def install(study: "scaling.Study") -> None:
 
     def psgd_hook(state, bucket):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
+        T.mark_ready(t)
         fut = hook(state, bucket)
         T.add(T.xchg, time.perf_counter() - t)
         return fut
@@ -148,6 +156,7 @@ def install(study: "scaling.Study") -> None:
 
         def all_reduce(self, *a: Any, **k: Any) -> Any:
             t = time.perf_counter()
+            T.mark_ready(t)
             out = self._d.all_reduce(*a, **k)
             T.add(T.xchg, time.perf_counter() - t)
             return out
@@ -158,6 +167,7 @@ def install(study: "scaling.Study") -> None:
 
     def opt_step(self, *a, **k):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
+        T.mark_ready(t)
         out = step(self, *a, **k)
         T.add(T.opt_step, time.perf_counter() - t)
         infos = self.info()
@@ -184,8 +194,24 @@ def install(study: "scaling.Study") -> None:
     study.evaluate = evaluate
 
 
-def summarize(res: Dict[str, Any], warmup: int, method: str, world: int) -> Dict[str, Any]:
-    """Per-step means over the timed steps (warm-up excluded) of this rank."""
+def lateness(study: "scaling.Study") -> List[float]:
+    """Per step, how long this rank waits for the slowest rank to reach its first exchange
+    call: the ranks share one host's CLOCK_MONOTONIC (time.perf_counter), so the spread of
+    their ready times is the load imbalance that the first collective of a step absorbs,
+    whatever the network."""
+    us = np.array([int(round(t * 1e6)) for t in T.ready], dtype=np.int64)
+    n = allmax(study, [float(len(us))])[0]
+    if len(us) != n or n == 0:
+        return [0.0] * len(us)
+    g = study.comm.all_gather(us).reshape(study.size, -1)
+    return [float(v) * 1e-6 for v in (g.max(axis=0) - us)]
+
+
+def summarize(res: Dict[str, Any], warmup: int, method: str, world: int,
+              late: List[float]) -> Dict[str, Any]:
+    """Per-step means over the timed steps (warm-up excluded) of this rank. The wait for
+    slower ranks (`late`) is taken out of the first exchange phase of the step (SCAPE's
+    sync_wait, then its exchange; the others' exchange) and reported on its own."""
     n = len(T.starts)
     ends = T.starts[1:] + [T.end]
     tx_end = T.tx[1:] + [T.end_tx]
@@ -205,29 +231,34 @@ def summarize(res: Dict[str, Any], warmup: int, method: str, world: int) -> Dict
         "tx_bytes_per_step": float(np.mean([tx_end[i] - T.tx[i] for i in idx])),
         "rx_bytes_per_step": float(np.mean([rx_end[i] - T.rx[i] for i in idx])),
     }
+    lt = [late[i] if i < len(late) else 0.0 for i in idx]
+    wait = float(np.mean(lt)) if lt else 0.0
     if method == "powersgd":
         compute = fwd + bwd - xchg   # the hook runs inside backward
-        exchange, sync, optim = xchg, 0.0, None
+        exchange, sync, optim = xchg - wait, 0.0, None
     elif method == "adamw":
-        compute, exchange, sync = fwd + bwd, xchg, 0.0
+        compute, exchange, sync = fwd + bwd, xchg - wait, 0.0
         optim = None
     else:
         ph = [T.phases[i] for i in idx]
-        sync = float(np.mean([p["sync_wait"] for p in ph]))
-        exchange = float(np.mean([p["exchange"] + p["gather"] for p in ph]))
+        sw = [p["sync_wait"] for p in ph]
+        sync = float(np.mean([max(0.0, a - b) for a, b in zip(sw, lt)]))
+        out["sync_wait_raw_s"] = float(np.mean(sw))
+        exchange = float(np.mean([p["exchange"] + p["gather"] - max(0.0, b - a)
+                                  for p, a, b in zip(ph, sw, lt)]))
         compute = fwd + bwd
-        optim = mean(T.opt_step) - sync - exchange
+        optim = mean(T.opt_step) - sync - exchange - wait
         lb = [T.lib_bytes[i] for i in idx]
         for k in lb[0]:
             out["lib_" + k + "_per_step"] = float(np.mean([b[k] for b in lb]))
         out["phase_seconds"] = {k: float(np.mean([p[k] for p in ph])) for k in ph[0]}
     if optim is None:  # torch's optimizer: the rest of the step after compute and exchange
-        optim = out["step_s"] - compute - exchange
+        optim = out["step_s"] - compute - exchange - wait
         other = 0.0
     else:
-        other = out["step_s"] - compute - exchange - sync - optim
+        other = out["step_s"] - compute - exchange - sync - optim - wait
     out.update(compute_s=compute, exchange_s=exchange, sync_wait_s=sync, optimizer_s=optim,
-               other_s=other)
+               other_s=other, wait_slower_ranks_s=wait, late_s_all=lt)
     tps = res["batch"] * res["context"] * world
     out["tokens_per_step"] = tps
     out["tokens_per_second"] = tps / out["step_s"]
@@ -330,7 +361,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         T.reset()
         t0 = time.perf_counter()
         res = study.run(run)
-        s = summarize(res, a.warmup, method, world)
+        s = summarize(res, a.warmup, method, world, lateness(study))
         if method == "scape-0.01":
             scape_001_bytes = s["lib_bytes_sent_per_step"]
         if method.startswith("scape"):
@@ -351,7 +382,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if study.rank == 0:
             print(f"{method:11s} {s['tokens_per_second']:8.0f} tok/s  step {s['step_s']:.3f} s "
                   f"(compute {s['compute_s']:.3f} exchange {s['exchange_s']:.3f} sync "
-                  f"{s['sync_wait_s']:.3f} optim {s['optimizer_s']:.3f})  wire "
+                  f"{s['sync_wait_s']:.3f} optim {s['optimizer_s']:.3f} wait-for-ranks "
+                  f"{s['wait_slower_ranks_s']:.3f})  wire "
                   f"{s['tx_bytes_per_step']:,.0f} B/step  loss {s['loss_final_train']:.4f}",
                   flush=True)
             if a.out:

@@ -90,14 +90,19 @@ class Runner:
                                            stderr=subprocess.STDOUT), log))
         deadline = time.monotonic() + self.a.timeout
         ok = True
-        for p, log in procs:
-            try:
-                ok = p.wait(timeout=max(1.0, deadline - time.monotonic())) == 0 and ok
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                ok = False
-            log.close()
+        try:
+            for p, log in procs:
+                try:
+                    ok = p.wait(timeout=max(1.0, deadline - time.monotonic())) == 0 and ok
+                except subprocess.TimeoutExpired:
+                    ok = False
+                    break
+        finally:
+            for p, log in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                log.close()
         with open(os.path.join(self.out, "logs", f"{name}.r0.log")) as f:
             txt = f.read()
         print("\n".join("    " + ln for ln in txt.splitlines() if "tok/s" in ln), flush=True)
@@ -239,6 +244,12 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
     with open(os.path.join(a.out, "state.json"), "w") as f:
         json.dump({**machine_state(), "mode": "quick" if a.quick else "default",
                    "argv": sys.argv[1:]}, f)
+    import signal
+
+    def stop(sig: int, frame: Any) -> None:  # SIGTERM: unwind, so the namespaces go away
+        raise SystemExit(f"cluster.py: signal {sig}")
+
+    signal.signal(signal.SIGTERM, stop)
     r = Runner(a)
     ok = True
     t0 = time.monotonic()

@@ -10,6 +10,7 @@ host's own interfaces, routes and firewall are not touched. Needs root and iprou
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from typing import Dict, List, Optional
 
@@ -107,8 +108,8 @@ class Cluster:
 
     def cmd(self, r: int, argv: List[str], env: Dict[str, str]) -> List[str]:
         """argv run as host r: its namespace, its own UTS namespace and hostname."""
-        envs = " ".join(f"{k}='{v}'" for k, v in env.items())
-        inner = " ".join(f"'{a}'" for a in argv)
+        envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        inner = " ".join(shlex.quote(a) for a in argv)
         return ["ip", "netns", "exec", self.ns[r], "unshare", "--uts", "sh", "-c",
                 f"hostname {self.tag}-host{r} && exec env {envs} {inner}"]
 
