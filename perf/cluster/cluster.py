@@ -62,7 +62,7 @@ def rank_env(P: int, r: int, master: str, port: int, pypath: str) -> Dict[str, s
         "SCAPE_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
         "UCX_NET_DEVICES": "eth0", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n",
         # every "host" believes it has the cores to itself; they share 2: do not spin
-        "SCAPE_PROGRESS": "blocking",
+        "SCAPE_PROGRESS": os.environ.get("SCAPE_PROGRESS", "blocking"),
     }
 
 
