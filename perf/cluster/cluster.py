@@ -37,6 +37,7 @@ import netns  # noqa: E402
 # Named settings: compute:network ratios of real clusters (README.md gives the arithmetic).
 NAMED = {"gh200-200g": 2.2, "h100-100gbe": 4.5}
 SWEEP = {"r0.25": 0.25, "r1": 1.0, "r8": 8.0}   # + the named ones: 5 bandwidths
+EXTRA = {"unshaped": 0.0, "r0.1": 0.1}          # by name only: no tbf, and ~600 Mbit/s
 METHODS = ["adamw", "adams", "scape-0.1", "scape-0.01", "powersgd"]
 
 
@@ -132,7 +133,8 @@ class Runner:
             print(f"P={P}: compute {C:.3f} s/step (forward+backward, this load), {n:,} params, "
                   f"dense ring all-reduce {dense / 1e6:.2f} MB sent per rank", flush=True)
             for link, ratio in sorted(settings.items(), key=lambda kv: kv[1]):
-                rate = dense * 8 / (ratio * C) / 1e6   # Mbit/s
+                # ratio 0: no tbf (the veths' own capacity, CPU-bound here)
+                rate = dense * 8 / (ratio * C) / 1e6 if ratio > 0 else 0.0   # Mbit/s
                 rate = float(f"{rate:.3g}")
                 cl.shape(rate, a.delay_ms)
                 print(f"P={P} {link}: ratio {ratio:g} -> {rate:g} Mbit/s per link "
@@ -188,6 +190,8 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
     ap.add_argument("--delay-ms", type=float, default=0.05,
                     help="netem one-way delay per link, where the kernel has netem")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    ap.add_argument("--append", action="store_true",
+                    help="add to OUT's results (another state-N.json) instead of starting over")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     if a.self_test:
@@ -226,7 +230,7 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
     if a.quick:
         a.ranks, a.steps, a.warmup, a.calib_steps = [2], 4, 3, 3
         a.settings = a.settings or ["gh200-200g"]
-    table = {**NAMED, **SWEEP}
+    table = {**NAMED, **SWEEP, **EXTRA}
 
     def parse(names: List[str]) -> Dict[str, float]:
         out = {}
@@ -239,9 +243,15 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
         return out
 
     res = os.path.join(a.out, "results.jsonl")
-    if os.path.exists(res):
+    state = os.path.join(a.out, "state.json")
+    if a.append and os.path.exists(state):
+        k = 1
+        while os.path.exists(os.path.join(a.out, f"state-{k}.json")):
+            k += 1
+        state = os.path.join(a.out, f"state-{k}.json")
+    elif os.path.exists(res):
         os.remove(res)
-    with open(os.path.join(a.out, "state.json"), "w") as f:
+    with open(state, "w") as f:
         json.dump({**machine_state(), "mode": "quick" if a.quick else "default",
                    "argv": sys.argv[1:]}, f)
     import signal
@@ -260,10 +270,10 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
             settings = dict(table) if P == min(a.ranks) else dict(NAMED)
         ok = r.run_p(P, settings) and ok
     print(f"all runs: {time.monotonic() - t0:.0f} s", flush=True)
-    with open(os.path.join(a.out, "state.json")) as f:
+    with open(state) as f:
         st = json.load(f)
     st["end"] = machine_state()
-    with open(os.path.join(a.out, "state.json"), "w") as f:
+    with open(state, "w") as f:
         json.dump(st, f)
     rc = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), a.out]).returncode
     return 0 if ok and rc == 0 else 1

@@ -45,12 +45,13 @@ def load(out: str) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
         for ln in f:
             if ln.strip():
                 rows.append(json.loads(ln))
-    st: Dict[str, Any] = {}
-    p = os.path.join(out, "state.json")
-    if os.path.exists(p):
-        with open(p) as f:
-            st = json.load(f)
-    return rows, st
+    sts: List[Dict[str, Any]] = []
+    names = sorted((x for x in os.listdir(out) if x.startswith("state") and x.endswith(".json")),
+                   key=lambda x: (len(x), x))
+    for x in names:  # state.json, then state-1.json ... of --append runs
+        with open(os.path.join(out, x)) as f:
+            sts.append(json.load(f))
+    return rows, sts
 
 
 def powersgd_elements(row: Dict[str, Any]) -> Tuple[int, int]:
@@ -115,17 +116,18 @@ def fmt_b(x: float) -> str:
 
 
 def report(out: str) -> str:
-    rows, st = load(out)
+    rows, sts = load(out)
     groups: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["P"], r["link"]), []).append(r)
-    keys = sorted(groups, key=lambda k: (k[0], -(groups[k][0].get("ratio_target") or 0)))
+    keys = sorted(groups, key=lambda k: (k[0], groups[k][0].get("ratio_target") or 0))
     L: List[str] = []
-    if st:
-        L.append(f"Machine state: start {st.get('date')} ({st.get('uptime')}), "
-                 f"end {st.get('end', {}).get('date', '?')} ({st.get('end', {}).get('uptime', '')}); "
-                 f"{st.get('cores')} cores, kernel {st.get('kernel')}, git {st.get('git')}, "
-                 f"mode {st.get('mode')}. Timings are noisy: the cores are shared.")
+    for st in sts:
+        L.append(f"Run `cluster.py {' '.join(st.get('argv') or [])}`: start {st.get('date')} "
+                 f"({st.get('uptime')}), end {st.get('end', {}).get('date', '?')} "
+                 f"({st.get('end', {}).get('uptime', '')}); {st.get('cores')} cores, kernel "
+                 f"{st.get('kernel')}, git {st.get('git')}, mode {st.get('mode')}. Timings are "
+                 f"noisy: the cores are shared with other work.")
         L.append("")
     notes = {r.get("shaping_note") for r in rows if r.get("shaping_note")}
     for nt in notes:
@@ -136,7 +138,8 @@ def report(out: str) -> str:
         r0 = g[0]
         bw, lat, good = link_figures(g)
         L.append(f"### P = {key[0]}, {key[1]}: target ratio {r0.get('ratio_target')}, "
-                 f"{r0['rate_mbit']:g} Mbit/s per link")
+                 + (f"{r0['rate_mbit']:g} Mbit/s per link" if r0["rate_mbit"] else
+                    "no tbf (the veths' own capacity)"))
         L.append("")
         L.append(f"{r0['params']:,} parameters ({r0['size']}), {r0['batch']} x 64 tokens per "
                  f"rank per step, {r0['steps_timed']} timed steps after {r0['warmup']}; "
