@@ -54,7 +54,10 @@ def pythonpath() -> str:
 
 
 def rank_env(P: int, r: int, master: str, port: int, pypath: str) -> Dict[str, str]:
-    return {
+    # other SCAPE_* knobs of the caller's environment (SCAPE_CHUNK_BYTES, SCAPE_DEBUG ...) pass
+    extra = {k: v for k, v in os.environ.items()
+             if k.startswith("SCAPE_") and k not in ("SCAPE_PYTHONPATH", "SCAPE_PROGRESS")}
+    return {**extra,
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
         "PYTHONPATH": pypath, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         "RANK": str(r), "WORLD_SIZE": str(P), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
