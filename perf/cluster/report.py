@@ -206,7 +206,7 @@ def report(out: str) -> str:
             won = [rate for rate, d in pts if m in d and all(
                 d[m] > d[o] for o in ("adamw", "adams") if o in d)]
             lost = [rate for rate, d in pts if m in d and rate not in won]
-            if pts:
+            if any(m in d for _, d in pts):
                 L.append(f"P = {P}: {LABEL[m]} beats both dense methods at "
                          f"{', '.join(f'{x:g}' for x in won) or 'no'} Mbit/s"
                          f"{'; not at ' + ', '.join(f'{x:g}' for x in lost) if lost else ''}.")
@@ -243,6 +243,14 @@ def plot(out: str, groups: Dict[Tuple[int, str], List[Dict[str, Any]]],
                 ax.text(groups[k][0]["rate_mbit"], ax.get_ylim()[1] * 0.02, k[1], rotation=90,
                         fontsize=7, color="grey", va="bottom")
         ax.set_xscale("log")
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        rates = sorted({groups[k][0]["rate_mbit"] for k in keys
+                        if k[0] == P and groups[k][0]["rate_mbit"]})
+        ax.set_xticks(rates)
+        ax.set_xticklabels([f"{x:g}" for x in rates], fontsize=7)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("link rate per host (Mbit/s, tbf)")
         ax.set_ylabel("tokens/s (all ranks)")
         ax.set_title(f"P = {P} emulated hosts (shared 2-core VM: noisy)")
