@@ -37,7 +37,7 @@ import netns  # noqa: E402
 # Named settings: compute:network ratios of real clusters (README.md gives the arithmetic).
 NAMED = {"gh200-200g": 2.2, "h100-100gbe": 4.5}
 SWEEP = {"r0.25": 0.25, "r1": 1.0, "r8": 8.0}   # + the named ones: 5 bandwidths
-EXTRA = {"unshaped": 0.0, "r0.1": 0.1}          # by name only: no tbf, and ~600 Mbit/s
+EXTRA = {"unshaped": 0.0, "r0.1": 0.1}          # no tbf, and ~400-700 Mbit/s: the crossover end
 METHODS = ["adamw", "adams", "scape-0.1", "scape-0.01", "powersgd"]
 
 
@@ -181,8 +181,8 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
                          "loopback (2 ranks) and report.py on its output")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--settings", nargs="+", default=None,
-                    help="link settings (names of NAMED/SWEEP or NAME=RATIO); default: all at "
-                         "P=2, the named ones at larger P")
+                    help="link settings (names of NAMED/SWEEP/EXTRA or NAME=RATIO, 0 = no tbf); "
+                         "default: all seven at the smallest P, the two named ones at larger P")
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     ap.add_argument("--size", default="d128L4")
     ap.add_argument("--batch", type=int, default=24,
