@@ -166,6 +166,7 @@ def machine_state() -> Dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return ""
     return {"date": rd(["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"]), "uptime": rd(["uptime"]),
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("SCAPE_", "UCX_"))},
             "cores": os.cpu_count(), "kernel": rd(["uname", "-r"]),
             "git": rd(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])}
 
