@@ -894,10 +894,16 @@ class ScapeAdamS(torch.optim.Optimizer):
         """Adds a group (collective after construction: every rank must add the same group,
         which creates its library optimizer)."""
         super().add_param_group(param_group)
-        self._normalise(self.param_groups[-1])
+        try:
+            self._normalise(self.param_groups[-1])
+            if len(self.param_groups) > 1:
+                self._check_joint()  # before the group's library optimizer exists
+        except Exception:
+            self.param_groups.pop()  # a refused group leaves the optimizer as it was
+            raise
         if self._ready:
             self._groups.append(_Group(self, self.param_groups[-1]))
-            self._check_joint()
+            self._check_joint()  # the device, known once the group is built
 
     # -- the step ------------------------------------------------------------------------
 
@@ -1005,7 +1011,7 @@ class ScapeAdamS(torch.optim.Optimizer):
                                      f"{k} applies to every group at once (one global gradient "
                                      f"norm over all groups, as torch.nn.utils.clip_grad_norm_; "
                                      f"one skip decision); set it once, in the constructor")
-        devs = {g.device for g in self._groups if g.n}
+        devs = {g.device for g in getattr(self, "_groups", []) if g.n}
         if len(devs) > 1:
             raise bad_arg("params", f"parameter groups on several devices ({sorted(map(str, devs))}"
                                     f"): one step clips and skips every group together, so all "

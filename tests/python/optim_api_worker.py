@@ -317,6 +317,13 @@ def case_optim_global_clip(comm, steps=3):
                      "ref_scale": max_norm / (total + 1e-6), "group_scales": scales,
                      "group_norms": [i["grad_norm"] for i in opt.info()]})
     h = _hash(opt.flat_parameters())
+    # a group added later with its own max_grad_norm is refused and leaves the optimizer as it was
+    added = None
+    try:
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))],
+                             "max_grad_norm": 0.5})
+    except scape.InvalidArgumentError as e:
+        added = [e.argument, len(opt.param_groups), len(opt._groups)]
     opt.destroy()
     bad = None
     try:
@@ -324,7 +331,7 @@ def case_optim_global_clip(comm, steps=3):
                    comm, max_grad_norm=1.0)
     except scape.InvalidArgumentError as e:
         bad = [e.argument, str(e)]
-    return {"rows": rows, "hash": h, "bad": bad}
+    return {"rows": rows, "hash": h, "bad": bad, "added": added}
 
 
 def case_optim_clip_norm(comm, steps=4):

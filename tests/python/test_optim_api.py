@@ -50,6 +50,7 @@ class GlobalClipTest(unittest.TestCase):
                         self.assertEqual(set(row["group_scales"]), {row["scale"]}, row)
                         self.assertEqual(set(row["group_norms"]), {row["norm"]}, row)
                     self.assertEqual(r["bad"][0], "max_grad_norm", r["bad"])
+                    self.assertEqual(r["added"], ["max_grad_norm", 3, 3], r["added"])
                     self.assertIn("param group 1", r["bad"][1])
 
 
