@@ -112,13 +112,18 @@ def gap_table(rows: List[Dict[str, Any]], best: Dict, base: Dict[str, float]) ->
     groups = sorted({(r["size"], r["group"]) for r in rows})
     for size, g in groups:
         ref = best.get((size, "adams"))
+        note = ""
         if (size, g) in best:
             lr = best[(size, g)]["lr"]
-        else:
-            lrs = {r["lr"] for r in rows if r["size"] == size and r["group"] == g}
-            if len(lrs) != 1:
-                continue
-            lr = lrs.pop()
+        else:  # a variant or peer: its lr with the lowest mean (seed 1 where lrs were tried)
+            at = defaultdict(list)
+            for r in rows:
+                if r["size"] == size and r["group"] == g:
+                    at[r["lr"]].append(r["final_val_loss"])
+            lr = min(at, key=lambda x: (float(np.mean(at[x])), x))
+            if len(at) > 1:
+                note = " (best of " + ", ".join(f"{x:g}: {np.mean(v):.3f}" for x, v in
+                                                 sorted(at.items())) + ")"
         rs = [r for r in rows if r["size"] == size and r["group"] == g and r["lr"] == lr]
         v = np.array([r["final_val_loss"] for r in rs])
         gap = "n/a"
@@ -132,7 +137,7 @@ def gap_table(rows: List[Dict[str, Any]], best: Dict, base: Dict[str, float]) ->
             steps, txt = dense_steps_to(ref["curve"], float(v.mean()))
             equiv = f"{txt} of {rs[0]['steps']}"
         spread = f" ± {(v.max() - v.min()) / 2:.3f}" if len(v) > 1 else ""
-        lines.append(f"| {rs[0]['size_label']} | {g} | {lr:g} | {len(rs)} | {v.mean():.3f}"
+        lines.append(f"| {rs[0]['size_label']} | {g} | {lr:g}{note} | {len(rs)} | {v.mean():.3f}"
                      f"{spread}{flag(float(v.mean()), base)} | {gap} | {equiv} | "
                      f"{np.mean([r['bytes_per_step'] for r in rs]):,.0f} |")
     return "\n".join(lines)

@@ -103,6 +103,9 @@ class Plan:
     peers: Optional[List[str]] = None
     variants: Optional[List[str]] = None
     variant_seeds: int = 0  # seeds of a variant (0: the plan's); q20 screens with 2
+    # a variant's lr: its method's best lr times this (--variant-lr-scale; an option that
+    # changes the step size, as segment_rms does, needs its own lr checked)
+    variant_lr_scale: float = 1.0
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
@@ -417,6 +420,8 @@ class Schedule:
         for g in (VARIANTS if self.plan.variants is None else self.plan.variants):
             c = CONFIGS[g]
             lr = best[c["lr_from"]]
+            if lr is not None:
+                lr *= self.plan.variant_lr_scale
             if not self.variant:
                 waiting.append(f"{g}: the library has no ScapeAdamS(entering=...) yet")
                 continue
@@ -475,6 +480,8 @@ class Study:
             self.plan.tokens_per_param = args.tokens_per_param
         if args.steps:
             self.plan.fixed_steps = args.steps
+        if args.variant_lr_scale:
+            self.plan.variant_lr_scale = args.variant_lr_scale
         if args.lr:
             self.plan.grids = {k: [args.lr] for k in self.plan.grids}
             self.plan.group_grids = {}
@@ -787,6 +794,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--lr", type=float, default=0.0, help="one lr for every sweep (timing runs)")
     ap.add_argument("--only", nargs="*", choices=sorted(CONFIGS),
                     help="run only these configurations (timing runs)")
+    ap.add_argument("--variant-lr-scale", type=float, default=0.0,
+                    help="run the variants at their method's best lr times this")
     ap.add_argument("--sweep-only", action="store_true",
                     help="only the sweep stage (timing runs)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
