@@ -105,10 +105,11 @@ def sweep_table(rows: List[Dict[str, Any]], base: Dict[str, float]) -> Tuple[str
     return "\n".join(lines), best
 
 
-def gap_table(rows: List[Dict[str, Any]], best: Dict, base: Dict[str, float]) -> str:
+def gap_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
     """Every configuration at its best lr (all seeds run there) against dense AdamS."""
     lines = ["| size | method | lr | seeds | final val loss (mean ± spread) | gap to dense AdamS "
-             "| dense-step equivalent (of N) | bytes/step |", "|---|---|---|---|---|---|---|---|"]
+             "| dense-step equivalent (of N) | option vs its method, same seeds | bytes/step |",
+             "|---|---|---|---|---|---|---|---|---|"]
     groups = sorted({(r["size"], r["group"]) for r in rows})
     for size, g in groups:
         ref = best.get((size, "adams"))
@@ -137,8 +138,20 @@ def gap_table(rows: List[Dict[str, Any]], best: Dict, base: Dict[str, float]) ->
             steps, txt = dense_steps_to(ref["curve"], float(v.mean()))
             equiv = f"{txt} of {rs[0]['steps']}"
         spread = f" ± {(v.max() - v.min()) / 2:.3f}" if len(v) > 1 else ""
+        # an option (scape-0.1-segrms, ...) against its method at the method's best lr, over
+        # the seeds both ran: seeds differ by more than the options do
+        same = ""
+        base = next((b for b in ("scape-0.01", "scape-0.1") if g.startswith(b + "-")), None)
+        if base and (size, base) in best:
+            blr = best[(size, base)]["lr"]
+            bs = {r["seed"]: r["final_val_loss"] for r in rows if r["size"] == size
+                  and r["group"] == base and r["lr"] == blr}
+            common = [r for r in rs if r["seed"] in bs]
+            if common:
+                d = float(np.mean([r["final_val_loss"] - bs[r["seed"]] for r in common]))
+                same = f"{d:+.3f} nats ({len(common)} seed{'s' if len(common) > 1 else ''})"
         lines.append(f"| {rs[0]['size_label']} | {g} | {lr:g}{note} | {len(rs)} | {v.mean():.3f}"
-                     f"{spread}{flag(float(v.mean()), base)} | {gap} | {equiv} | "
+                     f"{spread}{flag(float(v.mean()), base_ce)} | {gap} | {equiv} | {same} | "
                      f"{np.mean([r['bytes_per_step'] for r in rs]):,.0f} |")
     return "\n".join(lines)
 
