@@ -878,26 +878,28 @@ typedef enum {
  * layout and what differs. Every rank must pass the same configuration (checked: a layout
  * that differs between ranks fails scapeOptimCreate on every rank).
  *
- * | field          | meaning                                                  | default      |
- * |----------------|----------------------------------------------------------|--------------|
- * | n              | parameters in the flat buffer, 0 < n < 2^40              | 0 (must set) |
- * | nsegments      | segments (the model's tensors), >= 1                     | 0 (must set) |
- * | segOffsets     | nsegments + 1 offsets: 0, non-decreasing, last == n      | NULL (set)   |
- * | denseFlags     | NULL or nsegments bytes, non-zero = always dense         | NULL         |
- * | ownership      | a scapeOptimOwnership_t                                  | replicated   |
- * | maskOwnership  | a scapeOwnership_t (how selection is partitioned), or -1 | -1: segments for
- * replicated, shards for sharded | | lr             | learning rate >= 0 (scapeOptimSetLr changes
- * it)          | 1e-3         | | beta1, beta2   | in [0, 1) | 0.9, 0.95    | | eps            | >=
- * 0, added outside the square root                      | 1e-8         | | weightDecay    |
- * decoupled, >= 0: theta *= 1 - lr*wd on every coordinate  | 0            | | maxGradNorm    | clip
- * g^ to this global L2 norm; 0 = no clipping          | 0            | | biasCorrection | a
- * scapeBiasCorrection_t                                  | none         | | density        | target
- * density rho* of sparse segments, 0 < rho* <= 1    | 0.01         | | warmupSteps    | W >= 0:
- * rho(t) = rho*^(t/W) for t < W, then rho* (W = 0: fixed) | 0     | | payloadType    |
- * scapeFloat32, scapeBfloat16 or scapeFloat16              | fp32         | | maskEncoding   | a
- * scapeMaskEncoding_t                                    | auto         |
- * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)          | payload      |
- * | clipNorm       | a scapeOptimClipNorm_t: what maxGradNorm is compared with | recovered   |
+ * | field          | meaning                                                    | default      |
+ * |----------------|------------------------------------------------------------|--------------|
+ * | n              | parameters in the flat buffer, 0 < n < 2^40                | 0 (must set) |
+ * | nsegments      | segments (the model's tensors), >= 1                       | 0 (must set) |
+ * | segOffsets     | nsegments + 1 offsets: 0, non-decreasing, last == n        | NULL (set)   |
+ * | denseFlags     | NULL or nsegments bytes, non-zero = always dense           | NULL         |
+ * | ownership      | a scapeOptimOwnership_t                                    | replicated   |
+ * | maskOwnership  | a scapeOwnership_t (how selection is partitioned), or -1   | -1 (1)       |
+ * | lr             | learning rate >= 0 (scapeOptimSetLr changes it)            | 1e-3         |
+ * | beta1, beta2   | in [0, 1)                                                  | 0.9, 0.95    |
+ * | eps            | >= 0, added outside the square root                        | 1e-8         |
+ * | weightDecay    | decoupled, >= 0: theta *= 1 - lr*wd on every coordinate    | 0            |
+ * | maxGradNorm    | clip g^ to this global L2 norm; 0 = no clipping            | 0            |
+ * | biasCorrection | a scapeBiasCorrection_t                                    | none         |
+ * | density        | target density rho* of sparse segments, 0 < rho* <= 1      | 0.01         |
+ * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (0: fixed) | 0           |
+ * | payloadType    | scapeFloat32, scapeBfloat16 or scapeFloat16                | fp32         |
+ * | maskEncoding   | a scapeMaskEncoding_t                                      | auto         |
+ * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)            | payload      |
+ * | clipNorm       | a scapeOptimClipNorm_t: what maxGradNorm is compared with  | recovered    |
+ *
+ * (1) -1: segments for replicated ownership, shards for sharded.
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
