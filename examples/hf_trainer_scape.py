@@ -93,7 +93,8 @@ def make_trainer(a, out, steps, comm, seed_model=0):
                                  args=compat_training_args(args), train_dataset=ds)
     else:
         t = ScapeTrainer(model=model, args=args, train_dataset=ds, comm=comm,
-                         scape_kwargs={"density": a.density, "warmup_steps": a.warmup})
+                         scape_kwargs={"density": a.density,
+                                       "warmup_fraction": a.warmup_fraction})
     probe = StepProbe(weakref.ref(t))
     t.add_callback(probe)
     return t, probe
@@ -105,7 +106,9 @@ def main() -> int:
     ap.add_argument("--optim", choices=("scape", "adamw"), default="scape",
                     help="scape: ScapeTrainer (default); adamw: plain Trainer, DDP, AdamW")
     ap.add_argument("--density", type=float, default=0.1, help="ScapeAdamS density")
-    ap.add_argument("--warmup", type=int, default=10, help="ScapeAdamS density warm-up steps")
+    ap.add_argument("--warmup-fraction", type=float, default=0.25,
+                    help="ScapeAdamS density warm-up, a fraction of --steps (ScapeTrainer passes "
+                         "max_steps as total_steps)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=16, help="per rank")

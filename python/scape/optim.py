@@ -684,6 +684,13 @@ class ScapeAdamS(torch.optim.Optimizer):
         density: target fraction of each sparse tensor exchanged per step (0 < density <= 1).
         warmup_steps: geometric density warm-up from 1.0 to ``density`` over this many steps
             (0: fixed density from step 1; step 0 is always dense).
+        warmup_fraction: the same warm-up over this fraction of ``total_steps`` (the authors'
+            artifact ramps over the first 10% of training): ``warmup_steps`` becomes
+            ``round(warmup_fraction * total_steps)``. A float in [0, 1]; needs
+            ``total_steps`` and excludes a non-zero ``warmup_steps``. Kept in checkpoints as
+            the step count it resolves to.
+        total_steps: the planned number of optimizer steps, for ``warmup_fraction`` (Hugging
+            Face's ``ScapeTrainer`` passes its ``max_steps``). An int > 0.
         max_grad_norm: clip the recovered (averaged) gradient to this global L2 norm over
             every parameter group and rank (0: off), as ``torch.nn.utils.clip_grad_norm_`` over
             all parameters does (the groups step together, ``scapeOptimStepJoint``); the
@@ -757,9 +764,9 @@ class ScapeAdamS(torch.optim.Optimizer):
     # on the ranks that found an inf: see _amp_skip.
     _step_supports_amp_scaling = True
 
-    _FIXED = ("density", "warmup_steps", "max_grad_norm", "bias_correction", "payload_dtype",
-              "sharded", "mask_ownership", "mask_encoding", "dense", "nonfinite",
-              "master_weights", "grad_dtype", "entering", "clip_norm")
+    _FIXED = ("density", "warmup_steps", "warmup_fraction", "total_steps", "max_grad_norm",
+              "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
+              "dense", "nonfinite", "master_weights", "grad_dtype", "entering", "clip_norm")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -772,7 +779,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                  broadcast_parameters: bool = True, nonfinite: str = "skip",
                  master_weights: Optional[bool] = None,
                  grad_dtype: Optional[torch.dtype] = None, entering: str = "payload",
-                 clip_norm: str = "recovered") -> None:
+                 clip_norm: str = "recovered", warmup_fraction: Optional[float] = None,
+                 total_steps: Optional[int] = None) -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -793,7 +801,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                         sharded=sharded, mask_encoding=mask_encoding,
                         mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite,
                         master_weights=master_weights, grad_dtype=grad_dtype, entering=entering,
-                        clip_norm=clip_norm)
+                        clip_norm=clip_norm, warmup_fraction=warmup_fraction,
+                        total_steps=total_steps)
         super().__init__(params, defaults)
         self._loads = 0  # load_state_dict calls (the state view's cache key)
         self._consolidated: Optional[Dict[str, Any]] = None  # consolidate_state_dict's result
@@ -852,6 +861,26 @@ class ScapeAdamS(torch.optim.Optimizer):
         w = group["warmup_steps"]
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise bad_arg("warmup_steps", f"expected an int >= 0, got {w!r}")
+        total = group.get("total_steps")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or
+                                  total <= 0):
+            raise bad_arg("total_steps", f"expected None or an int > 0, got {total!r}")
+        frac = group.get("warmup_fraction")
+        if frac is not None:
+            try:
+                f = float(frac)
+            except (TypeError, ValueError):
+                raise bad_arg("warmup_fraction", f"expected a float in [0, 1], got "
+                                                 f"{frac!r}") from None
+            if not 0.0 <= f <= 1.0:
+                raise bad_arg("warmup_fraction", f"expected a float in [0, 1], got {frac!r}")
+            if total is None:
+                raise bad_arg("total_steps", "warmup_fraction needs total_steps (the planned "
+                                             "number of optimizer steps)")
+            if w and w != int(round(f * total)):
+                raise bad_arg("warmup_steps", f"give warmup_steps or warmup_fraction, not both "
+                                              f"(got {w} and {frac!r})")
+            group["warmup_steps"] = int(round(f * total))
         bc = str(group["bias_correction"]).lower()
         if bc not in BIAS_CORRECTIONS:
             raise bad_arg("bias_correction", f"{group['bias_correction']!r} is not one of "

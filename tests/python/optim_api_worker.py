@@ -359,3 +359,37 @@ def case_optim_clip_norm(comm, steps=4):
     except scape.InvalidArgumentError as e:
         out["bad"] = e.argument
     return out
+
+
+def case_optim_warmup_fraction(comm, steps=6):
+    """Issue 30 (3d): warmup_fraction=f with total_steps=N is the warm-up over round(f*N)
+    steps, bit for bit (the density schedule and the parameters); bad combinations are
+    refused naming the argument."""
+    import scape
+
+    out = {}
+    for name, kw in (("steps", dict(warmup_steps=4)),
+                     ("fraction", dict(warmup_fraction=0.4, total_steps=10)),
+                     ("none", dict(warmup_steps=0))):
+        m = _model(5)
+        opt = ScapeAdamS(m.parameters(), comm, lr=0.01, density=0.1, **kw)
+        dens = []
+        for s in range(steps):
+            opt.zero_grad()
+            _loss(m, s, RANK).backward()
+            opt.step()
+            dens.append(opt.info()[0]["density"])
+        out[name] = {"density": dens, "hash": _hash(opt.flat_parameters()),
+                     "warmup_steps": opt.param_groups[0]["warmup_steps"]}
+        opt.destroy()
+    bad = []
+    for kw in (dict(warmup_fraction=0.1), dict(warmup_fraction=1.5, total_steps=10),
+               dict(warmup_fraction="x", total_steps=10), dict(total_steps=0),
+               dict(warmup_fraction=0.1, total_steps=100, warmup_steps=3)):
+        try:
+            ScapeAdamS(_model().parameters(), comm, **kw)
+            bad.append(None)
+        except scape.InvalidArgumentError as e:
+            bad.append(e.argument)
+    out["bad"] = bad
+    return out

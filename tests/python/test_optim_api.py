@@ -66,6 +66,20 @@ class GlobalClipTest(unittest.TestCase):
             self.assertEqual(r["bad"], "clip_norm")
 
 
+class DensityWarmupTest(unittest.TestCase):
+    def test_warmup_fraction_is_the_warmup_over_that_share_of_total_steps(self):
+        res = run_ranks("optim_warmup_fraction", 2, 6, timeout=180)
+        self.assertEqual(len({r["fraction"]["hash"] for r in res}), 1, "ranks differ")
+        for r in res:
+            self.assertEqual(r["fraction"]["warmup_steps"], 4)
+            self.assertEqual(r["fraction"]["density"], r["steps"]["density"])
+            self.assertEqual(r["fraction"]["hash"], r["steps"]["hash"])
+            self.assertNotEqual(r["fraction"]["density"], r["none"]["density"],
+                                "the warm-up changed nothing: the test cannot tell")
+            self.assertEqual(r["bad"], ["total_steps", "warmup_fraction", "warmup_fraction",
+                                        "total_steps", "warmup_steps"])
+
+
 class GradScalerTest(unittest.TestCase):
     def test_one_rank_inf_skips_the_step_on_every_rank(self):
         for n in (1, 2, 3):

@@ -85,6 +85,7 @@ class ScapeTrainer(transformers.Trainer):
             :meth:`scape.Communicator.from_env`, timeout from SCAPE_TIMEOUT_MS if set).
         scape_kwargs: keywords for ScapeAdamS on top of those taken from ``args`` (e.g.
             ``density``, ``warmup_steps``, ``payload_dtype``, ``sharded``, ``entering``).
+            ``warmup_fraction`` without ``total_steps`` takes Trainer's ``max_steps``.
     """
 
     def __init__(self, *args: Any, comm: Any = None,
@@ -93,6 +94,7 @@ class ScapeTrainer(transformers.Trainer):
         super().__init__(*args, **kwargs)
         self.scape_comm = comm if comm is not None else communicator()
         self.scape_kwargs = dict(scape_kwargs or {})
+        self._scape_total_steps: Optional[int] = None
         # ScapeAdamS clips the averaged gradient; Trainer would clip the raw local one
         self.scape_max_grad_norm = float(self.args.max_grad_norm or 0.0)
         self.args.max_grad_norm = 0.0
@@ -123,8 +125,16 @@ class ScapeTrainer(transformers.Trainer):
                                       eps=self.args.adam_epsilon,
                                       max_grad_norm=self.scape_max_grad_norm)
             kw.update(self.scape_kwargs)
+            if kw.get("warmup_fraction") is not None and kw.get("total_steps") is None:
+                kw["total_steps"] = self._scape_total_steps
             self.optimizer = ScapeAdamS(groups, self.scape_comm, **kw)
         return self.optimizer
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """As Trainer's; remembers ``num_training_steps`` (Trainer's max_steps) as the
+        ``total_steps`` of a ``warmup_fraction`` in scape_kwargs."""
+        self._scape_total_steps = int(num_training_steps)
+        super().create_optimizer_and_scheduler(num_training_steps)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
