@@ -105,58 +105,152 @@ def sweep_table(rows: List[Dict[str, Any]], base: Dict[str, float]) -> Tuple[str
     return "\n".join(lines), best
 
 
+def lr_of(rows: List[Dict[str, Any]], best: Dict, size: str, tpp: float,
+          g: str) -> Tuple[Optional[float], str]:
+    """The lr a configuration is reported at, at one size and length: its sweep's best lr
+    where it ran there (the axes run at q20's), else the lr of the lowest mean over what it
+    ran (an option tried at several lrs), with those tried."""
+    at: Dict[float, List[float]] = defaultdict(list)
+    for r in rows:
+        if r["size"] == size and r["tokens_per_param"] == tpp and r["group"] == g:
+            at[r["lr"]].append(r["final_val_loss"])
+    if not at:
+        return None, ""
+    if (size, g) in best and best[(size, g)]["lr"] in at:
+        return best[(size, g)]["lr"], ""
+    lr = min(at, key=lambda x: (float(np.mean(at[x])), x))
+    note = ""
+    if len(at) > 1:
+        note = " (best of " + ", ".join(f"{x:g}: {np.mean(v):.3f}" for x, v in
+                                         sorted(at.items())) + ")"
+    return lr, note
+
+
+def at_lr(rows: List[Dict[str, Any]], size: str, tpp: float, g: str,
+          lr: Optional[float]) -> List[Dict[str, Any]]:
+    return [r for r in rows if r["size"] == size and r["tokens_per_param"] == tpp and
+            r["group"] == g and r["lr"] == lr]
+
+
 def gap_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
-    """Every configuration at its best lr (all seeds run there) against dense AdamS."""
-    lines = ["| size | method | lr | seeds | final val loss (mean ± spread) | gap to dense AdamS "
-             "| dense-step equivalent (of N) | option vs its method, same seeds | bytes/step |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    groups = sorted({(r["size"], r["group"]) for r in rows})
-    for size, g in groups:
-        ref = best.get((size, "adams"))
-        note = ""
-        if (size, g) in best:
-            lr = best[(size, g)]["lr"]
-        else:  # a variant or peer: its lr with the lowest mean (seed 1 where lrs were tried)
-            at = defaultdict(list)
-            for r in rows:
-                if r["size"] == size and r["group"] == g:
-                    at[r["lr"]].append(r["final_val_loss"])
-            lr = min(at, key=lambda x: (float(np.mean(at[x])), x))
-            if len(at) > 1:
-                note = " (best of " + ", ".join(f"{x:g}: {np.mean(v):.3f}" for x, v in
-                                                 sorted(at.items())) + ")"
-        rs = [r for r in rows if r["size"] == size and r["group"] == g and r["lr"] == lr]
+    """Every configuration at its best lr (all seeds run there) against dense AdamS at the
+    same size and length."""
+    lines = ["| size | tokens/param | method | lr | seeds | final val loss (mean ± spread) | gap "
+             "to dense AdamS | dense-step equivalent (of N) | option vs its method, same seeds "
+             "| bytes/step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    groups = sorted({(r["size"], r["tokens_per_param"], r["group"]) for r in rows})
+    for size, tpp, g in groups:
+        lr, note = lr_of(rows, best, size, tpp, g)
+        rs = at_lr(rows, size, tpp, g, lr)
         v = np.array([r["final_val_loss"] for r in rs])
         gap = "n/a"
         equiv = "n/a"
-        if ref is not None:
-            dense = [r for r in rows if r["size"] == size and r["group"] == "adams"
-                     and r["lr"] == ref["lr"]]
+        dlr, _ = lr_of(rows, best, size, tpp, "adams")
+        dense = at_lr(rows, size, tpp, "adams", dlr)
+        if dense:
             dv = float(np.mean([r["final_val_loss"] for r in dense]))
             d = float(v.mean()) - dv
             gap = f"{100 * d / dv:+.1f}% ({d:+.3f} nats)"
+            ref = min(dense, key=lambda r: r["seed"])
             steps, txt = dense_steps_to(ref["curve"], float(v.mean()))
             equiv = f"{txt} of {rs[0]['steps']}"
         spread = f" ± {(v.max() - v.min()) / 2:.3f}" if len(v) > 1 else ""
-        # an option (scape-0.1-segrms, ...) against its method at the method's best lr, over
-        # the seeds both ran: seeds differ by more than the options do
+        # an option (scape-0.1-segrms, ...) against its method at the method's lr, over the
+        # seeds both ran: seeds differ by more than the options do
         same = ""
         base = next((b for b in ("scape-0.01", "scape-0.1") if g.startswith(b + "-")), None)
-        if base and (size, base) in best:
-            blr = best[(size, base)]["lr"]
-            bs = {r["seed"]: r["final_val_loss"] for r in rows if r["size"] == size
-                  and r["group"] == base and r["lr"] == blr}
+        if base:
+            blr, _ = lr_of(rows, best, size, tpp, base)
+            bs = {r["seed"]: r["final_val_loss"] for r in at_lr(rows, size, tpp, base, blr)}
             common = [r for r in rs if r["seed"] in bs]
             if common:
                 d = float(np.mean([r["final_val_loss"] - bs[r["seed"]] for r in common]))
                 same = f"{d:+.3f} nats ({len(common)} seed{'s' if len(common) > 1 else ''})"
-        lines.append(f"| {rs[0]['size_label']} | {g} | {lr:g}{note} | {len(rs)} | {v.mean():.3f}"
-                     f"{spread}{flag(float(v.mean()), base_ce)} | {gap} | {equiv} | {same} | "
-                     f"{np.mean([r['bytes_per_step'] for r in rs]):,.0f} |")
+        lines.append(f"| {rs[0]['size_label']} | {tpp:.3g} | {g} | {lr:g}{note} | {len(rs)} | "
+                     f"{v.mean():.3f}{spread}{flag(float(v.mean()), base_ce)} | {gap} | {equiv} "
+                     f"| {same} | {np.mean([r['bytes_per_step'] for r in rs]):,.0f} |")
     return "\n".join(lines)
 
 
-def report(out: str) -> str:
+AXIS_METHODS = ["scape-0.1", "scape-0.01"]
+
+
+def axes(rows: List[Dict[str, Any]], best: Dict) -> Dict[str, List[Tuple[float, str, float, float,
+                                                                          int]]]:
+    """The gap of each SCAPE density (and of every option run on an axis) to dense AdamS, per
+    (size, tokens/param): {method: [(x, size, tokens/param, gap %, seeds)]}, x being tokens per
+    parameter (the length axis, one size) or parameters (the size axis)."""
+    out: Dict[str, List[Tuple[float, str, float, float, int]]] = defaultdict(list)
+    points = sorted({(r["size"], r["tokens_per_param"]) for r in rows})
+    for size, tpp in points:
+        dlr, _ = lr_of(rows, best, size, tpp, "adams")
+        dense = at_lr(rows, size, tpp, "adams", dlr)
+        if not dense:
+            continue
+        dv = float(np.mean([r["final_val_loss"] for r in dense]))
+        for g in sorted({r["group"] for r in rows if r["size"] == size and
+                         r["tokens_per_param"] == tpp and r["group"].startswith("scape-")}):
+            lr, _ = lr_of(rows, best, size, tpp, g)
+            rs = at_lr(rows, size, tpp, g, lr)
+            v = float(np.mean([r["final_val_loss"] for r in rs]))
+            out[g].append((float(rs[0]["params"]), size, tpp, 100 * (v - dv) / dv, len(rs)))
+    return out
+
+
+def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str]) -> str:
+    """Gap vs tokens per parameter at the most common size, and gap vs size at 20 tokens per
+    parameter; each a markdown table, and a PNG when plot_dir is given."""
+    pts = axes(rows, best)
+    if not pts:
+        return "(no axis point yet)"
+    sizes = defaultdict(int)
+    for r in rows:
+        sizes[r["size"]] += 1
+    main_size = max(sizes, key=lambda k: sizes[k])
+    text = []
+    for name, keep, xkey, xlabel in (
+            ("length", lambda p: p[1] == main_size, 2, "training tokens per parameter"),
+            ("size", lambda p: round(p[2]) == 20, 0, "parameters")):
+        series = {g: sorted([p for p in v if keep(p)], key=lambda p: p[xkey])
+                  for g, v in pts.items()}
+        series = {g: v for g, v in series.items() if len(v) >= 2 or g in AXIS_METHODS and v}
+        xs = sorted({p[xkey] for v in series.values() for p in v})
+        if not xs:
+            continue
+        head = "tokens/param" if name == "length" else "params"
+        lines = [f"| method | " + " | ".join(f"{x:.3g}" if name == "length" else f"{x / 1e6:.3f}M"
+                                             for x in xs) + " |",
+                 "|---|" + "---|" * len(xs)]
+        for g, v in series.items():
+            cell = {p[xkey]: f"{p[3]:+.1f}% ({p[4]})" for p in v}
+            lines.append(f"| {g} | " + " | ".join(cell.get(x, "") for x in xs) + " |")
+        title = (f"Gap to dense AdamS vs training length ({main_size}; % of dense AdamS's "
+                 f"final loss, seeds in brackets), {head} across:" if name == "length" else
+                 "Gap to dense AdamS vs model size (20 tokens per parameter), params across:")
+        text += [title, "\n".join(lines)]
+        if plot_dir:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for g, v in series.items():
+                ax.plot([p[xkey] for p in v], [p[3] for p in v], marker="o", label=g)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("final val loss gap to dense AdamS (%)")
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            png = os.path.join(plot_dir, f"quality_{name}.png")
+            fig.savefig(png, dpi=110)
+            plt.close(fig)
+            text.append(f"Plot: {os.path.relpath(png)}")
+    return "\n\n".join(text)
+
+
+def report(out: str, plot_dir: Optional[str] = None) -> str:
     rows = read(out)
     base = ngram_baselines()
     sweep, best = sweep_table(rows, base)
@@ -167,6 +261,7 @@ def report(out: str) -> str:
         "Learning-rate sweeps (seed 1):", sweep,
         "Each method at its best lr, against dense AdamS at its best lr:",
         gap_table(rows, best, base),
+        axis_tables(rows, best, plot_dir),
         f"{len(rows)} runs in {out}/runs.jsonl."])
 
 
@@ -175,8 +270,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--md", help="also write the report to this file")
+    ap.add_argument("--plots", help="write quality_length.png and quality_size.png here")
     a = ap.parse_args()
-    text = report(a.out)
+    text = report(a.out, a.plots)
     print(text)
     if a.md:
         with open(a.md, "w") as f:

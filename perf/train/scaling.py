@@ -113,7 +113,8 @@ GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
 # issue 30 (plan q20 and later): the options screened beside segment_rms
 VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "scape-0.01-clipstay",
               "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
-              "scape-0.01-segrms-clipstay"]
+              "scape-0.01-segrms-clipstay", "scape-0.01-noclip", "scape-0.01-localclip",
+              "scape-0.1-noclip", "scape-0.1-localclip"]
 PLANS: Dict[str, Plan] = {
     "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [1e-2]}, extend=False),
@@ -174,6 +175,19 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                       entering="segment_rms", options="clip_norm=staying"),
     "scape-0.01-segrms-clipstay": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                        entering="segment_rms", options="clip_norm=staying"),
+    # issue 30, item 3a screened before the library gets it: no clipping at all, and Deep
+    # Gradient Compression's local clipping (each rank clips its own gradient to the norm
+    # CLIP before it enters the candidate and the residual; the average of vectors of norm
+    # <= CLIP has norm <= CLIP), done here with torch's clip_grad_norm_ on the local
+    # gradient and the library's clipping off
+    "scape-0.1-noclip": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                             options="max_grad_norm=0"),
+    "scape-0.01-noclip": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                              options="max_grad_norm=0"),
+    "scape-0.1-localclip": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                                options="max_grad_norm=0,local_clip=1"),
+    "scape-0.01-localclip": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                 options="max_grad_norm=0,local_clip=1"),
 }
 SWEPT = ["adamw", "adams", "scape-0.1", "scape-0.01"]
 PEERS = ["topk-0.1", "topk-0.01", "powersgd@0.1", "powersgd@0.01"]
@@ -554,16 +568,16 @@ class Study:
         psgd = None
         psgd_start = POWERSGD_START_ITER
         if r.opt in ("adams", "scape"):
-            kw: Dict[str, Any] = {}
+            kw: Dict[str, Any] = {"max_grad_norm": CLIP}
             if r.entering:
                 kw["entering"] = r.entering
             for item in filter(None, r.options.split(",")):
                 k, v = item.split("=", 1)
-                kw[k] = v
+                kw[k] = float(v) if k == "max_grad_norm" else v
+            local_clip = float(kw.pop("local_clip", 0.0)) * CLIP
             opt = ScapeAdamS(params, self.comm, lr=r.lr, betas=BETAS, eps=1e-8,
                              weight_decay=WEIGHT_DECAY, density=r.density,
-                             warmup_steps=int(r.warmup_frac * r.steps), max_grad_norm=CLIP,
-                             **kw)
+                             warmup_steps=int(r.warmup_frac * r.steps), **kw)
         else:
             if r.opt == "powersgd":
                 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ph
@@ -609,6 +623,8 @@ class Study:
             loss.backward()
             loss_val = float(loss)
             if r.opt in ("adams", "scape"):
+                if local_clip:
+                    torch.nn.utils.clip_grad_norm_(params, local_clip)
                 opt.step()
                 info = opt.info()[0]
                 sent.append(info["bytes_sent"])
