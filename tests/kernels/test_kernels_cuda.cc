@@ -31,7 +31,7 @@ using testing_util::RandomNormal;
     if (kc::DeviceCount() == 0)                                                               \
       GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount found none (no GPU, no driver, or " \
                       "CUDA_VISIBLE_DEVICES hides them); this test compares the CUDA kernel " \
-                      "with the CPU one and needs a GPU (perf/gpu_check.sh runs it there)";   \
+                      "with the CPU one and needs a GPU (perf/gpu/gpu_check.sh runs it there)";   \
   } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), KernelStatus::kOk) << #expr << ": " << kc::LastCudaError()
