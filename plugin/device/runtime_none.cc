@@ -109,6 +109,43 @@ Status Runtime::DeviceAlloc(size_t, void** d) {
   return NoDeviceOp(this, "device memory");
 }
 void Runtime::DeviceFree(void*) {}
+Status Runtime::DeviceAllocAsync(size_t bytes, Stream, void** d) { return DeviceAlloc(bytes, d); }
+void Runtime::DeviceFreeAsync(void* d, Stream s) {
+  if (!d) return;
+  // No stream-ordered free: the work that uses d must have run first.
+  (void)StreamSynchronize(s);
+  DeviceFree(d);
+}
+
+namespace {
+thread_local TempSource* t_tempSource = nullptr;
+}  // namespace
+
+ScopedTempSource::ScopedTempSource(TempSource* src) : prev_(t_tempSource) { t_tempSource = src; }
+ScopedTempSource::~ScopedTempSource() { t_tempSource = prev_; }
+TempSource* CurrentTempSource() { return t_tempSource; }
+
+Status OpTemp::Alloc(const char* op, size_t bytes, void** d) {
+  Release();
+  *d = nullptr;
+  Status st = src_ ? src_->TempAlloc(bytes ? bytes : 1, s_, &d_)
+                   : rt_->DeviceAllocAsync(bytes ? bytes : 1, s_, &d_);
+  if (!st.ok()) {
+    d_ = nullptr;
+    return st.Prepend(StrFormat("%s: %zu temporary bytes", op, bytes));
+  }
+  *d = d_;
+  return Status::Ok();
+}
+
+void OpTemp::Release() {
+  if (!d_) return;
+  if (src_)
+    src_->TempFree(d_, s_);
+  else
+    rt_->DeviceFreeAsync(d_, s_);
+  d_ = nullptr;
+}
 Status Runtime::Memset(void*, int, size_t, Stream) { return NoDeviceOp(this, "memset"); }
 Status Runtime::Gather(const void*, const uint64_t*, size_t, size_t, void*, Stream) {
   return NoDeviceOp(this, "gather kernel");
