@@ -97,7 +97,7 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   if (st.ok()) st = pool.Acquire(t.k.size() * sizeof(uint64_t), s, &dCounts);
   // On the caller's stream (NULL, the legacy default stream: ordered after the caller's work on
   // blocking streams).
-  device::ScopedTempSource temps(&pool);  // the top-k's table and scratch: the pool's
+  device::ScopedTempSource temps(rt, &pool);  // the top-k's table and scratch: the pool's
   if (st.ok())
     st = rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(),
                      static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), s);

@@ -12,6 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/scape_step.h"
@@ -31,6 +35,7 @@ const char* PtrKindName(PtrKind k);
 using Stream = void*;  // a cudaStream_t (NULL: the default stream)
 using Event = void*;   // a cudaEvent_t
 using HostFn = void (*)(void* arg);
+class TempSource;
 
 class Runtime {
  public:
@@ -89,6 +94,11 @@ class Runtime {
   // host wait for the stream before DeviceFree (a driver allocation per call).
   virtual Status DeviceAllocAsync(size_t bytes, Stream s, void** d);
   virtual void DeviceFreeAsync(void* d, Stream s);
+  // The calling thread's TempSource for ops on this runtime (ScopedTempSource), else nullptr.
+  // Kept in the runtime object, not in a thread_local of this library, so that a runtime
+  // built into another binary (the tests' fake, installed into the shared library) sees the
+  // library's scopes.
+  TempSource* CurrentTempSource();
   virtual Status Memset(void* d, int value, size_t bytes, Stream s);
   // kernels/cpu/gather.h: dPacked[i] = dDense[dIdx[i]], and its inverse, esz in {1, 2, 4, 8}.
   virtual Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
@@ -169,14 +179,19 @@ class Runtime {
                                      const uint64_t* dIdx, const float* dM, size_t n, float beta1,
                                      const uint64_t* bounds, size_t nb, double* dSums,
                                      uint64_t* dCounts, Stream s);
+
+ private:
+  friend class ScopedTempSource;
+  std::mutex tempMu_;
+  std::vector<std::pair<std::thread::id, TempSource*>> tempScopes_;  // innermost last
 };
 
 // ---- where the device ops' per-call temporaries come from --------------------------------
 // Some ops need device memory for the length of one launch (the top-k's segment table and
 // scratch, the norm's partial sums, the uploaded "segment_rms" tables). They take it through
-// OpTemp, from the calling thread's TempSource: the communicator's DevicePool (device_pool.h),
-// which the library's device paths (the device backend's top-k, the device optimizer step)
-// put in scope around their ops, so the memory is kept between steps and, with a
+// OpTemp, from the calling thread's TempSource (per runtime): the communicator's DevicePool
+// (device_pool.h), which the library's device paths (the device backend's top-k, the device
+// optimizer step) put in scope around their ops, so the memory is kept between steps and, with a
 // scapeConfig_t.deviceAllocator, comes from the caller's allocator. With no source in scope
 // (a runtime op called outside a communicator: tests, benchmarks) the runtime's
 // DeviceAllocAsync / DeviceFreeAsync serve it.
@@ -190,25 +205,25 @@ class TempSource {
   virtual void TempFree(void* d, Stream s) = 0;
 };
 
-// The calling thread's TempSource while this lives (scopes nest; the innermost wins).
+// The calling thread's TempSource for ops on `rt` while this lives (scopes nest; the innermost
+// wins).
 class ScopedTempSource {
  public:
-  explicit ScopedTempSource(TempSource* src);
+  ScopedTempSource(Runtime* rt, TempSource* src);
   ~ScopedTempSource();
   ScopedTempSource(const ScopedTempSource&) = delete;
   ScopedTempSource& operator=(const ScopedTempSource&) = delete;
 
  private:
-  TempSource* prev_;
+  Runtime* rt_;
 };
-TempSource* CurrentTempSource();  // nullptr: none in scope
 
 // One op's temporary: from the thread's TempSource, else the runtime's DeviceAllocAsync;
 // handed back on the op's stream when this goes (after the op's launches are enqueued, error
 // paths included).
 class OpTemp {
  public:
-  OpTemp(Runtime* rt, Stream s) : rt_(rt), s_(s), src_(CurrentTempSource()) {}
+  OpTemp(Runtime* rt, Stream s) : rt_(rt), s_(s), src_(rt->CurrentTempSource()) {}
   ~OpTemp() { Release(); }
   OpTemp(const OpTemp&) = delete;
   OpTemp& operator=(const OpTemp&) = delete;

@@ -117,13 +117,29 @@ void Runtime::DeviceFreeAsync(void* d, Stream s) {
   DeviceFree(d);
 }
 
-namespace {
-thread_local TempSource* t_tempSource = nullptr;
-}  // namespace
+ScopedTempSource::ScopedTempSource(Runtime* rt, TempSource* src) : rt_(rt) {
+  std::lock_guard<std::mutex> lk(rt->tempMu_);
+  rt->tempScopes_.emplace_back(std::this_thread::get_id(), src);
+}
 
-ScopedTempSource::ScopedTempSource(TempSource* src) : prev_(t_tempSource) { t_tempSource = src; }
-ScopedTempSource::~ScopedTempSource() { t_tempSource = prev_; }
-TempSource* CurrentTempSource() { return t_tempSource; }
+ScopedTempSource::~ScopedTempSource() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lk(rt_->tempMu_);
+  auto& v = rt_->tempScopes_;
+  for (auto it = v.rbegin(); it != v.rend(); ++it)
+    if (it->first == me) {
+      v.erase(std::next(it).base());
+      return;
+    }
+}
+
+TempSource* Runtime::CurrentTempSource() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lk(tempMu_);
+  for (auto it = tempScopes_.rbegin(); it != tempScopes_.rend(); ++it)
+    if (it->first == me) return it->second;
+  return nullptr;
+}
 
 Status OpTemp::Alloc(const char* op, size_t bytes, void** d) {
   Release();

@@ -540,7 +540,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   // (DeviceFinishSelect: at the end of this step when the event has completed, else at the
   // next optimizer call).
   Status SelectNext(double density) override {
-    device::ScopedTempSource temps(d->pool.get());  // the ops' temporaries: the pool's
+    device::ScopedTempSource temps(rt, d->pool.get());  // the ops' temporaries: the pool's
     Mask::TopkTable t;
     o->mask_->TopkPlan(density, &t);
     SCAPE_RETURN_IF_ERROR(d->FitTop(t.total));
@@ -573,7 +573,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   bool NormAlways() const override { return false; }
 
   Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
-    device::ScopedTempSource temps(d->pool.get());
+    device::ScopedTempSource temps(rt, d->pool.get());
     if (nb > static_cast<size_t>(o->nranks_)) return InternalError("more norm blocks than ranks");
     for (size_t i = 0; i < nb; ++i)
       SCAPE_RETURN_IF_ERROR(
@@ -589,7 +589,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status StayingBlocks(uint64_t slot0) override {
-    device::ScopedTempSource temps(d->pool.get());
+    device::ScopedTempSource temps(rt, d->pool.get());
     const size_t nb = o->staySum_.size();
     if (nb > d->stayCap) {
       d->Unhold(d->dStaySum);
@@ -613,7 +613,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status Update(const kernels::AdamSParams& ap) override {
-    device::ScopedTempSource temps(d->pool.get());
+    device::ScopedTempSource temps(rt, d->pool.get());
     const void* recvSorted = d->dRecv;
     if (!identity && k) {
       SCAPE_RETURN_IF_ERROR(rt->Gather(d->dRecv, d->dPerm, k, Esz(), d->dPaySorted, st));
@@ -631,7 +631,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status UpdatePairs(const kernels::AdamSParams& ap, uint64_t offr, uint64_t kr) override {
-    device::ScopedTempSource temps(d->pool.get());
+    device::ScopedTempSource temps(rt, d->pool.get());
     return rt
         ->AdamSUpdatePairs(d->dRecv, Pt(), d->dMaskOrder + offr, kr, dTheta, d->dStat, o->layout_.n,
                            ap, d->dPairsSend, st)
