@@ -39,7 +39,9 @@
 # $FIGURES (default perf/gpu/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #
 # Environment: BUILD_DIR (default <repo>/build-gpu-check), JOBS (nproc), N (67108864),
-# DEVICE_N (N; step 4's size), ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0).
+# DEVICE_N (N; step 4's size), ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0),
+# BUDGET_S (480: the script stops starting steps past it), CHECKS (a file: one "PASS name" or
+# "FAIL name: why" line per step is appended to it, as perf/gpu/run.sh collects them).
 #
 # A GPU machine without the project's dependencies (UCX, GoogleTest): build on a CPU machine
 # with `bash perf/gpu/gpu_bundle.sh DIR` (the same programs, Release, plus the shared libraries
@@ -62,16 +64,31 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 figures=${FIGURES:-$root/perf/gpu/gpu_figures.md}
 logs=$build/gpu_check_logs
 export CUDA_VISIBLE_DEVICES=${GPU_CHECK_DEVICE:-0}
-budget_s=480
+budget_s=${BUDGET_S:-480}
 start=$(date +%s)
 failed=()
 mkdir -p "$logs"
+checks=${CHECKS:-$logs/checks.txt}
+# One PASS/FAIL line per step: check NAME starts a step (ending the one before), check "" ends.
+check_name="" check_nfail=0
+check() {
+  if [ -n "$check_name" ]; then
+    if [ ${#failed[@]} -eq "$check_nfail" ]; then echo "PASS $check_name" | tee -a "$checks"
+    else
+      local why
+      why=$(printf '%s; ' "${failed[@]:$check_nfail}")
+      echo "FAIL $check_name: ${why%; }" | tee -a "$checks"
+    fi
+  fi
+  check_name=$1 check_nfail=${#failed[@]}
+}
 
 say() { printf '\n== %s (%d s)\n' "$*" "$(( $(date +%s) - start ))"; }
 left() { echo $(( budget_s - ($(date +%s) - start) )); }
 fail() { echo "FAIL: $*"; failed+=("$*"); }
 fig() { echo "$*" >>"$figures.tmp"; }
 finish() {
+  check ""
   fig ""
   fig "Total time: $(( $(date +%s) - start )) s."
   if [ ${#failed[@]} -eq 0 ]; then fig "Verdict: every check passed."
@@ -147,6 +164,7 @@ check_bin=$logs/gpu_device_check
 echo "built in $(( $(date +%s) - start )) s: $so"
 fi
 
+check packaging
 say "2. packaging of the shipped library"
 if [ -n "$bundle" ]; then
   echo "bundle: the ctest packaging checks ran in CI; NEEDED and .nv_fatbin checked below"
@@ -165,6 +183,7 @@ bash "$root/tests/device/check_needed.sh" "$so" >>"$figures.tmp" 2>&1
   fail "fatbin of $so"
 fig '```'
 
+check cuda-kernels
 say "3. CUDA kernels vs the CPU kernels"
 out=$logs/cuda_test.txt
 timeout 180 "$bin_cuda_test" >"$out" 2>&1
@@ -183,6 +202,7 @@ timeout 60 "$bin_cpu_test" --gtest_brief=1 >"$logs/cpu_test.txt" 2>&1 ||
   --output-on-failure) >"$logs/device_cpu_tests.log" 2>&1 ||
   fail "device tests with the fake device (log: $logs/device_cpu_tests.log)"
 
+check device-data-path
 say "4. device data path: UCX staged and NCCL backends, 2 and 4 ranks on one GPU"
 [ -n "$bundle" ] || g++ -std=c++17 -O2 -Wall -Wextra -o "$check_bin" "$root/perf/gpu/gpu_device_check.cc" \
   -I"$root/include" -I"$build/include" -I"$cuda/include" -L"$(dirname "$so")" -lnccl-net-scape \
@@ -228,6 +248,7 @@ for cfg in 2 4 2:65536; do
   done
 done
 
+check kernel-timings
 say "5. kernel timings (n = $n, $iters calls each)"
 bench=$logs/bench.txt
 if [ "$(left)" -gt 30 ] && timeout "$(left)" "$bin_bench" "$n" "$iters" >"$bench" 2>&1; then
@@ -264,6 +285,7 @@ else
   fail "kernel timings (log: $bench)"
 fi
 
+check optimizer-on-device
 say "6. optimizer step on device vs host, SCAPE step vs dense AdamS step (2 ranks, n = $dn)"
 fig ""
 fig "## Optimizer step on device (perf/gpu/gpu_optim_check.cc, 2 ranks, n = $dn, density 0.01, 20 steps)"

@@ -30,7 +30,9 @@
 # needs ~70 GiB for 4 ranks: an H200), STEPS (the training shape's 200), BUDGET_S (460: the
 # whole run; rows and configurations that would not fit are skipped or truncated and say so),
 # STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu/gpu_train.py, e.g.
-# segment_rms+clipstay, the quality study's candidates; empty: no variant run), PYTHON (python3 there,
+# segment_rms+clipstay, the quality study's candidates; empty: no variant run), ALLOC_CHECK (1:
+# `run` first runs perf/gpu/gpu_alloc_check.py, device memory per step, its PASS/FAIL lines
+# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget), PYTHON (python3 there,
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
@@ -284,6 +286,11 @@ print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch
 assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
     die "the installed wheel does not import"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
+  if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
+    echo "== alloc (device memory per step, at most ${ALLOC_S:-40} s)"
+    (cd "$work" && timeout -k 5 "${ALLOC_S:-40}" "$py" "$root/perf/gpu/gpu_alloc_check.py" \
+      --json "${ALLOC_JSON:-$work/alloc.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
+  fi
   if [ "$rehearse" = 1 ]; then
     STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
       run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
