@@ -194,6 +194,56 @@ typedef enum {
   scapeNumProgressModes = 4
 } scapeProgressMode_t;
 
+/**
+ * Device memory from the caller's allocator (scapeConfig_t.deviceAllocator), so that a
+ * framework's caching allocator serves, caches and accounts for the library's device memory
+ * (the Python package routes it to torch's caching allocator). Without it (alloc or free NULL)
+ * the library allocates with cudaMalloc and keeps what it allocated in the communicator's pool
+ * between calls (at most a few idle blocks, the smallest beyond them freed), until the
+ * communicator and every optimizer and mask made on it are gone.
+ *
+ * What comes from it: every device buffer the library allocates for a communicator's device
+ * work: the temporaries of the device collectives (mask positions, packed values), of the
+ * device top-k and of the device optimizer step (its scratch, the top-k's table and scratch,
+ * the norm's partial sums), and the device optimizer state (residual, packed momentum, fp32
+ * master weights of scapeOptimStepMixed). Not the staging buffers of the UCX device path
+ * (page-locked host memory) nor NCCL's own memory.
+ *
+ * When and on which stream: alloc is called on the thread of the API call that needs the
+ * memory, during that call, with the stream the call was given (NULL: the legacy default
+ * stream) and the calling thread's current device; the library enqueues the work that uses the
+ * memory on that stream after alloc returns. It may be called at any device call, not only the
+ * first: the library does not cache what alloc returns, so a caching allocator should.
+ *
+ * Lifetime: free(user, ptr, bytes, device, stream) gets back a block with the bytes, device and
+ * stream its alloc had. When free is called, the library will not touch the block again, and
+ * any work of the library that still uses it is queued on that same `stream` (the block may be
+ * handed to work enqueued later on that stream: cudaFreeAsync's and torch's caching allocator's
+ * rule); work on any other stream that used it has completed. The stream may have been
+ * destroyed by then if the caller destroyed it (its work has then completed). free is called
+ * for every block by the time the last of the communicator, its optimizers and masks is
+ * destroyed, except a block still in use by a stream that did not finish within the
+ * communicator's timeout (scapeCommAbort: 200 ms), which is leaked rather than freed under the
+ * device. `user` (and the functions) must stay valid until then.
+ *
+ * Threads: alloc and free of one communicator are never called concurrently (the library
+ * serialises them per communicator), but free may run on any thread that calls into the
+ * library for that communicator (a later call, scapeCommDestroy / scapeCommAbort,
+ * scapeOptimDestroy, scapeMaskDestroy), and the allocators of different communicators may run
+ * at the same time. Neither is called from inside a CUDA callback. Neither may call the
+ * library.
+ *
+ * Errors: alloc returns 0 with *ptr set to at least `bytes` of device memory on `device`
+ * (aligned at least as cudaMalloc's, 256 bytes), or non-zero on failure (out of memory). The
+ * call that needed the memory then fails with scapeSystemError and a message naming the
+ * allocator, as it would had cudaMalloc failed. free cannot fail.
+ */
+typedef struct {
+  int (*alloc)(void* user, size_t bytes, int device, void* stream, void** ptr);
+  void (*free)(void* user, void* ptr, size_t bytes, int device, void* stream);
+  void* user; /**< passed to alloc and free as is */
+} scapeDeviceAllocator_t;
+
 /** Marks a field of scapeConfig_t as "not set": the environment or default applies. */
 #define SCAPE_CONFIG_UNDEF_INT (-2147483647 - 1)
 
@@ -208,6 +258,7 @@ typedef enum {
  * | timeoutMs    | SCAPE_TIMEOUT_MS     | 120000 (ms with no progress before scapeTimeout)  |
  * | progressMode | SCAPE_PROGRESS       | auto (values: auto, spin, yield, blocking)        |
  * | netIf        | SCAPE_SOCKET_IFNAME  | first interface that is up and not loopback, else lo |
+ * | deviceAllocator | (none)            | the library's own pool (see scapeDeviceAllocator_t) |
  */
 typedef struct {
   size_t size;      /**< sizeof(scapeConfig_t); set by SCAPE_CONFIG_INITIALIZER */
@@ -221,13 +272,18 @@ typedef struct {
   /** Network interface for the bootstrap socket and UCX's TCP transport (for example "lo",
    *  "eth0", "ib0"). NULL: environment, then the default. The string is copied at init. */
   const char* netIf;
+  /** Device memory from the caller's allocator (see scapeDeviceAllocator_t); copied at init.
+   *  Both functions NULL (the initializer): the library's own pool. */
+  scapeDeviceAllocator_t deviceAllocator;
 } scapeConfig_t;
 
 #define SCAPE_CONFIG_MAGIC 0x5CA9Eu
 #define SCAPE_CONFIG_INITIALIZER                                                           \
   {                                                                                        \
     sizeof(scapeConfig_t), SCAPE_CONFIG_MAGIC, SCAPE_VERSION_CODE, SCAPE_CONFIG_UNDEF_INT, \
-        SCAPE_CONFIG_UNDEF_INT, NULL                                                       \
+        SCAPE_CONFIG_UNDEF_INT, NULL, {                                                    \
+      NULL, NULL, NULL                                                                     \
+    }                                                                                      \
   }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -1,6 +1,7 @@
-// perf/common: what the GPU check programs (perf/gpu_device_check.cc, perf/gpu_optim_check.cc)
-// share. Each runs as one process per rank on one GPU, started by perf/gpu_check.sh; rank 0
-// publishes ids (scapeUniqueId, ncclUniqueId) as files in a directory the others poll.
+// perf/common: what the GPU check programs (perf/gpu/gpu_device_check.cc,
+// perf/gpu/gpu_optim_check.cc) share. Each runs as one process per rank on one GPU, started by
+// perf/gpu/gpu_check.sh; rank 0 publishes ids (scapeUniqueId, ncclUniqueId) as files in a directory
+// the others poll.
 //
 // CUDA_OK(x) and SCAPE_OK(x, comm) end the process (exit 2 and 3) with the rank, the call and
 // the error (the communicator's last error for SCAPE_OK); they name gpu_check::g_rank, which

@@ -1,5 +1,5 @@
 // Times every CUDA kernel against the device's measured copy bandwidth (cudaMemcpy D2D, bytes
-// counted as read + write) and prints one table. Run by perf/gpu_check.sh on a GPU machine.
+// counted as read + write) and prints one table. Run by perf/gpu/gpu_check.sh on a GPU machine.
 //
 //   scape_kernels_gpu_bench [n_elements (default 67108864)] [iterations (default 20)]
 //

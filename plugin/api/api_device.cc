@@ -70,7 +70,8 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   }
   auto* c = new scapeComm();
   c->impl = std::move(impl);
-  c->data = backend::DataPath::ForNccl(c->impl.get(), std::move(nccl), cfg.timeoutMs);
+  c->data = backend::DataPath::ForNccl(c->impl.get(), std::move(nccl), cfg.timeoutMs,
+                                       cfg.deviceAllocator);
   *out = c;
   return Status::Ok();
 }
@@ -173,7 +174,8 @@ Status MakeOwnedNccl(scapeComm* comm) {
     return st;
   }
   // The communicator's data path becomes the NCCL one (its UCX one has made no device call).
-  comm->data = backend::DataPath::ForNccl(comm->impl.get(), std::move(backend), timeoutMs);
+  comm->data = backend::DataPath::ForNccl(comm->impl.get(), std::move(backend), timeoutMs,
+                                          comm->impl->config().deviceAllocator);
   return Status::Ok();
 }
 

@@ -121,7 +121,10 @@ class HostBackend final : public Backend {
 // moment), the device gather/scatter, and the device forms of the mask calls.
 class DeviceBackend : public Backend {
  public:
-  explicit DeviceBackend(int timeoutMs) : timeoutMs_(timeoutMs) {}
+  // alloc: the caller's device allocator, which the pool takes its memory from (alloc NULL:
+  // the runtime's memory, kept in the pool).
+  DeviceBackend(int timeoutMs, const scapeDeviceAllocator_t& alloc)
+      : timeoutMs_(timeoutMs), alloc_(alloc) {}
   ~DeviceBackend() override;
 
   Status Positions(const Mask& m, Stream s, const uint64_t** pos) override;
@@ -165,6 +168,7 @@ class DeviceBackend : public Backend {
 
  private:
   const int timeoutMs_;
+  const scapeDeviceAllocator_t alloc_;
   // positions_ before pool_ in destruction order: its blocks go back to the pool first. Shared
   // with the optimizers' device states (SharedPool).
   std::shared_ptr<device::DevicePool> pool_;
@@ -175,7 +179,8 @@ class DeviceBackend : public Backend {
 // at the first device collective: collective, every rank makes it at the same call).
 class UcxStagedBackend final : public DeviceBackend {
  public:
-  explicit UcxStagedBackend(Comm* comm) : DeviceBackend(comm->config().timeoutMs), comm_(comm) {}
+  explicit UcxStagedBackend(Comm* comm)
+      : DeviceBackend(comm->config().timeoutMs, comm->config().deviceAllocator), comm_(comm) {}
   ~UcxStagedBackend() override;
   Kind kind() const override { return Kind::kUcxStaged; }
   int rank() const override { return comm_->rank(); }
@@ -196,7 +201,8 @@ class UcxStagedBackend final : public DeviceBackend {
 // Device buffers on an NCCL-backend communicator (owns the NCCL state).
 class NcclBackend final : public DeviceBackend {
  public:
-  NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs);
+  NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+              const scapeDeviceAllocator_t& alloc);
   Kind kind() const override { return Kind::kNccl; }
   int rank() const override { return nccl_->rank(); }
   int nranks() const { return nccl_->nranks(); }
@@ -220,8 +226,9 @@ class DataPath {
   static std::unique_ptr<DataPath> ForUcx(Comm* comm);
   // An NCCL-backend communicator: device buffers on NCCL; host buffers and barriers on `host`
   // when it has one (null: SCAPE_NCCL_HOST_COMM=0).
+  // alloc: the caller's device allocator (scapeConfig_t.deviceAllocator; alloc NULL: none).
   static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
-                                           int timeoutMs);
+                                           int timeoutMs, const scapeDeviceAllocator_t& alloc);
 
   Backend* host() const { return host_.get(); }            // null: an NCCL one without a host comm
   DeviceBackend* device() const { return device_.get(); }  // null after Release

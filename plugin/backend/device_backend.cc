@@ -32,7 +32,7 @@ DeviceBackend::~DeviceBackend() {
 void DeviceBackend::MakePool(device::Runtime* rt) {
   std::lock_guard<std::mutex> lk(mu_);
   if (pool_) return;
-  pool_.reset(new device::DevicePool(rt, timeoutMs_));
+  pool_.reset(new device::DevicePool(rt, timeoutMs_, &alloc_));
   positions_.reset(new device::MaskPositions(pool_.get()));
 }
 
@@ -97,6 +97,7 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   if (st.ok()) st = pool.Acquire(t.k.size() * sizeof(uint64_t), s, &dCounts);
   // On the caller's stream (NULL, the legacy default stream: ordered after the caller's work on
   // blocking streams).
+  device::ScopedTempSource temps(rt, &pool);  // the top-k's table and scratch: the pool's
   if (st.ok())
     st = rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(),
                      static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), s);
@@ -209,8 +210,9 @@ Status UcxStagedBackend::AsyncError() {
 
 // --- NCCL ---------------------------------------------------------------------------------
 
-NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs)
-    : DeviceBackend(timeoutMs), nccl_(std::move(nccl)) {
+NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+                         const scapeDeviceAllocator_t& alloc)
+    : DeviceBackend(timeoutMs, alloc), nccl_(std::move(nccl)) {
   MakePool(device::GetRuntime());  // made at init, as the NCCL communicator is
 }
 

@@ -99,10 +99,10 @@ std::unique_ptr<DataPath> DataPath::ForUcx(Comm* comm) {
 }
 
 std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
-                                            int timeoutMs) {
+                                            int timeoutMs, const scapeDeviceAllocator_t& alloc) {
   std::unique_ptr<DataPath> d(new DataPath());
   if (host) d->host_.reset(new HostBackend(host));
-  d->nccl_ = new NcclBackend(std::move(nccl), timeoutMs);
+  d->nccl_ = new NcclBackend(std::move(nccl), timeoutMs, alloc);
   d->device_.reset(d->nccl_);
   return d;
 }

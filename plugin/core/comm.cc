@@ -141,6 +141,14 @@ Status ResolveConfig(const scapeConfig_t* cfg, CommConfig* out) {
       c.progress = static_cast<scapeProgressMode_t>(cfg->progressMode);
     }
     if (SCAPE_CONFIG_HAS(cfg, netIf) && cfg->netIf) c.netIf = cfg->netIf;
+    if (SCAPE_CONFIG_HAS(cfg, deviceAllocator)) {
+      const scapeDeviceAllocator_t& a = cfg->deviceAllocator;
+      if ((a.alloc == nullptr) != (a.free == nullptr))
+        return InvalidArgument(
+            "config->deviceAllocator: alloc and free must both be set (the caller's allocator) "
+            "or both be NULL (the library's pool)");
+      c.deviceAllocator = a;
+    }
   }
   *out = c;
   return Status::Ok();

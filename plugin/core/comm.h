@@ -24,6 +24,8 @@ struct CommConfig {
   int timeoutMs = kDefaultTimeoutMs;
   scapeProgressMode_t progress = scapeProgressAuto;
   std::string netIf;  // empty: default interface
+  // The caller's device allocator (scapeConfig_t.deviceAllocator); alloc NULL: none.
+  scapeDeviceAllocator_t deviceAllocator{};
 };
 
 // Resolves a public config (NULL allowed) against SCAPE_* variables and defaults.

@@ -11,6 +11,11 @@
 namespace scape {
 namespace device {
 
+DevicePool::DevicePool(Runtime* rt, int timeoutMs, const scapeDeviceAllocator_t* ext)
+    : rt_(rt), timeoutMs_(timeoutMs) {
+  if (ext && ext->alloc && ext->free) ext_ = *ext;
+}
+
 DevicePool::~DevicePool() {
   std::lock_guard<std::mutex> lk(mu_);
   SweepLocked(true);
@@ -27,7 +32,7 @@ size_t DevicePool::BlocksHeld() {
 void DevicePool::FreeLocked(Retired* r) {
   if (r->ev) rt_->EventDestroy(r->ev);
   r->ev = nullptr;
-  if (r->b.d) rt_->DeviceFree(r->b.d);
+  if (r->b.d) FreeBlock(r->b);
   r->b = Block();
   r->keep.reset();
 }
@@ -102,11 +107,42 @@ void DevicePool::SweepLocked(bool teardown) {
   }
 }
 
+void DevicePool::FreeBlock(const Block& b) {
+  if (External())
+    ext_.free(ext_.user, b.d, b.bytes, b.dev, b.s0);
+  else
+    rt_->DeviceFree(b.d);
+}
+
+bool DevicePool::ReturnNow(const Block& b, Stream s) {
+  if (!External() || !b.d || s != b.s0) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  FreeBlock(b);
+  return true;
+}
+
 Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
   *out = Block();
   if (bytes == 0) return Status::Ok();
   std::lock_guard<std::mutex> lk(mu_);
   SweepLocked(false);
+  if (External()) {
+    // Nothing is kept here: the caller's allocator caches (and sees) the memory.
+    const int dev = rt_->GetDevice();
+    void* d = nullptr;
+    const int rc = ext_.alloc(ext_.user, bytes, dev, s, &d);
+    if (rc != 0 || d == nullptr)
+      return SystemError(
+          StrFormat("the caller's device allocator (scapeConfig_t.deviceAllocator) did not "
+                    "allocate %zu bytes on device %d for stream %p (it returned %d%s)",
+                    bytes, dev, s, rc, rc == 0 ? " and a NULL pointer" : ""));
+    extAllocs_.fetch_add(1);
+    out->d = d;
+    out->bytes = bytes;
+    out->s0 = s;
+    out->dev = dev;
+    return Status::Ok();
+  }
   // The smallest that fits among the blocks last released on `s` (whatever their work's
   // state: the event wait below orders the reuse; the legacy default stream, NULL, is one
   // stream per device too), else among the idle ones. Trying `s` first keeps each stream on its own
@@ -143,10 +179,12 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
 }
 
 void DevicePool::Release(Block b, Stream s, std::shared_ptr<const void> keep) {
+  if (ReturnNow(b, s)) b = Block();
   if (!b.d && !keep) return;
   Retired r;
   r.b = b;
   r.s = s;
+  r.drop = External();  // the caller's allocator gets it back once the event has completed
   r.keep = std::move(keep);
   Status st = rt_->EventCreate(&r.ev);
   if (st.ok()) st = rt_->EventRecord(r.ev, s);
@@ -167,7 +205,32 @@ void DevicePool::Sweep() {
   SweepLocked(false);
 }
 
+Status DevicePool::TempAlloc(size_t bytes, Stream s, void** d) {
+  Block b;
+  SCAPE_RETURN_IF_ERROR(Acquire(bytes, s, &b));
+  std::lock_guard<std::mutex> lk(mu_);
+  temps_.push_back(b);
+  *d = b.d;
+  return Status::Ok();
+}
+
+void DevicePool::TempFree(void* d, Stream s) {
+  Block b;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find_if(temps_.begin(), temps_.end(), [d](const Block& t) { return t.d == d; });
+    if (it == temps_.end()) {
+      SCAPE_WARN("device pool: a temporary at %p that the pool did not hand out", d);
+      return;
+    }
+    b = *it;
+    temps_.erase(it);
+  }
+  Release(b, s);
+}
+
 void DevicePool::Drop(Block b, Stream s) {
+  if (ReturnNow(b, s)) return;
   if (!b.d) return;
   Retired r;
   r.b = b;
@@ -180,7 +243,8 @@ void DevicePool::Drop(Block b, Stream s) {
     if (r.ev) rt_->EventDestroy(r.ev);
     Status w = rt_->StreamSynchronize(s);
     if (!w.ok()) SCAPE_WARN("device pool: %s", w.message().c_str());
-    rt_->DeviceFree(b.d);
+    std::lock_guard<std::mutex> lk(mu_);
+    FreeBlock(b);
     return;
   }
   std::lock_guard<std::mutex> lk(mu_);

@@ -22,6 +22,18 @@
 //    kAbandonWaitMs at most) is leaked with a warning rather than freed under the device.
 // Host memory that queued work still reads (an upload's source) rides along with a Release
 // and is held until the event says the work has run.
+//
+// The device ops' per-call temporaries (runtime.h OpTemp) come from here too: the pool is the
+// TempSource the device paths put in scope, so they are kept between steps like any block.
+//
+// With the caller's allocator (scapeConfig_t.deviceAllocator) the pool keeps nothing: Acquire
+// asks the allocator for every block (on the stream it is for), and a block goes back to it
+// as soon as the pool would have kept it: at once (stream-ordered) when it is handed back on
+// the stream it was allocated for, else once an event says the work on the other stream has
+// finished (so the allocator, which reuses a block on its allocation stream, never hands it to
+// work that could overlap ours). The caching is then the allocator's (torch's caching
+// allocator from Python), which also sees the memory. Allocations() counts the driver
+// allocations (DeviceAlloc) either way; ExternalAllocations() the allocator's.
 #ifndef SCAPE_PLUGIN_DEVICE_DEVICE_POOL_H_
 #define SCAPE_PLUGIN_DEVICE_DEVICE_POOL_H_
 
@@ -38,7 +50,7 @@
 namespace scape {
 namespace device {
 
-class DevicePool {
+class DevicePool final : public TempSource {
  public:
   static constexpr size_t kMaxIdle = 8;
   static constexpr int kAbandonWaitMs = 200;
@@ -46,10 +58,14 @@ class DevicePool {
   struct Block {
     void* d = nullptr;
     size_t bytes = 0;  // capacity
+    // With the caller's allocator: the stream and device it was allocated for.
+    Stream s0 = nullptr;
+    int dev = 0;
   };
 
-  DevicePool(Runtime* rt, int timeoutMs) : rt_(rt), timeoutMs_(timeoutMs) {}
-  ~DevicePool();
+  // ext: the caller's allocator (copied), or nullptr / one without alloc: the runtime's memory.
+  DevicePool(Runtime* rt, int timeoutMs, const scapeDeviceAllocator_t* ext = nullptr);
+  ~DevicePool() override;
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
@@ -76,9 +92,16 @@ class DevicePool {
   // scapeCommAbort: teardown then waits kAbandonWaitMs at most for the work in flight.
   void Abandon() { abandoned_.store(true); }
 
-  // For tests: blocks the pool owns (retired or idle), and allocations made so far.
+  // TempSource (runtime.h): an op's temporary is a block acquired on `s` and released there.
+  Status TempAlloc(size_t bytes, Stream s, void** d) override;
+  void TempFree(void* d, Stream s) override;
+
+  // For tests: blocks the pool owns (retired or idle), driver allocations made so far, and the
+  // caller's allocator's.
   size_t BlocksHeld();
   uint64_t Allocations() const { return allocs_.load(); }
+  uint64_t ExternalAllocations() const { return extAllocs_.load(); }
+  bool External() const { return ext_.alloc != nullptr; }
 
  private:
   struct Retired {
@@ -94,13 +117,20 @@ class DevicePool {
   // and waits (up to the deadline, unless abandoned) for the rest.
   void SweepLocked(bool teardown);
   void FreeLocked(Retired* r);
+  // The block's memory back to where it came from (the caller's allocator or the runtime).
+  void FreeBlock(const Block& b);
+  // With the caller's allocator, a block handed back on the stream it was allocated for goes
+  // back to the allocator at once (true); else it waits in retired_ for its event.
+  bool ReturnNow(const Block& b, Stream s);
 
   Runtime* const rt_;
   const int timeoutMs_;
+  scapeDeviceAllocator_t ext_{};
   std::atomic<bool> abandoned_{false};
-  std::atomic<uint64_t> allocs_{0};
+  std::atomic<uint64_t> allocs_{0}, extAllocs_{0};
   std::mutex mu_;
   std::vector<Retired> retired_;
+  std::vector<Block> temps_;  // TempAlloc's blocks in use (by address)
 };
 
 }  // namespace device

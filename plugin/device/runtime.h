@@ -12,6 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/scape_step.h"
@@ -31,6 +35,7 @@ const char* PtrKindName(PtrKind k);
 using Stream = void*;  // a cudaStream_t (NULL: the default stream)
 using Event = void*;   // a cudaEvent_t
 using HostFn = void (*)(void* arg);
+class TempSource;
 
 class Runtime {
  public:
@@ -84,6 +89,16 @@ class Runtime {
   // The defaults say scapeUnsupported (the "none" runtime has no device).
   virtual Status DeviceAlloc(size_t bytes, void** d);  // cudaMalloc (0 bytes: a valid pointer)
   virtual void DeviceFree(void* d);                    // cudaFree; NULL is a no-op
+  // An op's per-call temporary when no TempSource is in scope (OpTemp below): stream-ordered
+  // where the runtime can (cudaMallocAsync / cudaFreeAsync). The defaults: DeviceAlloc, and a
+  // host wait for the stream before DeviceFree (a driver allocation per call).
+  virtual Status DeviceAllocAsync(size_t bytes, Stream s, void** d);
+  virtual void DeviceFreeAsync(void* d, Stream s);
+  // The calling thread's TempSource for ops on this runtime (ScopedTempSource), else nullptr.
+  // Kept in the runtime object, not in a thread_local of this library, so that a runtime
+  // built into another binary (the tests' fake, installed into the shared library) sees the
+  // library's scopes.
+  TempSource* CurrentTempSource();
   virtual Status Memset(void* d, int value, size_t bytes, Stream s);
   // kernels/cpu/gather.h: dPacked[i] = dDense[dIdx[i]], and its inverse, esz in {1, 2, 4, 8}.
   virtual Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
@@ -164,6 +179,63 @@ class Runtime {
                                      const uint64_t* dIdx, const float* dM, size_t n, float beta1,
                                      const uint64_t* bounds, size_t nb, double* dSums,
                                      uint64_t* dCounts, Stream s);
+
+ private:
+  friend class ScopedTempSource;
+  std::mutex tempMu_;
+  std::vector<std::pair<std::thread::id, TempSource*>> tempScopes_;  // innermost last
+};
+
+// ---- where the device ops' per-call temporaries come from --------------------------------
+// Some ops need device memory for the length of one launch (the top-k's segment table and
+// scratch, the norm's partial sums, the uploaded "segment_rms" tables). They take it through
+// OpTemp, from the calling thread's TempSource (per runtime): the communicator's DevicePool
+// (device_pool.h), which the library's device paths (the device backend's top-k, the device
+// optimizer step) put in scope around their ops, so the memory is kept between steps and, with a
+// scapeConfig_t.deviceAllocator, comes from the caller's allocator. With no source in scope
+// (a runtime op called outside a communicator: tests, benchmarks) the runtime's
+// DeviceAllocAsync / DeviceFreeAsync serve it.
+class TempSource {
+ public:
+  virtual ~TempSource() = default;
+  // Device memory of at least `bytes` for work about to be enqueued on `s`.
+  virtual Status TempAlloc(size_t bytes, Stream s, void** d) = 0;
+  // Back from TempAlloc once the work that uses `d` has been enqueued on `s` (stream-ordered:
+  // the source may hand it to later work on `s` at once).
+  virtual void TempFree(void* d, Stream s) = 0;
+};
+
+// The calling thread's TempSource for ops on `rt` while this lives (scopes nest; the innermost
+// wins).
+class ScopedTempSource {
+ public:
+  ScopedTempSource(Runtime* rt, TempSource* src);
+  ~ScopedTempSource();
+  ScopedTempSource(const ScopedTempSource&) = delete;
+  ScopedTempSource& operator=(const ScopedTempSource&) = delete;
+
+ private:
+  Runtime* rt_;
+};
+
+// One op's temporary: from the thread's TempSource, else the runtime's DeviceAllocAsync;
+// handed back on the op's stream when this goes (after the op's launches are enqueued, error
+// paths included).
+class OpTemp {
+ public:
+  OpTemp(Runtime* rt, Stream s) : rt_(rt), s_(s), src_(rt->CurrentTempSource()) {}
+  ~OpTemp() { Release(); }
+  OpTemp(const OpTemp&) = delete;
+  OpTemp& operator=(const OpTemp&) = delete;
+  // `op` names the op in the error. One allocation per OpTemp (a second one releases the first).
+  Status Alloc(const char* op, size_t bytes, void** d);
+  void Release();
+
+ private:
+  Runtime* rt_;
+  Stream s_;
+  TempSource* src_;
+  void* d_ = nullptr;
 };
 
 // A host wait with a deadline: waits (polling rt->StreamQuery) for the work queued on `s` so

@@ -110,60 +110,24 @@ Status CheckTopkTable(const kn::TopkSegments& sg, const kn::TopkOptions& o) {
   return Status::Ok();
 }
 
-// Per-call temporaries (the top-k's device segment table and scratch, the norm's partial sums)
-// are stream-ordered: cudaMallocAsync / cudaFreeAsync on the op's stream. The free is enqueued
-// right after the kernels and takes effect when the stream reaches it, so the call returns
-// without waiting; cudaFree would instead synchronise the whole device (stalling every stream,
-// the communication streams included) on every step, and the pool keeps the memory for the next
-// step's call, so the allocation is cheap. A device without memory pools (old drivers, some
-// virtualised GPUs) gets cudaMalloc, and the stream is synchronised before cudaFree.
-class StreamTemp {
- public:
-  explicit StreamTemp(cudaStream_t s) : s_(s) {}
-  ~StreamTemp() { Release(); }
-  StreamTemp(const StreamTemp&) = delete;
-  StreamTemp& operator=(const StreamTemp&) = delete;
-  Status Alloc(const char* op, size_t bytes, void** p) {
-    *p = nullptr;
-    int dev = 0, pools = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess &&
-        pools) {
-      cudaError_t e = cudaMallocAsync(&p_, bytes ? bytes : 1, s_);
-      if (e != cudaSuccess) {
-        p_ = nullptr;
-        return CudaFail(StrFormat("%s: cudaMallocAsync of %zu temporary bytes", op, bytes).c_str(),
-                        e);
-      }
-      async_ = true;
-    } else {
-      cudaGetLastError();  // a failed attribute query is not an error here
-      cudaError_t e = cudaMalloc(&p_, bytes ? bytes : 1);
-      if (e != cudaSuccess) {
-        p_ = nullptr;
-        return CudaFail(StrFormat("%s: cudaMalloc of %zu temporary bytes", op, bytes).c_str(), e);
-      }
-    }
-    *p = p_;
-    return Status::Ok();
-  }
-  // After the kernels that use it are enqueued (also on every error path, by the destructor).
-  void Release() {
-    if (!p_) return;
-    if (async_) {
-      cudaFreeAsync(p_, s_);
-    } else {
-      cudaStreamSynchronize(s_);
-      cudaFree(p_);
-    }
-    p_ = nullptr;
-  }
-
- private:
-  cudaStream_t s_;
-  void* p_ = nullptr;
-  bool async_ = false;
-};
+// Per-call temporaries (the top-k's device segment table and scratch, the norm's partial sums,
+// the uploaded tables) are OpTemps (runtime.h): from the communicator's pool (or the caller's
+// allocator behind it) when the library's device paths have put it in scope, else from
+// DeviceAllocAsync below.
+//
+// DeviceAllocAsync / DeviceFreeAsync are stream-ordered: cudaMallocAsync / cudaFreeAsync on the
+// op's stream. The free is enqueued right after the kernels and takes effect when the stream
+// reaches it, so the call returns without waiting; cudaFree would instead synchronise the
+// whole device. A device without memory pools (old drivers, some virtualised GPUs) gets
+// cudaMalloc, and the stream is synchronised before cudaFree.
+bool MemoryPools() {
+  int dev = 0, pools = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess)
+    return pools != 0;
+  cudaGetLastError();  // a failed attribute query is not an error here
+  return false;
+}
 
 // The AdamS parameters of `op`, checked as the kernels check them (MakeAdamSScalars).
 Status CheckAdamSParams(const char* op, const kn::AdamSParams& params) {
@@ -194,7 +158,7 @@ Status CheckEnterTable(const char* op, const kn::AdamSParams& params, size_t n) 
 // uploaded for this launch (offsets, then the values) into temp's memory on `stream`. Without
 // a table (enter_vs null) *p = params and nothing is uploaded. The table must tile [0, n).
 Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
-                        cudaStream_t stream, StreamTemp* temp, kn::AdamSParams* p) {
+                        cudaStream_t stream, OpTemp* temp, kn::AdamSParams* p) {
   *p = params;
   SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
   if (params.enter_vs == nullptr) return Status::Ok();
@@ -334,6 +298,26 @@ class Cuda final : public Runtime {
   void DeviceFree(void* d) override {
     if (d && cudaFree(d) != cudaSuccess) cudaGetLastError();  // nothing to act on here
   }
+  Status DeviceAllocAsync(size_t bytes, Stream s, void** d) override {
+    *d = nullptr;
+    cudaError_t e = MemoryPools()
+                        ? cudaMallocAsync(d, bytes ? bytes : 1, static_cast<cudaStream_t>(s))
+                        : cudaMalloc(d, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      *d = nullptr;
+      return CudaFail(StrFormat("allocating %zu bytes of device memory", bytes).c_str(), e);
+    }
+    return Status::Ok();
+  }
+  void DeviceFreeAsync(void* d, Stream s) override {
+    if (!d) return;
+    if (MemoryPools()) {
+      cudaFreeAsync(d, static_cast<cudaStream_t>(s));
+    } else {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+      cudaFree(d);
+    }
+  }
   Status Memset(void* d, int value, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();
     SCAPE_RETURN_IF_ERROR(CheckNonNull("memset", "d", d));
@@ -387,7 +371,7 @@ class Cuda final : public Runtime {
       table[2 * nseg + 1 + i] = segments.out_offsets[i];
       if (i < nseg) table[nseg + 1 + i] = segments.k[i];
     }
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tableBytes + tempBytes, &base));
     // From pageable host memory, cudaMemcpyAsync returns once the source has been staged, so
@@ -446,7 +430,7 @@ class Cuda final : public Runtime {
       return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM,
                                                       n, params, stream));
     // "segment_rms": upload the host table (offsets, then the values) for this launch.
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     kn::AdamSParams p;
     SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
     return KernelFail(
@@ -473,7 +457,7 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(
         CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
     auto stream = static_cast<cudaStream_t>(s);
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     kn::AdamSParams p;
     SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
     return KernelFail(op, kc::AdamSUpdatePairsCuda(dPayload, payloadType, dIdx, k, dTheta, dM, n, p,
@@ -532,7 +516,7 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCounts", dCounts, 8));
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
     auto stream = static_cast<cudaStream_t>(s);
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, 8 * (nb + 1), &base));
     cudaError_t e = cudaMemcpyAsync(base, bounds, 8 * (nb + 1), cudaMemcpyHostToDevice, stream);
@@ -600,7 +584,7 @@ class Cuda final : public Runtime {
     // "segment_rms": the host table uploaded for this launch, as in UnpackAdamSUpdate (the
     // kernel reads params.enter_offsets / enter_vs as device pointers).
     auto stream = static_cast<cudaStream_t>(s);
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     kn::AdamSParams p;
     SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
     return KernelFail(op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM,
@@ -630,7 +614,7 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(
         KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
                                                    dSqNorm, nullptr, &tempBytes, stream)));
-    StreamTemp temp(stream);
+    OpTemp temp(this, stream);
     void* dTemp = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tempBytes, &dTemp));
     return KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,

@@ -109,6 +109,59 @@ Status Runtime::DeviceAlloc(size_t, void** d) {
   return NoDeviceOp(this, "device memory");
 }
 void Runtime::DeviceFree(void*) {}
+Status Runtime::DeviceAllocAsync(size_t bytes, Stream, void** d) { return DeviceAlloc(bytes, d); }
+void Runtime::DeviceFreeAsync(void* d, Stream s) {
+  if (!d) return;
+  // No stream-ordered free: the work that uses d must have run first.
+  (void)StreamSynchronize(s);
+  DeviceFree(d);
+}
+
+ScopedTempSource::ScopedTempSource(Runtime* rt, TempSource* src) : rt_(rt) {
+  std::lock_guard<std::mutex> lk(rt->tempMu_);
+  rt->tempScopes_.emplace_back(std::this_thread::get_id(), src);
+}
+
+ScopedTempSource::~ScopedTempSource() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lk(rt_->tempMu_);
+  auto& v = rt_->tempScopes_;
+  for (auto it = v.rbegin(); it != v.rend(); ++it)
+    if (it->first == me) {
+      v.erase(std::next(it).base());
+      return;
+    }
+}
+
+TempSource* Runtime::CurrentTempSource() {
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lk(tempMu_);
+  for (auto it = tempScopes_.rbegin(); it != tempScopes_.rend(); ++it)
+    if (it->first == me) return it->second;
+  return nullptr;
+}
+
+Status OpTemp::Alloc(const char* op, size_t bytes, void** d) {
+  Release();
+  *d = nullptr;
+  Status st = src_ ? src_->TempAlloc(bytes ? bytes : 1, s_, &d_)
+                   : rt_->DeviceAllocAsync(bytes ? bytes : 1, s_, &d_);
+  if (!st.ok()) {
+    d_ = nullptr;
+    return st.Prepend(StrFormat("%s: %zu temporary bytes", op, bytes));
+  }
+  *d = d_;
+  return Status::Ok();
+}
+
+void OpTemp::Release() {
+  if (!d_) return;
+  if (src_)
+    src_->TempFree(d_, s_);
+  else
+    rt_->DeviceFreeAsync(d_, s_);
+  d_ = nullptr;
+}
 Status Runtime::Memset(void*, int, size_t, Stream) { return NoDeviceOp(this, "memset"); }
 Status Runtime::Gather(const void*, const uint64_t*, size_t, size_t, void*, Stream) {
   return NoDeviceOp(this, "gather kernel");

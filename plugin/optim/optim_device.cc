@@ -50,10 +50,11 @@ Status RunOn(backend::Backend* b, const coll::CollArgs& a, void* stream) {
   return b->Run(a, stream, nullptr);
 }
 
-template <typename T>
-Status Alloc(device::Runtime* rt, size_t count, T** p) {
+// count (>= 1) elements of T held by the device state (DeviceState::Hold).
+template <typename State, typename T>
+Status Alloc(State* s, size_t count, T** p) {
   void* v = nullptr;
-  SCAPE_RETURN_IF_ERROR(rt->DeviceAlloc(sizeof(T) * std::max<size_t>(count, 1), &v));
+  SCAPE_RETURN_IF_ERROR(s->Hold(sizeof(T) * std::max<size_t>(count, 1), &v));
   *p = static_cast<T*>(v);
   return Status::Ok();
 }
@@ -192,6 +193,27 @@ uint64_t Optimizer::DeviceState::ScratchBytes() const {
 
 uint64_t Optimizer::DeviceState::IndexBytes() const { return cap * 8 * (hasPerm ? 4 : 1); }
 
+Status Optimizer::DeviceState::Hold(size_t bytes, void** p) {
+  *p = nullptr;
+  device::DevicePool::Block b;
+  SCAPE_RETURN_IF_ERROR(
+      pool->Acquire(bytes, stream, &b, /*exact=*/true)
+          .Prepend(StrFormat("device memory for the optimizer state (%zu bytes)", bytes)));
+  held.push_back(b);
+  *p = b.d;
+  return Status::Ok();
+}
+
+void Optimizer::DeviceState::Unhold(void* p) {
+  if (!p) return;
+  for (auto it = held.begin(); it != held.end(); ++it)
+    if (it->d == p) {
+      pool->Drop(*it, stream);
+      held.erase(it);
+      return;
+    }
+}
+
 Optimizer::DeviceState::~DeviceState() {
   if (!rt) return;
   // The pool's blocks go back for good (the stream was synchronised: DeviceRelease).
@@ -199,11 +221,8 @@ Optimizer::DeviceState::~DeviceState() {
     pool->Drop(scratch, stream);
     pool->Drop(top, stream);
     pool->Drop(mom, stream);
+    for (const device::DevicePool::Block& b : held) pool->Drop(b, stream);
   }
-  for (void* p : {static_cast<void*>(dE), static_cast<void*>(dCounts), static_cast<void*>(dSq),
-                  static_cast<void*>(dFlag), static_cast<void*>(dMaster),
-                  static_cast<void*>(dStaySum), static_cast<void*>(dStayCnt)})
-    rt->DeviceFree(p);
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
   if (hFlag) rt->HostFree(hFlag);
@@ -299,10 +318,10 @@ Status Optimizer::DevicePush() {
   SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
   // The master weights live beside the state while the optimizer has them.
   if (masterType_ != scapeFloat32) {
-    if (!d.dMaster) SCAPE_RETURN_IF_ERROR(Alloc(d.rt, n, &d.dMaster));
+    if (!d.dMaster) SCAPE_RETURN_IF_ERROR(Alloc(&d, n, &d.dMaster));
     SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMaster, master_.data(), 4 * n, d.stream));
   } else if (d.dMaster) {
-    d.rt->DeviceFree(d.dMaster);
+    d.Unhold(d.dMaster);
     d.dMaster = nullptr;
   }
   // Unbounded: the copies read locals, which must outlive them (the stream was idle before).
@@ -399,14 +418,14 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
       s->rt = rt;
       s->stream = st;
       s->pool = static_cast<backend::DeviceBackend*>(exchange)->SharedPool();
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, n, &s->dE));
+      SCAPE_RETURN_IF_ERROR(Alloc(s.get(), n, &s->dE));
       // The scratch, the top-k output and the momentum are pool blocks fitted at each step
       // (Fit, FitTop, FitMom).
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, static_cast<size_t>(o->nranks_), &s->dSq));
+      SCAPE_RETURN_IF_ERROR(Alloc(s.get(), static_cast<size_t>(o->nranks_), &s->dSq));
       void* h = nullptr;
       SCAPE_RETURN_IF_ERROR(rt->HostAlloc(8 * static_cast<size_t>(o->nranks_), &h));
       s->hSq = static_cast<double*>(h);
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, 1, &s->dFlag));
+      SCAPE_RETURN_IF_ERROR(Alloc(s.get(), 1, &s->dFlag));
       SCAPE_RETURN_IF_ERROR(rt->HostAlloc(4, &h));
       s->hFlag = static_cast<uint32_t*>(h);
       SCAPE_RETURN_IF_ERROR(rt->EventCreate(&s->selDone));
@@ -521,14 +540,15 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   // (DeviceFinishSelect: at the end of this step when the event has completed, else at the
   // next optimizer call).
   Status SelectNext(double density) override {
+    device::ScopedTempSource temps(rt, d->pool.get());  // the ops' temporaries: the pool's
     Mask::TopkTable t;
     o->mask_->TopkPlan(density, &t);
     SCAPE_RETURN_IF_ERROR(d->FitTop(t.total));
     if (t.total > 0) {  // else only always-dense pieces (added by the mask), or none
       if (t.k.size() > d->countsCap) {
-        rt->DeviceFree(d->dCounts);
+        d->Unhold(d->dCounts);
         d->dCounts = nullptr;
-        SCAPE_RETURN_IF_ERROR(Alloc(rt, t.k.size(), &d->dCounts));
+        SCAPE_RETURN_IF_ERROR(Alloc(d, t.k.size(), &d->dCounts));
         d->countsCap = t.k.size();
       }
       SCAPE_RETURN_IF_ERROR(
@@ -553,6 +573,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   bool NormAlways() const override { return false; }
 
   Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
+    device::ScopedTempSource temps(rt, d->pool.get());
     if (nb > static_cast<size_t>(o->nranks_)) return InternalError("more norm blocks than ranks");
     for (size_t i = 0; i < nb; ++i)
       SCAPE_RETURN_IF_ERROR(
@@ -568,15 +589,16 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status StayingBlocks(uint64_t slot0) override {
+    device::ScopedTempSource temps(rt, d->pool.get());
     const size_t nb = o->staySum_.size();
     if (nb > d->stayCap) {
-      rt->DeviceFree(d->dStaySum);
-      rt->DeviceFree(d->dStayCnt);
+      d->Unhold(d->dStaySum);
+      d->Unhold(d->dStayCnt);
       d->dStaySum = nullptr;
       d->dStayCnt = nullptr;
       d->stayCap = 0;
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d->dStaySum));
-      SCAPE_RETURN_IF_ERROR(Alloc(rt, nb, &d->dStayCnt));
+      SCAPE_RETURN_IF_ERROR(Alloc(d, nb, &d->dStaySum));
+      SCAPE_RETURN_IF_ERROR(Alloc(d, nb, &d->dStayCnt));
       d->stayCap = nb;
     }
     if (nb == 0) return Status::Ok();
@@ -591,6 +613,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status Update(const kernels::AdamSParams& ap) override {
+    device::ScopedTempSource temps(rt, d->pool.get());
     const void* recvSorted = d->dRecv;
     if (!identity && k) {
       SCAPE_RETURN_IF_ERROR(rt->Gather(d->dRecv, d->dPerm, k, Esz(), d->dPaySorted, st));
@@ -608,6 +631,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   }
 
   Status UpdatePairs(const kernels::AdamSParams& ap, uint64_t offr, uint64_t kr) override {
+    device::ScopedTempSource temps(rt, d->pool.get());
     return rt
         ->AdamSUpdatePairs(d->dRecv, Pt(), d->dMaskOrder + offr, kr, dTheta, d->dStat, o->layout_.n,
                            ap, d->dPairsSend, st)

@@ -87,6 +87,12 @@ struct Optimizer::DeviceState {
   double* dStaySum = nullptr;
   uint64_t* dStayCnt = nullptr;
   size_t stayCap = 0;
+  // The state's other device buffers (dE, dMaster, dSq, dFlag, dCounts, dStaySum, dStayCnt):
+  // pool blocks as well (exact size, held while the state lives or until Unhold), so that with
+  // the caller's allocator (scapeConfig_t.deviceAllocator) every device buffer comes from it.
+  std::vector<device::DevicePool::Block> held;
+  Status Hold(size_t bytes, void** p);
+  void Unhold(void* p);  // NULL: nothing; else the block goes back once the stream has passed
   ~DeviceState();
 };
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_size_t, c_uint,
-                    c_uint8, c_uint64, c_void_p)
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int, c_size_t,
+                    c_uint, c_uint8, c_uint64, c_void_p)
 from typing import List, Optional
 
 LIBRARY_NAME = "libnccl-net-scape.so"
@@ -33,6 +33,18 @@ class UniqueIdStruct(Structure):
     _fields_ = [("internal", c_char * UNIQUE_ID_BYTES)]
 
 
+# scapeDeviceAllocator_t's functions: alloc(user, bytes, device, stream, ptr) -> int and
+# free(user, ptr, bytes, device, stream).
+DEVICE_ALLOC_FN = CFUNCTYPE(c_int, c_void_p, c_size_t, c_int, c_void_p, POINTER(c_void_p))
+DEVICE_FREE_FN = CFUNCTYPE(None, c_void_p, c_void_p, c_size_t, c_int, c_void_p)
+
+
+class DeviceAllocatorStruct(Structure):
+    """``scapeDeviceAllocator_t`` (see scape/allocator.py)."""
+
+    _fields_ = [("alloc", DEVICE_ALLOC_FN), ("free", DEVICE_FREE_FN), ("user", c_void_p)]
+
+
 class ConfigStruct(Structure):
     """``scapeConfig_t`` (initialise with :func:`make_config`)."""
 
@@ -43,6 +55,7 @@ class ConfigStruct(Structure):
         ("timeoutMs", c_int),
         ("progressMode", c_int),
         ("netIf", c_char_p),
+        ("deviceAllocator", DeviceAllocatorStruct),
     ]
 
 

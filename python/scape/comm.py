@@ -10,7 +10,7 @@ from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
-from . import _lib
+from . import _lib, allocator
 from ._buffers import (Buf, as_buf, empty_like, expect_count, keepalive, overlaps, placement,
                        same_dtype)
 from .errors import (INVALID_USAGE, SUCCESS, IN_PROGRESS, InvalidUsageError, ScapeError,
@@ -78,8 +78,9 @@ def get_unique_id() -> UniqueId:
 
 
 def _config(timeout_ms: Optional[int], progress: Optional[Union[ProgressMode, str, int]],
-            net_if: Optional[str]) -> Optional[_lib.ConfigStruct]:
-    if timeout_ms is None and progress is None and net_if is None:
+            net_if: Optional[str], device_allocator: Any = "auto") -> Optional[_lib.ConfigStruct]:
+    hook = allocator.resolve(device_allocator)
+    if timeout_ms is None and progress is None and net_if is None and hook is None:
         return None
     cfg = _lib.ConfigStruct()
     cfg.size = ctypes.sizeof(_lib.ConfigStruct)
@@ -98,6 +99,8 @@ def _config(timeout_ms: Optional[int], progress: Optional[Union[ProgressMode, st
         if not isinstance(net_if, str) or not net_if:
             raise bad_arg("net_if", f"expected an interface name, got {net_if!r}")
         cfg.netIf = net_if.encode()
+    if hook is not None:
+        cfg.deviceAllocator = hook
     return cfg
 
 
@@ -320,13 +323,17 @@ class Communicator:
             (``scapeCommInitNcclRank``: the library also makes and owns an NCCL communicator
             of the same ranks; see :meth:`from_env`).
         device: the CUDA device index of this rank (see :meth:`from_env`).
+        device_allocator: where the library's device memory comes from (its temporaries and
+            the device optimizer state): "auto" (default: torch's caching allocator when
+            torch is imported and its CUDA is available, else the library's pool), "torch",
+            "library", or an object with ``alloc`` and ``free`` (:mod:`scape.allocator`).
     """
 
     def __init__(self, size: int, unique_id: UniqueId, rank: int, *,
                  backend: str = "ucx", device: Optional[int] = None,
                  timeout_ms: Optional[int] = None,
                  progress: Optional[Union[ProgressMode, str, int]] = None,
-                 net_if: Optional[str] = None) -> None:
+                 net_if: Optional[str] = None, device_allocator: Any = "auto") -> None:
         self._handle: Optional[int] = None
         self._masks: "weakref.WeakSet[Mask]" = weakref.WeakSet()
         self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
@@ -340,7 +347,7 @@ class Communicator:
         if not isinstance(unique_id, UniqueId):
             raise bad_arg("unique_id", f"expected a scape.UniqueId, got "
                                        f"{type(unique_id).__name__}", type_error=True)
-        cfg = _config(timeout_ms, progress, net_if)
+        cfg = _config(timeout_ms, progress, net_if, device_allocator)
         h = c_void_p()
         L = _lib.lib()
         if self._backend == "nccl":
@@ -364,7 +371,8 @@ class Communicator:
     def from_env(cls, *, backend: str = "ucx", device: Optional[int] = None,
                  timeout_ms: Optional[int] = None,
                  progress: Optional[Union[ProgressMode, str, int]] = None,
-                 net_if: Optional[str] = None) -> "Communicator":
+                 net_if: Optional[str] = None,
+                 device_allocator: Any = "auto") -> "Communicator":
         """Joins the communicator described by the launcher's environment
         (``scapeCommInitFromEnv``; ``scapeCommInitNcclFromEnv`` for backend="nccl"): rank and
         size from RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun),
@@ -383,7 +391,7 @@ class Communicator:
             device: the CUDA device index of this rank (see `backend`); for "ucx" it only
                 fixes the device the communicator's device buffers must be on (else the first
                 device buffer fixes it).
-            timeout_ms, progress, net_if: as for the constructor.
+            timeout_ms, progress, net_if, device_allocator: as for the constructor.
         """
         self = cls.__new__(cls)
         self._handle = None
@@ -392,7 +400,7 @@ class Communicator:
         self._aborting = False
         self._device = None
         self._backend = _backend(backend)
-        cfg = _config(timeout_ms, progress, net_if)
+        cfg = _config(timeout_ms, progress, net_if, device_allocator)
         h = c_void_p()
         if self._backend == "nccl":
             self._device = _prepare_nccl(device)
@@ -412,7 +420,8 @@ class Communicator:
     def from_process_group(cls, pg: Any = None, *, backend: str = "ucx",
                            device: Optional[int] = None, timeout_ms: Optional[int] = None,
                            progress: Optional[Union[ProgressMode, str, int]] = None,
-                           net_if: Optional[str] = None) -> "Communicator":
+                           net_if: Optional[str] = None,
+                           device_allocator: Any = "auto") -> "Communicator":
         """Makes a communicator of the ranks of a torch.distributed process group (`pg`, None
         for the default group; torch.distributed must be initialised): the group's rank 0
         makes a unique id (:func:`get_unique_id`) and it travels to the other ranks through
@@ -446,7 +455,8 @@ class Communicator:
             raise InvalidUsageError("the unique id did not arrive through the process group",
                                     function="from_process_group")
         return cls(size, UniqueId(box[0]), rank, backend=backend, device=device,
-                   timeout_ms=timeout_ms, progress=progress, net_if=net_if)
+                   timeout_ms=timeout_ms, progress=progress, net_if=net_if,
+                   device_allocator=device_allocator)
 
     def _init_queries(self) -> None:
         n, r = c_int(), c_int()

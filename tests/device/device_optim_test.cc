@@ -228,7 +228,7 @@ TEST_P(DeviceOptim, SegmentRmsMatchesTheHostStepBitForBit) {
 }
 
 // Every segment always dense: the dense AdamS step through the same call (what
-// perf/gpu_optim_check.cc times the SCAPE step against). No top-k runs; every position is
+// perf/gpu/gpu_optim_check.cc times the SCAPE step against). No top-k runs; every position is
 // exchanged and updated each step; the device step gives the host step's bits.
 TEST_P(DeviceOptim, EverySegmentDenseIsADenseAdamSStep) {
   const unsigned seed = scape_test::FreshSeed();

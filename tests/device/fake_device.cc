@@ -169,6 +169,15 @@ void FakeRuntime::DeviceFree(void* p) {
   std::free(p);
 }
 
+Status FakeRuntime::DeviceAllocAsync(size_t bytes, Stream, void** d) {
+  ++tempAllocs;
+  return DeviceAlloc(bytes, d);
+}
+
+void FakeRuntime::DeviceFreeAsync(void* d, Stream s) {
+  if (d) StreamOf(s)->Push([this, d] { DeviceFree(d); });
+}
+
 uint64_t FakeRuntime::LiveBytes() {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t b = 0;
@@ -561,7 +570,13 @@ Status FakeRuntime::TopkAbs(const float* dX, const kn::TopkSegments& segments,
                                                     segments.out_offsets + nseg + 1);
   kn::TopkOptions opt = options;
   opt.max_threads = kernelThreads.load();
-  Enqueue(s, "TopkAbs", [this, dX, dOut, dCounts, off, kk, oo, opt, x0, x1, o0, o1, nseg] {
+  // The CUDA form's temporary (its device segment table; its scratch is not modelled).
+  scape::device::OpTemp temp(this, s);
+  void* dTemp = nullptr;
+  const size_t tempBytes = 8 * (3 * nseg + 2);
+  SCAPE_RETURN_IF_ERROR(temp.Alloc("fake device: TopkAbs", tempBytes, &dTemp));
+  Enqueue(s, "TopkAbs", [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "its temporary (freed?)", dTemp, tempBytes));
     SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dX (freed?)", dX + x0, (x1 - x0) * sizeof(float)));
     SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dOut (freed?)", dOut + o0, (o1 - o0) * 8));
     SCAPE_RETURN_IF_ERROR(CheckRange("TopkAbs", "dCounts (freed?)", dCounts, nseg * 8));
@@ -900,7 +915,13 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
   }
   ++norms;
   const int threads = kernelThreads.load();
+  // The CUDA form's temporary (the blocks' partial sums).
+  scape::device::OpTemp temp(this, s);
+  void* dTemp = nullptr;
+  const size_t tempBytes = 8 * (k / 1024 + 1);
+  SCAPE_RETURN_IF_ERROR(temp.Alloc("fake device: RecoveredGradSqNorm", tempBytes, &dTemp));
   Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "its temporary (freed?)", dTemp, tempBytes));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm (freed?)", dSqNorm, sizeof(double)));
     if (k > 0) {
       SCAPE_RETURN_IF_ERROR(CheckRange(op, "dM (freed?)", dM, n * 4));

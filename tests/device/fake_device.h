@@ -115,6 +115,12 @@ class FakeRuntime final : public scape::device::Runtime {
   // for device ops running at that moment), so ops still queued on it fail their stream.
   scape::Status DeviceAlloc(size_t bytes, void** d) override;
   void DeviceFree(void* p) override;
+  // An op's temporary outside any TempSource (runtime.h OpTemp): a driver allocation (counted
+  // in deviceAllocs and tempAllocs), freed in stream order (cudaFreeAsync with the pool's
+  // release threshold at 0). TopkAbs and RecoveredGradSqNorm take one (OpTemp), as their CUDA
+  // forms do, and check on the stream that it is still allocated.
+  scape::Status DeviceAllocAsync(size_t bytes, scape::device::Stream s, void** d) override;
+  void DeviceFreeAsync(void* d, scape::device::Stream s) override;
   scape::Status Memset(void* d, int value, size_t bytes, scape::device::Stream s) override;
   scape::Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
                        void* dPacked, scape::device::Stream s) override;
@@ -183,7 +189,9 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
   std::atomic<uint64_t> stayingSums{0}, enteringUpdates{0};  // "segment_rms" ops
   std::atomic<uint64_t> pairUpdates{0}, pairUnpacks{0};      // the sharded step's halves
-  std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0};
+  // deviceAllocs: driver-level allocations (DeviceAlloc, DeviceAllocAsync, DeviceMalloc);
+  // tempAllocs: those of them that were an op's temporary with no TempSource in scope.
+  std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0}, tempAllocs{0};
   std::atomic<uint64_t> streamsCreated{0}, streamsLive{0}, streamWaits{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running
   // (as a kernel fault would), so callers' error paths can be tested.

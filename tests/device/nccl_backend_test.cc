@@ -280,7 +280,7 @@ TEST(NcclBackendAbort, EveryCallAfterAbortIsAClearErrorAndNeverReachesNccl) {
   std::unique_ptr<scape::device::NcclBackend> nb;
   ASSERT_TRUE(scape::device::NcclBackend::Create(nc, &nb, /*owned=*/true).ok());
   scape::device::NcclBackend* raw = nb.get();
-  scape::backend::NcclBackend b(std::move(nb), 2000);
+  scape::backend::NcclBackend b(std::move(nb), 2000, scapeDeviceAllocator_t{});
   const size_t n = 64;
   void* d = rt.DeviceMalloc(n * 4);
   scape::coll::CollArgs a;

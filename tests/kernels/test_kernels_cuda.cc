@@ -26,12 +26,12 @@ namespace kc = ::scape::kernels::cuda;
 using testing_util::RandomMask;
 using testing_util::RandomNormal;
 
-#define SKIP_WITHOUT_GPU()                                                                    \
-  do {                                                                                        \
-    if (kc::DeviceCount() == 0)                                                               \
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount found none (no GPU, no driver, or " \
-                      "CUDA_VISIBLE_DEVICES hides them); this test compares the CUDA kernel " \
-                      "with the CPU one and needs a GPU (perf/gpu_check.sh runs it there)";   \
+#define SKIP_WITHOUT_GPU()                                                                      \
+  do {                                                                                          \
+    if (kc::DeviceCount() == 0)                                                                 \
+      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount found none (no GPU, no driver, or "   \
+                      "CUDA_VISIBLE_DEVICES hides them); this test compares the CUDA kernel "   \
+                      "with the CPU one and needs a GPU (perf/gpu/gpu_check.sh runs it there)"; \
   } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), KernelStatus::kOk) << #expr << ": " << kc::LastCudaError()

@@ -97,6 +97,8 @@ __attribute__((visibility("default"))) uint64_t fakedev_counter(const char* name
   if (!std::strcmp(name, "scatters")) return f.scatters.load();
   if (!std::strcmp(name, "hostFuncs")) return f.hostFuncs.load();
   if (!std::strcmp(name, "syncs")) return f.syncs.load();
+  if (!std::strcmp(name, "deviceAllocs")) return f.deviceAllocs.load();
+  if (!std::strcmp(name, "tempAllocs")) return f.tempAllocs.load();
   return ~uint64_t{0};
 }
 

@@ -269,3 +269,141 @@ class MaskStreams(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _CachingAllocator:
+    """A Python device allocator over the fake device's memory, caching per (stream, size) as
+    torch's caching allocator does; checks that every free matches its alloc."""
+
+    def __init__(self) -> None:
+        self.live = {}
+        self.cache = {}
+        self.allocs = self.frees = self.mismatches = 0
+        self.streams = set()
+
+    def alloc(self, nbytes, device, stream):
+        self.allocs += 1
+        self.streams.add(stream)
+        free = self.cache.get((stream, nbytes))
+        ptr = free.pop() if free else fd._shim.fakedev_alloc(nbytes)
+        self.live[ptr] = (nbytes, device, stream)
+        return ptr
+
+    def free(self, ptr, nbytes, device, stream):
+        self.frees += 1
+        if self.live.pop(ptr, None) != (nbytes, device, stream):
+            self.mismatches += 1
+        self.cache.setdefault((stream, nbytes), []).append(ptr)
+
+    def drain(self):
+        for ptrs in self.cache.values():
+            for p in ptrs:
+                fd._shim.fakedev_free(p)
+        self.cache.clear()
+
+
+@unittest.skipUnless(HAVE, "SCAPE_TEST_FAKEDEV / SCAPE_TEST_FAKE_NCCL not set (run by ctest)")
+class DeviceAllocator(unittest.TestCase):
+    """Issue 31 finding 5: the library's device memory from the caller's allocator
+    (Communicator(device_allocator=...), scapeConfig_t.deviceAllocator)."""
+
+    def _rounds(self, comm, stream, rounds=5):
+        m = comm.create_mask([1000, 2000])
+        stat = fd.FakeCudaArray(np.random.default_rng(1).standard_normal(3000).astype(np.float32),
+                                stream=stream)
+        driver = []
+        for _ in range(rounds):
+            before = fd.counter("deviceAllocs")
+            m.select_next_topk(stat, 0.05)  # the device top-k: pool blocks and a temporary
+            m.sync_start(), m.sync_wait(), m.advance()
+            fd.sync(stream)
+            driver.append(fd.counter("deviceAllocs") - before)
+        m.destroy()
+        return driver
+
+    def test_a_python_allocator_serves_every_device_buffer(self):
+        fd.install()
+        a = _CachingAllocator()
+        s = fd.new_stream()
+        temps = fd.counter("tempAllocs")
+        c = scape.Communicator(1, scape.get_unique_id(), 0, device=0, device_allocator=a)
+        driver = self._rounds(c, s)
+        c.destroy()
+        self.assertGreater(a.allocs, 0, "the library did not call the allocator")
+        self.assertEqual(a.streams, {s}, "blocks for another stream than the call's")
+        self.assertEqual(driver[1:], [0] * (len(driver) - 1), "driver allocations after round 0")
+        self.assertEqual(fd.counter("tempAllocs"), temps, "a temporary bypassed the allocator")
+        self.assertEqual((a.mismatches, a.live, a.frees), (0, {}, a.allocs))
+        a.drain()
+
+    def test_without_a_hook_the_library_pool_keeps_its_memory(self):
+        fd.install()
+        s = fd.new_stream()
+        c = scape.Communicator(1, scape.get_unique_id(), 0, device=0,
+                               device_allocator="library")
+        driver = self._rounds(c, s)
+        c.destroy()
+        self.assertEqual(driver[1:], [0] * (len(driver) - 1), "driver allocations after round 0")
+
+    def test_torch_allocator_is_called_with_the_stream(self):
+        # torch here has no CUDA: its caching allocator's two entry points are stand-ins over
+        # the fake device's memory, which is what TorchAllocator must call.
+        import torch
+        from unittest import mock
+
+        fd.install()
+        calls = []
+
+        def alloc(size, device=None, stream=None):
+            calls.append(("alloc", size, device, stream))
+            return fd._shim.fakedev_alloc(size)
+
+        def delete(ptr):
+            calls.append(("delete", ptr))
+
+        s = fd.new_stream()
+        with mock.patch.object(torch.cuda, "caching_allocator_alloc", alloc), \
+                mock.patch.object(torch.cuda, "caching_allocator_delete", delete):
+            c = scape.Communicator(1, scape.get_unique_id(), 0, device=0, device_allocator="torch")
+            self._rounds(c, s, rounds=2)
+            c.destroy()
+        allocs = [x for x in calls if x[0] == "alloc"]
+        self.assertTrue(allocs)
+        self.assertEqual({x[3] for x in allocs}, {s})
+        self.assertEqual({x[2] for x in allocs}, {0})
+        self.assertEqual(len(allocs), len([x for x in calls if x[0] == "delete"]))
+
+    def test_an_allocator_that_raises_fails_the_call(self):
+        fd.install()
+
+        class Broken:
+            def alloc(self, nbytes, device, stream):
+                raise MemoryError("out of memory (test)")
+
+            def free(self, ptr, nbytes, device, stream):
+                pass
+
+        c = scape.Communicator(1, scape.get_unique_id(), 0, device=0, device_allocator=Broken())
+        m = c.create_mask([100])
+        stat = fd.FakeCudaArray(np.ones(100, np.float32), stream=fd.new_stream())
+        with self.assertRaises(scape.ScapeSystemError) as e:
+            m.select_next_topk(stat, 0.1)
+        self.assertIn("deviceAllocator", str(e.exception))
+        m.destroy()
+        c.destroy()
+
+
+class DeviceAllocatorChoice(unittest.TestCase):
+    def test_choices(self):
+        from scape import allocator
+
+        import torch
+
+        self.assertIsNone(allocator.resolve("library"))
+        # "auto" picks torch's allocator only where torch's CUDA is available.
+        self.assertEqual(allocator.resolve("auto") is None, not torch.cuda.is_available())
+        self.assertIsNotNone(allocator.resolve("torch"))
+        with self.assertRaises(scape.InvalidArgumentError):
+            allocator.resolve("cuda")
+        with self.assertRaises(scape.ArgumentTypeError):
+            allocator.resolve(object())

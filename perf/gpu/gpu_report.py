@@ -1,9 +1,9 @@
-"""The figures of perf/gpu_train.sh: reads OUT/step_bench.jsonl and OUT/train_runs.jsonl and
+"""The figures of perf/gpu/gpu_train.sh: reads OUT/step_bench.jsonl and OUT/train_runs.jsonl and
 writes OUT/train_loss.png (validation loss against step and against bytes sent per rank),
 OUT/step_bench.png (step time by row, split into the library's phases) and OUT/gpu_train.md (a
 Markdown section ready to paste into perf/RESULTS_gpu.md, with the targets and verdicts).
 
-    python3 perf/gpu_report.py --out DIR [--meta DIR/meta.json] [--dry-run]
+    python3 perf/gpu/gpu_report.py --out DIR [--meta DIR/meta.json] [--dry-run]
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
              meta: Dict[str, Any], dry: bool) -> str:
     env = next((x.get("env") for x in steps + runs if x.get("env")), {}) or {}
     L: List[str] = []
-    L.append("## End-to-end training and the step on device (perf/gpu_train.sh)")
+    L.append("## End-to-end training and the step on device (perf/gpu/gpu_train.sh)")
     L.append("")
     if dry:
         L.append("**DRY RUN on the CPU (tiny sizes, gloo/UCX): checks that the script runs and "
@@ -132,9 +132,9 @@ def markdown(out: str, runs: List[Dict[str, Any]], steps: List[Dict[str, Any]],
     by = {s["row"]: s for s in steps}
     dense = by.get("adams-dense", {}).get("step_ms_median")
     n = next((s["params"] for s in steps if s.get("params")), None)
-    L.append(f"### The optimizer step on device (perf/gpu_step.py), "
+    L.append(f"### The optimizer step on device (perf/gpu/gpu_step.py), "
              f"{n / 2**20:g} Mi fp32 parameters, {env.get('world_size', '?')} ranks"
-             if n else "### The optimizer step on device (perf/gpu_step.py)")
+             if n else "### The optimizer step on device (perf/gpu/gpu_step.py)")
     L.append("")
     if steps:
         L.append("| row | optimizer | density | payload | step ms (median) | dense AdamS / row | "

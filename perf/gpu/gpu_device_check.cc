@@ -1,4 +1,4 @@
-// One rank of the device data-path check (perf/gpu_check.sh, step "device"): the library's
+// One rank of the device data-path check (perf/gpu/gpu_check.sh, step "device"): the library's
 // collectives on CUDA device buffers and a CUDA stream, on both backends, checked and timed.
 //
 //   gpu_device_check RANK NRANKS DIR N ITERS TIMEOUT_S
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gpu_rank_util.h"
+#include "../common/gpu_rank_util.h"
 #include "scape/scape.h"
 
 namespace {

@@ -19,9 +19,9 @@
 //    exchanged and updated), each timed to stream completion, and the dense all-reduce of the
 //    n fp32 values alone. RESULT scape_step_ms, dense_step_ms, dense_allreduce_ms.
 // Rank 0 prints the RESULT lines; exit status 0 only if the bits matched. Ids travel through
-// files in DIR (rank 0 writes, the others poll, 60 s). Build (as perf/gpu_check.sh builds its
+// files in DIR (rank 0 writes, the others poll, 60 s). Build (as perf/gpu/gpu_check.sh builds its
 // checks):
-//   g++ -std=c++17 -O2 -o gpu_optim_check perf/gpu_optim_check.cc -Iinclude -Ibuild/include
+//   g++ -std=c++17 -O2 -o gpu_optim_check perf/gpu/gpu_optim_check.cc -Iinclude -Ibuild/include
 //     -I$CUDA/include -Lbuild/lib -lnccl-net-scape -L$CUDA/lib64 -lcudart -Wl,-rpath,build/lib
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "common/gpu_rank_util.h"
+#include "../common/gpu_rank_util.h"
 #include "scape/scape.h"
 
 namespace {

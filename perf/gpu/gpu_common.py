@@ -1,4 +1,4 @@
-"""Shared by perf/gpu_train.py and perf/gpu_step.py (one process per rank, started by
+"""Shared by perf/gpu/gpu_train.py and perf/gpu/gpu_step.py (one process per rank, started by
 ``python3 -m scape.launch``): the process's device, torch.distributed groups, the SCAPE
 communicator, checksums of parameters compared across ranks, and feature probes of the
 installed ``scape`` (the names of docs/api_contract come from several changes; a probe says
@@ -31,7 +31,7 @@ def setup(device: str, backend: str, fake_hosts: bool) -> Ctx:
     """Joins torch.distributed (NCCL on a GPU, gloo on the CPU) from the launcher's variables.
     With `fake_hosts`, every rank gets its own NCCL_HOSTID (before NCCL starts), so NCCL sees
     one host per rank and must take the network path, i.e. this library's net plugin, even
-    though all ranks share one GPU (as perf/gpu_check.sh does)."""
+    though all ranks share one GPU (as perf/gpu/gpu_check.sh does)."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if fake_hosts:
         os.environ["NCCL_HOSTID"] = f"scape-fake-node-{rank}"

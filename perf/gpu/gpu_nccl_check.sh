@@ -6,10 +6,10 @@
 # libnccl-net-scape.so and NCCL_NET=SCAPE forbids a silent fallback to NCCL's own IB/Socket
 # networks. NCCL_DEBUG=INFO output must show the plugin loaded (v11) and the ring/tree channels
 # going "via NET/SCAPE". Then an all-reduce is checked element by element and timed
-# (perf/gpu_nccl_check.cc), once per UCX transport setting.
+# (perf/gpu/gpu_nccl_check.cc), once per UCX transport setting.
 #
-#   bash perf/gpu_nccl_check.sh                   # build what is missing, run, print a summary
-#   bash perf/gpu_nccl_check.sh --compile-only    # only compile the check program (no GPU needed)
+#   bash perf/gpu/gpu_nccl_check.sh                   # build what is missing, run, print a summary
+#   bash perf/gpu/gpu_nccl_check.sh --compile-only    # only compile the check program (no GPU needed)
 #
 # Environment: CUDA_HOME (/usr/local/cuda), BUILD_DIR (build-gpu), PLUGIN (path to the .so;
 # default BUILD_DIR/lib/libnccl-net-scape.so, built if missing), SIZES (bytes, comma list),
@@ -17,7 +17,7 @@
 # "default" = UCX's choice), GPU_CHECK_DEVICE (0). Logs go to $OUT_DIR (/tmp/scape-gpu-check).
 # Exit status: 0 if every run loaded the plugin, used it, and got the right sums.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$(pwd)
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -53,9 +53,9 @@ echo "NCCL: $NCCL_SO ($(grep -m1 -o 'NCCL_VERSION_CODE [0-9]*' "$CUDA_HOME/inclu
 # ---- the check program ----------------------------------------------------------------------
 CHECK_BIN=$OUT_DIR/gpu_nccl_check
 CXX=${CXX:-g++}
-"$CXX" -std=c++17 -O2 -Wall -Wextra -o "$CHECK_BIN" "$ROOT/perf/gpu_nccl_check.cc" \
+"$CXX" -std=c++17 -O2 -Wall -Wextra -o "$CHECK_BIN" "$ROOT/perf/gpu/gpu_nccl_check.cc" \
   -I"$CUDA_HOME/include" -L"$CUDART_DIR" -L"$NCCL_LIB_DIR" -lnccl -lcudart \
-  -Wl,-rpath,"$NCCL_LIB_DIR" -Wl,-rpath,"$CUDART_DIR" || fail "cannot compile perf/gpu_nccl_check.cc"
+  -Wl,-rpath,"$NCCL_LIB_DIR" -Wl,-rpath,"$CUDART_DIR" || fail "cannot compile perf/gpu/gpu_nccl_check.cc"
 echo "compiled $CHECK_BIN"
 [ "$COMPILE_ONLY" = 1 ] && exit 0
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# perf/gpu_kernel_profile.sh: where the CUDA kernels' time goes, kernel by kernel, with Nsight
+# perf/gpu/gpu_kernel_profile.sh: where the CUDA kernels' time goes, kernel by kernel, with Nsight
 # Compute (ncu; needs a GPU machine whose ncu can read the hardware counters).
 #
-#   bash perf/gpu_kernel_profile.sh BENCH [N] [REGEX]
+#   bash perf/gpu/gpu_kernel_profile.sh BENCH [N] [REGEX]
 #
-# Runs BENCH (scape_kernels_gpu_bench, from a build or perf/gpu_bundle.sh's bundle) on N
+# Runs BENCH (scape_kernels_gpu_bench, from a build or perf/gpu/gpu_bundle.sh's bundle) on N
 # floats (default 67108864) with one timed call per kernel (plus its 3 warm-ups), profiles the
 # kernels whose name matches REGEX (default: the top-k passes, the step kernels, gather and
 # scatter), and prints one row per kernel name: launches, mean GPU time, mean DRAM bytes read
@@ -13,7 +13,7 @@
 # kernels' rows divided by the calls (4 per configuration). EXTRA_METRICS (comma-separated ncu
 # metric names) adds columns, e.g. achieved occupancy and long-scoreboard stalls:
 #   EXTRA_METRICS=sm__warps_active.avg.pct_of_peak_sustained_active,\
-#     smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct bash perf/gpu_kernel_profile.sh ...
+#     smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct bash perf/gpu/gpu_kernel_profile.sh ...
 set -uo pipefail
 bench=${1:?usage: gpu_kernel_profile.sh BENCH [N] [REGEX]}
 n=${2:-67108864}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# perf/gpu_check.sh: the whole GPU check of SCAPE comm, for one machine with an NVIDIA GPU
+# perf/gpu/gpu_check.sh: the whole GPU check of SCAPE comm, for one machine with an NVIDIA GPU
 # (sized for one H200 with 16 cores: under 8 minutes). Nothing here runs without a GPU.
 #
-#   bash perf/gpu_check.sh                 # everything below; figures -> perf/gpu_figures.md
+#   bash perf/gpu/gpu_check.sh                 # everything below; figures -> perf/gpu/gpu_figures.md
 #
 # Steps (each bounded by a timeout; the script stops at the 8-minute mark):
 #  1. Build the project with CUDA (Release; sm_80 + sm_90 SASS and compute_90 PTX).
@@ -11,7 +11,7 @@
 #  3. Every CUDA kernel test against the CPU kernels (tests/kernels/test_kernels_cuda.cc: same
 #     bits for the integer and codec paths and the fp32 step kernels, same top-k sets). A
 #     skipped test is a failure here: the GPU was not visible.
-#  4. The device data path with the real CUDA runtime (perf/gpu_device_check.cc), at 2 and at 4
+#  4. The device data path with the real CUDA runtime (perf/gpu/gpu_device_check.cc), at 2 and at 4
 #     ranks sharing the one GPU: UCX backend (device buffers staged through pinned memory on
 #     the stream, bit-identical to the host collectives, enqueue-and-return checked; the mask
 #     calls on device buffers and top-k of a device statistic against the host calls) and NCCL
@@ -30,26 +30,28 @@
 #     scatter (unpack) at density 0.01, 0.1 and 1.0 (bytes: index + packed + the dense side's
 #     32-byte sectors, and for the scatter a read of every partially written sector: ECC
 #     read-modify-write), top-k vs one HBM read pass of the 64 Mi floats (target <= 3x).
-#  6. Optimizer step on device vs host (perf/gpu_optim_check.cc, 2 ranks): 20 steps of
+#  6. Optimizer step on device vs host (perf/gpu/gpu_optim_check.cc, 2 ranks): 20 steps of
 #     scapeOptimStepStream against scapeOptimStep, params and checkpoints bit for bit; then the
 #     SCAPE step (density 0.01) timed against a dense AdamS step (the same call with every
 #     segment always dense: no top-k, every value exchanged) and the dense all-reduce alone, on
 #     device; then 20 steps with bf16 payloads, and 20 with sharded ownership, bit for bit.
 # The figures (every RESULT line, the kernel table, the targets and the verdicts) go to
-# $FIGURES (default perf/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
+# $FIGURES (default perf/gpu/gpu_figures.md), which perf/RESULTS_gpu.md quotes.
 #
 # Environment: BUILD_DIR (default <repo>/build-gpu-check), JOBS (nproc), N (67108864),
-# DEVICE_N (N; step 4's size), ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0).
+# DEVICE_N (N; step 4's size), ITERS (20), FIGURES, CUDA_HOME (/usr/local/cuda), GPU_CHECK_DEVICE (0),
+# BUDGET_S (480: the script stops starting steps past it), CHECKS (a file: one "PASS name" or
+# "FAIL name: why" line per step is appended to it, as perf/gpu/run.sh collects them).
 #
 # A GPU machine without the project's dependencies (UCX, GoogleTest): build on a CPU machine
-# with `bash perf/gpu_bundle.sh DIR` (the same programs, Release, plus the shared libraries
-# they need) and run `GPU_CHECK_BUNDLE=DIR bash perf/gpu_check.sh` there: step 1 is then
+# with `bash perf/gpu/gpu_bundle.sh DIR` (the same programs, Release, plus the shared libraries
+# they need) and run `GPU_CHECK_BUNDLE=DIR bash perf/gpu/gpu_check.sh` there: step 1 is then
 # skipped, the CPU-side ctest checks of steps 2-3 are left to CI, and NCCL is the GPU
 # machine's own libnccl.so.2 (found under /usr, /opt and python3's site-packages, or
 # NCCL_LIBRARY_DIR).
 set -uo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bundle=${GPU_CHECK_BUNDLE:-}
 [ -n "$bundle" ] && bundle=$(cd "$bundle" && pwd)
 build=${BUILD_DIR:-$root/build-gpu-check}
@@ -59,19 +61,34 @@ n=${N:-67108864}
 dn=${DEVICE_N:-$n}  # the device data-path check's size (step 4)
 iters=${ITERS:-20}
 cuda=${CUDA_HOME:-/usr/local/cuda}
-figures=${FIGURES:-$root/perf/gpu_figures.md}
+figures=${FIGURES:-$root/perf/gpu/gpu_figures.md}
 logs=$build/gpu_check_logs
 export CUDA_VISIBLE_DEVICES=${GPU_CHECK_DEVICE:-0}
-budget_s=480
+budget_s=${BUDGET_S:-480}
 start=$(date +%s)
 failed=()
 mkdir -p "$logs"
+checks=${CHECKS:-$logs/checks.txt}
+# One PASS/FAIL line per step: check NAME starts a step (ending the one before), check "" ends.
+check_name="" check_nfail=0
+check() {
+  if [ -n "$check_name" ]; then
+    if [ ${#failed[@]} -eq "$check_nfail" ]; then echo "PASS $check_name" | tee -a "$checks"
+    else
+      local why
+      why=$(printf '%s; ' "${failed[@]:$check_nfail}")
+      echo "FAIL $check_name: ${why%; }" | tee -a "$checks"
+    fi
+  fi
+  check_name=$1 check_nfail=${#failed[@]}
+}
 
 say() { printf '\n== %s (%d s)\n' "$*" "$(( $(date +%s) - start ))"; }
 left() { echo $(( budget_s - ($(date +%s) - start) )); }
 fail() { echo "FAIL: $*"; failed+=("$*"); }
 fig() { echo "$*" >>"$figures.tmp"; }
 finish() {
+  check ""
   fig ""
   fig "Total time: $(( $(date +%s) - start )) s."
   if [ ${#failed[@]} -eq 0 ]; then fig "Verdict: every check passed."
@@ -83,7 +100,7 @@ finish() {
 }
 
 : >"$figures.tmp"
-fig "# GPU check figures (written by perf/gpu_check.sh)"
+fig "# GPU check figures (written by perf/gpu/gpu_check.sh)"
 fig ""
 fig "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 if [ -n "$bundle" ]; then fig "- commit: $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown) (the bundle's)"
@@ -104,7 +121,7 @@ fig "- N = $n floats, $iters timed calls"
 
 if [ -n "$bundle" ]; then
   say "1. prebuilt bundle $bundle (commit $(cat "$bundle/COMMIT" 2>/dev/null))"
-  fig "- prebuilt by perf/gpu_bundle.sh at commit $(cat "$bundle/COMMIT" 2>/dev/null)"
+  fig "- prebuilt by perf/gpu/gpu_bundle.sh at commit $(cat "$bundle/COMMIT" 2>/dev/null)"
   so=$bundle/lib/libnccl-net-scape.so
   bin_cuda_test=$bundle/bin/scape_kernels_cuda_test
   bin_cpu_test=$bundle/bin/scape_kernels_cpu_test
@@ -147,6 +164,7 @@ check_bin=$logs/gpu_device_check
 echo "built in $(( $(date +%s) - start )) s: $so"
 fi
 
+check packaging
 say "2. packaging of the shipped library"
 if [ -n "$bundle" ]; then
   echo "bundle: the ctest packaging checks ran in CI; NEEDED and .nv_fatbin checked below"
@@ -165,6 +183,7 @@ bash "$root/tests/device/check_needed.sh" "$so" >>"$figures.tmp" 2>&1
   fail "fatbin of $so"
 fig '```'
 
+check cuda-kernels
 say "3. CUDA kernels vs the CPU kernels"
 out=$logs/cuda_test.txt
 timeout 180 "$bin_cuda_test" >"$out" 2>&1
@@ -183,13 +202,14 @@ timeout 60 "$bin_cpu_test" --gtest_brief=1 >"$logs/cpu_test.txt" 2>&1 ||
   --output-on-failure) >"$logs/device_cpu_tests.log" 2>&1 ||
   fail "device tests with the fake device (log: $logs/device_cpu_tests.log)"
 
+check device-data-path
 say "4. device data path: UCX staged and NCCL backends, 2 and 4 ranks on one GPU"
-[ -n "$bundle" ] || g++ -std=c++17 -O2 -Wall -Wextra -o "$check_bin" "$root/perf/gpu_device_check.cc" \
+[ -n "$bundle" ] || g++ -std=c++17 -O2 -Wall -Wextra -o "$check_bin" "$root/perf/gpu/gpu_device_check.cc" \
   -I"$root/include" -I"$build/include" -I"$cuda/include" -L"$(dirname "$so")" -lnccl-net-scape \
   -L"$cuda/lib64" -lcudart -lnccl -Wl,-rpath,"$(dirname "$so")" -Wl,-rpath,"$cuda/lib64" \
-  >"$logs/check_build.log" 2>&1 || { cat "$logs/check_build.log"; fail "cannot build perf/gpu_device_check.cc"; }
+  >"$logs/check_build.log" 2>&1 || { cat "$logs/check_build.log"; fail "cannot build perf/gpu/gpu_device_check.cc"; }
 fig ""
-fig "## Device data path (perf/gpu_device_check.cc, N = $dn floats)"
+fig "## Device data path (perf/gpu/gpu_device_check.cc, N = $dn floats)"
 # 2 and 4 ranks at the default chunk size, then 2 ranks with 64 KiB chunks (the pipeline with
 # many chunks per job: the stream's bounded queue of pending work fills).
 for cfg in 2 4 2:65536; do
@@ -228,6 +248,7 @@ for cfg in 2 4 2:65536; do
   done
 done
 
+check kernel-timings
 say "5. kernel timings (n = $n, $iters calls each)"
 bench=$logs/bench.txt
 if [ "$(left)" -gt 30 ] && timeout "$(left)" "$bin_bench" "$n" "$iters" >"$bench" 2>&1; then
@@ -264,9 +285,10 @@ else
   fail "kernel timings (log: $bench)"
 fi
 
+check optimizer-on-device
 say "6. optimizer step on device vs host, SCAPE step vs dense AdamS step (2 ranks, n = $dn)"
 fig ""
-fig "## Optimizer step on device (perf/gpu_optim_check.cc, 2 ranks, n = $dn, density 0.01, 20 steps)"
+fig "## Optimizer step on device (perf/gpu/gpu_optim_check.cc, 2 ranks, n = $dn, density 0.01, 20 steps)"
 # optim_pair NAME LIMIT_S LABEL ARGS...: gpu_optim_check on 2 ranks (ARGS after RANK NRANKS DIR),
 # its RESULT lines to the figures, a failure unless it exited 0 and matched the host bit for bit.
 optim_pair() {

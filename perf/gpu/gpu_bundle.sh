@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# perf/gpu_bundle.sh: builds, on this machine (the CUDA toolkit and the project's dependencies;
-# no GPU needed), everything perf/gpu_check.sh runs, and packs it into one folder with the
+# perf/gpu/gpu_bundle.sh: builds, on this machine (the CUDA toolkit and the project's dependencies;
+# no GPU needed), everything perf/gpu/gpu_check.sh runs, and packs it into one folder with the
 # shared libraries a bare GPU machine may lack (UCX and its modules, rdma-core, libnl,
 # libstdc++), so the GPU machine spends its time on the checks, not on installing and building.
 #
-#   bash perf/gpu_bundle.sh [DIR]                 # default DIR: <repo>/.gpu-bundle
-#   GPU_CHECK_BUNDLE=DIR bash perf/gpu_check.sh   # then, on the GPU machine
+#   bash perf/gpu/gpu_bundle.sh [DIR]                 # default DIR: <repo>/.gpu-bundle
+#   GPU_CHECK_BUNDLE=DIR bash perf/gpu/gpu_check.sh   # then, on the GPU machine
 #
 # NCCL is not packed (hundreds of MB): gpu_check.sh uses the GPU machine's libnccl.so.2
 # (PyTorch's, or CUDA's). Environment: BUILD_DIR (default <repo>/build-gpu), JOBS (nproc),
 # CUDA_HOME (/usr/local/cuda).
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${1:-$root/.gpu-bundle}
 build=${BUILD_DIR:-$root/build-gpu}
 jobs=${JOBS:-$(nproc)}
@@ -42,7 +42,7 @@ cp "$build/tests/kernels/scape_kernels_cuda_test" "$build/tests/kernels/scape_ke
 [ -x "$build/perf/gpu_optim_check" ] && cp "$build/perf/gpu_optim_check" "$out/bin/"
 # The device data-path check: the shipped library, the CUDA runtime linked statically, NCCL
 # from the GPU machine (its NEEDED libnccl.so.2 is found through LD_LIBRARY_PATH there).
-g++ -std=c++17 -O2 -Wall -Wextra -o "$out/bin/gpu_device_check" "$root/perf/gpu_device_check.cc" \
+g++ -std=c++17 -O2 -Wall -Wextra -o "$out/bin/gpu_device_check" "$root/perf/gpu/gpu_device_check.cc" \
   -I"$root/include" -I"$build/include" -I"$cuda/include" -L"$out/lib" -lnccl-net-scape \
   -L"$cuda/lib64" -lcudart_static -lnccl -ldl -lrt -lpthread -Wl,-rpath,'$ORIGIN/../lib'
 strip --strip-unneeded "$out"/bin/* "$out/lib/libnccl-net-scape.so"

@@ -1,6 +1,6 @@
 """The optimizer step on device, a Python twin of `scape-perf --mode step` on torch tensors
 (CUDA on a GPU, CPU for the dry run), one process per rank
-(``python3 -m scape.launch -n 4 perf/gpu_step.py --params 268435456 ...``).
+(``python3 -m scape.launch -n 4 perf/gpu/gpu_step.py --params 268435456 ...``).
 
 One run, the same parameters and gradients for every row, rows one after the other:
 

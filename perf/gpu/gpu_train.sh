@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# perf/gpu_train.sh: one prepared end-to-end run on one GPU, under 8 minutes on an H100 or H200:
-# the optimizer step on device (perf/gpu_step.py: 256 Mi fp32 parameters, 4 ranks, SCAPE at
+# perf/gpu/gpu_train.sh: one prepared end-to-end run on one GPU, under 8 minutes on an H100 or H200:
+# the optimizer step on device (perf/gpu/gpu_step.py: 256 Mi fp32 parameters, 4 ranks, SCAPE at
 # density 1 / 0.1 / 0.01 against the dense AdamS step and torch AdamW + NCCL all-reduce), then
 # a GPT of ~25M parameters in bf16 with fp32 master weights trained on Debian's fortunes by 4
-# data-parallel ranks (perf/gpu_train.py: AdamW under torch DDP, dense AdamS through the
+# data-parallel ranks (perf/gpu/gpu_train.py: AdamW under torch DDP, dense AdamS through the
 # library, SCAPE at 0.1 and 0.01 with bf16 payloads, and the entering="segment_rms" variant
 # where this scape has it), every rank a process on the one GPU, NCCL forced through this
-# library's net plugin (NCCL_NET=SCAPE, a distinct NCCL_HOSTID per rank, as perf/gpu_check.sh).
+# library's net plugin (NCCL_NET=SCAPE, a distinct NCCL_HOSTID per rank, as perf/gpu/gpu_check.sh).
 # The library's communicator is its NCCL backend (Communicator.from_env(backend="nccl")).
 #
-#   bash perf/gpu_train.sh bundle [DIR]     # here (no GPU): the wheel with CUDA kernels, the
+#   bash perf/gpu/gpu_train.sh bundle [DIR]     # here (no GPU): the wheel with CUDA kernels, the
 #                                           # shared libraries a bare machine lacks (UCX, ...),
 #                                           # the corpus -> DIR (default <repo>/.gpu-train-bundle)
-#   bash perf/gpu_train.sh run [DIR]        # on the GPU machine: installs the wheel from DIR
+#   bash perf/gpu/gpu_train.sh run [DIR]        # on the GPU machine: installs the wheel from DIR
 #                                           # (pip --target, no network), runs both, figures ->
 #                                           # $OUT (default perf/out/gpu_train)
-#   bash perf/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
+#   bash perf/gpu/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
 #                                           # gloo + UCX, tiny sizes, a few steps (ctest
 #                                           # GpuTrain.DryRun); not a measurement
-#   GPU_TRAIN_CPU=1 bash perf/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
+#   GPU_TRAIN_CPU=1 bash perf/gpu/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
 #                                           # the bundle (its wheel, libraries and corpus)
 #
 # Outputs (in $OUT, at most 8 files, as the device tool returns them): gpu_train.md (a section
@@ -29,14 +29,16 @@
 # Environment: RANKS (4), PARAMS (268435456: the step benchmark's fp32 parameters; 1073741824
 # needs ~70 GiB for 4 ranks: an H200), STEPS (the training shape's 200), BUDGET_S (460: the
 # whole run; rows and configurations that would not fit are skipped or truncated and say so),
-# STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu_train.py, e.g.
-# segment_rms+clipstay, the quality study's candidates; empty: no variant run), PYTHON (python3 there,
+# STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu/gpu_train.py, e.g.
+# segment_rms+clipstay, the quality study's candidates; empty: no variant run), ALLOC_CHECK (1:
+# `run` first runs perf/gpu/gpu_alloc_check.py, device memory per step, its PASS/FAIL lines
+# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget), PYTHON (python3 there,
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
 # scikit-build-core's wheel to build offline; else pip fetches it from PyPI).
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mode=${1:-}
 shift || true
 ranks=${RANKS:-4}
@@ -197,7 +199,7 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
 
   local st=${STEP_BUDGET_S:-150}
   [ "$st" -gt "$(left)" ] && st=$(left)
-  launch step "$st" "$root/perf/gpu_step.py" --device "$device" --backend "$backend" "${fh[@]}" \
+  launch step "$st" "$root/perf/gpu/gpu_step.py" --device "$device" --backend "$backend" "${fh[@]}" \
     --deadline-s "$((st - 25))" --out "$out" "${step_args[@]}"
 
   # The fast configurations first: each gets an equal share of the time left, and what one
@@ -219,7 +221,7 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
       not_run+=("$c (time budget: ${l} s left)")
       continue
     fi
-    launch "train-$c" "$cap" "$root/perf/gpu_train.py" --config "$c" --device "$device" \
+    launch "train-$c" "$cap" "$root/perf/gpu/gpu_train.py" --config "$c" --device "$device" \
       --backend "$backend" "${fh[@]}" --deadline-s "$((cap - 20))" --out "$out" "${train_args[@]}"
   done
 }
@@ -232,13 +234,13 @@ finish() {  # extra meta key=value...
   [ -z "$dry_flag" ] && vl=$(IFS=';'; echo "${vialog[*]}")
   write_meta "total_seconds=$(( $(date +%s) - start ))" "not_run=$not" "failed=$f" \
     "nccl_net_plugin=$vl" "$@"
-  "$py" "$root/perf/gpu_report.py" --out "$out" --meta "$out/meta.json" $dry_flag
+  "$py" "$root/perf/gpu/gpu_report.py" --out "$out" --meta "$out/meta.json" $dry_flag
 }
 
 # ------------------------------------------------------------------------------------------------
 run_gpu() {
   local bdir=${1:-$root/.gpu-train-bundle}
-  [ -d "$bdir" ] || die "run: no bundle at $bdir (bash perf/gpu_train.sh bundle, then carry it)"
+  [ -d "$bdir" ] || die "run: no bundle at $bdir (bash perf/gpu/gpu_train.sh bundle, then carry it)"
   bdir=$(cd "$bdir" && pwd)
   py=${PYTHON:-python3}
   out=${OUT:-$root/perf/out/gpu_train}
@@ -284,6 +286,11 @@ print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch
 assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
     die "the installed wheel does not import"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
+  if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
+    echo "== alloc (device memory per step, at most ${ALLOC_S:-40} s)"
+    (cd "$work" && timeout -k 5 "${ALLOC_S:-40}" "$py" "$root/perf/gpu/gpu_alloc_check.py" \
+      --json "${ALLOC_JSON:-$work/alloc.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
+  fi
   if [ "$rehearse" = 1 ]; then
     STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
       run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
@@ -293,7 +300,7 @@ assert p.startswith(sys.argv[1]), "the library loaded is not the one of the inst
     run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
       --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
   fi
-  finish "command=bash perf/gpu_train.sh bundle .gpu-train-bundle   # here; then on the GPU machine: bash perf/gpu_train.sh run .gpu-train-bundle (device tool: carry .gpu-train-bundle)" \
+  finish "command=bash perf/gpu/gpu_train.sh bundle .gpu-train-bundle   # here; then on the GPU machine: bash perf/gpu/gpu_train.sh run .gpu-train-bundle (device tool: carry .gpu-train-bundle)" \
     "bundle_commit=$(cat "$bdir/COMMIT" 2>/dev/null)" "wheel=$(basename "$bdir"/dist/*.whl)" \
     "nvidia_smi=$gpu" "nccl_library=$nccl_dir/libnccl.so.2" "budget_s=$budget"
   echo "figures: $out"
@@ -321,7 +328,7 @@ dry_run() {
   STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
     run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
     --shape dry --dtype auto --corpus "$work/corpus" --steps "${STEPS:-8}" --eval-every 4
-  finish "command=bash perf/gpu_train.sh dry-run" "budget_s=$budget"
+  finish "command=bash perf/gpu/gpu_train.sh dry-run" "budget_s=$budget"
   # The outputs a GPU run must leave, and what they must say.
   local bad=0
   for f in gpu_train.md train_runs.jsonl step_bench.jsonl meta.json; do

@@ -1,5 +1,5 @@
-"""One configuration of the end-to-end training run of perf/gpu_train.sh, one process per rank
-(``python3 -m scape.launch -n 4 perf/gpu_train.py --config scape-0.01 ...``).
+"""One configuration of the end-to-end training run of perf/gpu/gpu_train.sh, one process per rank
+(``python3 -m scape.launch -n 4 perf/gpu/gpu_train.py --config scape-0.01 ...``).
 
 A byte-level GPT (perf/train/model.py, imported, not copied) on the fortune databases of
 Debian's `fortunes` package (perf/train/data.py's documents, split and shards), data-parallel
@@ -41,7 +41,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # perf/train first: perf/model.py is another module of that name
-sys.path.insert(0, os.path.join(HERE, "train"))
+sys.path.insert(0, os.path.join(HERE, "..", "train"))
 
 import data  # noqa: E402  (perf/train/data.py)
 import gpu_common as gc  # noqa: E402
@@ -101,7 +101,7 @@ def parse_config(name: str) -> Dict[str, Any]:
 
 
 def load_corpus(corpus_dir: Optional[str]) -> data.Corpus:
-    """data.load() (Debian's installed package), or the copy perf/gpu_train.sh bundled: the
+    """data.load() (Debian's installed package), or the copy perf/gpu/gpu_train.sh bundled: the
     same files in the same order, so the same documents, split and shards."""
     if not corpus_dir:
         return data.load()

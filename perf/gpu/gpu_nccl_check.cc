@@ -1,4 +1,4 @@
-// One rank of the GPU check (perf/gpu_nccl_check.sh): a real NCCL all-reduce through whatever
+// One rank of the GPU check (perf/gpu/gpu_nccl_check.sh): a real NCCL all-reduce through whatever
 // net plugin NCCL loaded, checked exactly and timed. Host code only (CUDA runtime + NCCL).
 //
 //   gpu_nccl_check RANK NRANKS ID_FILE BYTES[,BYTES...] [ITERS] [TIMEOUT_S]
