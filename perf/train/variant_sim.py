@@ -98,6 +98,14 @@ VARIANTS: Dict[str, Tuple[Dict[str, Any], str]] = {
                 "DGC momentum correction: each rank keeps a local velocity u_r = b1*u_r + g_r "
                 "outside the mask, the residual accumulates (1-b1)*u_r, both zeroed at the mask "
                 "(momentum factor masking; 4 B/param per rank)"),
+    "segrms-fm": ({"entering": "segment_rms", "enter_mom": "clamp"},
+                  "segrms + momentum factor masking adapted to AdamS (issue 30, 3b): the entering "
+                  "step moves the coordinate by its whole residual (segment_rms), then the "
+                  "momentum it keeps is clamped to one step's worth at the segment's scale, "
+                  "|m| <= (1-b1)*clip*sqrt(V_s), so the delivered mass does not push again"),
+    "fm": ({"enter_mom": "clamp_payload"},
+           "the paper's entering step, then the same clamp of the kept momentum (control: "
+           "there the kept momentum is what delivers the residual over the next steps)"),
     "wu0": ({"warmup_frac": 0.0}, "no density warm-up"),
     "wu0.3": ({"warmup_frac": 0.3}, "density warm-up over 30% of the steps"),
     "segrms-wu0.3": ({"entering": "segment_rms", "warmup_frac": 0.3}, "segrms + wu0.3"),
@@ -105,7 +113,7 @@ VARIANTS: Dict[str, Tuple[Dict[str, Any], str]] = {
 }
 DEFAULTS: Dict[str, Any] = dict(dense=False, entering="payload", denom="adams",
                                 leaving="residual", v_freeze=False, e_decay=1.0, dgc=False,
-                                warmup_frac=DENSITY_WARMUP_FRAC, avg64=False)
+                                warmup_frac=DENSITY_WARMUP_FRAC, avg64=False, enter_mom="keep")
 
 
 def model_config(size: str) -> gpt.GPTConfig:
@@ -259,10 +267,22 @@ class SimStep:
             u2 = (lr * mn / ((clip * clip * V).sqrt() + EPS)).clamp(-ENTER_CAP * lr,
                                                                     ENTER_CAP * lr)
             upd = torch.where(ent & okv, u2, upd)
+            if o["enter_mom"] == "clamp":
+                cap = (1 - b1) * clip * V.sqrt()
+                mn = torch.where(ent & okv, torch.maximum(torch.minimum(mn, cap), -cap), mn)
         elif self.t > 0 and o["entering"] == "stored_v" and o["denom"] != "stored_v":
             okv = vs > 0
             u2 = (lr * mn / (vs.sqrt() + EPS)).clamp(-ENTER_CAP * lr, ENTER_CAP * lr)
             upd = torch.where(ent & okv, u2, upd)
+        if self.t > 0 and o["enter_mom"] == "clamp_payload":
+            segc = self.seg_id[cur]
+            nseg = len(self.lengths)
+            sq = torch.zeros(nseg, dtype=torch.float64).index_add_(
+                0, segc, torch.where(stay, gh * gh, torch.zeros(())).double())
+            cnt = torch.zeros(nseg, dtype=torch.float64).index_add_(0, segc, stay.double())
+            cap = ((1 - b1) * clip * (sq / cnt.clamp(min=1)).sqrt().float())[segc]
+            okc = (cnt[segc] > 0) & (cap > 0)
+            mn = torch.where(ent & okc, torch.maximum(torch.minimum(mn, cap), -cap), mn)
         if self.t > 0 and ent.any():
             self.enter_moves.append(float((upd[ent].abs() / lr).median()))
         # the update: decay everywhere, the step at the mask
