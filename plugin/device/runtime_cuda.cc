@@ -243,7 +243,9 @@ class Cuda final : public Runtime {
     }
   }
   Status HostAlloc(size_t bytes, void** p) override {
-    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable);
+    // Mapped: the staging pipeline's stream waits read a flag word here from the device.
+    cudaError_t e =
+        cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
     return e == cudaSuccess ? Status::Ok() : CudaFail("cudaHostAlloc (staging buffer)", e);
   }
   void HostFree(void* p) override { cudaFreeHost(p); }
@@ -298,6 +300,10 @@ class Cuda final : public Runtime {
     cudaError_t r =
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamWaitEvent", r);
+  }
+  Status StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value) override {
+    return KernelFail("stream wait on a host flag",
+                      kc::WaitHostFlagCuda(flag, value, static_cast<cudaStream_t>(s)));
   }
   Status StreamQuery(Stream s, bool* done) override {
     cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
