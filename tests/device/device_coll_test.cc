@@ -368,13 +368,16 @@ TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
     const size_t n = 1000;
     auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<float>(i) + 0.5f * ctx.rank;
-    std::vector<float> h(n, -1.f), out(n, 0.f);
+    // Page-locked: a copy into pageable memory would itself wait for the stream.
+    void* hp = nullptr;
+    EXPECT_TRUE(rt.HostAlloc(n * 4, &hp).ok());
+    float* h = static_cast<float*>(hp);
+    std::vector<float> out(n, 0.f);
     void* s = rt.NewStream();
-    EXPECT_TRUE(rt.CopyAsync(h.data(), d, n * 4, s).ok());
+    EXPECT_TRUE(rt.CopyAsync(h, d, n * 4, s).ok());
     const uint64_t syncs = rt.syncs;
-    EXPECT_SCAPE_OK(
-        scapeAllReduce(h.data(), out.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
-        ctx.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(h, out.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
+                    ctx.comm);
     EXPECT_EQ(rt.syncs.load(), syncs + 1);
     for (size_t i = 0; i < n; ++i)
       if (out[i] != 2.f * static_cast<float>(i) + 0.5f) {
@@ -382,6 +385,7 @@ TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
         break;
       }
     rt.copyDelayUs = 0;
+    rt.HostFree(hp);
     rt.DeviceFree(d);
     return !::testing::Test::HasFailure();
   });
