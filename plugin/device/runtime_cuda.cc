@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -165,6 +166,57 @@ class StreamTemp {
   bool async_ = false;
 };
 
+// Host tables a kernel reads (the top-k's segment table, the "segment_rms" enter table, the
+// staying sums' bounds) go to the device from page-locked memory that this owns until the copy
+// has run. From pageable memory cudaMemcpyAsync is host-synchronous only in part: the driver
+// may read the source when the stream reaches the copy, after the caller's table is gone.
+class PinnedUploads {
+ public:
+  ~PinnedUploads() = default;  // the process's runtime: its buffers live as long as it
+  // Copies `bytes` at `src` into a page-locked buffer, enqueues the copy to dDst on `stream`,
+  // and records an event after it; the buffer is reused once that event has completed.
+  Status Upload(const char* what, void* dDst, const void* src, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return Status::Ok();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
+    std::lock_guard<std::mutex> lk(mu_);
+    Buf* b = nullptr;  // events belong to a device: a buffer serves the device it was made on
+    for (Buf& c : bufs_)
+      if (c.dev == dev && c.bytes >= bytes && (!b || c.bytes < b->bytes) &&
+          cudaEventQuery(c.ev) == cudaSuccess)
+        b = &c;
+    cudaGetLastError();  // a query's cudaErrorNotReady is not an error here
+    if (!b) {
+      Buf nb;
+      nb.dev = dev;
+      nb.bytes = (bytes + 4095) / 4096 * 4096;
+      cudaError_t e = cudaHostAlloc(&nb.h, nb.bytes, cudaHostAllocPortable);
+      if (e != cudaSuccess) return CudaFail(StrFormat("%s: cudaHostAlloc", what).c_str(), e);
+      e = cudaEventCreateWithFlags(&nb.ev, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        cudaFreeHost(nb.h);
+        return CudaFail(StrFormat("%s: cudaEventCreate", what).c_str(), e);
+      }
+      bufs_.push_back(nb);
+      b = &bufs_.back();
+    }
+    std::memcpy(b->h, src, bytes);
+    cudaError_t e = cudaMemcpyAsync(dDst, b->h, bytes, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) e = cudaEventRecord(b->ev, stream);
+    return e == cudaSuccess ? Status::Ok() : CudaFail(what, e);
+  }
+
+ private:
+  struct Buf {
+    void* h = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t ev = nullptr;
+    int dev = 0;
+  };
+  std::mutex mu_;
+  std::deque<Buf> bufs_;  // a deque: pointers to its elements stay valid as it grows
+};
+
 // The AdamS parameters of `op`, checked as the kernels check them (MakeAdamSScalars).
 Status CheckAdamSParams(const char* op, const kn::AdamSParams& params) {
   kn::AdamSScalars sc;
@@ -194,7 +246,8 @@ Status CheckEnterTable(const char* op, const kn::AdamSParams& params, size_t n) 
 // uploaded for this launch (offsets, then the values) into temp's memory on `stream`. Without
 // a table (enter_vs null) *p = params and nothing is uploaded. The table must tile [0, n).
 Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
-                        cudaStream_t stream, StreamTemp* temp, kn::AdamSParams* p) {
+                        cudaStream_t stream, StreamTemp* temp, PinnedUploads* up,
+                        kn::AdamSParams* p) {
   *p = params;
   SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
   if (params.enter_vs == nullptr) return Status::Ok();
@@ -205,9 +258,8 @@ Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
   std::memcpy(table.data() + offBytes, params.enter_vs, 4 * nseg);
   void* base = nullptr;
   SCAPE_RETURN_IF_ERROR(temp->Alloc(op, table.size(), &base));
-  // From pageable host memory: returns once the source has been staged.
-  cudaError_t e = cudaMemcpyAsync(base, table.data(), table.size(), cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return CudaFail(StrFormat("%s: uploading the enter table", op).c_str(), e);
+  SCAPE_RETURN_IF_ERROR(up->Upload(StrFormat("%s: uploading the enter table", op).c_str(), base,
+                                   table.data(), table.size(), stream));
   p->enter_offsets = static_cast<const uint64_t*>(base);
   p->enter_vs = reinterpret_cast<const float*>(static_cast<char*>(base) + offBytes);
   return Status::Ok();
@@ -396,11 +448,9 @@ class Cuda final : public Runtime {
     StreamTemp temp(stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tableBytes + tempBytes, &base));
-    // From pageable host memory, cudaMemcpyAsync returns once the source has been staged, so
-    // `table` may go out of scope when this call returns.
-    cudaError_t e =
-        cudaMemcpyAsync(base, table.data(), tableWords * 8, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return CudaFail("top-k kernel: uploading the segment table", e);
+    // Through page-locked memory: `table` goes out of scope when this call returns.
+    SCAPE_RETURN_IF_ERROR(uploads_.Upload("top-k kernel: uploading the segment table", base,
+                                          table.data(), tableWords * 8, stream));
     const uint64_t* dTable = static_cast<const uint64_t*>(base);
     dseg.d_offsets = dTable;
     dseg.d_k = dTable + nseg + 1;
@@ -454,7 +504,7 @@ class Cuda final : public Runtime {
     // "segment_rms": upload the host table (offsets, then the values) for this launch.
     StreamTemp temp(stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(
         op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, p, stream));
   }
@@ -481,7 +531,7 @@ class Cuda final : public Runtime {
     auto stream = static_cast<cudaStream_t>(s);
     StreamTemp temp(stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(op, kc::AdamSUpdatePairsCuda(dPayload, payloadType, dIdx, k, dTheta, dM, n, p,
                                                    dPairs, stream));
   }
@@ -541,8 +591,8 @@ class Cuda final : public Runtime {
     StreamTemp temp(stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, 8 * (nb + 1), &base));
-    cudaError_t e = cudaMemcpyAsync(base, bounds, 8 * (nb + 1), cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return CudaFail("segment_rms sums kernel: uploading the bounds", e);
+    SCAPE_RETURN_IF_ERROR(uploads_.Upload("segment_rms sums kernel: uploading the bounds", base,
+                                          bounds, 8 * (nb + 1), stream));
     return KernelFail(op, kc::StayingGradSqBlocksCuda(dPayload, payloadType, dIdx, dM, n, beta1,
                                                       static_cast<const uint64_t*>(base), nb, dSums,
                                                       dCounts, stream));
@@ -608,7 +658,7 @@ class Cuda final : public Runtime {
     auto stream = static_cast<cudaStream_t>(s);
     StreamTemp temp(stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM,
                                                         n, p, c, stream));
   }
@@ -679,6 +729,7 @@ class Cuda final : public Runtime {
 
   std::once_flag once_;
   bool available_ = false;
+  PinnedUploads uploads_;
 };
 
 }  // namespace

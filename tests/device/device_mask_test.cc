@@ -639,6 +639,42 @@ TEST(DeviceMaskStream, ANewStreamAtADestroyedStreamsHandleWaitsForTheUpload) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// The device top-k's host wait keeps the communicator's deadline behind a held stream: the
+// selected positions come back into page-locked memory (a copy into pageable memory returns
+// only once it has run, which waited here until the gate opened).
+TEST(DeviceMaskStream, TopkBehindAHeldStreamTimesOutWithinTheTimeout) {
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 1000;
+  auto res = RunRanks(
+      1,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        const uint64_t n = 3001;
+        scapeMask_t m = MakeMask(ctx, n, 1, 9, 0.1);
+        if (!m) return false;
+        auto* dstat = static_cast<float*>(rt.DeviceMalloc(n * 4));
+        void* s = rt.NewStream();
+        Gate gate;
+        rt.HoldStream(s, &gate);
+        std::thread opener([&] {
+          std::this_thread::sleep_for(std::chrono::seconds(6));
+          gate.Open();
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(scapeMaskSelectNextTopkStream(m, dstat, 0.1, s), scapeTimeout);
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(sec, 4.0) << "the top-k's host wait ignored the timeout";
+        opener.join();
+        EXPECT_TRUE(rt.StreamSynchronize(s).ok());
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+        rt.DeviceFree(dstat);
+        return !::testing::Test::HasFailure();
+      },
+      opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 // Top-k from a device statistic: the top-k runs on the device (over the segments this rank
 // owns) and only the selected positions come back; the next mask is the one the same
 // statistic in host memory selects, on 1-3 ranks, both ownerships, several densities.
