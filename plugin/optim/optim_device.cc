@@ -215,8 +215,11 @@ void Optimizer::DeviceRelease() {
   if (dev_->rt) {
     // Within the communicator's deadline: the state's memory is freed only once the stream has
     // passed the last step (a stuck stream leaks it, as the device pool leaks a block still in
-    // use, rather than freeing it under the device or hanging scapeCommAbort).
-    Status st = device::StreamWaitFor(dev_->rt, dev_->stream, comm_->config().timeoutMs,
+    // use, rather than freeing it under the device or hanging scapeCommAbort). After an abort
+    // (a watchdog's) the wait is the pool's abandon wait, not the whole timeout.
+    const int waitMs =
+        comm_->AbortRequested() ? device::DevicePool::kAbandonWaitMs : comm_->config().timeoutMs;
+    Status st = device::StreamWaitFor(dev_->rt, dev_->stream, waitMs,
                                       "releasing the optimizer's device state");
     if (!st.ok()) {
       SCAPE_WARN("%s; its device memory is leaked rather than freed under the device",
