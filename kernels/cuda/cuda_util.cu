@@ -96,6 +96,21 @@ KernelStatus EventDestroy(void* event) {
   return KernelStatus::kOk;
 }
 
+namespace {
+__global__ void WaitHostFlagKernel(const volatile uint32_t* flag, uint32_t value) {
+  while (static_cast<int32_t>(*flag - value) < 0) __nanosleep(1000);
+}
+}  // namespace
+
+KernelStatus WaitHostFlagCuda(const uint32_t* h_flag, uint32_t value, cudaStream_t stream) {
+  if (h_flag == nullptr) return KernelStatus::kInvalidArgument;
+  void* d_flag = nullptr;  // the device's address of the mapped word (the same under UVA)
+  SCAPE_CUDA_CALL(cudaHostGetDevicePointer(&d_flag, const_cast<uint32_t*>(h_flag), 0));
+  WaitHostFlagKernel<<<1, 1, 0, stream>>>(static_cast<const volatile uint32_t*>(d_flag), value);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  return KernelStatus::kOk;
+}
+
 const char* LastCudaError() { return cudaGetErrorString(cudaGetLastError()); }
 
 }  // namespace cuda

@@ -50,6 +50,11 @@ KernelStatus CopyToHost(void* dst, const void* d_src, size_t bytes);
 KernelStatus CopyDeviceToDevice(void* d_dst, const void* d_src, size_t bytes, cudaStream_t stream);
 KernelStatus DeviceMemset(void* d_ptr, int value, size_t bytes, cudaStream_t stream);
 KernelStatus StreamSynchronize(cudaStream_t stream);
+// Enqueued on `stream`: one thread that spins (with __nanosleep) until the 32-bit word at
+// `h_flag` reaches `value`, (int32_t)(*flag - value) >= 0 (cyclic, as cuStreamWaitValue32's
+// GEQ), so that the stream waits on the device for a host signal. h_flag is page-locked host
+// memory (cudaHostAlloc: mapped under unified addressing), written by the host.
+KernelStatus WaitHostFlagCuda(const uint32_t* h_flag, uint32_t value, cudaStream_t stream);
 // Timing with CUDA events: an opaque event handle.
 KernelStatus EventCreate(void** event);
 KernelStatus EventRecord(void* event, cudaStream_t stream);

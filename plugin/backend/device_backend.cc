@@ -101,9 +101,15 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   if (st.ok())
     st = rt->TopkAbs(statistic, t.Segments(), kernels::TopkOptions(),
                      static_cast<uint64_t*>(dOut.d), static_cast<uint64_t*>(dCounts.d), s);
-  // Only the selected positions come back (a host wait on that copy, with a deadline).
-  auto host = std::make_shared<std::vector<uint64_t>>(total);
-  if (st.ok()) st = rt->CopyAsync(host->data(), dOut.d, total * sizeof(uint64_t), s);
+  // Only the selected positions come back (a host wait on that copy, with a deadline), into
+  // page-locked memory: a copy into pageable memory returns only once it has run (CUDA), a
+  // host wait without the deadline.
+  void* hp = nullptr;
+  if (st.ok()) st = rt->HostAlloc(total * sizeof(uint64_t), &hp);
+  std::shared_ptr<uint64_t> host(static_cast<uint64_t*>(hp), [rt](uint64_t* p) {
+    if (p) rt->HostFree(p);
+  });
+  if (st.ok()) st = rt->CopyAsync(host.get(), dOut.d, total * sizeof(uint64_t), s);
   device::Event ev = nullptr;
   if (st.ok()) st = rt->EventCreate(&ev);
   if (st.ok()) st = rt->EventRecord(ev, s);
@@ -124,7 +130,7 @@ Status DeviceBackend::SelectTopk(Mask& m, const float* statistic, double density
   pool.Release(dOut, s, done ? nullptr : host);
   pool.Release(dCounts, s);
   if (!done) return st.Prepend("top-k of the device statistic");
-  return m.SetNextFromTopk(host->data(), host->size());
+  return m.SetNextFromTopk(host.get(), total);
 }
 
 void DeviceBackend::DropMask(const Mask& m) {

@@ -10,6 +10,21 @@ void MaskPositions::ReleaseLocked(const Key& key, Entry* e) {
   // The list is held until the upload (and every use queued so far) has run.
   pool_->Release(e->blk, key.second, std::move(e->gen));
   e->blk = DevicePool::Block();
+  if (e->uploaded) pool_->runtime()->EventDestroy(e->uploaded);  // waits on it stay queued
+  e->uploaded = nullptr;
+}
+
+// Work about to be enqueued on `s` reads e's copy: ordered after its upload, which may have
+// been enqueued on another stream at the same handle.
+Status MaskPositions::OrderAfterUpload(Entry* e, Stream s) {
+  if (!e->uploaded) return Status::Ok();
+  Runtime* rt = pool_->runtime();
+  bool done = false;
+  SCAPE_RETURN_IF_ERROR(rt->EventQuery(e->uploaded, &done));
+  if (!done) return rt->StreamWaitEvent(s, e->uploaded);
+  rt->EventDestroy(e->uploaded);
+  e->uploaded = nullptr;
+  return Status::Ok();
 }
 
 Status MaskPositions::Get(const Mask& m, Stream s, const uint64_t** dPos) {
@@ -20,14 +35,21 @@ Status MaskPositions::Get(const Mask& m, Stream s, const uint64_t** dPos) {
   Entry& e = entries_[key];
   if (e.gen != cur) {
     if (e.gen) ReleaseLocked(key, &e);
+    Runtime* rt = pool_->runtime();
     Status st = pool_->Acquire(bytes, s, &e.blk);
-    if (st.ok() && bytes) st = pool_->runtime()->CopyAsync(e.blk.d, cur->data(), bytes, s);
+    // The source is the generation's own list, held (never changed) until the upload has run.
+    if (st.ok() && bytes) st = rt->CopyAsync(e.blk.d, cur->data(), bytes, s);
+    if (st.ok()) st = rt->EventCreate(&e.uploaded);
+    if (st.ok()) st = rt->EventRecord(e.uploaded, s);
     if (!st.ok()) {
       ReleaseLocked(key, &e);
       entries_.erase(key);
       return st.Prepend("uploading the mask's positions to the device");
     }
     e.gen = std::move(cur);
+  } else {
+    Status st = OrderAfterUpload(&e, s);
+    if (!st.ok()) return st.Prepend("ordering after the mask's positions upload");
   }
   *dPos = static_cast<const uint64_t*>(e.blk.d);
   return Status::Ok();

@@ -8,6 +8,11 @@
 // still holds); DropStale lets go of old generations (scapeMaskAdvance), Drop of a destroyed
 // mask. Device memory comes from the communicator's DevicePool and goes back to it once the
 // work that reads it is enqueued.
+//
+// The key's stream is a raw handle, and a runtime may hand a destroyed stream's handle to a
+// new stream: a copy found under the key is then not ordered after its upload by stream order.
+// So an upload records an event, and a later Get waits for it on the device
+// (StreamWaitEvent, no host wait) until a query has seen it complete.
 #ifndef SCAPE_PLUGIN_DEVICE_MASK_POSITIONS_H_
 #define SCAPE_PLUGIN_DEVICE_MASK_POSITIONS_H_
 
@@ -44,9 +49,11 @@ class MaskPositions {
   struct Entry {
     std::shared_ptr<const std::vector<uint64_t>> gen;  // the list in `blk`
     DevicePool::Block blk;
+    Event uploaded = nullptr;  // recorded after the upload; null once it has completed
   };
   using Key = std::pair<const Mask*, Stream>;
   void ReleaseLocked(const Key& key, Entry* e);
+  Status OrderAfterUpload(Entry* e, Stream s);
 
   DevicePool* const pool_;
   std::mutex mu_;

@@ -69,6 +69,13 @@ class Runtime {
   // before the last record of `e` has finished (cudaStreamWaitEvent); `e` may be destroyed
   // once this returns. The default waits on the host (polling EventQuery).
   virtual Status StreamWaitEvent(Stream s, Event e);
+  // Work enqueued on `s` after this waits, on the device (no host thread, no host function),
+  // until the 32-bit word at `flag` reaches `value`: (int32_t)(*flag - value) >= 0, the cyclic
+  // comparison of cuStreamWaitValue32's GEQ. `flag` lies in HostAlloc memory and the host
+  // writes it (a release store) to let the stream go on: the staging pipeline's stream waits
+  // for the host exchange this way, so no host function ever blocks (CUDA runs every host
+  // function of a context on one thread). The default says scapeUnsupported.
+  virtual Status StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value);
   // A new stream that does not synchronise with the default stream (cudaStreamCreateWithFlags
   // cudaStreamNonBlocking), and its release (after the work on it has finished). The defaults
   // say scapeUnsupported / do nothing (the "none" runtime has no streams).

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -129,6 +130,57 @@ bool MemoryPools() {
   return false;
 }
 
+// Host tables a kernel reads (the top-k's segment table, the "segment_rms" enter table, the
+// staying sums' bounds) go to the device from page-locked memory that this owns until the copy
+// has run. From pageable memory cudaMemcpyAsync is host-synchronous only in part: the driver
+// may read the source when the stream reaches the copy, after the caller's table is gone.
+class PinnedUploads {
+ public:
+  ~PinnedUploads() = default;  // the process's runtime: its buffers live as long as it
+  // Copies `bytes` at `src` into a page-locked buffer, enqueues the copy to dDst on `stream`,
+  // and records an event after it; the buffer is reused once that event has completed.
+  Status Upload(const char* what, void* dDst, const void* src, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return Status::Ok();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
+    std::lock_guard<std::mutex> lk(mu_);
+    Buf* b = nullptr;  // events belong to a device: a buffer serves the device it was made on
+    for (Buf& c : bufs_)
+      if (c.dev == dev && c.bytes >= bytes && (!b || c.bytes < b->bytes) &&
+          cudaEventQuery(c.ev) == cudaSuccess)
+        b = &c;
+    cudaGetLastError();  // a query's cudaErrorNotReady is not an error here
+    if (!b) {
+      Buf nb;
+      nb.dev = dev;
+      nb.bytes = (bytes + 4095) / 4096 * 4096;
+      cudaError_t e = cudaHostAlloc(&nb.h, nb.bytes, cudaHostAllocPortable);
+      if (e != cudaSuccess) return CudaFail(StrFormat("%s: cudaHostAlloc", what).c_str(), e);
+      e = cudaEventCreateWithFlags(&nb.ev, cudaEventDisableTiming);
+      if (e != cudaSuccess) {
+        cudaFreeHost(nb.h);
+        return CudaFail(StrFormat("%s: cudaEventCreate", what).c_str(), e);
+      }
+      bufs_.push_back(nb);
+      b = &bufs_.back();
+    }
+    std::memcpy(b->h, src, bytes);
+    cudaError_t e = cudaMemcpyAsync(dDst, b->h, bytes, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) e = cudaEventRecord(b->ev, stream);
+    return e == cudaSuccess ? Status::Ok() : CudaFail(what, e);
+  }
+
+ private:
+  struct Buf {
+    void* h = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t ev = nullptr;
+    int dev = 0;
+  };
+  std::mutex mu_;
+  std::deque<Buf> bufs_;  // a deque: pointers to its elements stay valid as it grows
+};
+
 // The AdamS parameters of `op`, checked as the kernels check them (MakeAdamSScalars).
 Status CheckAdamSParams(const char* op, const kn::AdamSParams& params) {
   kn::AdamSScalars sc;
@@ -158,7 +210,8 @@ Status CheckEnterTable(const char* op, const kn::AdamSParams& params, size_t n) 
 // uploaded for this launch (offsets, then the values) into temp's memory on `stream`. Without
 // a table (enter_vs null) *p = params and nothing is uploaded. The table must tile [0, n).
 Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
-                        cudaStream_t stream, OpTemp* temp, kn::AdamSParams* p) {
+                        cudaStream_t stream, OpTemp* temp, PinnedUploads* up,
+                        kn::AdamSParams* p) {
   *p = params;
   SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
   if (params.enter_vs == nullptr) return Status::Ok();
@@ -169,9 +222,8 @@ Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
   std::memcpy(table.data() + offBytes, params.enter_vs, 4 * nseg);
   void* base = nullptr;
   SCAPE_RETURN_IF_ERROR(temp->Alloc(op, table.size(), &base));
-  // From pageable host memory: returns once the source has been staged.
-  cudaError_t e = cudaMemcpyAsync(base, table.data(), table.size(), cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return CudaFail(StrFormat("%s: uploading the enter table", op).c_str(), e);
+  SCAPE_RETURN_IF_ERROR(up->Upload(StrFormat("%s: uploading the enter table", op).c_str(), base,
+                                   table.data(), table.size(), stream));
   p->enter_offsets = static_cast<const uint64_t*>(base);
   p->enter_vs = reinterpret_cast<const float*>(static_cast<char*>(base) + offBytes);
   return Status::Ok();
@@ -207,7 +259,9 @@ class Cuda final : public Runtime {
     }
   }
   Status HostAlloc(size_t bytes, void** p) override {
-    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable);
+    // Mapped: the staging pipeline's stream waits read a flag word here from the device.
+    cudaError_t e =
+        cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
     return e == cudaSuccess ? Status::Ok() : CudaFail("cudaHostAlloc (staging buffer)", e);
   }
   void HostFree(void* p) override { cudaFreeHost(p); }
@@ -262,6 +316,10 @@ class Cuda final : public Runtime {
     cudaError_t r =
         cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
     return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamWaitEvent", r);
+  }
+  Status StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value) override {
+    return KernelFail("stream wait on a host flag",
+                      kc::WaitHostFlagCuda(flag, value, static_cast<cudaStream_t>(s)));
   }
   Status StreamQuery(Stream s, bool* done) override {
     cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
@@ -374,11 +432,9 @@ class Cuda final : public Runtime {
     OpTemp temp(this, stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tableBytes + tempBytes, &base));
-    // From pageable host memory, cudaMemcpyAsync returns once the source has been staged, so
-    // `table` may go out of scope when this call returns.
-    cudaError_t e =
-        cudaMemcpyAsync(base, table.data(), tableWords * 8, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return CudaFail("top-k kernel: uploading the segment table", e);
+    // Through page-locked memory: `table` goes out of scope when this call returns.
+    SCAPE_RETURN_IF_ERROR(uploads_.Upload("top-k kernel: uploading the segment table", base,
+                                          table.data(), tableWords * 8, stream));
     const uint64_t* dTable = static_cast<const uint64_t*>(base);
     dseg.d_offsets = dTable;
     dseg.d_k = dTable + nseg + 1;
@@ -432,7 +488,7 @@ class Cuda final : public Runtime {
     // "segment_rms": upload the host table (offsets, then the values) for this launch.
     OpTemp temp(this, stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(
         op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM, n, p, stream));
   }
@@ -459,7 +515,7 @@ class Cuda final : public Runtime {
     auto stream = static_cast<cudaStream_t>(s);
     OpTemp temp(this, stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(op, kc::AdamSUpdatePairsCuda(dPayload, payloadType, dIdx, k, dTheta, dM, n, p,
                                                    dPairs, stream));
   }
@@ -519,8 +575,8 @@ class Cuda final : public Runtime {
     OpTemp temp(this, stream);
     void* base = nullptr;
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, 8 * (nb + 1), &base));
-    cudaError_t e = cudaMemcpyAsync(base, bounds, 8 * (nb + 1), cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return CudaFail("segment_rms sums kernel: uploading the bounds", e);
+    SCAPE_RETURN_IF_ERROR(uploads_.Upload("segment_rms sums kernel: uploading the bounds", base,
+                                          bounds, 8 * (nb + 1), stream));
     return KernelFail(op, kc::StayingGradSqBlocksCuda(dPayload, payloadType, dIdx, dM, n, beta1,
                                                       static_cast<const uint64_t*>(base), nb, dSums,
                                                       dCounts, stream));
@@ -586,7 +642,7 @@ class Cuda final : public Runtime {
     auto stream = static_cast<cudaStream_t>(s);
     OpTemp temp(this, stream);
     kn::AdamSParams p;
-    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &p));
+    SCAPE_RETURN_IF_ERROR(UploadEnterTable(op, params, n, stream, &temp, &uploads_, &p));
     return KernelFail(op, kc::UnpackAdamSUpdateCopyCuda(dPayload, payloadType, dMask, k, dTheta, dM,
                                                         n, p, c, stream));
   }
@@ -657,6 +713,7 @@ class Cuda final : public Runtime {
 
   std::once_flag once_;
   bool available_ = false;
+  PinnedUploads uploads_;
 };
 
 }  // namespace

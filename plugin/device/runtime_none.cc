@@ -52,6 +52,7 @@ class None final : public Runtime {
   Status StreamSynchronize(Stream) override { return NoStream(); }
   Status StreamQuery(Stream, bool*) override { return NoStream(); }
   Status StreamWaitEvent(Stream, Event) override { return NoStream(); }
+  Status StreamWaitValue(Stream, const uint32_t*, uint32_t) override { return NoStream(); }
 };
 
 std::atomic<Runtime*> g_override{nullptr};
@@ -67,6 +68,10 @@ Status Runtime::StreamQuery(Stream s, bool* done) {
   SCAPE_RETURN_IF_ERROR(StreamSynchronize(s));
   *done = true;
   return Status::Ok();
+}
+
+Status Runtime::StreamWaitValue(Stream, const uint32_t*, uint32_t) {
+  return Unsupported(StrFormat("the %s device runtime has no stream waits on a host flag", Name()));
 }
 
 Status Runtime::StreamWaitEvent(Stream, Event e) {

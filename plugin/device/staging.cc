@@ -5,7 +5,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -202,12 +201,9 @@ struct StagingChannel::Job {
   char* recvStage = nullptr;
   size_t recvBytes = 0;
   std::vector<Event> events;
-  struct WaitArg {
-    Job* job;
-    size_t chunk;
-  };
-  std::vector<WaitArg> waitArgs;
-  int timeoutMs = kDefaultTimeoutMs;
+  // The channel's flag value before chunk 0: the stream's wait for chunk c lets go when the
+  // worker has written seq0 + c + 1 (chunk c reduced, or the job over).
+  uint32_t seq0 = 0;
   int device = 0;  // the caller's current device at the call
   // Zero copy: the "stages" are the caller's receive buffer (never freed or pooled here).
   bool direct = false;
@@ -226,21 +222,8 @@ struct StagingChannel::Job {
 
 namespace {
 
-// Host function: the stream waits here until the worker has reduced chunk `chunk` (or the job
-// failed, or the communicator's timeout passed: then the receive buffer keeps what it held).
-void WaitChunkFn(void* arg) {
-  auto* w = static_cast<StagingChannel::Job::WaitArg*>(arg);
-  StagingChannel::Job* j = w->job;
-  std::unique_lock<std::mutex> lk(j->m);
-  // A second past the worker's own deadline, so that the worker reports the cause first.
-  const auto until =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(j->timeoutMs + 1000);
-  if (!j->cv.wait_until(lk, until, [&] { return j->failed || j->chunksDone > w->chunk; })) {
-    j->failed = true;  // the worker reports the timeout as the channel's error
-    j->cv.notify_all();
-  }
-}
-
+// Host function at the end of a job: only signals (it never waits and calls no runtime: CUDA
+// runs every host function of a context on one thread, and forbids CUDA calls there).
 void JobDoneFn(void* arg) {
   auto* j = static_cast<StagingChannel::Job*>(arg);
   std::lock_guard<std::mutex> lk(j->m);
@@ -306,6 +289,10 @@ Status StagingChannel::Start() {
   rank_ = comm_->rank();
   nranks_ = comm_->nranks();
   chunkBytes_ = StageChunkBytes();
+  void* f = nullptr;
+  SCAPE_RETURN_IF_ERROR(rt_->HostAlloc(sizeof(uint32_t), &f).Prepend("the staging flag"));
+  flag_ = static_cast<uint32_t*>(f);
+  __atomic_store_n(flag_, 0u, __ATOMIC_RELEASE);
   try {
     worker_ = std::thread([this] { WorkerMain(); });
   } catch (const std::exception& e) {
@@ -325,6 +312,14 @@ StagingChannel::~StagingChannel() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   std::lock_guard<std::mutex> lk(mu_);
+  // Every job has left the worker: no stream wait may be held past this.
+  if (flag_) Signal(nextSeq_);
+  // A stream that has not reached the end of its job still reads the flag, and its JobDoneFn
+  // the job: both are kept (leaked) then, as the job's stages are.
+  if (flag_ && live_.empty()) rt_->HostFree(flag_);
+  flag_ = nullptr;
+  for (const std::shared_ptr<Job>& j : live_) new std::shared_ptr<Job>(j);
+  live_.clear();
   // Jobs whose streams never reached their end keep their stages (leaked, not freed under a
   // pending copy).
   for (Block& b : freeBlocks_) rt_->HostFree(b.p);
@@ -393,7 +388,6 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
   Reap();
   auto job = std::make_shared<Job>();
   job->args = a;
-  job->timeoutMs = timeoutMs_;
   job->device = rt_->GetDevice();
   job->direct =
       direct_ && (a.type == coll::CollType::kAllGather || a.type == coll::CollType::kBroadcast);
@@ -425,17 +419,18 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     if (!e) st = rt_->EventCreate(&e);
     if (st.ok()) job->events.push_back(e);
   }
-  job->waitArgs.resize(n);
-  for (size_t c = 0; c < n; ++c) job->waitArgs[c] = {job.get(), c};
   const char* src = static_cast<const char*>(a.send);
   char* dst = static_cast<char*>(a.recv);
-  bool anyHostFn = false;
+  bool anyWait = false;
   // The worker gets the job before anything goes on the stream. Enqueueing can block: a
   // stream holds a bounded queue of pending work, and a long job fills it while the stream
-  // waits (in a host function) for chunk 0's exchange, which only the worker can run. Handing
-  // the job over last, as this once did, deadlocked on a real GPU with many chunks.
+  // waits for chunk 0's exchange, which only the worker can run. Handing the job over last,
+  // as this once did, deadlocked on a real GPU with many chunks. The job's flag values are
+  // taken in queue order, the order in which the worker runs (and signals) the jobs.
   if (st.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
+    job->seq0 = nextSeq_;
+    nextSeq_ += static_cast<uint32_t>(n);
     live_.push_back(job);
     queue_.push_back(job);
   }
@@ -449,16 +444,20 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     if (st.ok()) st = rt_->EventRecord(job->events[c], stream);
     if (st.ok()) job->recorded.store(c + 1, std::memory_order_release);
   }
+  // The stream waits for chunk c's exchange on the device (a wait on the channel's flag word),
+  // never in a host function: a host function that blocks holds the context's one
+  // host-function thread, and another stream's host function (or this job's own JobDoneFn
+  // behind a second job) would then wait behind it.
   for (size_t c = 0; st.ok() && c < n; ++c) {
-    st = rt_->LaunchHostFunc(stream, WaitChunkFn, &job->waitArgs[c]);
+    st = rt_->StreamWaitValue(stream, flag_, job->seq0 + static_cast<uint32_t>(c) + 1);
     if (!st.ok()) break;
-    anyHostFn = true;
+    anyWait = true;
     for (const StageCopy& cp : job->plan.chunks[c].h2d) {
       st = rt_->CopyAsync(dst + cp.dst, job->recvStage + cp.src, cp.bytes, stream);
       if (!st.ok()) break;
     }
   }
-  if (st.ok() || anyHostFn) {
+  if (st.ok() || anyWait) {
     Status d = rt_->LaunchHostFunc(stream, JobDoneFn, job.get());
     job->doneFnQueued = d.ok();
     if (st.ok()) st = d;
@@ -467,13 +466,13 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     // The worker must not run the job: release the stream's waits at once. Without a host
     // function on the stream, copies into the stages may still be pending: wait for them
     // before the stages can be reused.
-    if (!job->doneFnQueued && !anyHostFn) (void)rt_->StreamSynchronize(stream);
+    if (!job->doneFnQueued && !anyWait) (void)rt_->StreamSynchronize(stream);
     {
       std::lock_guard<std::mutex> jl(job->m);
       job->enqueueFailed = true;
       job->failed = true;
-      if (!queued) job->workerDone = true;                           // never handed over
-      if (!job->doneFnQueued && !anyHostFn) job->streamDone = true;  // nothing on the stream
+      if (!queued) job->workerDone = true;                         // never handed over
+      if (!job->doneFnQueued && !anyWait) job->streamDone = true;  // nothing on the stream
       job->cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu_);
@@ -534,6 +533,9 @@ void StagingChannel::WorkerMain() {
       job = queue_.front();
     }
     RunJob(job.get());
+    // However the job ended (done, failed, given up, enqueued only in part), every wait its
+    // stream holds lets go: a failed job's receive buffer then gets its stage's bytes back.
+    Signal(job->seq0 + static_cast<uint32_t>(job->plan.chunks.size()));
     {
       std::lock_guard<std::mutex> lk(mu_);
       queue_.pop_front();
@@ -595,25 +597,17 @@ void StagingChannel::RunJob(Job* job) {
       if (!st.ok()) return FailJob(job, st);
       if (!comm_->error().ok() && !fin) return FailJob(job, comm_->error());
       if (fin) {
-        bool gaveUp, all;
+        bool all;
         {
           std::lock_guard<std::mutex> jl(job->m);
           job->chunksDone = inflight.front().first + 1;
           all = job->chunksDone == n;
-          gaveUp = job->failed;  // a stream wait gave up (its timeout)
-          if (all || gaveUp) job->workerDone = true;
+          if (all) job->workerDone = true;
           job->cv.notify_all();
         }
+        Signal(job->seq0 + static_cast<uint32_t>(inflight.front().first) + 1);
         inflight.pop_front();
         progress = true;
-        if (gaveUp) {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (error_.ok())
-            error_ = TimeoutError(
-                "device collective: the stream's wait for the host exchange "
-                "timed out");
-          return;
-        }
         if (all) return;
       }
     }

@@ -3,12 +3,19 @@
 // A collective on device memory with a stream becomes, at the call (nothing waits on the
 // host):
 //   on the stream:  for each chunk c: copy D2H (device send -> host send stage); record ev[c]
-//                   for each chunk c: host function "wait until chunk c is reduced";
+//                   for each chunk c: wait on the device until the channel's flag word (in
+//                                     page-locked host memory) says chunk c is reduced
+//                                     (Runtime::StreamWaitValue);
 //                                     copy H2D (host recv stage -> device recv)
-//                   host function "job done" (the stages go back to the pool)
+//                   host function "job done" (only signals: the stages go back to the pool)
 //   on the worker:  for each chunk c, in order: when ev[c] has completed, start the host
-//                   collective of chunk c on the staged bytes; when it completes, release the
-//                   stream's wait for chunk c.
+//                   collective of chunk c on the staged bytes; when it completes, write the
+//                   flag to release the stream's wait for chunk c (and, however the job ends,
+//                   past its last chunk).
+// No host function blocks and none calls the runtime: CUDA runs the host functions of every
+// stream of a context on one thread, so a host function that waited for the worker (as this
+// pipeline's once did) held up every other stream's host functions, the worker's own
+// dependencies among them.
 // So the D2H copy of chunk c+1 overlaps the wire of chunk c, and the H2D copy of chunk c
 // overlaps the wire of chunk c+1. The worker drives a child communicator of its own (its own
 // UCX worker and endpoints, made once, collectively, at the first device collective), so the
@@ -132,6 +139,8 @@ class StagingChannel {
   void RunJob(Job* job);
   void FailJob(Job* job, const Status& st);
   void Reap();  // frees the stages and events of jobs whose streams are done
+  // Lets the stream waits up to flag value v go (the worker, in job order; teardown).
+  void Signal(uint32_t v) { __atomic_store_n(flag_, v, __ATOMIC_RELEASE); }
   Status AcquireStage(size_t bytes, void** p);
 
   Runtime* rt_ = nullptr;
@@ -152,6 +161,8 @@ class StagingChannel {
   };
   std::vector<Block> freeBlocks_;
   std::vector<Event> freeEvents_;
+  uint32_t* flag_ = nullptr;  // HostAlloc'd; the streams' waits read it (StreamWaitValue)
+  uint32_t nextSeq_ = 0;      // flag values handed to jobs so far (under mu_)
   Status error_;
   bool stop_ = false;
   std::atomic<bool> abort_{false};

@@ -234,8 +234,11 @@ void Optimizer::DeviceRelease() {
   if (dev_->rt) {
     // Within the communicator's deadline: the state's memory is freed only once the stream has
     // passed the last step (a stuck stream leaks it, as the device pool leaks a block still in
-    // use, rather than freeing it under the device or hanging scapeCommAbort).
-    Status st = device::StreamWaitFor(dev_->rt, dev_->stream, comm_->config().timeoutMs,
+    // use, rather than freeing it under the device or hanging scapeCommAbort). After an abort
+    // (a watchdog's) the wait is the pool's abandon wait, not the whole timeout.
+    const int waitMs =
+        comm_->AbortRequested() ? device::DevicePool::kAbandonWaitMs : comm_->config().timeoutMs;
+    Status st = device::StreamWaitFor(dev_->rt, dev_->stream, waitMs,
                                       "releasing the optimizer's device state");
     if (!st.ok()) {
       SCAPE_WARN("%s; its device memory is leaked rather than freed under the device",
@@ -469,10 +472,16 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   Status PrepareMask(uint64_t kk, uint64_t, bool sharded) override {
     k = kk;
     const std::vector<uint64_t>& cur = o->mask_->Current();
-    d->hMaskOrder.assign(cur.begin(), cur.end());
-    d->hSorted.resize(k);
-    d->hPerm.resize(k);
-    d->hInv.resize(k);
+    // The uploads' source: one host array (mask order, sorted, perm, inv; k words each), new
+    // at each step and held by the pool until the stream has run the copies (pageable memory:
+    // CUDA may read it only when the stream gets there, so it must not be reused or freed
+    // before, even if the step fails or the optimizer is torn down in between).
+    auto up = std::make_shared<std::vector<uint64_t>>(4 * k);
+    uint64_t* hMaskOrder = up->data();
+    uint64_t *hSorted = hMaskOrder + k, *hPerm = hSorted + k, *hInv = hPerm + k;
+    std::copy(cur.begin(),
+              cur.begin() + static_cast<std::ptrdiff_t>(std::min<uint64_t>(k, cur.size())),
+              hMaskOrder);
     std::vector<kernels::MaskRun> byPos = o->runs_;
     std::sort(byPos.begin(), byPos.end(), [](const kernels::MaskRun& a, const kernels::MaskRun& b) {
       return a.begin < b.begin;
@@ -480,25 +489,26 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     uint64_t s = 0;
     for (const kernels::MaskRun& r : byPos)
       for (uint64_t j = r.jb; j < r.je; ++j, ++s) {
-        d->hSorted[s] = cur[j];
-        d->hPerm[s] = j;
-        d->hInv[j] = s;
+        if (s >= k || j >= k) continue;  // counted: the check below reports it
+        hSorted[s] = cur[j];
+        hPerm[s] = j;
+        hInv[j] = s;
       }
     if (s != k)
       return InternalError(StrFormat("rank %d: mask runs cover %llu of %llu entries", o->rank_,
                                      static_cast<unsigned long long>(s),
                                      static_cast<unsigned long long>(k)));
     identity = true;
-    for (uint64_t q = 0; q < k && identity; ++q) identity = d->hPerm[q] == q;
+    for (uint64_t q = 0; q < k && identity; ++q) identity = hPerm[q] == q;
     // Scratch for k entries (a loaded checkpoint may have changed the payload type).
     SCAPE_RETURN_IF_ERROR(d->Fit(o->layout_.n, k, Esz(), !identity, sharded));
     if (k) {
-      SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dMaskOrder, d->hMaskOrder.data(), 8 * k, st));
-      if (!identity) {
-        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dSorted, d->hSorted.data(), 8 * k, st));
-        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dPerm, d->hPerm.data(), 8 * k, st));
-        SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->dInv, d->hInv.data(), 8 * k, st));
-      }
+      Status st2 = rt->CopyAsync(d->dMaskOrder, hMaskOrder, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dSorted, hSorted, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dPerm, hPerm, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dInv, hInv, 8 * k, st);
+      d->pool->Release(device::DevicePool::Block(), st, std::move(up));
+      SCAPE_RETURN_IF_ERROR(st2);
     }
     dSortedMask = identity ? d->dMaskOrder : d->dSorted;
     return Status::Ok();

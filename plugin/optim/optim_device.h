@@ -74,8 +74,8 @@ struct Optimizer::DeviceState {
   uint64_t *dTop = nullptr, *dCounts = nullptr;  // top-k output (in `top`), its counts
   double* dSq = nullptr;                         // nranks partial squared norms
   size_t countsCap = 0;
-  // Host side (pinned where the runtime gives it): the uploads and the selected positions.
-  std::vector<uint64_t> hMaskOrder, hSorted, hPerm, hInv;
+  // Host side: the selected positions and results (pinned). The mask's uploads come from a
+  // host array made at each step and held by the pool until they have run (PrepareMask).
   uint64_t* hTop = nullptr;         // pinned, topCap
   double* hSq = nullptr;            // pinned, nranks
   uint32_t* dFlag = nullptr;        // the non-finite check's result (device, one word)

@@ -359,6 +359,59 @@ TEST(DeviceStream, ALongJobBehindAHeldStreamStillEnqueuesAndReturns) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// CUDA runs the host functions of every stream of a context on one thread (so does the fake).
+// The stream of a staged job used to wait for its exchange inside a host function: a job on
+// a second stream then held that thread while the worker, still on the first job, waited for
+// the first stream to get past a host function of the caller's. Now a stream waits for the
+// exchange on the device (a flag word) and no host function blocks.
+TEST(DeviceStream, AHostFunctionOnOneStreamDoesNotHoldUpAJobOnAnother) {
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 4000;
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        const size_t n = 3001;
+        auto* d1 = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+        auto* d2 = static_cast<int32_t*>(rt.DeviceMalloc(n * 4));
+        for (size_t i = 0; i < n; ++i) {
+          d1[i] = static_cast<int32_t>(i % 5) + ctx.rank;
+          d2[i] = static_cast<int32_t>(i % 3) + ctx.rank;
+        }
+        void* s1 = rt.NewStream();
+        void* s2 = rt.NewStream();
+        Gate gate;
+        rt.HoldStream(s1, &gate);  // the caller's earlier work on s1
+        EXPECT_TRUE(rt.LaunchHostFunc(
+                          s1, [](void*) {}, nullptr)
+                        .ok());
+        EXPECT_SCAPE_OK(scapeAllReduce(d1, d1, n, scapeInt32, scapeSum, nullptr, ctx.comm, s1),
+                        ctx.comm);
+        EXPECT_SCAPE_OK(scapeAllReduce(d2, d2, n, scapeInt32, scapeSum, nullptr, ctx.comm, s2),
+                        ctx.comm);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // s2 reaches its wait
+        gate.Open();
+        EXPECT_TRUE(rt.StreamOf(s1)->Sync(20000));
+        EXPECT_TRUE(rt.StreamOf(s2)->Sync(20000));
+        scapeResult_t ae = scapeInternalError;
+        EXPECT_SCAPE_OK(scapeCommGetAsyncError(ctx.comm, &ae), ctx.comm);
+        EXPECT_EQ(ae, scapeSuccess) << scapeGetLastError(ctx.comm);
+        for (size_t i = 0; i < n; ++i)
+          if (d1[i] != 2 * static_cast<int32_t>(i % 5) + 1 ||
+              d2[i] != 2 * static_cast<int32_t>(i % 3) + 1) {
+            ADD_FAILURE() << "element " << i << ": " << d1[i] << ", " << d2[i];
+            break;
+          }
+        EXPECT_EQ(rt.callsInHostFn.load(), 0u);
+        rt.DeviceFree(d1);
+        rt.DeviceFree(d2);
+        return !::testing::Test::HasFailure();
+      },
+      opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 // Host buffers with a stream: the call waits for the stream first, so a copy queued on the
 // stream before the call (device -> host send buffer) is what gets reduced.
 TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
@@ -368,13 +421,16 @@ TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
     const size_t n = 1000;
     auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
     for (size_t i = 0; i < n; ++i) d[i] = static_cast<float>(i) + 0.5f * ctx.rank;
-    std::vector<float> h(n, -1.f), out(n, 0.f);
+    // Page-locked: a copy into pageable memory would itself wait for the stream.
+    void* hp = nullptr;
+    EXPECT_TRUE(rt.HostAlloc(n * 4, &hp).ok());
+    float* h = static_cast<float*>(hp);
+    std::vector<float> out(n, 0.f);
     void* s = rt.NewStream();
-    EXPECT_TRUE(rt.CopyAsync(h.data(), d, n * 4, s).ok());
+    EXPECT_TRUE(rt.CopyAsync(h, d, n * 4, s).ok());
     const uint64_t syncs = rt.syncs;
-    EXPECT_SCAPE_OK(
-        scapeAllReduce(h.data(), out.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
-        ctx.comm);
+    EXPECT_SCAPE_OK(scapeAllReduce(h, out.data(), n, scapeFloat32, scapeSum, nullptr, ctx.comm, s),
+                    ctx.comm);
     EXPECT_EQ(rt.syncs.load(), syncs + 1);
     for (size_t i = 0; i < n; ++i)
       if (out[i] != 2.f * static_cast<float>(i) + 0.5f) {
@@ -382,6 +438,7 @@ TEST(DeviceStream, HostBuffersWithAStreamWaitForItFirst) {
         break;
       }
     rt.copyDelayUs = 0;
+    rt.HostFree(hp);
     rt.DeviceFree(d);
     return !::testing::Test::HasFailure();
   });

@@ -593,6 +593,88 @@ TEST(DeviceMaskStream, PositionsAreCachedPerGenerationAndFreed) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// The cached device positions are keyed on the stream's handle, and a runtime hands a
+// destroyed stream's handle to a new stream: a pack on the new stream must wait for the
+// upload still queued on the old one (here behind a held gate), not read the block before it.
+TEST(DeviceMaskStream, ANewStreamAtADestroyedStreamsHandleWaitsForTheUpload) {
+  auto res = RunRanks(1, [&](RankCtx& ctx) {
+    FakeRuntime& rt = Fake();
+    const uint64_t n = 3001;
+    scapeMask_t m = MakeMask(ctx, n, 1, 9, 0.1);
+    if (!m) return false;
+    uint64_t k = 0;
+    EXPECT_SCAPE_OK(scapeMaskGetCount(m, &k), ctx.comm);
+    std::vector<float> h(n), want(k);
+    for (uint64_t i = 0; i < n; ++i) h[i] = static_cast<float>(i) + 0.5f;
+    EXPECT_SCAPE_OK(scapeMaskPack(m, h.data(), want.data(), scapeFloat32), ctx.comm);
+    auto* d = static_cast<float*>(rt.DeviceMalloc(n * 4));
+    auto* p1 = static_cast<float*>(rt.DeviceMalloc(k * 4));
+    auto* p2 = static_cast<float*>(rt.DeviceMalloc(k * 4));
+    std::memcpy(d, h.data(), n * 4);
+    void* a = nullptr;
+    void* b = nullptr;
+    EXPECT_TRUE(rt.StreamCreate(&a).ok());
+    Gate gate;
+    rt.HoldStream(a, &gate);
+    EXPECT_SCAPE_OK(scapeMaskPackStream(m, d, p1, scapeFloat32, a), ctx.comm);
+    rt.StreamDestroy(a);  // its queued work (the upload) still runs once the gate opens
+    EXPECT_TRUE(rt.StreamCreate(&b).ok());
+    EXPECT_EQ(a, b) << "the fake did not reuse the handle: the test shows nothing";
+    EXPECT_SCAPE_OK(scapeMaskPackStream(m, d, p2, scapeFloat32, b), ctx.comm);
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      gate.Open();
+    });
+    EXPECT_TRUE(rt.StreamSynchronize(b).ok()) << rt.StreamError(b).message();
+    opener.join();
+    EXPECT_EQ(std::memcmp(p2, want.data(), k * 4), 0) << "the pack read positions not uploaded yet";
+    // The mask first: it hands its blocks back on the stream it used (a live handle).
+    EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+    rt.StreamDestroy(b);
+    rt.DeviceFree(d);
+    rt.DeviceFree(p1);
+    rt.DeviceFree(p2);
+    return !::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The device top-k's host wait keeps the communicator's deadline behind a held stream: the
+// selected positions come back into page-locked memory (a copy into pageable memory returns
+// only once it has run, which waited here until the gate opened).
+TEST(DeviceMaskStream, TopkBehindAHeldStreamTimesOutWithinTheTimeout) {
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 1000;
+  auto res = RunRanks(
+      1,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        const uint64_t n = 3001;
+        scapeMask_t m = MakeMask(ctx, n, 1, 9, 0.1);
+        if (!m) return false;
+        auto* dstat = static_cast<float*>(rt.DeviceMalloc(n * 4));
+        void* s = rt.NewStream();
+        Gate gate;
+        rt.HoldStream(s, &gate);
+        std::thread opener([&] {
+          std::this_thread::sleep_for(std::chrono::seconds(6));
+          gate.Open();
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(scapeMaskSelectNextTopkStream(m, dstat, 0.1, s), scapeTimeout);
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(sec, 4.0) << "the top-k's host wait ignored the timeout";
+        opener.join();
+        EXPECT_TRUE(rt.StreamSynchronize(s).ok());
+        EXPECT_SCAPE_OK(scapeMaskDestroy(m), ctx.comm);
+        rt.DeviceFree(dstat);
+        return !::testing::Test::HasFailure();
+      },
+      opts);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 // Top-k from a device statistic: the top-k runs on the device (over the segments this rank
 // owns) and only the selected positions come back; the next mask is the one the same
 // statistic in host memory selects, on 1-3 ranks, both ownerships, several densities.

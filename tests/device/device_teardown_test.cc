@@ -6,6 +6,7 @@
 // is freed fails here (the device optimizer's state drops its blocks to the communicator's
 // pool when it goes, which scapeCommAbort used to free first).
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -264,6 +265,88 @@ TEST(DeviceTeardown, AbortFromAnotherThreadDuringDeviceWork) {
         worker.join();
         EXPECT_TRUE(failed.load()) << "no call failed after scapeCommAbort";
         ctx.comm = nullptr;
+        return !::testing::Test::HasFailure();
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// A staged exchange in flight: rank 1's stream is held (its caller's earlier work), so rank
+// 0's exchange has gone on the wire and waits for rank 1, when both ranks abort, the optimizer
+// and a mask alive. The abort returns within its bounded wait; once the gate opens, the held
+// stream runs what was queued (its copies, its waits for the exchange, the job's end) against
+// memory that is still valid: the staging channel leaves a job its stream has not finished
+// (its stages, its flag word, the job itself) rather than free it under the stream.
+TEST(DeviceTeardown, AbortWithAStagedExchangeInFlight) {
+  setenv("SCAPE_DEVICE_CHUNK_BYTES", "4096", 1);
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        Work w(ctx);
+        scapeMask_t m = MakeMask(ctx.comm, ctx.rank);
+        scapeOptim_t o = MakeOptim(ctx.comm);
+        if (!m || !o) return false;
+        w.Collectives(m);
+        w.Steps(o, 2);
+        fake_device::Gate gate;
+        if (ctx.rank == 1) Fake().HoldStream(w.s, &gate);
+        EXPECT_SCAPE_OK(
+            scapeAllReduce(w.dx, w.dx, N(), scapeFloat32, scapeSum, nullptr, ctx.comm, w.s),
+            ctx.comm);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 on the wire
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(scapeCommAbort(ctx.comm), scapeSuccess);
+        ctx.comm = nullptr;
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(sec, 4.0) << "scapeCommAbort waited for the held stream";
+        gate.Open();
+        EXPECT_TRUE(Fake().StreamOf(w.s)->Sync(10000)) << "the stream was left waiting";
+        EXPECT_EQ(Fake().callsInHostFn.load(), 0u);
+        return !::testing::Test::HasFailure();
+      },
+      Opts());
+  unsetenv("SCAPE_DEVICE_CHUNK_BYTES");
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// scapeCommDestroy (and the optimizer's and mask's destroys before it) from a thread other
+// than the one that issued the device work, with a staged collective still on the stream: the
+// destroy drains it (the result lands) and frees every device and page-locked byte.
+TEST(DeviceTeardown, DestroyFromAnotherThreadWithACollectiveInFlight) {
+  auto res = RunRanks(
+      2,
+      [&](RankCtx& ctx) {
+        const uint64_t live0 = Fake().LiveBytes();
+        {
+          Work w(ctx);
+          scapeMask_t m = MakeMask(ctx.comm, ctx.rank);
+          scapeOptim_t o = MakeOptim(ctx.comm);
+          if (!m || !o) return false;
+          w.Collectives(m);
+          w.Steps(o, 2);
+          for (size_t i = 0; i < N(); ++i) w.dx[i] = 1.0f;
+          Fake().copyDelayUs = 2000;
+          EXPECT_SCAPE_OK(
+              scapeAllReduce(w.dx, w.dx, N(), scapeFloat32, scapeSum, nullptr, ctx.comm, w.s),
+              ctx.comm);
+          scapeComm_t comm = ctx.comm;
+          std::thread other([&] {
+            EXPECT_SCAPE_OK(scapeOptimDestroy(o), comm);
+            EXPECT_SCAPE_OK(scapeMaskDestroy(m), comm);
+            EXPECT_SCAPE_OK(scapeCommDestroy(comm), nullptr);
+          });
+          other.join();
+          ctx.comm = nullptr;
+          Fake().copyDelayUs = 0;
+          for (size_t i = 0; i < N(); ++i)
+            if (w.dx[i] != 2.0f) {
+              ADD_FAILURE() << "element " << i << " = " << w.dx[i] << " after the destroy";
+              break;
+            }
+        }
+        EXPECT_EQ(Fake().LiveBytes(), live0) << "device memory left after scapeCommDestroy";
+        EXPECT_EQ(Fake().pinnedLive.load(), 0u) << "page-locked memory left";
         return !::testing::Test::HasFailure();
       },
       Opts());

@@ -23,7 +23,13 @@ using scape::device::PtrKind;
 using scape::device::Stream;
 namespace kn = scape::kernels;
 
-FakeStream::FakeStream() : th_([this] { Main(); }) {}
+namespace {
+thread_local int t_device = 0;         // the thread's current device (SetDevice)
+thread_local bool t_inHostFn = false;  // the thread is the host-function thread
+}  // namespace
+
+FakeStream::FakeStream(int device, bool blocking)
+    : device_(device), blocking_(blocking), th_([this] { Main(); }) {}
 
 FakeStream::~FakeStream() {
   {
@@ -62,7 +68,18 @@ bool FakeStream::Idle() {
   return ran_ >= pushed_;
 }
 
+uint64_t FakeStream::Pushed() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pushed_;
+}
+
+void FakeStream::WaitRan(uint64_t n) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return ran_ >= n; });
+}
+
 void FakeStream::Main() {
+  t_device = device_;  // the stream's ops run on its device
   for (;;) {
     std::function<void()> fn;
     {
@@ -107,22 +124,120 @@ void Gate::Wait() {
   cv_.wait_for(lk, std::chrono::seconds(60), [&] { return open_; });
 }
 
-namespace {
-struct FakeEvent {
+struct FakeRuntime::FakeEvent {
   std::atomic<uint64_t> recorded{0};
   // Shared with the work queued on streams (the record, StreamWaitEvent's waits), which may
   // run after the event is destroyed.
   std::shared_ptr<std::atomic<uint64_t>> reached = std::make_shared<std::atomic<uint64_t>>(0);
   std::atomic<FakeStream*> stream{nullptr};  // where it was last recorded
 };
-}  // namespace
 
-FakeRuntime::FakeRuntime() : default_(new FakeStream()) {}
+FakeRuntime::FakeRuntime() : hfThread_([this] { HostFnMain(); }) {
+  for (int d = 0; d < kDevices; ++d) defaults_[d].reset(new FakeStream(d, false));
+}
 
 FakeRuntime::~FakeRuntime() {
-  default_.reset();
+  for (auto& d : defaults_) d.reset();
   streams_.clear();
+  {
+    std::lock_guard<std::mutex> lk(hfMu_);
+    hfStop_ = true;
+  }
+  hfCv_.notify_all();
+  hfThread_.join();
   for (auto& kv : device_) std::free(reinterpret_cast<void*>(kv.first));
+}
+
+Status FakeRuntime::Refuse(const char* call) {
+  if (!t_inHostFn) return Status::Ok();
+  ++callsInHostFn;
+  return scape::InvalidUsage(scape::StrFormat(
+      "fake device: %s called inside a host function (CUDA forbids CUDA calls there)", call));
+}
+
+int FakeRuntime::GetDevice() { return t_device; }
+
+void FakeRuntime::SetDevice(int device) {
+  if (device >= 0 && device < kDevices) t_device = device;
+}
+
+void FakeRuntime::HostFnMain() {
+  t_inHostFn = true;
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> lk(hfMu_);
+      hfCv_.wait(lk, [&] { return hfStop_ || !hfQ_.empty(); });
+      if (hfQ_.empty()) return;
+      fn = std::move(hfQ_.front());
+      hfQ_.pop_front();
+    }
+    fn();
+  }
+}
+
+// On a stream thread: hands fn(arg) to the host-function thread and holds the stream until it
+// has returned (as cudaLaunchHostFunc: the stream waits for the host function).
+void FakeRuntime::RunOnHostFnThread(scape::device::HostFn fn, void* arg) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lk(hfMu_);
+    hfQ_.push_back([&] {
+      fn(arg);
+      std::lock_guard<std::mutex> dl(m);
+      done = true;
+      cv.notify_all();
+    });
+  }
+  hfCv_.notify_all();
+  std::unique_lock<std::mutex> lk(m);
+  cv.wait(lk, [&] { return done; });
+}
+
+void FakeRuntime::Submit(Stream s, std::function<void()> fn) { Submit(StreamOf(s), std::move(fn)); }
+
+void FakeRuntime::Submit(FakeStream* st, std::function<void()> fn) {
+  // The legacy default stream's implicit synchronisation: the entry first waits for what was
+  // queued before it on the streams it synchronises with (blocking streams of its device for
+  // the default stream, the default stream for a blocking one; none for non-blocking ones).
+  std::lock_guard<std::mutex> order(orderMu_);
+  std::vector<std::pair<FakeStream*, uint64_t>> after;
+  FakeStream* legacy = defaults_[st->device()].get();
+  if (st == legacy) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& o : streams_)
+      if (o->blocking() && o->device() == st->device() && !o->Idle())
+        after.emplace_back(o.get(), o->Pushed());
+  } else if (st->blocking() && !legacy->Idle()) {
+    after.emplace_back(legacy, legacy->Pushed());
+  }
+  if (after.empty()) return st->Push(std::move(fn));
+  st->Push([after = std::move(after), fn = std::move(fn)] {
+    for (const auto& a : after) a.first->WaitRan(a.second);
+    fn();
+  });
+}
+
+bool FakeRuntime::Pinned(const void* p, size_t bytes) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = pinned_.upper_bound(u);
+  if (it == pinned_.begin()) return false;
+  --it;
+  return u >= it->first && u - it->first <= it->second && bytes <= it->second - (u - it->first);
+}
+
+void* FakeRuntime::NewHandleLocked(std::vector<void*>* freeList) {
+  // As a CUDA runtime may: the handle of a destroyed stream or event, for a new one.
+  if (!freeList->empty()) {
+    void* h = freeList->back();
+    freeList->pop_back();
+    return h;
+  }
+  handleMem_.emplace_back(new char);
+  return handleMem_.back().get();
 }
 
 PtrKind FakeRuntime::Kind(const void* p) {
@@ -138,6 +253,7 @@ void* FakeRuntime::Register(void* p, size_t bytes) {
   if (!p) return nullptr;
   std::lock_guard<std::mutex> lk(mu_);
   device_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  deviceTag_[reinterpret_cast<uintptr_t>(p)] = t_device;
   ++deviceAllocs;
   ++deviceLive;
   return p;
@@ -148,6 +264,7 @@ void* FakeRuntime::DeviceMalloc(size_t bytes) {
 }
 
 Status FakeRuntime::DeviceAlloc(size_t bytes, void** d) {
+  SCAPE_RETURN_IF_ERROR(Refuse("DeviceAlloc"));
   if (d == nullptr) return scape::InvalidArgument("fake device: DeviceAlloc: d is null");
   *d = nullptr;
   void* p = std::malloc(bytes ? bytes : 1);
@@ -161,10 +278,11 @@ Status FakeRuntime::DeviceAlloc(size_t bytes, void** d) {
 }
 
 void FakeRuntime::DeviceFree(void* p) {
-  if (!p) return;
+  if (!p || !Refuse("DeviceFree").ok()) return;
   std::unique_lock<std::shared_mutex> mem(memMu_);  // not while a device op runs on it
   std::lock_guard<std::mutex> lk(mu_);
   if (device_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return;  // not ours: left alone
+  deviceTag_.erase(reinterpret_cast<uintptr_t>(p));
   --deviceLive;
   std::free(p);
 }
@@ -215,6 +333,17 @@ Status FakeRuntime::CheckRange(const char* op, const char* arg, const void* p, s
         "fake device: %s: %s (%p) is not device memory (no live device allocation holds it)", op,
         arg, p));
   }
+  int dev = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto t = deviceTag_.find(base);
+    dev = t == deviceTag_.end() ? 0 : t->second;
+  }
+  if (dev != t_device) {
+    return scape::InvalidArgument(
+        scape::StrFormat("fake device: %s: %s (%p) is memory of device %d, used on device %d", op,
+                         arg, p, dev, t_device));
+  }
   const uintptr_t off = reinterpret_cast<uintptr_t>(p) - base;
   if (bytes > size - off) {
     return scape::InvalidArgument(scape::StrFormat(
@@ -226,34 +355,36 @@ Status FakeRuntime::CheckRange(const char* op, const char* arg, const void* p, s
 }
 
 Status FakeRuntime::HostAlloc(size_t bytes, void** p) {
+  SCAPE_RETURN_IF_ERROR(Refuse("HostAlloc"));
   *p = std::malloc(bytes ? bytes : 1);
   ++pinnedAllocs;
   ++pinnedLive;
+  std::lock_guard<std::mutex> lk(mu_);
+  pinned_[reinterpret_cast<uintptr_t>(*p)] = bytes ? bytes : 1;
   return Status::Ok();
 }
 
 void FakeRuntime::HostFree(void* p) {
+  if (!p || !Refuse("HostFree").ok()) return;
   --pinnedLive;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pinned_.erase(reinterpret_cast<uintptr_t>(p));
+  }
   std::free(p);
 }
 
-Stream FakeRuntime::NewStream() {
+Stream FakeRuntime::NewStream(bool blocking) {
   std::lock_guard<std::mutex> lk(mu_);
-  streams_.emplace_back(new FakeStream());
+  streams_.emplace_back(new FakeStream(t_device, blocking));
   return streams_.back().get();
 }
 
 Status FakeRuntime::StreamCreate(Stream* s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("StreamCreate"));
   std::lock_guard<std::mutex> lk(mu_);
-  streams_.emplace_back(new FakeStream());
-  if (!freeHandles_.empty()) {
-    // As a CUDA runtime may: the handle of a destroyed stream, for a new stream.
-    *s = freeHandles_.back();
-    freeHandles_.pop_back();
-  } else {
-    handleMem_.emplace_back(new char);
-    *s = handleMem_.back().get();
-  }
+  streams_.emplace_back(new FakeStream(t_device, false));
+  *s = NewHandleLocked(&freeHandles_);
   handles_[*s] = streams_.back().get();
   ++streamsCreated;
   ++streamsLive;
@@ -261,7 +392,7 @@ Status FakeRuntime::StreamCreate(Stream* s) {
 }
 
 void FakeRuntime::StreamDestroy(Stream s) {
-  if (!s) return;
+  if (!s || !Refuse("StreamDestroy").ok()) return;
   std::lock_guard<std::mutex> lk(mu_);
   auto it = handles_.find(s);
   if (it == handles_.end()) return;
@@ -273,7 +404,7 @@ void FakeRuntime::StreamDestroy(Stream s) {
 }
 
 FakeStream* FakeRuntime::StreamOf(Stream s) {
-  if (!s) return default_.get();
+  if (!s) return defaults_[t_device].get();
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = handles_.find(s);
@@ -283,7 +414,7 @@ FakeStream* FakeRuntime::StreamOf(Stream s) {
 }
 
 void FakeRuntime::HoldStream(Stream s, Gate* gate) {
-  StreamOf(s)->Push([gate] { gate->Wait(); });
+  Submit(s, [gate] { gate->Wait(); });
 }
 
 Status FakeRuntime::StreamError(Stream s) { return StreamOf(s)->Error(); }
@@ -291,6 +422,7 @@ Status FakeRuntime::StreamError(Stream s) { return StreamOf(s)->Error(); }
 void FakeRuntime::ClearStreamError(Stream s) { StreamOf(s)->ClearError(); }
 
 Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("CopyAsync"));
   const bool dd = Kind(dst) != PtrKind::kHost, sd = Kind(src) != PtrKind::kHost;
   if (!dd && sd)
     ++d2hCopies;
@@ -299,44 +431,125 @@ Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s
   else
     ++otherCopies;
   copiedBytes += bytes;
-  StreamOf(s)->Push([this, dst, src, bytes] {
+  FakeStream* st = StreamOf(s);
+  auto delay = [this] {
     if (int us = copyDelayUs.load()) {
       struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
       nanosleep(&ts, nullptr);
     }
+  };
+  if (bytes && sd && !dd && !Pinned(dst, bytes)) {
+    // Into pageable memory: returns once the copy has completed.
+    ++pageableSyncCopies;
+    Submit(st, [delay, dst, src, bytes] {
+      delay();
+      std::memcpy(dst, src, bytes);
+    });
+    if (!st->Sync())
+      return scape::TimeoutError(
+          "fake device: CopyAsync into pageable memory waits for its stream, which did not "
+          "drain in 30 s");
+    return Status::Ok();
+  }
+  if (bytes && dd && !sd && !Pinned(src, bytes)) {
+    // From pageable memory: CUDA may read the source when the stream reaches the copy. The
+    // source must not change (or be freed) before then.
+    auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                    static_cast<const char*>(src) + bytes);
+    Submit(st, [delay, st, dst, src, bytes, snap] {
+      delay();
+      if (std::memcmp(src, snap->data(), bytes) != 0)
+        st->SetError(scape::InvalidUsage(scape::StrFormat(
+            "fake device: CopyAsync: the pageable source (%p, %zu bytes) changed after the call "
+            "returned, before the stream reached the copy (CUDA may copy it only then: keep it "
+            "until the copy has run, or use page-locked memory)",
+            src, bytes)));
+      std::memcpy(dst, src, bytes);
+    });
+    return Status::Ok();
+  }
+  Submit(st, [delay, dst, src, bytes] {
+    delay();
     std::memcpy(dst, src, bytes);
   });
   return Status::Ok();
 }
 
 Status FakeRuntime::EventCreate(scape::device::Event* e) {
-  *e = new FakeEvent();
+  SCAPE_RETURN_IF_ERROR(Refuse("EventCreate"));
+  std::lock_guard<std::mutex> lk(mu_);
+  *e = NewHandleLocked(&freeEvents_);
+  events_[*e] = std::make_shared<FakeEvent>();
   return Status::Ok();
 }
 
-void FakeRuntime::EventDestroy(scape::device::Event e) { delete static_cast<FakeEvent*>(e); }
+void FakeRuntime::EventDestroy(scape::device::Event e) {
+  if (!e || !Refuse("EventDestroy").ok()) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (events_.erase(e)) freeEvents_.push_back(e);  // work queued on it keeps `reached`
+}
+
+std::shared_ptr<FakeRuntime::FakeEvent> FakeRuntime::EventOf(scape::device::Event e) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = events_.find(e);
+  return it == events_.end() ? nullptr : it->second;
+}
+
+namespace {
+Status NotAnEvent(const char* call, scape::device::Event e) {
+  return scape::InvalidArgument(scape::StrFormat(
+      "fake device: %s: %p is not a live event (destroyed, or never created)", call, e));
+}
+}  // namespace
 
 Status FakeRuntime::EventRecord(scape::device::Event e, Stream s) {
-  auto* ev = static_cast<FakeEvent*>(e);
+  SCAPE_RETURN_IF_ERROR(Refuse("EventRecord"));
+  std::shared_ptr<FakeEvent> ev = EventOf(e);
+  if (!ev) return NotAnEvent("EventRecord", e);
   const uint64_t gen = ++ev->recorded;
   FakeStream* st = StreamOf(s);
   ev->stream.store(st);
-  st->Push([reached = ev->reached, gen] { reached->store(gen); });
+  Submit(st, [reached = ev->reached, gen] { reached->store(gen); });
   return Status::Ok();
 }
 
 Status FakeRuntime::StreamWaitEvent(Stream s, scape::device::Event e) {
-  auto* ev = static_cast<FakeEvent*>(e);
+  SCAPE_RETURN_IF_ERROR(Refuse("StreamWaitEvent"));
+  std::shared_ptr<FakeEvent> ev = EventOf(e);
+  if (!ev) return NotAnEvent("StreamWaitEvent", e);
   const uint64_t gen = ev->recorded.load();
   ++streamWaits;
-  StreamOf(s)->Push([reached = ev->reached, gen] {
+  Submit(s, [reached = ev->reached, gen] {
     while (reached->load() < gen) std::this_thread::sleep_for(std::chrono::microseconds(50));
   });
   return Status::Ok();
 }
 
+Status FakeRuntime::StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value) {
+  SCAPE_RETURN_IF_ERROR(Refuse("StreamWaitValue"));
+  if (!Pinned(flag, sizeof *flag))
+    return scape::InvalidArgument(
+        "fake device: StreamWaitValue: the flag is not page-locked memory from HostAlloc");
+  ++valueWaits;
+  FakeStream* st = StreamOf(s);
+  Submit(st, [st, flag, value] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (static_cast<int32_t>(__atomic_load_n(flag, __ATOMIC_ACQUIRE) - value) < 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        st->SetError(
+            scape::TimeoutError("fake device: StreamWaitValue: the flag was not released in 60 s"));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  return Status::Ok();
+}
+
 Status FakeRuntime::EventQuery(scape::device::Event e, bool* done) {
-  auto* ev = static_cast<FakeEvent*>(e);
+  SCAPE_RETURN_IF_ERROR(Refuse("EventQuery"));
+  std::shared_ptr<FakeEvent> ev = EventOf(e);
+  if (!ev) return NotAnEvent("EventQuery", e);
   *done = ev->reached->load() >= ev->recorded.load();
   if (FakeStream* st = ev->stream.load()) {
     Status err = st->Error();  // sticky, as a CUDA kernel fault
@@ -349,12 +562,14 @@ Status FakeRuntime::EventQuery(scape::device::Event e, bool* done) {
 }
 
 Status FakeRuntime::LaunchHostFunc(Stream s, scape::device::HostFn fn, void* arg) {
+  SCAPE_RETURN_IF_ERROR(Refuse("LaunchHostFunc"));
   ++hostFuncs;
-  StreamOf(s)->Push([fn, arg] { fn(arg); });
+  Submit(s, [this, fn, arg] { RunOnHostFnThread(fn, arg); });
   return Status::Ok();
 }
 
 Status FakeRuntime::StreamSynchronize(Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("StreamSynchronize"));
   ++syncs;
   FakeStream* st = StreamOf(s);
   if (!st->Sync()) return scape::TimeoutError("fake stream did not drain in 30 s");
@@ -362,6 +577,7 @@ Status FakeRuntime::StreamSynchronize(Stream s) {
 }
 
 Status FakeRuntime::StreamQuery(Stream s, bool* done) {
+  SCAPE_RETURN_IF_ERROR(Refuse("StreamQuery"));
   FakeStream* st = StreamOf(s);
   *done = st->Idle();
   Status err = st->Error();
@@ -374,7 +590,7 @@ Status FakeRuntime::StreamQuery(Stream s, bool* done) {
 void FakeRuntime::Enqueue(Stream s, const char* op, std::function<Status()> fn) {
   ++kernelLaunches;
   FakeStream* st = StreamOf(s);
-  st->Push([this, st, op, fn = std::move(fn)] {
+  Submit(st, [this, st, op, fn = std::move(fn)] {
     if (!st->Error().ok()) {
       ++skippedOps;
       return;
@@ -428,6 +644,7 @@ Status CheckKn(const char* op, size_t k, size_t n) {
 }  // namespace
 
 Status FakeRuntime::Memset(void* d, int value, size_t bytes, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("Memset"));
   SCAPE_RETURN_IF_ERROR(CheckRange("Memset", "d", d, bytes));
   if (bytes == 0) return Status::Ok();
   ++memsets;
@@ -443,6 +660,7 @@ Status FakeRuntime::Memset(void* d, int value, size_t bytes, Stream s) {
 // so it is checked on the stream thread, before anything is written.
 Status FakeRuntime::Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz,
                            void* dPacked, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("Gather"));
   SCAPE_RETURN_IF_ERROR(CheckEsz("Gather", esz));
   if (k == 0) return Status::Ok();
   if (k > SIZE_MAX / 8) return scape::InvalidArgument("fake device: Gather: k is too large");
@@ -475,6 +693,7 @@ Status FakeRuntime::Gather(const void* dDense, const uint64_t* dIdx, size_t k, s
 
 Status FakeRuntime::Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz,
                             void* dDense, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("Scatter"));
   SCAPE_RETURN_IF_ERROR(CheckEsz("Scatter", esz));
   if (k == 0) return Status::Ok();
   if (k > SIZE_MAX / 8) return scape::InvalidArgument("fake device: Scatter: k is too large");
@@ -551,6 +770,7 @@ static Status CheckTopkTable(const kn::TopkSegments& sg, const kn::TopkOptions& 
 Status FakeRuntime::TopkAbs(const float* dX, const kn::TopkSegments& segments,
                             const kn::TopkOptions& options, uint64_t* dOut, uint64_t* dCounts,
                             Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("TopkAbs"));
   SCAPE_RETURN_IF_ERROR(CheckTopkTable(segments, options));
   const size_t nseg = segments.nseg;
   if (nseg == 0) return Status::Ok();
@@ -594,6 +814,7 @@ Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, floa
                                           float beta1, const uint64_t* dMask, size_t k,
                                           scapeDataType_t payloadType, void* dPayload, float* dCOut,
                                           Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("CandidatePackResidual"));
   const char* op = "CandidatePackResidual";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -625,6 +846,7 @@ Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, floa
 Status FakeRuntime::UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                       const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                       size_t n, const kn::AdamSParams& params, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("UnpackAdamSUpdate"));
   const char* op = "UnpackAdamSUpdate";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -678,6 +900,7 @@ Status FakeRuntime::CandidatePackResidualGrad(const float* dM, const void* dG,
                                               float beta1, const uint64_t* dMask, size_t k,
                                               scapeDataType_t payloadType, void* dPayload,
                                               float* dCOut, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("CandidatePackResidualGrad"));
   if (gradType == scapeFloat32)
     return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
                                  payloadType, dPayload, dCOut, s);
@@ -726,6 +949,7 @@ Status FakeRuntime::UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t 
                                           const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                           size_t n, const kn::AdamSParams& params, void* dCopy,
                                           scapeDataType_t copyType, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("UnpackAdamSUpdateCopy"));
   const char* op = "UnpackAdamSUpdateCopy";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -779,6 +1003,7 @@ Status FakeRuntime::AdamSUpdatePairs(const void* dPayload, scapeDataType_t paylo
                                      const uint64_t* dIdx, size_t k, const float* dTheta,
                                      const float* dM, size_t n, const kn::AdamSParams& params,
                                      float* dPairs, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("AdamSUpdatePairs"));
   const char* op = "AdamSUpdatePairs";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -850,6 +1075,7 @@ Status FakeRuntime::UnpackPairsDecay(const float* dPairs, const uint64_t* dMask,
                                      float* dTheta, float* dM, size_t n,
                                      const kn::AdamSParams& params, void* dCopy,
                                      scapeDataType_t copyType, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("UnpackPairsDecay"));
   const char* op = "UnpackPairsDecay";
   if (dCopy && copyType != scapeBfloat16 && copyType != scapeFloat16)
     return scape::Status(scapeUnsupported,
@@ -898,6 +1124,7 @@ Status FakeRuntime::UnpackPairsDecay(const float* dPairs, const uint64_t* dMask,
 Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                         const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                         float beta1, double* dSqNorm, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("RecoveredGradSqNorm"));
   const char* op = "RecoveredGradSqNorm";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
@@ -940,6 +1167,7 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
 
 Status FakeRuntime::AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                                  Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("AnyNonFinite"));
   const char* op = "AnyNonFinite";
   if (type != scapeFloat32 && type != scapeBfloat16 && type != scapeFloat16)
     return scape::InvalidArgument("fake device: AnyNonFinite: type");
@@ -968,6 +1196,7 @@ Status FakeRuntime::StayingGradSqBlocks(const void* dPayload, scapeDataType_t pa
                                         const uint64_t* dIdx, const float* dM, size_t n,
                                         float beta1, const uint64_t* bounds, size_t nb,
                                         double* dSums, uint64_t* dCounts, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("StayingGradSqBlocks"));
   const char* op = "StayingGradSqBlocks";
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));

@@ -17,6 +17,28 @@
 // message naming the op, as CUDA reports a kernel fault. Later device ops on a failed stream
 // are skipped (copies, host functions and events still run, so nothing that waits on them
 // hangs); ClearStreamError resets a stream for the next test.
+//
+// Strict where CUDA is (issue 31), so that code which works only by the fake's leniency fails
+// here, not on a GPU:
+//   - host functions: one host-function thread for all streams of the runtime (CUDA runs a
+//     context's host functions on one thread: a host function that blocks holds up every
+//     other stream's); a runtime call made inside a host function is refused with
+//     scapeInvalidUsage (void calls do nothing) and counted (callsInHostFn);
+//   - the legacy default stream (NULL, one per device): work queued there waits for the work
+//     queued before on every blocking stream of its device (NewStream(true)), and a blocking
+//     stream's work waits for the default stream's; non-blocking streams (NewStream(),
+//     StreamCreate) synchronise with neither;
+//   - pageable memory (host memory not from HostAlloc) in CopyAsync: a copy into it returns
+//     once the copy has completed (it waits for the stream); a copy from it runs when the
+//     stream reaches it and fails the stream if the source changed after the call returned
+//     (CUDA may copy then; a freed source is a use after free under ASan);
+//   - handles: StreamCreate and EventCreate hand out the handle of a destroyed stream or
+//     event first, for a new one; a destroyed event's handle is an error until reused;
+//   - devices: kDevices devices, a current device per thread (SetDevice / GetDevice); device
+//     memory and streams belong to the device current at their creation, and a device op
+//     given memory of another device fails (as a kernel without peer access would).
+// Not modelled: device memory returned to the driver by a pool with a release threshold
+// (DeviceAlloc / DeviceFree and their counters are the allocator work's hook).
 #ifndef SCAPE_TESTS_DEVICE_FAKE_DEVICE_H_
 #define SCAPE_TESTS_DEVICE_FAKE_DEVICE_H_
 
@@ -39,8 +61,11 @@ namespace fake_device {
 
 class FakeStream {
  public:
-  FakeStream();
+  // A stream of `device`; blocking: synchronises with the legacy default stream (see above).
+  explicit FakeStream(int device = 0, bool blocking = false);
   ~FakeStream();  // runs what is queued, then stops
+  int device() const { return device_; }
+  bool blocking() const { return blocking_; }
   // Queues fn. With a queue depth set (SetQueueDepth), blocks while that many entries are
   // queued and not yet run, as a CUDA stream's bounded queue of pending work blocks the
   // enqueueing call.
@@ -52,6 +77,10 @@ class FakeStream {
   bool Sync(int timeoutMs = 30000);
   // Everything queued so far has run (no wait).
   bool Idle();
+  // Entries queued so far, and a wait (no deadline: the stream threads' own ordering) until
+  // that many have run.
+  uint64_t Pushed();
+  void WaitRan(uint64_t n);
   // The sticky error of the stream (the first one set; Ok while none).
   void SetError(const scape::Status& st);
   scape::Status Error();
@@ -59,6 +88,8 @@ class FakeStream {
 
  private:
   void Main();
+  const int device_;
+  const bool blocking_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> q_;
@@ -108,6 +139,14 @@ class FakeRuntime final : public scape::device::Runtime {
   void StreamDestroy(scape::device::Stream s) override;
   // Work queued on s after this waits until e's last record has been reached (counted).
   scape::Status StreamWaitEvent(scape::device::Stream s, scape::device::Event e) override;
+  // The stream's thread waits (no host function) until the flag word, which must be
+  // HostAlloc memory, reaches value; a wait still not released after 60 s fails the stream.
+  scape::Status StreamWaitValue(scape::device::Stream s, const uint32_t* flag,
+                                uint32_t value) override;
+  // The calling thread's current device, [0, kDevices).
+  static constexpr int kDevices = 2;
+  int GetDevice() override;
+  void SetDevice(int device) override;
 
   // Device memory and the device kernel ops (see the top of this file).
   // DeviceAlloc fills the new memory with 0xA5 bytes (cudaMalloc does not zero it either).
@@ -169,8 +208,13 @@ class FakeRuntime final : public scape::device::Runtime {
   void* DeviceMalloc(size_t bytes);
   // Bytes of device memory allocated and not freed (DeviceAlloc / DeviceMalloc).
   uint64_t LiveBytes();
-  // A new stream (owned by the runtime); NULL is the default stream.
-  scape::device::Stream NewStream();
+  // A new stream of the current device (owned by the runtime); NULL is the legacy default
+  // stream. blocking: it synchronises with the legacy default stream (a stream created
+  // without cudaStreamNonBlocking); the default is non-blocking, as StreamCreate's.
+  scape::device::Stream NewStream(bool blocking = false);
+  // Queues fn on stream s in stream order (the legacy default stream's rules included): for
+  // tests' and fake NCCL's own work on a stream.
+  void Submit(scape::device::Stream s, std::function<void()> fn);
   FakeStream* StreamOf(scape::device::Stream s);
   // Queues a gate on stream s: the stream holds there until gate->Open().
   void HoldStream(scape::device::Stream s, Gate* gate);
@@ -192,7 +236,9 @@ class FakeRuntime final : public scape::device::Runtime {
   // deviceAllocs: driver-level allocations (DeviceAlloc, DeviceAllocAsync, DeviceMalloc);
   // tempAllocs: those of them that were an op's temporary with no TempSource in scope.
   std::atomic<uint64_t> deviceAllocs{0}, deviceLive{0}, tempAllocs{0};
-  std::atomic<uint64_t> streamsCreated{0}, streamsLive{0}, streamWaits{0};
+  std::atomic<uint64_t> streamsCreated{0}, streamsLive{0}, streamWaits{0}, valueWaits{0};
+  // Runtime calls refused inside a host function; copies into pageable memory that waited.
+  std::atomic<uint64_t> callsInHostFn{0}, pageableSyncCopies{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running
   // (as a kernel fault would), so callers' error paths can be tested.
   std::atomic<int> failNextOps{0};
@@ -211,6 +257,15 @@ class FakeRuntime final : public scape::device::Runtime {
   // The live allocation holding p: its base and size (false if none).
   bool Extent(const void* p, uintptr_t* base, size_t* bytes);
   void* Register(void* p, size_t bytes);
+  // Ok outside a host function; inside one, scapeInvalidUsage naming `call` (counted).
+  scape::Status Refuse(const char* call);
+  bool Pinned(const void* p, size_t bytes);
+  void Submit(FakeStream* st, std::function<void()> fn);
+  void RunOnHostFnThread(scape::device::HostFn fn, void* arg);
+  void HostFnMain();
+  struct FakeEvent;
+  std::shared_ptr<FakeEvent> EventOf(scape::device::Event e);
+  void* NewHandleLocked(std::vector<void*>* freeList);
 
   std::shared_mutex memMu_;  // exclusive in DeviceFree, shared while a device op runs
   std::mutex mu_;
@@ -218,9 +273,20 @@ class FakeRuntime final : public scape::device::Runtime {
   std::vector<std::unique_ptr<FakeStream>> streams_;
   // StreamCreate's handles: live ones and the stream each names, free ones (reused first).
   std::map<scape::device::Stream, FakeStream*> handles_;
-  std::vector<scape::device::Stream> freeHandles_;
+  std::vector<void*> freeHandles_;
   std::vector<std::unique_ptr<char>> handleMem_;
-  std::unique_ptr<FakeStream> default_;
+  std::unique_ptr<FakeStream> defaults_[kDevices];  // the legacy default stream of each device
+  std::map<uintptr_t, int> deviceTag_;              // device allocation base -> its device
+  std::map<uintptr_t, size_t> pinned_;              // HostAlloc base -> bytes
+  std::map<scape::device::Event, std::shared_ptr<FakeEvent>> events_;
+  std::vector<void*> freeEvents_;
+  std::mutex orderMu_;  // Submit: the legacy default stream's snapshot and the push, together
+  // The one host-function thread.
+  std::mutex hfMu_;
+  std::condition_variable hfCv_;
+  std::deque<std::function<void()>> hfQ_;
+  bool hfStop_ = false;
+  std::thread hfThread_;
 };
 
 // The process's fake runtime, made and installed as the device runtime at the first call

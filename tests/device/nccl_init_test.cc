@@ -36,7 +36,7 @@ using FakeNcclFn = void (*)(void*);
 FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 
 void EnqueueOnFake(void* stream, FakeNcclFn fn, void* arg) {
-  Fake().StreamOf(stream)->Push([fn, arg] { fn(arg); });
+  Fake().Submit(stream, [fn, arg] { fn(arg); });
 }
 
 // The fake libnccl's test entry points in this process.

@@ -60,7 +60,7 @@ void* FakeLib(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 
 // NCCL work runs on the fake device's stream, in order with the copies and kernels there.
 void EnqueueOnFake(void* stream, FakeNcclFn fn, void* arg) {
-  Fake().StreamOf(stream)->Push([fn, arg] { fn(arg); });
+  Fake().Submit(stream, [fn, arg] { fn(arg); });
 }
 
 // A segment shared by the ranks about to be forked (made in the parent).

@@ -18,7 +18,7 @@ std::string g_error;
 using FakeNcclFn = void (*)(void*);
 fake_device::FakeRuntime& Fake() { return fake_device::InstalledFake(); }
 void EnqueueOnFake(void* stream, FakeNcclFn fn, void* arg) {
-  Fake().StreamOf(stream)->Push([fn, arg] { fn(arg); });
+  Fake().Submit(stream, [fn, arg] { fn(arg); });
 }
 }  // namespace
 

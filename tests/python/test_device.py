@@ -266,6 +266,47 @@ class MaskStreams(unittest.TestCase):
         self.assertEqual(sorted(m.indices().tolist()), [1, 4])
         m.destroy()
 
+    def test_torch_current_stream_on_a_side_stream(self):
+        # Issue 31, "What to build" 3: with torch's current stream set to a side stream (a
+        # non-blocking one, as torch's are), DLPack buffers are handed that stream and the
+        # mask calls and a staged collective go on it: held behind a gate there, nothing is
+        # done (the legacy default stream, which the strict fake does not order with
+        # non-blocking streams, has none of it) until the gate opens. torch here is a CPU
+        # build: its CUDA stream API is stood in for by the fake's side stream.
+        from unittest import mock
+
+        import torch
+
+        s = fd.new_stream()
+        side = type("Stream", (), {"cuda_stream": s})()
+
+        def read(buf, n):
+            out = np.empty(n, np.float32)
+            assert fd._shim.fakedev_copy(out.ctypes.data, buf.ptr, out.nbytes) == 0
+            return out.tolist()
+
+        c = self.comm
+        m = c.create_mask([8])
+        m.set_next_indices(np.array([2, 6], np.uint64))
+        m.sync_start(), m.sync_wait(), m.advance()
+        with mock.patch.object(torch.cuda, "is_initialized", lambda: True), \
+                mock.patch.object(torch.cuda, "current_stream", lambda *a, **k: side):
+            x = fd.FakeDLPack(np.arange(8, dtype=np.float32).tobytes(), 8, code=2, bits=32)
+            packed = fd.FakeDLPack(np.zeros(2, np.float32).tobytes(), 2, code=2, bits=32)
+            gate = fd.Gate(s)
+            c.all_reduce(x, x)
+            m.pack(x, packed)
+            fd.sync(None)
+            self.assertEqual(read(packed, 2), [0.0, 0.0],
+                             "pack ran before the work queued ahead of it on the side stream")
+            gate.open()
+            fd.sync(s)
+            self.assertEqual(read(x, 8), [float(i) for i in range(8)])
+            self.assertEqual(read(packed, 2), [2.0, 6.0])
+            self.assertTrue(x.streams_seen and all(v == s for v in x.streams_seen),
+                            x.streams_seen)
+        m.destroy()
+
 
 if __name__ == "__main__":
     unittest.main()
