@@ -110,19 +110,28 @@ def lr_of(rows: List[Dict[str, Any]], best: Dict, size: str, tpp: float,
     """The lr a configuration is reported at, at one size and length: its sweep's best lr
     where it ran there (the axes run at q20's), else the lr of the lowest mean over what it
     ran (an option tried at several lrs), with those tried."""
-    at: Dict[float, List[float]] = defaultdict(list)
+    at: Dict[float, Dict[int, float]] = defaultdict(dict)
     for r in rows:
         if r["size"] == size and r["tokens_per_param"] == tpp and r["group"] == g:
-            at[r["lr"]].append(r["final_val_loss"])
+            at[r["lr"]][r["seed"]] = r["final_val_loss"]
     if not at:
         return None, ""
     if (size, g) in best and best[(size, g)]["lr"] in at:
         return best[(size, g)]["lr"], ""
-    lr = min(at, key=lambda x: (float(np.mean(at[x])), x))
+    # chosen on the seeds every lr ran (seed 1, the screen's), so that a second seed run at
+    # one lr only does not move the choice
+    common = set.intersection(*(set(v) for v in at.values()))
+
+    def score(x: float) -> float:
+        v = at[x]
+        return float(np.mean([v[k] for k in common] if common else list(v.values())))
+
+    lr = min(at, key=lambda x: (score(x), x))
     note = ""
     if len(at) > 1:
-        note = " (best of " + ", ".join(f"{x:g}: {np.mean(v):.3f}" for x, v in
-                                         sorted(at.items())) + ")"
+        note = (" (chosen on seed" + ("s " if len(common) > 1 else " ") +
+                ", ".join(str(k) for k in sorted(common)) + " of " +
+                ", ".join(f"{x:g}: {score(x):.3f}" for x in sorted(at)) + ")")
     return lr, note
 
 
