@@ -225,7 +225,9 @@ def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str])
                   for g, v in pts.items()}
         series = {g: v for g, v in series.items() if len(v) >= 2 or g in AXIS_METHODS and v}
         xs = sorted({p[xkey] for v in series.values() for p in v})
-        if not xs:
+        if len(xs) < 2:
+            text.append(f"The {name} axis: {len(xs)} point{'s' if len(xs) != 1 else ''} so far "
+                        "(no table or plot).")
             continue
         head = "tokens/param" if name == "length" else "params"
         lines = [f"| method | " + " | ".join(f"{x:.3g}" if name == "length" else f"{x / 1e6:.3f}M"
