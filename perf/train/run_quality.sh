@@ -5,7 +5,7 @@
 #            points spaced 2x, extended until the best is interior), then 3 seeds at the best lr,
 #            the peers at matched steady-state bytes (PowerSGD-EF, top-k + EF, 3 seeds) and the
 #            screen of the options (clip_norm=staying, bias_correction=artifact, segment_rms,
-#            stacked; 2 seeds)
+#            stacked; no clipping, local clipping, max_grad_norm 0.5 / 0.25; 2 seeds)
 #   q-lenT   0.12M at T = 2, 5, 10, 40 tokens per parameter, dense AdamS and SCAPE 0.1 / 0.01 at
 #            q20's lr, 3 seeds (the options the screen keeps are added to these plans after it)
 #   q-size   0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same
