@@ -210,8 +210,7 @@ Status CheckEnterTable(const char* op, const kn::AdamSParams& params, size_t n) 
 // uploaded for this launch (offsets, then the values) into temp's memory on `stream`. Without
 // a table (enter_vs null) *p = params and nothing is uploaded. The table must tile [0, n).
 Status UploadEnterTable(const char* op, const kn::AdamSParams& params, size_t n,
-                        cudaStream_t stream, OpTemp* temp, PinnedUploads* up,
-                        kn::AdamSParams* p) {
+                        cudaStream_t stream, OpTemp* temp, PinnedUploads* up, kn::AdamSParams* p) {
   *p = params;
   SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
   if (params.enter_vs == nullptr) return Status::Ok();
