@@ -204,6 +204,17 @@ class SimStep:
             nxt[a + idx] = True
         return nxt
 
+    def staying_mean_sq(self, gh: torch.Tensor, stay: torch.Tensor,
+                        cur: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per masked coordinate: its segment's mean of gh^2 over the staying coordinates
+        (V_s of ALGORITHM 4.13, summed in fp64) and the segment's count of them."""
+        segc = self.seg_id[cur]
+        nseg = len(self.lengths)
+        sq = torch.zeros(nseg, dtype=torch.float64).index_add_(
+            0, segc, torch.where(stay, gh * gh, torch.zeros(())).double())
+        cnt = torch.zeros(nseg, dtype=torch.float64).index_add_(0, segc, stay.double())
+        return (sq / cnt.clamp(min=1)).float()[segc], cnt[segc]
+
     def step(self, G: torch.Tensor, lr: float) -> None:
         o = self.opt
         b1, b2 = BETAS
@@ -256,14 +267,8 @@ class SimStep:
             ok = vs > 0
             upd = torch.where(ok, lr * mn / (vs.sqrt() + EPS), upd)
         if self.t > 0 and o["entering"] == "segment_rms":
-            segc = self.seg_id[cur]
-            nseg = len(self.lengths)
-            sq = torch.zeros(nseg, dtype=torch.float64).index_add_(
-                0, segc, torch.where(stay, gh * gh, torch.zeros(())).double())
-            cnt = torch.zeros(nseg, dtype=torch.float64).index_add_(0, segc, stay.double())
-            Vs = (sq / cnt.clamp(min=1)).float()
-            V = Vs[segc]
-            okv = (cnt[segc] > 0) & torch.isfinite(V) & (V > 0)
+            V, n_stay = self.staying_mean_sq(gh, stay, cur)
+            okv = (n_stay > 0) & torch.isfinite(V) & (V > 0)
             u2 = (lr * mn / ((clip * clip * V).sqrt() + EPS)).clamp(-ENTER_CAP * lr,
                                                                     ENTER_CAP * lr)
             upd = torch.where(ent & okv, u2, upd)
@@ -275,13 +280,9 @@ class SimStep:
             u2 = (lr * mn / (vs.sqrt() + EPS)).clamp(-ENTER_CAP * lr, ENTER_CAP * lr)
             upd = torch.where(ent & okv, u2, upd)
         if self.t > 0 and o["enter_mom"] == "clamp_payload":
-            segc = self.seg_id[cur]
-            nseg = len(self.lengths)
-            sq = torch.zeros(nseg, dtype=torch.float64).index_add_(
-                0, segc, torch.where(stay, gh * gh, torch.zeros(())).double())
-            cnt = torch.zeros(nseg, dtype=torch.float64).index_add_(0, segc, stay.double())
-            cap = ((1 - b1) * clip * (sq / cnt.clamp(min=1)).sqrt().float())[segc]
-            okc = (cnt[segc] > 0) & (cap > 0)
+            V, n_stay = self.staying_mean_sq(gh, stay, cur)
+            cap = (1 - b1) * clip * V.sqrt()
+            okc = (n_stay > 0) & (cap > 0)
             mn = torch.where(ent & okc, torch.maximum(torch.minimum(mn, cap), -cap), mn)
         if self.t > 0 and ent.any():
             self.enter_moves.append(float((upd[ent].abs() / lr).median()))
