@@ -505,6 +505,8 @@ class Study:
             self.plan.fixed_steps = args.steps
         if args.variant_lr_scale:
             self.plan.variant_lr_scale = args.variant_lr_scale
+        if args.variant_seeds:
+            self.plan.variant_seeds = args.variant_seeds
         if args.lr:
             self.plan.grids = {k: [args.lr] for k in self.plan.grids}
             self.plan.group_grids = {}
@@ -821,6 +823,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="run only these configurations (timing runs)")
     ap.add_argument("--variant-lr-scale", type=float, default=0.0,
                     help="run the variants at their method's best lr times this")
+    ap.add_argument("--variant-seeds", type=int, default=0,
+                    help="seeds of each variant (default: the plan's; q20 screens with 2)")
     ap.add_argument("--sweep-only", action="store_true",
                     help="only the sweep stage (timing runs)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
