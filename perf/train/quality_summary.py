@@ -261,6 +261,67 @@ def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str])
     return "\n\n".join(text)
 
 
+def main_size(rows: List[Dict[str, Any]]) -> str:
+    """The size with the most runs (the length axis's)."""
+    n: Dict[str, int] = defaultdict(int)
+    for r in rows:
+        n[r["size"]] += 1
+    return max(n, key=lambda k: n[k])
+
+
+def length_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
+    """Per training length at the main size: dense AdamS and SCAPE 0.1 / 0.01, mean ± half the
+    seeds' range (seeds), the gap and the dense-step equivalent."""
+    size = main_size(rows)
+    lines = ["| tokens/param (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
+    for tpp in sorted({r["tokens_per_param"] for r in rows if r["size"] == size}):
+        dlr, _ = lr_of(rows, best, size, tpp, "adams")
+        drs = at_lr(rows, size, tpp, "adams", dlr)
+        if not drs:
+            continue
+        dv = np.array([r["final_val_loss"] for r in drs])
+        ref = min(drs, key=lambda r: r["seed"])
+        cells = [f"{tpp:.3g} ({drs[0]['steps']})",
+                 f"{dv.mean():.3f} ± {(dv.max() - dv.min()) / 2:.3f} ({len(dv)})"]
+        for g in ("scape-0.1", "scape-0.01"):
+            lr, _ = lr_of(rows, best, size, tpp, g)
+            v = np.array([r["final_val_loss"] for r in at_lr(rows, size, tpp, g, lr)])
+            if not len(v):
+                cells.append("")
+                continue
+            _, txt = dense_steps_to(ref["curve"], float(v.mean()))
+            cells.append(f"{v.mean():.3f} ± {(v.max() - v.min()) / 2:.3f} ({len(v)})"
+                         f"{flag(float(v.mean()), base_ce)}: "
+                         f"{100 * (v.mean() - dv.mean()) / dv.mean():+.1f}%, = step {txt}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def options_table(rows: List[Dict[str, Any]], best: Dict) -> str:
+    """Every option at 20 tokens per parameter against its method on the same seeds."""
+    size = main_size(rows)
+    tpps = [t for t in {r["tokens_per_param"] for r in rows} if round(t) == 20]
+    lines = ["| option | density | lr | seeds | vs its method, same seeds (nats) | per seed |",
+             "|---|---|---|---|---|---|"]
+    for tpp in tpps:
+        for g in sorted({r["group"] for r in rows if r["tokens_per_param"] == tpp and
+                         r["size"] == size}):
+            base = next((b for b in ("scape-0.01", "scape-0.1") if g.startswith(b + "-")), None)
+            if not base:
+                continue
+            lr, note = lr_of(rows, best, size, tpp, g)
+            blr, _ = lr_of(rows, best, size, tpp, base)
+            bs = {r["seed"]: r["final_val_loss"] for r in at_lr(rows, size, tpp, base, blr)}
+            d = [(r["seed"], r["final_val_loss"] - bs[r["seed"]])
+                 for r in sorted(at_lr(rows, size, tpp, g, lr), key=lambda r: r["seed"])
+                 if r["seed"] in bs]
+            if d:
+                lines.append(f"| {g[len(base) + 1:]} | {base[6:]} | {lr:g}{note} | {len(d)} | "
+                             f"{np.mean([x for _, x in d]):+.3f} | "
+                             + ", ".join(f"s{k}: {x:+.3f}" for k, x in d) + " |")
+    return "\n".join(lines)
+
+
 def report(out: str, plot_dir: Optional[str] = None) -> str:
     rows = read(out)
     base = ngram_baselines()
@@ -273,6 +334,10 @@ def report(out: str, plot_dir: Optional[str] = None) -> str:
         "Each method at its best lr, against dense AdamS at its best lr:",
         gap_table(rows, best, base),
         axis_tables(rows, best, plot_dir),
+        "Per training length (final validation loss, mean ± half the seeds' range (seeds), the "
+        "gap to dense AdamS and the dense-step equivalent):", length_table(rows, best, base),
+        "The options at 20 tokens per parameter against their method on the same seeds:",
+        options_table(rows, best),
         f"{len(rows)} runs in {out}/runs.jsonl."])
 
 
