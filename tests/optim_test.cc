@@ -25,11 +25,14 @@
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/scape_step.h"
 #include "tests/checkpoint_util.h"
+#include "tests/fp8_ref.h"
 #include "tests/harness.h"
 #include "tests/test_util.h"
 
 namespace scape_test {
 namespace {
+using scape::testing::Fp8Round;
+using scape::testing::Fp8Value;
 
 using scape::kernels::Bf16ToFloat;
 using scape::kernels::FloatToBf16;
@@ -85,9 +88,18 @@ float Grad(unsigned seed, int rank, int64_t step, uint64_t i) {
              InputValue(scapeFloat32, seed + static_cast<unsigned>(step) * 7919u, rank, i));
 }
 
+// The 8-bit payloads (a shared power-of-two scale, from the format's definition:
+// tests/fp8_ref.h) and their largest finite values.
+bool Scaled(scapeDataType_t t) { return t == scapeFloat8E4M3 || t == scapeFloat8E5M2; }
+const scape::testing::Fp8Format& Fmt(scapeDataType_t t) {
+  return t == scapeFloat8E4M3 ? scape::testing::kE4m3 : scape::testing::kE5m2;
+}
+double MaxFinite(scapeDataType_t t) { return t == scapeFloat8E4M3 ? 448.0 : 57344.0; }
+
 float Quant(scapeDataType_t t, float x) {
   if (t == scapeBfloat16) return Bf16ToFloat(FloatToBf16(x));
   if (t == scapeFloat16) return Fp16ToFloat(FloatToFp16(x));
+  if (Scaled(t)) return static_cast<float>(Fp8Value(Fmt(t), Fp8Round(Fmt(t), x)));
   return x;
 }
 
@@ -162,13 +174,39 @@ class Reference {
         if (!in[i]) {
           e[i] = ci;
         } else {
-          const float q = Quant(T, ci);
-          e[i] = (T == scapeFloat32 || !std::isfinite(q)) ? 0.0f : ci - q;
+          const float q = Scaled(T) ? ci : Quant(T, ci);
+          e[i] = (T == scapeFloat32 || Scaled(T) || !std::isfinite(q)) ? 0.0f : ci - q;
         }
       }
       for (const auto& blk : mask_)
         for (uint64_t i : blk)
-          pay[static_cast<size_t>(r)].push_back(Quant(T, c[static_cast<size_t>(r)][i]));
+          pay[static_cast<size_t>(r)].push_back(Scaled(T) ? c[static_cast<size_t>(r)][i]
+                                                          : Quant(T, c[static_cast<size_t>(r)][i]));
+    }
+    // An 8-bit payload: the scale 2^es from the largest |value| of every rank (the smallest es
+    // with amax * P / 2^es <= the largest finite value), each value rounded at that scale, its
+    // rounding error back into the residual; the ring below then adds the scaled values.
+    int es = 0;
+    if (Scaled(T)) {
+      double amax = 0.0;
+      for (const auto& pr : pay)
+        for (float v : pr) amax = std::max(amax, std::fabs(static_cast<double>(v)));
+      if (amax > 0.0) {
+        es = -400;
+        while (amax * P_ / std::ldexp(1.0, es) > MaxFinite(T)) ++es;
+      }
+      for (int r = 0; r < P_; ++r) {
+        size_t j = 0;
+        for (const auto& blk : mask_)
+          for (uint64_t i : blk) {
+            float& v = pay[static_cast<size_t>(r)][j++];
+            const double q =
+                Fp8Value(Fmt(T), Fp8Round(Fmt(T), std::ldexp(static_cast<double>(v), -es)));
+            const float err = v - static_cast<float>(std::ldexp(q, es));
+            e_[static_cast<size_t>(r)][i] = std::isfinite(err) ? err : 0.0f;
+            v = static_cast<float>(q);
+          }
+      }
     }
     // The next mask: each rank's top-k of |c| over the pieces it owns.
     const double rho = Density(h_, step + 1);
@@ -209,6 +247,7 @@ class Reference {
             acc = Quant(T, acc + pay[static_cast<size_t>((b + s) % P_)][j]);
           acc = Quant(T, (acc + pay[static_cast<size_t>(b)][j]) / static_cast<float>(P_));
         }
+        if (Scaled(T)) acc = std::ldexp(acc, es);
         mt.push_back(acc);
         const float mp = m[mask_[static_cast<size_t>(b)][jj]];
         const double gh = static_cast<double>((acc - (b1 * mp)) / omb1c);
@@ -341,13 +380,14 @@ void ReferenceCase(int P, int ownership, int clipNorm = scapeOptimClipNormRecove
   RunResult res = RunRanks(P, [&](RankCtx& c) {
     Layout l;
     const uint64_t n = l.n();
-    const scapeDataType_t types[] = {scapeFloat32, scapeBfloat16, scapeFloat16};
-    for (int ti = 0; ti < (clipNorm == scapeOptimClipNormRecovered ? 3 : 1); ++ti) {
+    const scapeDataType_t types[] = {scapeFloat32, scapeBfloat16, scapeFloat16, scapeFloat8E4M3,
+                                     scapeFloat8E5M2};
+    for (int ti = 0; ti < (clipNorm == scapeOptimClipNormRecovered ? 5 : 1); ++ti) {
       Hyper h;
       h.payload = types[ti];
       h.ownership = ownership;
       h.clipNorm = clipNorm;
-      h.bias = ti;  // none, AdamS reference, SCAPE artifact
+      h.bias = ti % 3;  // none, AdamS reference, SCAPE artifact
       scapeOptimConfig_t cfg = MakeConfig(l, h);
       scapeOptim_t opt = nullptr;
       EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);

@@ -139,7 +139,14 @@ typedef enum {
   scapeBfloat16 = 2, /**< bfloat16 (the top 16 bits of an fp32) */
   scapeInt32 = 3,    /**< for counts and indices; sum/max/min wrap like two's complement */
   scapeInt64 = 4,
-  scapeNumTypes = 5
+  /** OCP 8-bit float E4M3 ("E4M3FN": bias 7, largest finite 448, no infinities, NaN
+   *  S.1111.111). Sums accumulate in fp32 and round once per hop, like fp16/bf16; a value that
+   *  rounds beyond 448 becomes NaN. As an optimizer payload it carries a shared power-of-two
+   *  scale (scapeOptimConfig_t.payloadType). */
+  scapeFloat8E4M3 = 5,
+  /** OCP 8-bit float E5M2 (bias 15, largest finite 57344, IEEE-like infinities and NaN). */
+  scapeFloat8E5M2 = 6,
+  scapeNumTypes = 7
 } scapeDataType_t;
 
 /** Reduction operations. scapeAvg is the sum divided by nranks (for integers: truncated
@@ -819,7 +826,11 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
  *   2. candidate c = b1*m + (1-b1)*g + e (e: this rank's fp32 residual), fused with the pack
  *      of c at the current mask into the payload (fp32, bf16 or fp16) and with the residual
  *      update: e := c outside the mask; at the mask e := c - payload (the payload's rounding
- *      error: error feedback, 0 for fp32);
+ *      error: error feedback, 0 for fp32). An 8-bit payload (scapeFloat8E4M3 / E5M2) is packed
+ *      as fp32, then every rank agrees the largest |value| over all ranks (one float's
+ *      all-reduce) and converts at the shared power-of-two scale s = 2^e, the smallest that
+ *      keeps nranks * max|c| / s within the format's largest finite value (e4m3 448, e5m2
+ *      57344); e := c - s * payload at the mask, and the reduced values are read back times s;
  *   3. top-k of |c| on this rank's owned part selects the next mask (density of the next
  *      step, see the schedule), and its sync starts in the background;
  *   4. one values-only exchange of the payload: an all-reduce (average) with replicated state,
@@ -950,7 +961,8 @@ typedef enum {
  * | biasCorrection | a scapeBiasCorrection_t                                    | none         |
  * | density        | target density rho* of sparse segments, 0 < rho* <= 1      | 0.01         |
  * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (0: fixed) | 0           |
- * | payloadType    | scapeFloat32, scapeBfloat16 or scapeFloat16                | fp32         |
+ * | payloadType    | scapeFloat32, scapeBfloat16, scapeFloat16, scapeFloat8E4M3 | fp32         |
+ * |                | or scapeFloat8E5M2 (8-bit: a shared scale, step 2 above)   |              |
  * | maskEncoding   | a scapeMaskEncoding_t                                      | auto         |
  * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)            | payload      |
  * | clipNorm       | a scapeOptimClipNorm_t: what maxGradNorm is compared with  | recovered    |
@@ -1147,9 +1159,10 @@ SCAPE_API scapeResult_t scapeOptimStep(scapeOptim_t optim, float* params, const 
  * time (work queued ahead of the step that never finishes) fails the call with scapeTimeout
  * naming the wait, instead of blocking the caller (or a watchdog's scapeCommAbort).
  *
- * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for fp32, bf16
- * and fp16 payloads (a bf16/fp16 payload's rounding error goes back into the residual inside
- * the mask, as in the host step). Sharded ownership runs the host step's algorithm: the owner
+ * Bits: the same params, state and masks as scapeOptimStep on the same inputs, for every
+ * payload type (a bf16/fp16/fp8 payload's rounding error goes back into the residual inside
+ * the mask, as in the host step; an 8-bit payload's scale is agreed on the device, with no host
+ * wait). Sharded ownership runs the host step's algorithm: the owner
  * of each masked value updates it into a (param, momentum) pair and the pairs are all-gathered
  * on the stream (scapeOptimInfo_t counts the same bytes as for a host step).
  *

@@ -130,12 +130,18 @@ bool HaveAvx2F16c() {
 }
 #endif
 
-template <typename Op, float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
-void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, int div) {
+// T: the element traits of a narrower floating-point type (kernels/dtypes.h).
+template <typename Op, typename T>
+void ReduceNarrow(typename T::Storage* dst, const typename T::Storage* a,
+                  const typename T::Storage* b, size_t n, int div) {
 #ifdef SCAPE_X86_SIMD
-  if (std::is_same<Op, OpSum>::value && HaveAvx2F16c()) {
-    size_t done =
-        ToF == Fp16ToFloat ? SumFp16Avx2(dst, a, b, n, div) : SumBf16Avx2(dst, a, b, n, div);
+  constexpr bool kF16 = std::is_same<T, dtypes::F16T>::value;
+  constexpr bool kBf16 = std::is_same<T, dtypes::Bf16T>::value;
+  if ((kF16 || kBf16) && std::is_same<Op, OpSum>::value && HaveAvx2F16c()) {
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    auto* a16 = reinterpret_cast<const uint16_t*>(a);
+    auto* b16 = reinterpret_cast<const uint16_t*>(b);
+    size_t done = kF16 ? SumFp16Avx2(d16, a16, b16, n, div) : SumBf16Avx2(d16, a16, b16, n, div);
     dst += done;
     a += done;
     b += done;
@@ -144,9 +150,11 @@ void ReduceHalf(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n, i
 #endif
   const float d = static_cast<float>(div > 1 ? div : 1);
   if (div > 1) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FromF(CanonNaN(Op::Apply(ToF(a[i]), ToF(b[i])) / d));
+    for (size_t i = 0; i < n; ++i)
+      dst[i] = T::Store(CanonNaN(Op::Apply(T::Load(a[i]), T::Load(b[i])) / d));
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FromF(CanonNaN(Op::Apply(ToF(a[i]), ToF(b[i]))));
+    for (size_t i = 0; i < n; ++i)
+      dst[i] = T::Store(CanonNaN(Op::Apply(T::Load(a[i]), T::Load(b[i]))));
   }
 }
 
@@ -180,24 +188,18 @@ bool ReduceIntAny(scapeRedOp_t op, T* dst, const T* a, const T* b, size_t n, int
 template <typename Op>
 bool ReduceTyped(scapeDataType_t dtype, void* dst, const void* a, const void* b, size_t n,
                  int div) {
-  switch (dtype) {
-    case scapeFloat32:
-      ReduceF32<Op>(static_cast<float*>(dst), static_cast<const float*>(a),
-                    static_cast<const float*>(b), n, div);
-      return true;
-    case scapeFloat16:
-      ReduceHalf<Op, Fp16ToFloat, FloatToFp16>(static_cast<uint16_t*>(dst),
-                                               static_cast<const uint16_t*>(a),
-                                               static_cast<const uint16_t*>(b), n, div);
-      return true;
-    case scapeBfloat16:
-      ReduceHalf<Op, Bf16ToFloat, FloatToBf16>(static_cast<uint16_t*>(dst),
-                                               static_cast<const uint16_t*>(a),
-                                               static_cast<const uint16_t*>(b), n, div);
-      return true;
-    default:
-      return false;
+  if (dtype == scapeFloat32) {
+    ReduceF32<Op>(static_cast<float*>(dst), static_cast<const float*>(a),
+                  static_cast<const float*>(b), n, div);
+    return true;
   }
+  // The narrower floating-point types (kernels/dtypes.h): in fp32, rounded once.
+  return dtypes::VisitFloat(dtype, [&](auto tr) {
+    using T = decltype(tr);
+    using S = typename T::Storage;
+    ReduceNarrow<Op, T>(static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), n,
+                        div);
+  });
 }
 
 bool ReduceAny(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a, const void* b,
@@ -223,23 +225,19 @@ bool ReduceAny(scapeDataType_t dtype, scapeRedOp_t op, void* dst, const void* a,
 
 bool DivideAny(scapeDataType_t dtype, void* buf, size_t n, int divisor) {
   if (divisor <= 1) return dtype >= 0 && dtype < scapeNumTypes;
+  if (dtype == scapeFloat32) {
+    float* p = static_cast<float*>(buf);
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < n; ++i) p[i] = p[i] / d;
+    return true;
+  }
+  if (dtypes::VisitFloat(dtype, [&](auto tr) {
+        using T = decltype(tr);
+        auto* p = static_cast<typename T::Storage*>(buf);
+        for (size_t i = 0; i < n; ++i) p[i] = T::Store(T::Load(p[i]) / divisor);
+      }))
+    return true;
   switch (dtype) {
-    case scapeFloat32: {
-      float* p = static_cast<float*>(buf);
-      const float d = static_cast<float>(divisor);
-      for (size_t i = 0; i < n; ++i) p[i] = p[i] / d;
-      return true;
-    }
-    case scapeFloat16: {
-      uint16_t* p = static_cast<uint16_t*>(buf);
-      for (size_t i = 0; i < n; ++i) p[i] = FloatToFp16(Fp16ToFloat(p[i]) / divisor);
-      return true;
-    }
-    case scapeBfloat16: {
-      uint16_t* p = static_cast<uint16_t*>(buf);
-      for (size_t i = 0; i < n; ++i) p[i] = FloatToBf16(Bf16ToFloat(p[i]) / divisor);
-      return true;
-    }
     case scapeInt32: {
       int32_t* p = static_cast<int32_t*>(buf);
       for (size_t i = 0; i < n; ++i) p[i] /= divisor;

@@ -1,7 +1,7 @@
 // Contract: element-wise reductions used by the collectives (CPU).
 //
 // ReduceInto(dtype, op, dst, a, b, n, finalDivisor):
-//   dst[i] = op(a[i], b[i]) for i < n, computed in fp32 for fp16/bf16 (one rounding to the
+//   dst[i] = op(a[i], b[i]) for i < n, computed in fp32 for fp16/bf16/fp8 (one rounding to the
 //   element type at the end), in the element type for fp32/int32/int64.
 //   op is scapeSum, scapeMax or scapeMin; scapeAvg reduces as scapeSum (the average is the sum
 //   divided once, by the caller's finalDivisor).
@@ -12,9 +12,9 @@
 //   Aliasing: dst may equal a or b; no other overlap. n == 0 is a no-op.
 //   max/min follow fmaxf/fminf (a NaN operand loses to a number), with max(+0, -0) = +0 and
 //   min(+0, -0) = -0 in either operand order (fmaxf may return either zero). A NaN result of a
-//   floating-point type is the canonical quiet NaN (fp32 0x7fc00000, bf16 0x7fc0, fp16 0x7e00),
-//   whatever the operands' payloads: the order x86 keeps a payload in depends on the operand
-//   order, which the bit-for-bit commutativity above excludes.
+//   floating-point type is the canonical quiet NaN (fp32 0x7fc00000, bf16 0x7fc0, fp16 0x7e00, e4m3
+//   0x7f, e5m2 0x7e), whatever the operands' payloads: the order x86 keeps a payload in depends on
+//   the operand order, which the bit-for-bit commutativity above excludes.
 // Returns KernelStatus::kInvalidArgument for an invalid dtype or op, or a null pointer with
 // n > 0 (nothing written); kOk otherwise.
 #ifndef SCAPE_KERNELS_CPU_REDUCE_H_

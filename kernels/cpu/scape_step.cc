@@ -70,15 +70,8 @@ KernelStatus RecoveredGradSqNormPacked(const void* payload, scapeDataType_t type
 }
 
 size_t PayloadElementSize(scapeDataType_t type) {
-  switch (type) {
-    case scapeFloat32:
-      return 4;
-    case scapeBfloat16:
-    case scapeFloat16:
-      return 2;
-    default:
-      return 0;
-  }
+  // The payload types the kernels take directly (kernels/dtypes.h; a scaled one is fp32 here).
+  return dtypes::IsPayload(type) && !dtypes::IsScaled(type) ? dtypes::Size(type) : 0;
 }
 
 bool MaskIsValid(const uint32_t* mask, size_t k, size_t n) { return ValidMask(mask, k, n); }

@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <cmath>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,72 +23,47 @@ namespace step_impl {
 // Elements per thread at least (below twice this a kernel runs on the calling thread).
 constexpr size_t kParallelGrain = size_t{1} << 18;
 
-// Payload stores that hand back the value as stored (for the error feedback of 16-bit
-// payloads); kExact: the stored value is the argument (fp32).
-struct StoreF32 {
-  float* p;
+// A payload element store / load over the type table's traits (kernels/dtypes.h). The store
+// returns the value as stored (v for fp32), for the rounding-error feedback of 16-bit payloads;
+// kExact: the stored value is the argument (fp32).
+template <typename T>
+struct PayloadStore {
+  typename T::Storage* p;
   float operator()(size_t j, float v) const {
-    p[j] = v;
-    return v;
-  }
-  static constexpr bool kExact = true;
-};
-struct StoreBf16 {
-  uint16_t* p;
-  float operator()(size_t j, float v) const {
-    const uint16_t h = FloatToBf16(v);
+    const typename T::Storage h = T::Store(v);
     p[j] = h;
-    return Bf16ToFloat(h);
+    return T::Load(h);
   }
-  static constexpr bool kExact = false;
+  static constexpr bool kExact = std::is_same<T, dtypes::F32T>::value;
 };
-struct StoreFp16 {
-  uint16_t* p;
-  float operator()(size_t j, float v) const {
-    const uint16_t h = FloatToFp16(v);
-    p[j] = h;
-    return Fp16ToFloat(h);
-  }
-  static constexpr bool kExact = false;
+template <typename T>
+struct PayloadLoad {
+  const typename T::Storage* p;
+  float operator()(size_t j) const { return T::Load(p[j]); }
 };
-struct LoadF32 {
-  const float* p;
-  float operator()(size_t j) const { return p[j]; }
-};
-struct LoadBf16 {
-  const uint16_t* p;
-  float operator()(size_t j) const { return Bf16ToFloat(p[j]); }
-};
-struct LoadFp16 {
-  const uint16_t* p;
-  float operator()(size_t j) const { return Fp16ToFloat(p[j]); }
-};
+using StoreF32 = PayloadStore<dtypes::F32T>;
 
-// Calls fn with the loader of `type`'s payload (fp32, bf16, else fp16) and returns its result:
-// the one place the update kernels dispatch on the payload type.
+// Calls fn with the loader of `type`'s payload and returns its result (false for a type the
+// kernels do not take): the one place the update kernels dispatch on the payload type.
 template <typename F>
 bool WithPayloadLoader(scapeDataType_t type, const void* payload, F&& fn) {
-  switch (type) {
-    case scapeFloat32:
-      return fn(LoadF32{static_cast<const float*>(payload)});
-    case scapeBfloat16:
-      return fn(LoadBf16{static_cast<const uint16_t*>(payload)});
-    default:
-      return fn(LoadFp16{static_cast<const uint16_t*>(payload)});
-  }
+  bool ok = false;
+  dtypes::VisitUnscaledPayload(type, [&](auto tr) {
+    using T = decltype(tr);
+    ok = fn(PayloadLoad<T>{static_cast<const typename T::Storage*>(payload)});
+  });
+  return ok;
 }
 
-// Calls fn with the store of `type`'s payload (fp32, bf16, else fp16) and returns its result.
+// Calls fn with the store of `type`'s payload and returns its result.
 template <typename F>
 bool WithPayloadStore(scapeDataType_t type, void* payload, F&& fn) {
-  switch (type) {
-    case scapeFloat32:
-      return fn(StoreF32{static_cast<float*>(payload)});
-    case scapeBfloat16:
-      return fn(StoreBf16{static_cast<uint16_t*>(payload)});
-    default:
-      return fn(StoreFp16{static_cast<uint16_t*>(payload)});
-  }
+  bool ok = false;
+  dtypes::VisitUnscaledPayload(type, [&](auto tr) {
+    using T = decltype(tr);
+    ok = fn(PayloadStore<T>{static_cast<typename T::Storage*>(payload)});
+  });
+  return ok;
 }
 
 template <typename Index>
@@ -186,29 +162,13 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
   const float b1 = beta1;
   const float omb1 = 1.0f - beta1;
   bool ok = false;
-  switch (type) {
-    case scapeFloat32: {
-      StoreF32 st{static_cast<float*>(payload)};
-      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
-      });
-      break;
-    }
-    case scapeBfloat16: {
-      StoreBf16 st{static_cast<uint16_t*>(payload)};
-      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
-      });
-      break;
-    }
-    default: {
-      StoreFp16 st{static_cast<uint16_t*>(payload)};
-      ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
-        CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
-      });
-      break;
-    }
-  }
+  const bool visited = WithPayloadStore(type, payload, [&](auto st) {
+    ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {
+      CandidateChunk(m, g, e, c_out, b, end, b1, omb1, mask, jb, je, st, keep_rounding);
+    });
+    return true;
+  });
+  if (!visited) return KernelStatus::kUnsupported;
   return ok ? KernelStatus::kOk : KernelStatus::kOutOfMemory;
 }
 

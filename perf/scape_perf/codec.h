@@ -83,6 +83,29 @@ struct CodecBF16 {
   static T enc(int64_t v) { return floatToBf16(static_cast<float>(v)); }
   static bool eq(T x, int64_t v) { return bf16ToDouble(x) == static_cast<double>(v); }
 };
+// OCP 8-bit floats (E exponent bits, M mantissa bits; the test values are small non-negative
+// integers, exact in both): written here from the format, independently of the library.
+template <int E, int M>
+struct CodecF8 {
+  using T = uint8_t;
+  static constexpr int kBias = (1 << (E - 1)) - 1;
+  static T enc(int64_t v) {
+    if (v <= 0) return 0;
+    int e = 0;
+    while ((int64_t{2} << e) <= v) ++e;  // 2^e <= v < 2^(e+1)
+    const int64_t man = ((v << M) >> e) - (int64_t{1} << M);
+    return static_cast<T>(((e + kBias) << M) | man);
+  }
+  static double dec(T x) {
+    const int exp = (x >> M) & ((1 << E) - 1), man = x & ((1 << M) - 1);
+    const double v = exp == 0 ? std::ldexp(static_cast<double>(man), 1 - kBias - M)
+                              : std::ldexp(static_cast<double>((1 << M) + man), exp - kBias - M);
+    return (x & 0x80) ? -v : v;
+  }
+  static bool eq(T x, int64_t v) { return dec(x) == static_cast<double>(v); }
+};
+using CodecE4M3 = CodecF8<4, 3>;
+using CodecE5M2 = CodecF8<5, 2>;
 struct CodecI32 {
   using T = int32_t;
   static T enc(int64_t v) { return static_cast<int32_t>(v); }
@@ -113,10 +136,17 @@ void withCodec(scapeDataType_t t, F&& f) {
     case scapeInt64:
       f(CodecI64{});
       break;
+    case scapeFloat8E4M3:
+      f(CodecE4M3{});
+      break;
+    case scapeFloat8E5M2:
+      f(CodecE5M2{});
+      break;
     default:
       break;
   }
 }
+static_assert(scapeNumTypes == 7, "scape-perf: a codec for every scapeDataType_t (withCodec)");
 
 // The largest integer up to which every integer is exact in `t` (so partial sums stay exact).
 inline int64_t exactLimit(scapeDataType_t t) {
@@ -125,6 +155,10 @@ inline int64_t exactLimit(scapeDataType_t t) {
       return 2048;
     case scapeBfloat16:
       return 256;
+    case scapeFloat8E4M3:
+      return 16;
+    case scapeFloat8E5M2:
+      return 8;
     default:
       return 1 << 24;
   }

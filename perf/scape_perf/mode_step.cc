@@ -82,8 +82,12 @@ std::string jsonFields(const Bench& b, const StepRow& w, double memcpyGBs) {
     s += "}";
     std::snprintf(buf, sizeof(buf),
                   ", \"bytes_sent\": {\"mask\": %" PRIu64 ", \"payload\": %" PRIu64
-                  ", \"dense\": %" PRIu64 "}, \"exchange_alone_us\": %.3f",
-                  w.maskBytes, w.payloadBytes, w.denseBytes, w.exchangeAloneUs);
+                  ", \"dense\": %" PRIu64
+                  "}, \"wire_bytes_per_param\": %.5f, \"exchange_alone_us\": %.3f",
+                  w.maskBytes, w.payloadBytes, w.denseBytes,
+                  static_cast<double>(w.maskBytes + w.payloadBytes + w.denseBytes) /
+                      static_cast<double>(std::max<uint64_t>(w.count, 1)),
+                  w.exchangeAloneUs);
     s += buf;
   }
   std::snprintf(buf, sizeof(buf),
@@ -312,9 +316,11 @@ bool memcpyBandwidth(Bench& b, uint64_t n, double* bps) {
 
 int runStep(Bench& b) {
   const Options& o = b.opts();
-  if (o.dtype != scapeFloat32 && o.dtype != scapeBfloat16 && o.dtype != scapeFloat16) {
+  if (o.dtype == scapeInt32 || o.dtype == scapeInt64) {
     if (b.rank() == 0)
-      std::fprintf(stderr, "%s: --mode step: -d must be float, bfloat16 or half (the payload)\n",
+      std::fprintf(stderr,
+                   "%s: --mode step: -d must be float, bfloat16, half, f8e4m3 or f8e5m2 (the "
+                   "payload)\n",
                    kProg);
     return PERF_EXIT_CALL_FAILED;
   }

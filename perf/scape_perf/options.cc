@@ -49,7 +49,7 @@ void usage(FILE* f) {
       "                          each row, the first of them checked; with 0, the first timed\n"
       "                          operation is the checked one) [5]\n"
       "  -c, --check 0|1         check results against a seeded expectation [1]\n"
-      "  -d, --datatype TYPE     float, half, bfloat16, int32, int64 [float]\n"
+      "  -d, --datatype TYPE     float, half, bfloat16, int32, int64, f8e4m3, f8e5m2 [float]\n"
       "  -o, --op OP             sum, avg, max, min [sum]\n"
       "  -t, --coll COLL         allreduce, reducescatter, allgather, broadcast [allreduce]\n"
       "  -r, --root N            broadcast root [0]\n"
@@ -124,7 +124,12 @@ scapeDataType_t parseType(const char* opt, const char* s) {
   if (v == "bfloat16" || v == "bf16") return scapeBfloat16;
   if (v == "int32" || v == "int") return scapeInt32;
   if (v == "int64") return scapeInt64;
-  usageError("%s: unknown datatype '%s' (expected float, half, bfloat16, int32 or int64)", opt, s);
+  if (v == "f8e4m3" || v == "e4m3" || v == "float8_e4m3fn") return scapeFloat8E4M3;
+  if (v == "f8e5m2" || v == "e5m2" || v == "float8_e5m2") return scapeFloat8E5M2;
+  usageError(
+      "%s: unknown datatype '%s' (expected float, half, bfloat16, int32, int64, f8e4m3 or "
+      "f8e5m2)",
+      opt, s);
 }
 
 scapeRedOp_t parseOp(const char* opt, const char* s) {
@@ -359,8 +364,8 @@ void checkModeFlags(const Options& o) {
   if ((fl & kModeAllReduceOnly) && o.coll != Coll::kAllReduce)
     usageError("--mode %s measures its own operation; -t %s does not apply", mn, collName(o.coll));
   if (o.mode == &kModeCoo) {
-    if (o.dtype != scapeFloat32 && o.dtype != scapeFloat16 && o.dtype != scapeBfloat16)
-      usageError("--mode coo: scapeSparseAllReduce takes float, half or bfloat16, not %s",
+    if (o.dtype == scapeInt32 || o.dtype == scapeInt64)
+      usageError("--mode coo: scapeSparseAllReduce takes a floating-point type, not %s",
                  typeName(o.dtype));
     if (o.op != scapeSum && o.op != scapeAvg)
       usageError("--mode coo: scapeSparseAllReduce takes -o sum or avg, not %s", opName(o.op));
@@ -409,6 +414,10 @@ const char* typeName(scapeDataType_t t) {
       return "int32";
     case scapeInt64:
       return "int64";
+    case scapeFloat8E4M3:
+      return "f8e4m3";
+    case scapeFloat8E5M2:
+      return "f8e5m2";
     default:
       return "?";
   }

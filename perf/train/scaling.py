@@ -115,7 +115,9 @@ VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "sc
               "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
               "scape-0.01-segrms-clipstay", "scape-0.01-noclip", "scape-0.01-localclip",
               "scape-0.1-noclip", "scape-0.1-localclip", "scape-0.01-clip0.5",
-              "scape-0.01-clip0.25", "scape-0.1-clip0.5"]
+              "scape-0.01-clip0.25", "scape-0.1-clip0.5",
+              # issue 33: the payload type at density 0.01 (fp32 is scape-0.01 itself)
+              "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2"]
 PLANS: Dict[str, Plan] = {
     "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [1e-2]}, extend=False),
@@ -197,6 +199,10 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                 options="max_grad_norm=0,local_clip=1"),
     "scape-0.01-localclip": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                  options="max_grad_norm=0,local_clip=1"),
+    # issue 33: the payload's type (bf16; the 8-bit floats with a shared scale per step)
+    **{f"scape-0.01-{t}": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                options=f"payload_dtype={t}")
+       for t in ("bf16", "e4m3", "e5m2")},
 }
 SWEPT = ["adamw", "adams", "scape-0.1", "scape-0.01"]
 PEERS = ["topk-0.1", "topk-0.01", "powersgd@0.1", "powersgd@0.01"]

@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/param.h"
+#include "kernels/dtypes.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/backend/backend.h"
 #include "plugin/core/comm.h"
@@ -330,20 +331,7 @@ SCAPE_API scapeResult_t scapeGetVersion(int* version) {
   return scapeSuccess;
 }
 
-SCAPE_API size_t scapeTypeSize(scapeDataType_t t) {
-  switch (t) {
-    case scapeFloat32:
-    case scapeInt32:
-      return 4;
-    case scapeFloat16:
-    case scapeBfloat16:
-      return 2;
-    case scapeInt64:
-      return 8;
-    default:
-      return 0;
-  }
-}
+SCAPE_API size_t scapeTypeSize(scapeDataType_t t) { return scape::dtypes::Size(t); }
 
 SCAPE_API scapeResult_t scapeGetUniqueId(scapeUniqueId* id) {
   return Guard(nullptr, "scapeGetUniqueId", [&]() -> Status {

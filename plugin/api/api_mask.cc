@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/dtypes.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/backend/masked.h"
 #include "plugin/coll/sparse.h"
@@ -469,9 +470,12 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
   return Guard(comm, "scapeSparseAllReduce", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
     const int rank = comm->impl->rank();
-    if (dtype != scapeFloat32 && dtype != scapeFloat16 && dtype != scapeBfloat16)
-      return scape::InvalidArgument(StrFormat("rank %d: datatype %d: expected fp32, fp16 or bf16",
-                                              rank, static_cast<int>(dtype)));
+    const scape::dtypes::TypeRow* row = scape::dtypes::Row(dtype);
+    if (!row || !row->floating)
+      return scape::InvalidArgument(
+          StrFormat("rank %d: datatype %d: expected a floating-point type (fp32, fp16, bf16, "
+                    "e4m3 or e5m2)",
+                    rank, static_cast<int>(dtype)));
     if (op != scapeSum && op != scapeAvg)
       return scape::InvalidArgument(
           StrFormat("rank %d: op %d: expected scapeSum or scapeAvg", rank, static_cast<int>(op)));

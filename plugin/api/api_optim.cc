@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/dtypes.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/device/runtime.h"
 #include "plugin/mask/mask.h"
@@ -359,10 +360,7 @@ SCAPE_API scapeResult_t scapeOptimStepStream(scapeOptim_t optim, float* params, 
 namespace {
 
 const char* TypeName(int t) {
-  return t == scapeFloat32    ? "scapeFloat32"
-         : t == scapeBfloat16 ? "scapeBfloat16"
-         : t == scapeFloat16  ? "scapeFloat16"
-                              : "unsupported";
+  return scape::dtypes::Row(t) ? scape::dtypes::Name(t) : "unsupported";
 }
 
 // The checks of scapeOptimStepMixed (CheckStepArgs with per-buffer element types).

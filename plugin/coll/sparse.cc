@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/dtypes.h"
 #include "plugin/coll/schedule.h"
 
 namespace scape {
@@ -19,37 +19,9 @@ struct Header {
   uint64_t nnz;
 };
 
-float LoadF(scapeDataType_t t, const char* p) {
-  uint16_t h;
-  switch (t) {
-    case scapeFloat16:
-      std::memcpy(&h, p, 2);
-      return kernels::Fp16ToFloat(h);
-    case scapeBfloat16:
-      std::memcpy(&h, p, 2);
-      return kernels::Bf16ToFloat(h);
-    default: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-  }
-}
-void StoreF(scapeDataType_t t, char* p, float f) {
-  uint16_t h;
-  switch (t) {
-    case scapeFloat16:
-      h = kernels::FloatToFp16(f);
-      std::memcpy(p, &h, 2);
-      break;
-    case scapeBfloat16:
-      h = kernels::FloatToBf16(f);
-      std::memcpy(p, &h, 2);
-      break;
-    default:
-      std::memcpy(p, &f, 4);
-  }
-}
+// One value of a floating-point type (kernels/dtypes.h).
+float LoadF(scapeDataType_t t, const char* p) { return dtypes::LoadAsFloat(t, p); }
+void StoreF(scapeDataType_t t, char* p, float f) { dtypes::StoreFromFloat(t, p, f); }
 
 // A rank's partial result during the algorithm.
 struct Part {

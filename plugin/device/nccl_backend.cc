@@ -15,26 +15,12 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/param.h"
+#include "kernels/dtypes.h"
 
 namespace scape {
 namespace device {
 
-int NcclDataType(scapeDataType_t t) {
-  switch (t) {
-    case scapeFloat32:
-      return kNcclFloat32;
-    case scapeFloat16:
-      return kNcclFloat16;
-    case scapeBfloat16:
-      return kNcclBfloat16;
-    case scapeInt32:
-      return kNcclInt32;
-    case scapeInt64:
-      return kNcclInt64;
-    default:
-      return -1;
-  }
-}
+int NcclDataType(scapeDataType_t t) { return dtypes::Row(t) ? dtypes::Row(t)->ncclType : -1; }
 
 int NcclRedOp(scapeRedOp_t o) {
   switch (o) {

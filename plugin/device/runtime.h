@@ -178,6 +178,15 @@ class Runtime {
   // type: scapeFloat32, scapeBfloat16 or scapeFloat16 (n elements of that type).
   virtual Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                               Stream s);
+  // kernels/cpu/scaled.h in the device form (a scaled payload type, kernels/dtypes.h), the same
+  // bits: *dAmax (device, one float) = max |dX[j]|; dX -> dQ with the scale of *dAmax (read on
+  // the device) and the rounding error into dResidual at dPos (both null: none); dQ -> dOut.
+  virtual Status PayloadAmax(const float* dX, size_t k, float* dAmax, Stream s);
+  virtual Status QuantizeScaled(const float* dX, size_t k, scapeDataType_t type, const float* dAmax,
+                                int nranks, void* dQ, const uint64_t* dPos, float* dResidual,
+                                Stream s);
+  virtual Status DequantizeScaled(const void* dQ, size_t k, scapeDataType_t type,
+                                  const float* dAmax, int nranks, float* dOut, Stream s);
   // kernels/cpu/scape_step.h StayingGradSqBlocks ("segment_rms"): `bounds` (nb + 1 slots) is
   // host memory (the runtime uploads it); dSums and dCounts receive nb values each, the same
   // bits. The params.enter_offsets / enter_vs of UnpackAdamSUpdate, UnpackAdamSUpdateCopy and

@@ -17,7 +17,9 @@
 
 #include "kernels/cpu/topk_common.h"
 #include "kernels/cuda/finite.cuh"
+#include "kernels/cuda/scaled.cuh"
 #include "kernels/cuda/scape_kernels.cuh"
+#include "kernels/dtypes.h"
 #include "plugin/device/runtime.h"
 
 namespace scape {
@@ -692,6 +694,35 @@ class Cuda final : public Runtime {
     return KernelFail(op, kc::AnyNonFinite16Cuda(static_cast<const uint16_t*>(dX), n,
                                                  type == scapeBfloat16 ? 0x7f80 : 0x7c00, dFlag,
                                                  static_cast<cudaStream_t>(s)));
+  }
+
+  Status PayloadAmax(const float* dX, size_t k, float* dAmax, Stream s) override {
+    const char* op = "payload scale kernel";
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dAmax", dAmax));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dAmax", dAmax, 4));
+    if (k > 0) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dX", dX));
+    return KernelFail(op, kc::PayloadAmaxCuda(dX, k, dAmax, static_cast<cudaStream_t>(s)));
+  }
+  Status QuantizeScaled(const float* dX, size_t k, scapeDataType_t type, const float* dAmax,
+                        int nranks, void* dQ, const uint64_t* dPos, float* dResidual,
+                        Stream s) override {
+    const char* op = "payload conversion kernel";
+    if (!dtypes::IsScaled(type))
+      return InvalidArgument(
+          StrFormat("%s: type %s is not a scaled payload type", op, dtypes::Name(type)));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dAmax", dAmax));
+    return KernelFail(op, kc::QuantizeScaledCuda(dX, k, type, dAmax, nranks, dQ, dPos, dResidual,
+                                                 static_cast<cudaStream_t>(s)));
+  }
+  Status DequantizeScaled(const void* dQ, size_t k, scapeDataType_t type, const float* dAmax,
+                          int nranks, float* dOut, Stream s) override {
+    const char* op = "payload conversion kernel";
+    if (!dtypes::IsScaled(type))
+      return InvalidArgument(
+          StrFormat("%s: type %s is not a scaled payload type", op, dtypes::Name(type)));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dAmax", dAmax));
+    return KernelFail(op, kc::DequantizeScaledCuda(dQ, k, type, dAmax, nranks, dOut,
+                                                   static_cast<cudaStream_t>(s)));
   }
 
  private:

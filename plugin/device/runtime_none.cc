@@ -217,6 +217,17 @@ Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t
 Status Runtime::AnyNonFinite(const void*, size_t, scapeDataType_t, uint32_t*, Stream) {
   return NoDeviceOp(this, "non-finite check kernel");
 }
+Status Runtime::PayloadAmax(const float*, size_t, float*, Stream) {
+  return NoDeviceOp(this, "payload scale kernel");
+}
+Status Runtime::QuantizeScaled(const float*, size_t, scapeDataType_t, const float*, int, void*,
+                               const uint64_t*, float*, Stream) {
+  return NoDeviceOp(this, "payload conversion kernel");
+}
+Status Runtime::DequantizeScaled(const void*, size_t, scapeDataType_t, const float*, int, float*,
+                                 Stream) {
+  return NoDeviceOp(this, "payload conversion kernel");
+}
 Status Runtime::StayingGradSqBlocks(const void*, scapeDataType_t, const uint64_t*, const float*,
                                     size_t, float, const uint64_t*, size_t, double*, uint64_t*,
                                     Stream) {

@@ -10,6 +10,8 @@
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/finite.h"
 #include "kernels/cpu/kernel_status.h"
+#include "kernels/cpu/scaled.h"
+#include "kernels/dtypes.h"
 #include "plugin/coll/coll.h"
 #include "plugin/optim/optim_device.h"
 #include "plugin/optim/optim_internal.h"
@@ -70,11 +72,9 @@ Status ValidateHyper(const OptimHyper& h) {
   if (h.warmupSteps < 0)
     return InvalidArgument(
         StrFormat("warmupSteps = %lld: expected >= 0", static_cast<long long>(h.warmupSteps)));
-  if (h.payload != scapeFloat32 && h.payload != scapeBfloat16 && h.payload != scapeFloat16)
+  if (!dtypes::IsPayload(h.payload))
     return InvalidArgument(
-        StrFormat("payloadType = %d: expected scapeFloat32, scapeBfloat16 or "
-                  "scapeFloat16",
-                  h.payload));
+        StrFormat("payloadType = %d: expected %s", h.payload, dtypes::PayloadNames()));
   if (h.entering < 0 || h.entering >= scapeNumOptimEnterings)
     return InvalidArgument(StrFormat("entering = %d: expected a scapeOptimEntering_t (0..%d)",
                                      h.entering, scapeNumOptimEnterings - 1));
@@ -397,7 +397,7 @@ struct Optimizer::HostKernels final : Optimizer::StepKernels {
   bool moved = false;
   float* mp = nullptr;  // m_{t-1} at the current mask's entries (mask order)
 
-  scapeDataType_t Pt() const { return static_cast<scapeDataType_t>(o->hyper_.payload); }
+  scapeDataType_t Pt() const { return o->KernelPayload(); }
 
   Status Begin() override {
     // State left on the device by device steps comes back to the host (a host wait).
@@ -476,6 +476,33 @@ struct Optimizer::HostKernels final : Optimizer::StepKernels {
   float* PairsSend() override { return o->pairsSend_.data(); }
   float* PairsAll() override { return o->pairsAll_.data(); }
   Status Exchange(const coll::CollArgs& a) override { return o->comm_->Run(a); }
+  Status ScaledAmax(uint64_t k, float** amax) override {
+    const kernels::KernelStatus ks =
+        kernels::PayloadAmax(reinterpret_cast<const float*>(o->send_.data()), k, &o->amax_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("payload scale", ks);
+    *amax = &o->amax_;
+    return Status::Ok();
+  }
+  Status Quantize(scapeDataType_t wire, uint64_t k, uint64_t recvElems, void** wireSend,
+                  void** wireRecv) override {
+    const size_t esz = scapeTypeSize(wire);
+    if (o->wireSend_.size() < k * esz + 8) o->wireSend_.resize(k * esz + 8);
+    if (o->wireRecv_.size() < recvElems * esz + 8) o->wireRecv_.resize(recvElems * esz + 8);
+    const kernels::KernelStatus ks =
+        kernels::QuantizeScaled(reinterpret_cast<const float*>(o->send_.data()), k, wire, o->amax_,
+                                o->nranks_, o->wireSend_.data(), view.idx, o->e_.data());
+    if (ks != kernels::KernelStatus::kOk) return KernelError("payload conversion", ks);
+    *wireSend = o->wireSend_.data();
+    *wireRecv = o->wireRecv_.data();
+    return Status::Ok();
+  }
+  Status Dequantize(scapeDataType_t wire, uint64_t count) override {
+    const kernels::KernelStatus ks =
+        kernels::DequantizeScaled(o->wireRecv_.data(), count, wire, o->amax_, o->nranks_,
+                                  reinterpret_cast<float*>(o->recv_.data()));
+    if (ks != kernels::KernelStatus::kOk) return KernelError("payload conversion", ks);
+    return Status::Ok();
+  }
   bool NormAlways() const override { return true; }
   Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
     const size_t esz = scapeTypeSize(Pt());
@@ -545,12 +572,13 @@ Status Optimizer::PrepareMember(const JointMember& m, bool device, void* stream,
   return PrepareMixed(m.params, m.paramType, m.grads, m.gradType, run);
 }
 
+scapeDataType_t Optimizer::KernelPayload() const {
+  const scapeDataType_t pt = static_cast<scapeDataType_t>(hyper_.payload);
+  return dtypes::IsScaled(pt) ? scapeFloat32 : pt;
+}
+
 Status Optimizer::CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const {
-  auto name = [](scapeDataType_t t) {
-    return t == scapeFloat32    ? "scapeFloat32"
-           : t == scapeBfloat16 ? "scapeBfloat16"
-                                : "scapeFloat16";
-  };
+  auto name = [](scapeDataType_t t) { return dtypes::Name(t); };
   if (paramType != scapeFloat32 && paramType != scapeBfloat16 && paramType != scapeFloat16)
     return InvalidArgument(
         StrFormat("rank %d: paramType = %d: expected scapeFloat32, scapeBfloat16 or scapeFloat16",

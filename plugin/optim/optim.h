@@ -220,7 +220,14 @@ class Optimizer {
   Status CheckMixedTypes(scapeDataType_t paramType, scapeDataType_t gradType) const;
   std::unique_ptr<float[]> stat_;  // n floats; only this rank's owned part is ever touched
   uint64_t ownedSize_ = 0, denseCount_ = 0;
-  std::vector<char> send_, recv_;            // payload before / after the exchange
+  std::vector<char> send_, recv_;  // payload before / after the exchange
+  // A scaled payload type (kernels/dtypes.h): the values on the wire (send_ / recv_ hold fp32)
+  // and the agreed largest |value| the scale comes from.
+  std::vector<char> wireSend_, wireRecv_;
+  float amax_ = 0.0f;
+  // The payload type the step kernels see: hyper_.payload, or fp32 for a scaled type (converted
+  // around the exchange, optim_step.cc).
+  scapeDataType_t KernelPayload() const;
   std::vector<float> pairsSend_, pairsAll_;  // sharded: updated (theta, m) pairs
   std::vector<kernels::MaskRun> runs_;       // the current mask as a view (BuildRuns)
   std::vector<uint64_t> denseInMask_;        // per rank: dense positions in its block

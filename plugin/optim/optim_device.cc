@@ -34,6 +34,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/dtypes.h"
 #include "plugin/backend/backend.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/optim_device.h"
@@ -99,11 +100,12 @@ struct Carve {
 
 }  // namespace
 
-Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, bool perm, bool pairs) {
+Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, size_t wEsz, bool perm,
+                                   bool pairs) {
   // Blocks dropped at earlier refits are freed once the stream has passed them.
   pool->Sweep();
   const bool refit = !scratch.d || n != statN || k > cap || k < cap / 4 || esz != payEsz ||
-                     (perm && !hasPerm) || (pairs && !hasPairs);
+                     wEsz != wireEsz || (perm && !hasPerm) || (pairs && !hasPairs);
   if (!refit) return Status::Ok();
   // The parts a mask needed once stay in the new block (they are likely needed again).
   const bool wantPerm = perm || hasPerm, wantPairs = pairs || hasPairs;
@@ -121,6 +123,9 @@ Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, bool perm
     dInv = wantPerm ? static_cast<uint64_t*>(cv.Take(8 * c)) : nullptr;
     dPairsSend = wantPairs ? static_cast<float*>(cv.Take(8 * c)) : nullptr;
     dPairsAll = wantPairs ? static_cast<float*>(cv.Take(8 * c)) : nullptr;
+    dWireSend = wEsz ? cv.Take(wEsz * c) : nullptr;
+    dWireRecv = wEsz ? cv.Take(wEsz * c) : nullptr;
+    dAmax = wEsz ? static_cast<float*>(cv.Take(4)) : nullptr;
     return cv.off;
   };
   const size_t bytes = layout(nullptr);
@@ -140,6 +145,7 @@ Status Optimizer::DeviceState::Fit(uint64_t n, uint64_t k, size_t esz, bool perm
   cap = c;
   statN = n;
   payEsz = esz;
+  wireEsz = wEsz;
   hasPerm = wantPerm;
   hasPairs = wantPairs;
   return Status::Ok();
@@ -405,7 +411,7 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   const uint64_t* dSortedMask = nullptr;
   uint64_t k = 0;
 
-  scapeDataType_t Pt() const { return static_cast<scapeDataType_t>(o->hyper_.payload); }
+  scapeDataType_t Pt() const { return o->KernelPayload(); }
   // The deadline of the step's host waits: the communicator's timeout.
   int TimeoutMs() const { return o->comm_->config().timeoutMs; }
   size_t Esz() const { return scapeTypeSize(Pt()); }
@@ -501,7 +507,10 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     identity = true;
     for (uint64_t q = 0; q < k && identity; ++q) identity = hPerm[q] == q;
     // Scratch for k entries (a loaded checkpoint may have changed the payload type).
-    SCAPE_RETURN_IF_ERROR(d->Fit(o->layout_.n, k, Esz(), !identity, sharded));
+    const scapeDataType_t wire = static_cast<scapeDataType_t>(o->hyper_.payload);
+    SCAPE_RETURN_IF_ERROR(d->Fit(o->layout_.n, k, Esz(),
+                                 dtypes::IsScaled(wire) ? scapeTypeSize(wire) : 0, !identity,
+                                 sharded));
     if (k) {
       Status st2 = rt->CopyAsync(d->dMaskOrder, hMaskOrder, 8 * k, st);
       if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dSorted, hSorted, 8 * k, st);
@@ -580,6 +589,27 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
   float* PairsSend() override { return d->dPairsSend; }
   float* PairsAll() override { return d->dPairsAll; }
   Status Exchange(const coll::CollArgs& a) override { return RunOn(exchange, a, st); }
+  Status ScaledAmax(uint64_t k, float** amax) override {
+    SCAPE_RETURN_IF_ERROR(rt->PayloadAmax(static_cast<const float*>(d->dSend), k, d->dAmax, st)
+                              .Prepend("payload scale"));
+    *amax = d->dAmax;
+    return Status::Ok();
+  }
+  Status Quantize(scapeDataType_t wire, uint64_t k, uint64_t, void** wireSend,
+                  void** wireRecv) override {
+    SCAPE_RETURN_IF_ERROR(rt->QuantizeScaled(static_cast<const float*>(d->dSend), k, wire, d->dAmax,
+                                             o->nranks_, d->dWireSend, d->dMaskOrder, d->dE, st)
+                              .Prepend("payload conversion"));
+    *wireSend = d->dWireSend;
+    *wireRecv = d->dWireRecv;
+    return Status::Ok();
+  }
+  Status Dequantize(scapeDataType_t wire, uint64_t count) override {
+    return rt
+        ->DequantizeScaled(d->dWireRecv, count, wire, d->dAmax, o->nranks_,
+                           static_cast<float*>(d->dRecv), st)
+        .Prepend("payload conversion");
+  }
   bool NormAlways() const override { return false; }
 
   Status NormPartials(const NormBlock* b, size_t nb, double* out) override {

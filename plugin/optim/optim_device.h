@@ -47,6 +47,11 @@ struct Optimizer::DeviceState {
   float* dStat = nullptr;
   void *dPaySorted = nullptr, *dSend = nullptr, *dRecv = nullptr;
   size_t payEsz = 0;
+  // A scaled payload type (kernels/dtypes.h): the wire buffers (wireEsz bytes per entry; 0: no
+  // scaled type, none) and the agreed largest |value| (one float).
+  void *dWireSend = nullptr, *dWireRecv = nullptr;
+  float* dAmax = nullptr;
+  size_t wireEsz = 0;
   float* dMNew = nullptr;
   uint64_t *dMaskOrder = nullptr, *dSorted = nullptr, *dPerm = nullptr, *dInv = nullptr;
   float *dPairsSend = nullptr, *dPairsAll = nullptr;
@@ -60,8 +65,9 @@ struct Optimizer::DeviceState {
   // the capacity, falls below a quarter of it (the density schedule shrinks the mask: step 0's
   // mask is full), the payload type changed or a part is missing; the old block is dropped to
   // the pool (freed once the stream has passed it, no host wait). Else nothing: no allocation
-  // on a step's path once the density has settled.
-  Status Fit(uint64_t n, uint64_t k, size_t esz, bool perm, bool pairs);
+  // on a step's path once the density has settled. wireEsz: a scaled payload's element size
+  // (0: not scaled).
+  Status Fit(uint64_t n, uint64_t k, size_t esz, size_t wireEsz, bool perm, bool pairs);
   // The device bytes of the scratch and top-k blocks, less the index buffers (scapeOptimInfo_t:
   // scratchBytes), and of the index buffers (maskStateBytes).
   uint64_t ScratchBytes() const;

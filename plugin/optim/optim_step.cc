@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "kernels/dtypes.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/step_kernels.h"
 
@@ -109,7 +110,26 @@ Status Optimizer::RunFront(StepRun& run) {
   a.counts = mask_->RankCounts();
   a.dtype = pt;
   a.op = scapeAvg;
+  const bool scaled = dtypes::IsScaled(pt);
+  if (scaled) {
+    // A scaled payload (kernels/dtypes.h): every rank's largest |value| agreed first (one
+    // float), then the values move as `pt` with the scale that gives.
+    float* amax = nullptr;
+    SCAPE_RETURN_IF_ERROR(K.ScaledAmax(k, &amax));
+    coll::CollArgs mx;
+    mx.type = coll::CollType::kAllReduce;
+    mx.send = mx.recv = amax;
+    mx.count = 1;
+    mx.dtype = scapeFloat32;
+    mx.op = scapeMax;
+    SCAPE_RETURN_IF_ERROR(K.Exchange(mx).Prepend("payload scale agreement"));
+    void *ws = nullptr, *wr = nullptr;
+    SCAPE_RETURN_IF_ERROR(K.Quantize(pt, k, sharded ? kr : k, &ws, &wr));
+    a.send = ws;
+    a.recv = wr;
+  }
   SCAPE_RETURN_IF_ERROR(K.Exchange(a).Prepend("payload exchange"));
+  if (scaled) SCAPE_RETURN_IF_ERROR(K.Dequantize(pt, sharded ? kr : k));
   phase_[scapeOptimPhaseExchange] = Seconds(t0);
 
   // Global norm of the recovered gradient: one partial per owner block (blocked order), summed
@@ -247,6 +267,8 @@ Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
     controlBytes_ =
         8 * static_cast<uint64_t>(nranks_ - 1) * ((agree ? 1 : 0) + (normGathered ? 1 : 0));
     controlBytes_ += stayBytes;
+    // A scaled payload's scale agreement: one float's all-reduce.
+    if (dtypes::IsScaled(pt)) controlBytes_ += 4 * static_cast<uint64_t>(nranks_ - 1);
   };
   if (agree && (!std::isfinite(gradNorm_) || (run.norm && !std::isfinite(run.sq)))) {
     // Every rank's gradients were finite, yet the reduced payload is not (the same norm on every

@@ -55,6 +55,16 @@ class Optimizer::StepKernels {
   virtual void* Recv() = 0;
   virtual float* PairsSend() = 0;  // 2 kr floats
   virtual float* PairsAll() = 0;   // 2 k floats, mask order
+  // A scaled payload type (kernels/dtypes.h, the scale rule; Send() and Recv() hold fp32 then):
+  // ScaledAmax puts the largest |Send()[j]|, j < k, into one float in the kernels' memory
+  // (*amax: the step's max all-reduce runs on it in place); Quantize converts Send()'s k values
+  // into *wireSend (k elements of `wire`) with the scale of that agreed amax, the rounding error
+  // going back into the residual at the mask (error feedback), and gives a wire receive buffer
+  // of recvElems (*wireRecv); Dequantize converts its first `count` values into Recv().
+  virtual Status ScaledAmax(uint64_t k, float** amax) = 0;
+  virtual Status Quantize(scapeDataType_t wire, uint64_t k, uint64_t recvElems, void** wireSend,
+                          void** wireRecv) = 0;
+  virtual Status Dequantize(scapeDataType_t wire, uint64_t count) = 0;
   // Runs one of the step's collectives on those buffers (host memory: the communicator;
   // device memory: its device backend, on the step's stream).
   virtual Status Exchange(const coll::CollArgs& a) = 0;

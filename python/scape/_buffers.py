@@ -46,6 +46,10 @@ def _torch_map(torch) -> dict:
         _TORCH.update({torch.float32: DataType.FLOAT32, torch.float16: DataType.FLOAT16,
                        torch.bfloat16: DataType.BFLOAT16, torch.int32: DataType.INT32,
                        torch.int64: DataType.INT64})
+        # torch >= 2.1 has the 8-bit floats.
+        for t in (DataType.FLOAT8_E4M3, DataType.FLOAT8_E5M2):
+            if hasattr(torch, t.label):
+                _TORCH[getattr(torch, t.label)] = t
     return _TORCH
 
 

@@ -697,8 +697,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             pre-clip norm of the last step is :attr:`grad_norm`. One value for every group (a
             group that sets another is refused). Do not clip raw gradients yourself.
         bias_correction: "none" (the AdamS paper, default), "adams" or "artifact".
-        payload_dtype: dtype of the exchanged values: torch.float32, torch.bfloat16 or
-            torch.float16 (the rounding error goes to the residual).
+        payload_dtype: dtype of the exchanged values: torch.float32, torch.bfloat16,
+            torch.float16, or the 8-bit floats "e4m3" / "e5m2" (torch.float8_e4m3fn /
+            torch.float8_e5m2 where torch has them), which move with one shared power-of-two
+            scale per step agreed by every rank (one extra 4-byte all-reduce). The rounding
+            error goes to the residual (error feedback).
         sharded: ZeRO-1 style: each rank updates only the masked positions it owns, then the
             updated values are all-gathered (same bits as replicated).
         mask_encoding: "auto", "bitmap", "indices", "elias_fano" or "delta_varint".
@@ -897,18 +900,21 @@ class ScapeAdamS(torch.optim.Optimizer):
                                        f"{', '.join(CLIP_NORMS)}")
         group["clip_norm"] = cn
         pd = group["payload_dtype"]
-        names = {torch.float32: DataType.FLOAT32, torch.bfloat16: DataType.BFLOAT16,
-                 torch.float16: DataType.FLOAT16, "float32": DataType.FLOAT32,
-                 "fp32": DataType.FLOAT32, "bfloat16": DataType.BFLOAT16,
-                 "bf16": DataType.BFLOAT16, "float16": DataType.FLOAT16,
-                 "fp16": DataType.FLOAT16}
-        if isinstance(pd, DataType) and pd in (DataType.FLOAT32, DataType.BFLOAT16,
-                                               DataType.FLOAT16):
+        names = {}
+        for t in DataType:
+            if t.is_payload:
+                names.update({t.label: t, t.short: t})
+                if hasattr(torch, t.label):
+                    names[getattr(torch, t.label)] = t
+        if isinstance(pd, DataType) and pd.is_payload:
             group["payload_dtype"] = pd
-        elif pd in names:
+        elif isinstance(pd, str) and pd.lower() in names:
+            group["payload_dtype"] = names[pd.lower()]
+        elif not isinstance(pd, str) and pd in names:
             group["payload_dtype"] = names[pd]
         else:
-            raise bad_arg("payload_dtype", f"{pd!r} is not float32, bfloat16 or float16")
+            raise bad_arg("payload_dtype", f"{pd!r} is not float32, bfloat16, float16, "
+                                           f"e4m3 or e5m2")
         group["mask_encoding"] = to_enum(MaskEncoding, group["mask_encoding"], "mask_encoding")
         nf = group["nonfinite"]
         if not isinstance(nf, str) or nf.lower() not in NONFINITE:

@@ -6,22 +6,39 @@ from typing import Union
 
 
 class DataType(enum.IntEnum):
-    """``scapeDataType_t``. fp16/bf16 reductions accumulate in fp32."""
+    """``scapeDataType_t`` (the library's type table, kernels/dtypes.h: the same rows, checked
+    by tests/python/test_dtypes.py). fp16/bf16/fp8 reductions accumulate in fp32 and round once
+    per hop. The 8-bit floats (OCP E4M3 "fn" and E5M2) may be the optimizer's payload
+    (``ScapeAdamS(payload_dtype="e4m3")``), where they carry a shared power-of-two scale."""
 
     FLOAT32 = 0
     FLOAT16 = 1
     BFLOAT16 = 2
     INT32 = 3
     INT64 = 4
+    FLOAT8_E4M3 = 5
+    FLOAT8_E5M2 = 6
 
     @property
     def size(self) -> int:
         """Bytes per element."""
-        return (4, 2, 2, 4, 8)[self.value]
+        return (4, 2, 2, 4, 8, 1, 1)[self.value]
 
     @property
     def label(self) -> str:
-        return ("float32", "float16", "bfloat16", "int32", "int64")[self.value]
+        """The torch dtype's name."""
+        return ("float32", "float16", "bfloat16", "int32", "int64", "float8_e4m3fn",
+                "float8_e5m2")[self.value]
+
+    @property
+    def short(self) -> str:
+        """The short name (scape-perf's -d, ``payload_dtype`` strings)."""
+        return ("fp32", "fp16", "bf16", "int32", "int64", "e4m3", "e5m2")[self.value]
+
+    @property
+    def is_payload(self) -> bool:
+        """May be the optimizer's payload type."""
+        return self.value in (0, 1, 2, 5, 6)
 
 
 class ReduceOp(enum.IntEnum):

@@ -196,6 +196,13 @@ TEST_P(DeviceOptim, Bf16PayloadMatchesTheHostStepBitForBit) {
 TEST_P(DeviceOptim, Fp16PayloadMatchesTheHostStepBitForBit) {
   TwentySteps(GetParam(), scapeFloat16);
 }
+// 8-bit payloads (issue 33): the device step agrees the scale with a max all-reduce on the
+// device, converts on the device (the residual keeps the rounding error) and gives the host
+// step's bits and bytes.
+TEST_P(DeviceOptim, Fp8PayloadsMatchTheHostStepBitForBit) {
+  TwentySteps(GetParam(), scapeFloat8E4M3);
+  TwentySteps(GetParam(), scapeFloat8E5M2);
+}
 
 // The "segment_rms" entering rule (issue 23): the staying sums run as a device op, the update
 // gets the segment table; params and the whole checkpoint equal the host step's after every
@@ -259,7 +266,7 @@ TEST_P(DeviceOptim, EverySegmentDenseIsADenseAdamSStep) {
 TEST_P(DeviceOptim, CheckpointsMoveBetweenDeviceAndHost) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
-  for (int payload : {scapeFloat32, scapeBfloat16})
+  for (int payload : {scapeFloat32, scapeBfloat16, scapeFloat8E4M3})
     for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
       auto res = RunRanks(P, [&](RankCtx& ctx) {
         FakeRuntime& rt = Fake();

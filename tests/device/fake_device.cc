@@ -14,7 +14,9 @@
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/finite.h"
 #include "kernels/cpu/gather.h"
+#include "kernels/cpu/scaled.h"
 #include "kernels/cpu/topk_common.h"
+#include "kernels/dtypes.h"
 
 namespace fake_device {
 
@@ -1188,6 +1190,66 @@ Status FakeRuntime::AnyNonFinite(const void* dX, size_t n, scapeDataType_t type,
     const uint32_t f = first < n ? 1u : 0u;
     std::memcpy(dFlag, &f, 4);
     return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::PayloadAmax(const float* dX, size_t k, float* dAmax, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("PayloadAmax"));
+  const char* op = "PayloadAmax";
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dAmax", dAmax, 4, 4));
+  if (k > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX", dX, k * 4, 4));
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dAmax (freed?)", dAmax, 4));
+    if (k > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX (freed?)", dX, k * 4));
+    return KernelResult(kn::PayloadAmax(dX, k, dAmax), "dX");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::QuantizeScaled(const float* dX, size_t k, scapeDataType_t type,
+                                   const float* dAmax, int nranks, void* dQ, const uint64_t* dPos,
+                                   float* dResidual, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("QuantizeScaled"));
+  const char* op = "QuantizeScaled";
+  if (!scape::dtypes::IsScaled(type))
+    return scape::InvalidArgument("fake device: QuantizeScaled: type");
+  const size_t esz = scape::dtypes::Size(type);
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dAmax", dAmax, 4, 4));
+  if (k > 0) {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dX", dX, k * 4, 4));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dQ", dQ, k * esz, esz));
+    if (dResidual) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPos", dPos, k * 8, 8));
+  }
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dAmax (freed?)", dAmax, 4));
+    float amax;
+    std::memcpy(&amax, dAmax, 4);
+    // The residual's positions are the caller's: checked as the device would not, one by one.
+    if (dResidual)
+      for (size_t j = 0; j < k; ++j)
+        SCAPE_RETURN_IF_ERROR(CheckRange(op, "dResidual[dPos[j]]", dResidual + dPos[j], 4, 4));
+    return KernelResult(kn::QuantizeScaled(dX, k, type, amax, nranks, dQ, dPos, dResidual), "dX");
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::DequantizeScaled(const void* dQ, size_t k, scapeDataType_t type,
+                                     const float* dAmax, int nranks, float* dOut, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("DequantizeScaled"));
+  const char* op = "DequantizeScaled";
+  if (!scape::dtypes::IsScaled(type))
+    return scape::InvalidArgument("fake device: DequantizeScaled: type");
+  const size_t esz = scape::dtypes::Size(type);
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dAmax", dAmax, 4, 4));
+  if (k > 0) {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dQ", dQ, k * esz, esz));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dOut", dOut, k * 4, 4));
+  }
+  Enqueue(s, op, [=] {
+    float amax;
+    std::memcpy(&amax, dAmax, 4);
+    return KernelResult(kn::DequantizeScaled(dQ, k, type, amax, nranks, dOut), "dQ");
   });
   return Status::Ok();
 }

@@ -197,6 +197,13 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;
+  scape::Status PayloadAmax(const float* dX, size_t k, float* dAmax,
+                            scape::device::Stream s) override;
+  scape::Status QuantizeScaled(const float* dX, size_t k, scapeDataType_t type, const float* dAmax,
+                               int nranks, void* dQ, const uint64_t* dPos, float* dResidual,
+                               scape::device::Stream s) override;
+  scape::Status DequantizeScaled(const void* dQ, size_t k, scapeDataType_t type, const float* dAmax,
+                                 int nranks, float* dOut, scape::device::Stream s) override;
   scape::Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                              scape::device::Stream s) override;
   scape::Status StayingGradSqBlocks(const void* dPayload, scapeDataType_t payloadType,

@@ -4,13 +4,23 @@
 # with nvcc --resource-usage for the shipped architectures and fails, naming the kernel and the
 # architecture, when ptxas reports spill stores or loads. No GPU needed.
 #   spill_check.sh NVCC "80-real;90" INCLUDE_DIRS... -- FILE.cu...
+#   spill_check.sh --logs OBJDIR -- FILE.cu...   (what ptxas printed when the build compiled
+#     them: OBJDIR/FILE.cu.o.ptxas.log, kept by tests/kernels/ptxas_log.sh; nothing compiled)
 # SCAPE_SPILL_ALLOW="KERNEL:BYTES ..." names known spills that may not grow (tests/kernels/
 # CMakeLists.txt says why each is there).
 # With SCAPE_SPILL_CHECK_SELFTEST=1 it checks a kernel made to spill instead and fails if that
 # is not reported (so the check itself can fail).
 set -euo pipefail
-nvcc=$1 archs=$2
-shift 2
+logdir=""
+if [ "$1" = "--logs" ]; then
+  logdir=$2
+  shift 3  # --logs OBJDIR --
+  nvcc="" archs=""
+  set -- -- "$@"
+else
+  nvcc=$1 archs=$2
+  shift 2
+fi
 incs=()
 while [ "$1" != "--" ]; do incs+=("-I$1"); shift; done
 shift
@@ -42,9 +52,14 @@ CU
 fi
 bad=0
 for f in "${files[@]}"; do
-  log="$tmp/$(basename "$f").log"
-  "$nvcc" -O2 -DNDEBUG -std=c++17 "${gen[@]}" "${incs[@]}" --resource-usage -c "$f" \
-    -o "$tmp/$(basename "$f").o" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  if [ -n "$logdir" ]; then
+    log="$logdir/$(basename "$f").o.ptxas.log"
+    [ -s "$log" ] || { echo "spill: no ptxas report $log (build the kernels first)"; exit 1; }
+  else
+    log="$tmp/$(basename "$f").log"
+    "$nvcc" -O2 -DNDEBUG -std=c++17 "${gen[@]}" "${incs[@]}" --resource-usage -c "$f" \
+      -o "$tmp/$(basename "$f").o" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  fi
   # ptxas prints "Compiling entry function 'NAME' for 'sm_XX'" then, per function,
   # "N bytes stack frame, S bytes spill stores, L bytes spill loads".
   while IFS= read -r line; do
@@ -63,7 +78,9 @@ for f in "${files[@]}"; do
                   }
                   print fn " -> " $0
                 }' "$log")
-  echo "$(basename "$f"): $(grep -c 'Compiling entry function' "$log") kernel builds checked"
+  built=$(grep -c 'Compiling entry function' "$log" || true)
+  echo "$(basename "$f"): $built kernel builds checked"
+  [ "$built" -gt 0 ] || { echo "spill: $log names no kernel (no --resource-usage report?)"; bad=1; }
 done
 if [ "${SCAPE_SPILL_CHECK_SELFTEST:-0}" = 1 ]; then
   [ "$bad" = 1 ] && { echo "self-test: the spill was reported"; exit 0; }

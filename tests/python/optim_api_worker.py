@@ -393,3 +393,36 @@ def case_optim_warmup_fraction(comm, steps=6):
             bad.append(e.argument)
     out["bad"] = bad
     return out
+
+
+def case_optim_payload_types(comm, steps=6):
+    """Issue 33: every payload type trains through ScapeAdamS (names, torch dtypes where torch
+    has them), the ranks agree bit for bit, and the payload bytes follow the element size: an
+    8-bit payload sends a quarter of fp32's (plus its 4-byte scale agreement); a checkpoint
+    keeps the type; a bad name is refused naming payload_dtype."""
+    import scape
+
+    out = {}
+    for name in ("fp32", "bf16", "e4m3", "e5m2"):
+        m = _model(7)
+        opt = ScapeAdamS(m.parameters(), comm, lr=0.01, density=0.25, warmup_steps=0,
+                         payload_dtype=name)
+        losses = []
+        for s in range(steps):
+            opt.zero_grad()
+            loss = _loss(m, s, RANK)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        i = opt.info()[0]
+        sd = opt.state_dict()
+        out[name] = {"hash": _hash(opt.flat_parameters()), "losses": losses,
+                     "payload": i["payload_bytes"], "control": i["control_bytes"],
+                     "dtype": str(opt.param_groups[0]["payload_dtype"]),
+                     "saved": int(sd["param_groups"][0]["payload_dtype"])}
+        opt.destroy()
+    try:
+        ScapeAdamS(_model().parameters(), comm, payload_dtype="e3m4")
+    except scape.InvalidArgumentError as e:
+        out["bad"] = e.argument
+    return out

@@ -294,7 +294,7 @@ def case_optim_entering(comm, steps=10):
 from optim_api_worker import (case_optim_clip_norm, case_optim_global_clip,  # noqa: E402,F401
                               case_optim_gradscaler, case_optim_hyper_errors,
                               case_optim_nonfinite, case_optim_onecycle,
-                              case_optim_warmup_fraction)
+                              case_optim_payload_types, case_optim_warmup_fraction)
 # the mixed-precision cases (test_optim_mixed.py) live in their own module
 from optim_mixed_worker import CASES as _MIXED_CASES  # noqa: E402
 

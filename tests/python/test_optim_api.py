@@ -4,6 +4,7 @@ directly; bad values raise naming the key; GradScaler skips a step on every rank
 non-finite gradients skip the step on every rank (or raise, nonfinite="error")."""
 from __future__ import annotations
 
+import math
 import unittest
 
 from _harness import run_ranks
@@ -116,3 +117,44 @@ class NonFiniteTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PayloadTypesTest(unittest.TestCase):
+    def test_python_types_are_the_library_table(self):
+        """DataType has one member per row of kernels/dtypes.h, with its size, names and
+        payload flag (a type added to the table and not here fails)."""
+        import os
+        import re
+
+        from scape import DataType
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        src = open(os.path.join(root, "kernels", "dtypes.h")).read()
+        body = src[src.index("constexpr TypeRow kTypes[] = {"):]
+        body = body[:body.index("};")]
+        rows = re.findall(r'\{(scape\w+),\s*"(\w+)",\s*"(\w+)",\s*"(\w+)",\s*(\d+),\s*(true|false),'
+                          r'\s*(true|false)', body)
+        self.assertEqual(len(rows), len(DataType), rows)
+        for i, (cenum, cname, short, torch_name, size, _floating, payload) in enumerate(rows):
+            t = DataType(i)
+            self.assertEqual(cenum, cname)
+            self.assertEqual(t.short, short, cname)
+            self.assertEqual(t.label, torch_name, cname)
+            self.assertEqual(t.size, int(size), cname)
+            self.assertEqual(t.is_payload, payload == "true", cname)
+
+    def test_every_payload_type_trains_and_fp8_sends_a_quarter(self):
+        res = run_ranks("optim_payload_types", 2, 6, timeout=180)
+        for name in ("fp32", "bf16", "e4m3", "e5m2"):
+            self.assertEqual(len({r[name]["hash"] for r in res}), 1, f"ranks differ ({name})")
+        r = res[0]
+        for name in ("bf16", "e4m3", "e5m2"):
+            self.assertNotEqual(r[name]["hash"], r["fp32"]["hash"], f"{name} changed nothing")
+            self.assertTrue(all(math.isfinite(x) for x in r[name]["losses"]), r[name]["losses"])
+        self.assertEqual(r["bf16"]["payload"] * 2, r["fp32"]["payload"])
+        self.assertEqual(r["e4m3"]["payload"] * 4, r["fp32"]["payload"])
+        self.assertEqual(r["e5m2"]["payload"] * 4, r["fp32"]["payload"])
+        # the scale agreement: one float all-reduced (4 bytes per other rank)
+        self.assertEqual(r["e4m3"]["control"] - r["fp32"]["control"], 4)
+        self.assertEqual(r["e4m3"]["saved"], 5)
+        self.assertEqual(r["e5m2"]["saved"], 6)
+        self.assertEqual(r["bad"], "payload_dtype")
