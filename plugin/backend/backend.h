@@ -11,7 +11,7 @@
 //   - UcxStagedBackend: device buffers on a UCX communicator, staged through page-locked host
 //     buffers on the stream (plugin/device/staging.h; the channel is made, collectively, at the
 //     communicator's first device collective).
-//   - NcclBackend: device buffers on an NCCL-backend communicator (plugin/device/nccl_backend.h).
+//   - NcclBackend: device buffers on an NCCL-backend communicator (plugin/device/nccl_comm.h).
 // The two device backends share DeviceBackend: the communicator's DevicePool (every device
 // temporary of the mask calls) and the device copies of mask positions (MaskPositions).
 //
@@ -34,7 +34,7 @@
 #include "plugin/core/comm.h"
 #include "plugin/device/device_pool.h"
 #include "plugin/device/mask_positions.h"
-#include "plugin/device/nccl_backend.h"
+#include "plugin/device/nccl_comm.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
 #include "plugin/mask/mask.h"
@@ -201,7 +201,7 @@ class UcxStagedBackend final : public DeviceBackend {
 // Device buffers on an NCCL-backend communicator (owns the NCCL state).
 class NcclBackend final : public DeviceBackend {
  public:
-  NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+  NcclBackend(std::unique_ptr<device::NcclComm> nccl, int timeoutMs,
               const scapeDeviceAllocator_t& alloc);
   Kind kind() const override { return Kind::kNccl; }
   int rank() const override { return nccl_->rank(); }
@@ -216,7 +216,7 @@ class NcclBackend final : public DeviceBackend {
   Status AsyncError() override;
 
  private:
-  std::unique_ptr<device::NcclBackend> nccl_;
+  std::unique_ptr<device::NcclComm> nccl_;
 };
 
 // A communicator's backends and the routing rule between them.
@@ -227,7 +227,7 @@ class DataPath {
   // An NCCL-backend communicator: device buffers on NCCL; host buffers and barriers on `host`
   // when it has one (null: SCAPE_NCCL_HOST_COMM=0).
   // alloc: the caller's device allocator (scapeConfig_t.deviceAllocator; alloc NULL: none).
-  static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+  static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclComm> nccl,
                                            int timeoutMs, const scapeDeviceAllocator_t& alloc);
 
   Backend* host() const { return host_.get(); }            // null: an NCCL one without a host comm

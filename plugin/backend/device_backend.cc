@@ -216,7 +216,7 @@ Status UcxStagedBackend::AsyncError() {
 
 // --- NCCL ---------------------------------------------------------------------------------
 
-NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+NcclBackend::NcclBackend(std::unique_ptr<device::NcclComm> nccl, int timeoutMs,
                          const scapeDeviceAllocator_t& alloc)
     : DeviceBackend(timeoutMs, alloc), nccl_(std::move(nccl)) {
   MakePool(device::GetRuntime());  // made at init, as the NCCL communicator is

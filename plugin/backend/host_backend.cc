@@ -98,7 +98,7 @@ std::unique_ptr<DataPath> DataPath::ForUcx(Comm* comm) {
   return d;
 }
 
-std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclComm> nccl,
                                             int timeoutMs, const scapeDeviceAllocator_t& alloc) {
   std::unique_ptr<DataPath> d(new DataPath());
   if (host) d->host_.reset(new HostBackend(host));
