@@ -244,10 +244,12 @@ SCAPE_API scapeResult_t scapeCommInitNcclFromEnv(scapeComm_t* comm, const scapeC
 SCAPE_API scapeResult_t scapeCommGetBackend(scapeComm_t comm, int* backend) {
   if (!comm) return Report(nullptr, scape::InvalidArgument("scapeCommGetBackend: comm is NULL"));
   if (!backend) return Report(comm, scape::InvalidArgument("scapeCommGetBackend: backend is NULL"));
-  // Not a counted call: a handle that is not live reads as a UCX one (as it always has).
-  const bool nccl = scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
-                    comm->data->nccl() != nullptr;
-  *backend = nccl ? scapeBackendNccl : scapeBackendUcx;
+  // Not a counted call: a handle that is not live reads as a UCX one (as it always has); a
+  // data path with a rank space of its own says what it reports (NCCL's: scapeBackendNccl).
+  scape::backend::RankSpace ranks;
+  const bool own = scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
+                   comm->data->Topology(&ranks);
+  *backend = own ? ranks.reportAs : scapeBackendUcx;
   return scapeSuccess;
 }
 
