@@ -133,9 +133,7 @@ def self_test():
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         def put(rel, text):
-            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
-            with open(os.path.join(tmp, rel), "w") as f:
-                f.write(text)
+            plant(tmp, rel, text)
         put("kernels/cpu/k.cc", '#include "plugin/core/comm.h"\n')           # upward
         put("plugin/coll/c.cc", "#include <ucp/api/ucp.h>\n")                 # UCX in an algorithm
         put("plugin/core/u.cc", "#include <ucs/type/status.h>\n")             # UCX above the layer
@@ -159,18 +157,31 @@ def self_test():
     return 0
 
 
-def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--self-test":
-        return self_test()
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
-    checked, errors = check(os.path.abspath(root))
+def cli(name, check_fn, self_test_fn, argv, what=""):
+    """The command line both checks share (check_closed_sets.py too): [repo-root] or
+    --self-test; prints each violation and a count, exit status 1 on any (or on no files)."""
+    if len(argv) > 1 and argv[1] == "--self-test":
+        return self_test_fn()
+    root = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    checked, errors = check_fn(os.path.abspath(root))
     for e in errors:
         print(e)
     if checked == 0:
-        print("check_layers: no source files found under", root)
+        print(f"{name}: no source files found under", root)
         return 1
-    print(f"check_layers: {checked} files, {len(errors)} violations")
+    print(f"{name}: {checked} files{what}, {len(errors)} violations")
     return 1 if errors else 0
+
+
+def plant(tmp, rel, text):
+    """Writes a planted file of a self-test's scratch tree."""
+    os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+    with open(os.path.join(tmp, rel), "w") as f:
+        f.write(text)
+
+
+def main():
+    return cli("check_layers", check, self_test, sys.argv)
 
 
 if __name__ == "__main__":

@@ -43,10 +43,14 @@ Status StartColl(scapeComm* comm, const scape::coll::CollArgs& a, scapeMask_t ma
                  scapeRequest_t* request, bool blocking) {
   using scape::coll::CollType;
   // Validated once, here, whichever backend runs it (rank and size: the host communicator's,
-  // or NCCL's on an NCCL-backend communicator without one).
+  // or the data path's own rank space when a backend has one, as NCCL's does).
   if (!comm) return scape::InvalidArgument("comm is NULL");
   int rank = 0, p = 1;
-  if (!comm->data->NcclInfo(&p, &rank)) {
+  scape::backend::RankSpace ranks;
+  if (comm->data->Topology(&ranks)) {
+    rank = ranks.rank;
+    p = ranks.nranks;
+  } else {
     SCAPE_RETURN_IF_ERROR(CheckComm(comm));
     rank = comm->impl->rank();
     p = comm->impl->nranks();
@@ -262,10 +266,16 @@ bool EnterComm(scapeComm* comm) {
 }  // namespace scape
 
 namespace {
-// rank / nranks of a live NCCL-backend communicator (false otherwise: the caller's checks run).
-bool NcclCommInfo(const scapeComm* comm, int* nranks, int* rank) {
-  return scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
-         comm->data->NcclInfo(nranks, rank);
+// rank / nranks of a live communicator whose data path has a rank space of its own (an
+// NCCL-backend one; false otherwise: the caller's checks run).
+bool OwnRankSpace(const scapeComm* comm, int* nranks, int* rank) {
+  scape::backend::RankSpace ranks;
+  if (!scape::api::HandleLive(comm, scape::api::HandleKind::kComm) || !comm->data ||
+      !comm->data->Topology(&ranks))
+    return false;
+  if (nranks) *nranks = ranks.nranks;
+  if (rank) *rank = ranks.rank;
+  return true;
 }
 
 // The queries do not count as calls (they do not block); they only need a live handle.
@@ -447,7 +457,7 @@ SCAPE_API scapeResult_t scapeCommAbort(scapeComm_t comm) {
 }
 
 SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
-  if (nranks && NcclCommInfo(comm, nranks, nullptr)) return scapeSuccess;
+  if (nranks && OwnRankSpace(comm, nranks, nullptr)) return scapeSuccess;
   if (Status q = QueryComm(comm, "scapeCommCount"); !q.ok()) return Report(nullptr, q);
   if (!nranks) return Report(comm, scape::InvalidArgument("scapeCommCount: nranks is NULL"));
   *nranks = comm->impl->nranks();
@@ -455,7 +465,7 @@ SCAPE_API scapeResult_t scapeCommCount(const scapeComm_t comm, int* nranks) {
 }
 
 SCAPE_API scapeResult_t scapeCommUserRank(const scapeComm_t comm, int* rank) {
-  if (rank && NcclCommInfo(comm, nullptr, rank)) return scapeSuccess;
+  if (rank && OwnRankSpace(comm, nullptr, rank)) return scapeSuccess;
   if (Status q = QueryComm(comm, "scapeCommUserRank"); !q.ok()) return Report(nullptr, q);
   if (!rank) return Report(comm, scape::InvalidArgument("scapeCommUserRank: rank is NULL"));
   *rank = comm->impl->rank();
@@ -472,7 +482,7 @@ SCAPE_API const char* scapeGetLastError(scapeComm_t comm) {
 }
 
 SCAPE_API scapeResult_t scapeCommGetAsyncError(scapeComm_t comm, scapeResult_t* asyncError) {
-  if (asyncError && NcclCommInfo(comm, nullptr, nullptr)) {
+  if (asyncError && OwnRankSpace(comm, nullptr, nullptr)) {
     *asyncError = comm->data->AsyncError().code();
     // The host communicator's error, when it has one.
     if (*asyncError == scapeSuccess && comm->impl) *asyncError = comm->impl->error().code();

@@ -9,7 +9,7 @@
 #include "base/param.h"
 #include "plugin/api/api_internal.h"
 #include "plugin/backend/backend.h"
-#include "plugin/device/nccl_backend.h"
+#include "plugin/device/nccl_comm.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
 #include "scape_config.h"
@@ -34,9 +34,9 @@ Status InitNccl(scapeComm** out, void* ncclComm, const scapeConfig_t* config) {
   SCAPE_RETURN_IF_ERROR(ResolveConfig(config, &cfg));
   int64_t hostComm = 1;
   SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_NCCL_HOST_COMM", &hostComm));
-  std::unique_ptr<NcclBackend> nccl;
-  SCAPE_RETURN_IF_ERROR(NcclBackend::Create(ncclComm, &nccl));
-  NcclBackend& b = *nccl;
+  std::unique_ptr<NcclComm> nccl;
+  SCAPE_RETURN_IF_ERROR(NcclComm::Create(ncclComm, &nccl));
+  NcclComm& b = *nccl;
   std::unique_ptr<Comm> impl;
   if (hostComm) {
     // The host communicator: rank 0 makes a bootstrap id, NCCL carries it to every rank (a
@@ -155,13 +155,13 @@ Status MakeOwnedNccl(scapeComm* comm) {
   m.dtype = scapeInt32;
   m.op = scapeMin;
   Status as = api::SubmitOrRun(comm, m, nullptr);
-  std::unique_ptr<NcclBackend> backend;
+  std::unique_ptr<NcclComm> backend;
   if (st.ok() && !as.ok())
     st = as.Prepend(StrFormat("rank %d: agreeing on the NCCL communicator's creation", rank));
   if (st.ok() && ok != 1)
     st = RemoteError(StrFormat(
         "rank %d: another rank failed to make its NCCL communicator (its message says why)", rank));
-  if (st.ok()) st = NcclBackend::Create(nc, &backend, true);
+  if (st.ok()) st = NcclComm::Create(nc, &backend, true);
   if (st.ok() && (backend->rank() != rank || backend->nranks() != p))
     st = InternalError(StrFormat("the NCCL communicator is rank %d of %d, the host one %d of %d",
                                  backend->rank(), backend->nranks(), rank, p));
@@ -244,10 +244,12 @@ SCAPE_API scapeResult_t scapeCommInitNcclFromEnv(scapeComm_t* comm, const scapeC
 SCAPE_API scapeResult_t scapeCommGetBackend(scapeComm_t comm, int* backend) {
   if (!comm) return Report(nullptr, scape::InvalidArgument("scapeCommGetBackend: comm is NULL"));
   if (!backend) return Report(comm, scape::InvalidArgument("scapeCommGetBackend: backend is NULL"));
-  // Not a counted call: a handle that is not live reads as a UCX one (as it always has).
-  const bool nccl = scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
-                    comm->data->nccl() != nullptr;
-  *backend = nccl ? scapeBackendNccl : scapeBackendUcx;
+  // Not a counted call: a handle that is not live reads as a UCX one (as it always has); a
+  // data path with a rank space of its own says what it reports (NCCL's: scapeBackendNccl).
+  scape::backend::RankSpace ranks;
+  const bool own = scape::api::HandleLive(comm, scape::api::HandleKind::kComm) && comm->data &&
+                   comm->data->Topology(&ranks);
+  *backend = own ? ranks.reportAs : scapeBackendUcx;
   return scapeSuccess;
 }
 

@@ -87,7 +87,9 @@ Status RunPacked(scape::coll::CollType type, const void* sendbuf, void* recvbuf,
                  void* stream, scapeRequest_t* request) {
   using scape::coll::CollType;
   int rank = 0;
-  if (comm && comm->data->NcclInfo(nullptr, &rank)) {
+  scape::backend::RankSpace ranks;
+  if (comm && comm->data->Topology(&ranks)) {
+    rank = ranks.rank;
     SCAPE_RETURN_IF_ERROR(CheckMaskNcclComm(mask, comm, rank));
   } else {
     SCAPE_RETURN_IF_ERROR(CheckMaskComm(mask, comm));

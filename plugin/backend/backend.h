@@ -5,20 +5,28 @@
 // (AcquirePacked) and its gather/scatter kernels (kernels/cpu on the host, the device runtime's
 // on a device).
 //
-// Three implementations:
+// The set of backends is closed here, in plugin/backend: code above it (plugin/api,
+// plugin/optim, ...) sees Backend and DataPath only, never a concrete class, and asks
+// capability questions (Takes, StreamOrdered, Topology, SharedPool) instead of which backend it
+// has (tests/check_closed_sets.py, ctest ClosedSets, enforces it). Three implementations:
 //   - HostBackend: host buffers, on the UCX communicator (plugin/core Comm::Submit / Wait; the
 //     *Async forms return the queued operation). A non-NULL stream is waited for first.
 //   - UcxStagedBackend: device buffers on a UCX communicator, staged through page-locked host
 //     buffers on the stream (plugin/device/staging.h; the channel is made, collectively, at the
 //     communicator's first device collective).
-//   - NcclBackend: device buffers on an NCCL-backend communicator (plugin/device/nccl_backend.h).
+//   - NcclBackend: device buffers on an NCCL-backend communicator, over its NCCL state
+//     (device::NcclComm, plugin/device/nccl_comm.h); its rank space is NCCL's (Topology).
 // The two device backends share DeviceBackend: the communicator's DevicePool (every device
-// temporary of the mask calls) and the device copies of mask positions (MaskPositions).
+// temporary of the mask calls, shared with the optimizer: SharedPool) and the device copies of
+// mask positions (MaskPositions).
 //
-// A UCX communicator's DataPath holds HostBackend + UcxStagedBackend; an NCCL-backend one's
-// holds NcclBackend, plus HostBackend when it has a host communicator (SCAPE_NCCL_HOST_COMM=1).
-// DataPath::Route is the routing rule, in one place; arguments are validated before it
-// (plugin/api StartColl), and each backend's Admit checks only what that backend cannot do.
+// Routing: each backend says which calls it takes (Takes: the one place for the pointer-kind
+// rules), and DataPath asks its backends in order; the first that takes a call runs it. A UCX
+// communicator's DataPath holds HostBackend, UcxStagedBackend; an NCCL-backend one's holds
+// NcclBackend, then HostBackend when it has a host communicator (SCAPE_NCCL_HOST_COMM=1). The
+// lists are made in DataPath::ForUcx / ForNccl (host_backend.cc). Arguments are validated
+// before routing (plugin/api StartColl), and each backend's Admit checks only what that backend
+// cannot do.
 #ifndef SCAPE_PLUGIN_BACKEND_BACKEND_H_
 #define SCAPE_PLUGIN_BACKEND_BACKEND_H_
 
@@ -34,7 +42,7 @@
 #include "plugin/core/comm.h"
 #include "plugin/device/device_pool.h"
 #include "plugin/device/mask_positions.h"
-#include "plugin/device/nccl_backend.h"
+#include "plugin/device/nccl_comm.h"
 #include "plugin/device/runtime.h"
 #include "plugin/device/staging.h"
 #include "plugin/mask/mask.h"
@@ -44,7 +52,24 @@ namespace backend {
 
 using device::Stream;
 
-enum class Kind { kHost, kUcxStaged, kNccl };
+// Where a call's buffers are, as the routing rule sees them (BufferKinds): none (a NULL
+// pointer, or a send buffer the call ignores: broadcast off the root), host memory, device (or
+// managed) memory.
+enum class Mem { kNone, kHost, kDevice };
+
+// What a backend is asked (Backend::Takes): a barrier, or a call on these buffers.
+struct Buffers {
+  bool barrier = false;
+  Mem send = Mem::kNone, recv = Mem::kNone;
+  bool Any(Mem m) const { return send == m || recv == m; }
+  bool Mixed() const { return Any(Mem::kHost) && Any(Mem::kDevice); }
+};
+
+// A rank space of a backend's own (a device library's communicator, not the host Comm).
+struct RankSpace {
+  int nranks = 1, rank = 0;
+  int reportAs = scapeBackendUcx;  // the scapeBackend_t scapeCommGetBackend reports
+};
 
 // The packed values (and positions) of one masked operation, from AcquirePacked.
 struct Packed {
@@ -57,8 +82,28 @@ struct Packed {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual Kind kind() const = 0;
   virtual int rank() const = 0;
+
+  // The one place for which calls this backend takes (DataPath asks its backends in order, the
+  // first that says yes runs the call): host: barriers and calls with no device buffer; UCX
+  // staged: calls with buffers, all device memory; NCCL: calls (not barriers) with a device
+  // buffer or with none (a host/device mix included: its Admit names the mix).
+  virtual bool Takes(const Buffers& b) const = 0;
+  // True when the backend's work is enqueued on the caller's stream (device backends); false
+  // when it runs at once, after what the caller queued on a non-NULL stream (host).
+  virtual bool StreamOrdered() const = 0;
+  // *out = this backend's rank space when it has one of its own (NCCL's communicator); false
+  // when it runs on the communicator's host Comm (the default).
+  virtual bool Topology(RankSpace* out) const {
+    (void)out;
+    return false;
+  }
+  // The communicator's device pool, shared (the device backends: made at the first call that
+  // needs it); null on a backend without one (host). A user that holds blocks of it beyond one
+  // call (the optimizer's device state) keeps the pool alive with them, so the order in which
+  // the communicator's device side and that user go (scapeCommAbort frees the device side
+  // before the optimizers) does not matter: the last owner frees the pool.
+  virtual std::shared_ptr<device::DevicePool> SharedPool() { return nullptr; }
 
   // What this backend checks before it runs a validated call `a` on stream `s` (async: the
   // *Async form was called). Host: a non-NULL stream is waited for (what the caller queued on
@@ -97,8 +142,9 @@ class Backend {
 class HostBackend final : public Backend {
  public:
   explicit HostBackend(Comm* comm) : comm_(comm) {}
-  Kind kind() const override { return Kind::kHost; }
   int rank() const override { return comm_->rank(); }
+  bool Takes(const Buffers& b) const override { return b.barrier || !b.Any(Mem::kDevice); }
+  bool StreamOrdered() const override { return false; }
   Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
   Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
              std::function<void()> onDone = nullptr) override;
@@ -127,6 +173,7 @@ class DeviceBackend : public Backend {
       : timeoutMs_(timeoutMs), alloc_(alloc) {}
   ~DeviceBackend() override;
 
+  bool StreamOrdered() const override { return true; }
   Status Positions(const Mask& m, Stream s, const uint64_t** pos) override;
   Status AcquirePacked(Mask& m, size_t k, size_t esz, Stream s, bool async, Packed* out) override;
   void ReleasePacked(Packed* p, Stream s) override;
@@ -146,13 +193,10 @@ class DeviceBackend : public Backend {
   void DropStale(const Mask& m);
 
   // The communicator's device pool (made at the first call that needs it): every device
-  // temporary, the optimizer step's scratch included (plugin/optim/optim_device.cc).
+  // temporary, the optimizer step's scratch included (plugin/optim/optim_device.cc, through
+  // SharedPool).
   device::DevicePool& Pool();
-  // The same pool, shared: a user that holds blocks of it beyond one call (the optimizer's
-  // device state) keeps the pool alive with them, so the order in which the communicator's
-  // device side and that user go (scapeCommAbort frees the device side before the optimizers)
-  // does not matter: the last owner frees the pool.
-  std::shared_ptr<device::DevicePool> SharedPool();
+  std::shared_ptr<device::DevicePool> SharedPool() override;
 
   // Lifecycle (scapeCommDestroy / scapeCommAbort / scapeCommGetAsyncError).
   virtual void Release(int timeoutMs) = 0;  // drains device work in flight, closes
@@ -182,8 +226,10 @@ class UcxStagedBackend final : public DeviceBackend {
   explicit UcxStagedBackend(Comm* comm)
       : DeviceBackend(comm->config().timeoutMs, comm->config().deviceAllocator), comm_(comm) {}
   ~UcxStagedBackend() override;
-  Kind kind() const override { return Kind::kUcxStaged; }
   int rank() const override { return comm_->rank(); }
+  bool Takes(const Buffers& b) const override {
+    return !b.barrier && b.Any(Mem::kDevice) && !b.Any(Mem::kHost);
+  }
   Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
   Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
              std::function<void()> onDone = nullptr) override;
@@ -201,11 +247,13 @@ class UcxStagedBackend final : public DeviceBackend {
 // Device buffers on an NCCL-backend communicator (owns the NCCL state).
 class NcclBackend final : public DeviceBackend {
  public:
-  NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+  NcclBackend(std::unique_ptr<device::NcclComm> nccl, int timeoutMs,
               const scapeDeviceAllocator_t& alloc);
-  Kind kind() const override { return Kind::kNccl; }
   int rank() const override { return nccl_->rank(); }
-  int nranks() const { return nccl_->nranks(); }
+  bool Takes(const Buffers& b) const override {
+    return !b.barrier && (b.Any(Mem::kDevice) || !b.Any(Mem::kHost));
+  }
+  bool Topology(RankSpace* out) const override;
   Status Admit(const coll::CollArgs& a, Stream s, bool async) override;
   Status Run(const coll::CollArgs& a, Stream s, std::shared_ptr<PendingOp>* async,
              std::function<void()> onDone = nullptr) override;
@@ -216,10 +264,10 @@ class NcclBackend final : public DeviceBackend {
   Status AsyncError() override;
 
  private:
-  std::unique_ptr<device::NcclBackend> nccl_;
+  std::unique_ptr<device::NcclComm> nccl_;
 };
 
-// A communicator's backends and the routing rule between them.
+// A communicator's backends, in routing order, and the routing rule: ask each in order.
 class DataPath {
  public:
   // A UCX communicator: host buffers on `comm`, device buffers staged over it.
@@ -227,23 +275,24 @@ class DataPath {
   // An NCCL-backend communicator: device buffers on NCCL; host buffers and barriers on `host`
   // when it has one (null: SCAPE_NCCL_HOST_COMM=0).
   // alloc: the caller's device allocator (scapeConfig_t.deviceAllocator; alloc NULL: none).
-  static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+  static std::unique_ptr<DataPath> ForNccl(Comm* host, std::unique_ptr<device::NcclComm> nccl,
                                            int timeoutMs, const scapeDeviceAllocator_t& alloc);
 
-  Backend* host() const { return host_.get(); }            // null: an NCCL one without a host comm
-  DeviceBackend* device() const { return device_.get(); }  // null after Release
-  NcclBackend* nccl() const { return nccl_; }              // null: a UCX communicator
-  // rank / nranks of the NCCL communicator (false for a UCX communicator).
-  bool NcclInfo(int* nranks, int* rank) const;
+  // The backend on the communicator's host Comm (null: an NCCL one without a host comm).
+  Backend* host() const { return host_.get(); }
+  // The backend of device buffers (null after Release).
+  DeviceBackend* device() const { return device_.get(); }
+  // The communicator's rank space when a backend has one of its own (NCCL's), from the first
+  // backend that has; false when the ranks are the host Comm's.
+  bool Topology(RankSpace* out) const;
 
-  // Which backend runs the validated collective `a`: on a UCX communicator the host for a
-  // barrier and for host buffers, else the staged device backend (a host/device mix is
-  // scapeInvalidArgument naming both); on an NCCL-backend one the host communicator when it
-  // has one and the call is a barrier or its buffers are host memory, else NCCL (whose Admit
-  // names what it cannot do).
+  // Which backend runs the validated collective `a`: the first in order that takes it
+  // (Backend::Takes). When none does, a host/device mix is scapeInvalidArgument naming both
+  // buffers; anything else goes to the first backend, whose Admit names what it cannot do.
   Status Route(const coll::CollArgs& a, Backend** out) const;
-  // The same for a mask's pack / unpack (dense <-> packed): host memory on the host backend,
-  // device memory on the device backend (a mix is scapeInvalidArgument naming both).
+  // The same for a mask's pack / unpack (dense <-> packed; a NULL pointer counts as host
+  // memory): a mix is scapeInvalidArgument naming both; memory no backend takes (device memory
+  // after Release) is scapeInvalidUsage.
   Status RouteBuffers(const void* dense, const void* packed, Backend** out) const;
 
   // scapeCommDestroy / scapeCommAbort: drains (within timeoutMs) and frees the device side;
@@ -257,15 +306,19 @@ class DataPath {
 
  private:
   DataPath() = default;
-  std::unique_ptr<HostBackend> host_;
+  // The first backend in order_ that takes b (null: none).
+  Backend* Pick(const Buffers& b) const;
+  // Owned by lifetime: the host side lives as long as the communicator, the device side goes at
+  // Release (before the parent communicator).
+  std::unique_ptr<Backend> host_;
   std::unique_ptr<DeviceBackend> device_;
-  NcclBackend* nccl_ = nullptr;  // device_, when it is NCCL
-  mutable std::mutex mu_;        // device_ (Abort / AsyncError from another thread vs Release)
+  std::vector<Backend*> order_;  // the routing order (device_ leaves it at Release)
+  mutable std::mutex mu_;        // device_, order_ (Abort / AsyncError / Topology vs Release)
 };
 
-// Classifies a collective's buffers: *onDevice = true for device (or managed) memory. A mix is
-// an error naming both arguments.
-Status BufferKinds(const coll::CollArgs& a, int rank, bool* onDevice);
+// Classifies a collective's buffers for the routing rule (*out; rank: whether this rank is a
+// broadcast's root). A host/device mix is an error naming both arguments (*out is still set).
+Status BufferKinds(const coll::CollArgs& a, int rank, Buffers* out);
 
 // Calls with no stream that take device buffers through host copies (scapeSparseAllReduce):
 // StageIn copies `bytes` of a device `p` to *copy and points *view at it (host memory: *view

@@ -216,10 +216,17 @@ Status UcxStagedBackend::AsyncError() {
 
 // --- NCCL ---------------------------------------------------------------------------------
 
-NcclBackend::NcclBackend(std::unique_ptr<device::NcclBackend> nccl, int timeoutMs,
+NcclBackend::NcclBackend(std::unique_ptr<device::NcclComm> nccl, int timeoutMs,
                          const scapeDeviceAllocator_t& alloc)
     : DeviceBackend(timeoutMs, alloc), nccl_(std::move(nccl)) {
   MakePool(device::GetRuntime());  // made at init, as the NCCL communicator is
+}
+
+bool NcclBackend::Topology(RankSpace* out) const {
+  out->nranks = nccl_->nranks();
+  out->rank = nccl_->rank();
+  out->reportAs = scapeBackendNccl;
+  return true;
 }
 
 Status NcclBackend::Admit(const coll::CollArgs& a, Stream, bool async) {
@@ -247,9 +254,9 @@ Status NcclBackend::Admit(const coll::CollArgs& a, Stream, bool async) {
     recvElems = a.type == CollType::kReduceScatter ? mine : total;
   }
   if (sendElems > 0 || recvElems > 0) {
-    bool dev = false;
-    SCAPE_RETURN_IF_ERROR(BufferKinds(a, rank, &dev));
-    if (!dev)
+    Buffers b;
+    SCAPE_RETURN_IF_ERROR(BufferKinds(a, rank, &b));  // a mix, named
+    if (!b.Any(Mem::kDevice))
       return InvalidArgument(StrFormat(
           "rank %d: %s is host memory: the NCCL backend moves device memory only, and this "
           "communicator has no host communicator to run host buffers on (it was made with "

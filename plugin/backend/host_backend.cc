@@ -1,5 +1,6 @@
 // HostBackend, the routing rule (DataPath) and the host copies of device buffers: see
 // backend.h.
+#include <algorithm>
 #include <utility>
 
 #include "kernels/cpu/gather.h"
@@ -74,68 +75,71 @@ Status HostBackend::Scatter(const void* packed, const uint64_t* pos, size_t k, s
 
 namespace {
 bool IsDev(device::PtrKind k) { return k != device::PtrKind::kHost; }
+Mem MemOf(device::PtrKind k) { return IsDev(k) ? Mem::kDevice : Mem::kHost; }
 }  // namespace
 
-Status BufferKinds(const coll::CollArgs& a, int rank, bool* onDevice) {
+Status BufferKinds(const coll::CollArgs& a, int rank, Buffers* out) {
   device::Runtime* rt = device::GetRuntime();
   const bool needSend = a.type != coll::CollType::kBroadcast || rank == a.root;
   const bool hasSend = needSend && a.send, hasRecv = a.recv != nullptr;
   const device::PtrKind ks = hasSend ? rt->Kind(a.send) : device::PtrKind::kHost;
   const device::PtrKind kr = hasRecv ? rt->Kind(a.recv) : device::PtrKind::kHost;
-  if (hasSend && hasRecv && IsDev(ks) != IsDev(kr))
+  out->barrier = a.type == coll::CollType::kBarrier;
+  out->send = hasSend ? MemOf(ks) : Mem::kNone;
+  out->recv = hasRecv ? MemOf(kr) : Mem::kNone;
+  if (out->Mixed())
     return InvalidArgument(StrFormat(
         "rank %d: sendbuf is %s but recvbuf is %s: a collective's buffers must both be host "
         "memory or both device memory",
         rank, device::PtrKindName(ks), device::PtrKindName(kr)));
-  *onDevice = (hasSend && IsDev(ks)) || (hasRecv && IsDev(kr));
   return Status::Ok();
 }
 
+// The backends' lists, in routing order: the first that takes a call runs it.
 std::unique_ptr<DataPath> DataPath::ForUcx(Comm* comm) {
   std::unique_ptr<DataPath> d(new DataPath());
   d->host_.reset(new HostBackend(comm));
   d->device_.reset(new UcxStagedBackend(comm));
+  d->order_ = {d->host_.get(), d->device_.get()};
   return d;
 }
 
-std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclBackend> nccl,
+std::unique_ptr<DataPath> DataPath::ForNccl(Comm* host, std::unique_ptr<device::NcclComm> nccl,
                                             int timeoutMs, const scapeDeviceAllocator_t& alloc) {
   std::unique_ptr<DataPath> d(new DataPath());
-  if (host) d->host_.reset(new HostBackend(host));
-  d->nccl_ = new NcclBackend(std::move(nccl), timeoutMs, alloc);
-  d->device_.reset(d->nccl_);
+  // NCCL first: it takes calls without buffers; the host communicator, when there is one, takes
+  // barriers and host buffers.
+  d->device_.reset(new NcclBackend(std::move(nccl), timeoutMs, alloc));
+  d->order_.push_back(d->device_.get());
+  if (host) {
+    d->host_.reset(new HostBackend(host));
+    d->order_.push_back(d->host_.get());
+  }
   return d;
 }
 
-bool DataPath::NcclInfo(int* nranks, int* rank) const {
+bool DataPath::Topology(RankSpace* out) const {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!nccl_) return false;
-  if (nranks) *nranks = nccl_->nranks();
-  if (rank) *rank = nccl_->rank();
-  return true;
+  for (Backend* b : order_)
+    if (b->Topology(out)) return true;
+  return false;
+}
+
+Backend* DataPath::Pick(const Buffers& b) const {
+  for (Backend* be : order_)
+    if (be->Takes(b)) return be;
+  return nullptr;
 }
 
 Status DataPath::Route(const coll::CollArgs& a, Backend** out) const {
-  if (nccl_) {
-    // The host communicator takes barriers and host buffers, when there is one; a mix of kinds
-    // is left to NCCL's Admit, which names it.
-    bool dev = false;
-    Backend* b = nccl_;
-    if (host_) {
-      const bool needSend = a.type != coll::CollType::kBroadcast || host_->rank() == a.root;
-      const bool hasBuffers = (needSend && a.send) || a.recv;
-      if (a.type == coll::CollType::kBarrier ||
-          (hasBuffers && BufferKinds(a, host_->rank(), &dev).ok() && !dev))
-        b = host_.get();
-    }
-    *out = b;
-    return Status::Ok();
-  }
-  *out = host_.get();
-  if (a.type == coll::CollType::kBarrier) return Status::Ok();
-  bool dev = false;
-  SCAPE_RETURN_IF_ERROR(BufferKinds(a, host_->rank(), &dev));
-  if (dev) *out = device_.get();
+  *out = nullptr;
+  if (order_.empty()) return InvalidUsage("the communicator's data path has been released");
+  Buffers b;
+  const Status kinds = BufferKinds(a, order_.front()->rank(), &b);
+  *out = Pick(b);
+  if (*out) return Status::Ok();
+  if (!kinds.ok()) return kinds;  // a mix no backend takes
+  *out = order_.front();          // its Admit names what it cannot do
   return Status::Ok();
 }
 
@@ -147,7 +151,9 @@ Status DataPath::RouteBuffers(const void* dense, const void* packed, Backend** o
     return InvalidArgument(
         StrFormat("dense is %s but packed is %s: both must be host memory or both device memory",
                   device::PtrKindName(kd), device::PtrKindName(kp)));
-  *out = IsDev(kd) || IsDev(kp) ? static_cast<Backend*>(device_.get()) : host_.get();
+  Buffers b;  // one memory kind for both (a NULL pointer takes the other's; both NULL: host)
+  b.send = b.recv = IsDev(kd) || IsDev(kp) ? Mem::kDevice : Mem::kHost;
+  *out = Pick(b);
   if (!*out) return InvalidUsage("the communicator's device data path has been released");
   return Status::Ok();
 }
@@ -157,7 +163,7 @@ void DataPath::Release(int timeoutMs) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     dev = std::move(device_);
-    nccl_ = nullptr;
+    order_.erase(std::remove(order_.begin(), order_.end(), dev.get()), order_.end());
   }
   // The channel (its worker and child communicator) and the device pool (waiting, within the
   // timeout, for the work that uses its blocks) go here, before the parent communicator.

@@ -54,12 +54,12 @@ Status MaskedAllReduce(Backend& b, Mask& m, const coll::CollArgs& dense, Stream 
 Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz, bool unpack,
                 Stream s) {
   // Host buffers with a stream: what the caller queued there must finish first.
-  if (s && b.kind() == Kind::kHost)
-    SCAPE_RETURN_IF_ERROR(device::GetRuntime()->StreamSynchronize(s));
+  const bool ordered = b.StreamOrdered();
+  if (s && !ordered) SCAPE_RETURN_IF_ERROR(device::GetRuntime()->StreamSynchronize(s));
   const size_t k = m.Current().size();
   if (k == 0) return Status::Ok();
   if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");
-  const Stream on = b.kind() == Kind::kHost ? nullptr : s;
+  const Stream on = ordered ? s : nullptr;
   const uint64_t* pos = nullptr;
   Status st = b.Positions(m, on, &pos);
   if (st.ok())

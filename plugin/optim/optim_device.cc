@@ -421,12 +421,12 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     const uint64_t n = o->layout_.n;
     if (!o->dev_) {
       // The first device step: the state moves to device memory.
-      if (exchange == nullptr || exchange->kind() == backend::Kind::kHost)
-        return InternalError("the communicator has no device backend");
+      std::shared_ptr<device::DevicePool> pool = exchange ? exchange->SharedPool() : nullptr;
+      if (!pool) return InternalError("the communicator has no device backend");
       std::unique_ptr<DeviceState> s(new DeviceState());
       s->rt = rt;
       s->stream = st;
-      s->pool = static_cast<backend::DeviceBackend*>(exchange)->SharedPool();
+      s->pool = std::move(pool);
       SCAPE_RETURN_IF_ERROR(Alloc(s.get(), n, &s->dE));
       // The scratch, the top-k output and the momentum are pool blocks fitted at each step
       // (Fit, FitTop, FitMom).

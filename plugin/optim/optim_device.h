@@ -17,7 +17,7 @@ struct Optimizer::DeviceState {
   device::Runtime* rt = nullptr;
   void* stream = nullptr;  // the stream of the last device step
   // The communicator's device pool (plugin/device/device_pool.h), shared with its device
-  // backend (DeviceBackend::SharedPool): the step's temporaries and the packed momentum are
+  // backend (Backend::SharedPool): the step's temporaries and the packed momentum are
   // blocks of it, so that every device temporary of the library is allocated, retired and torn
   // down by one pool. Shared, because this state may outlive the backend (scapeCommAbort
   // releases the communicator's device side before it frees the optimizers): the blocks go

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "plugin/backend/backend.h"
-#include "plugin/device/nccl_backend.h"
+#include "plugin/device/nccl_comm.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
 #include "tests/device/fake_device.h"
@@ -277,9 +277,9 @@ TEST(NcclBackendAbort, EveryCallAfterAbortIsAClearErrorAndNeverReachesNccl) {
   ASSERT_EQ(getId(&id), 0);
   void* nc = nullptr;
   ASSERT_EQ(init(&nc, 1, id, 0), 0);
-  std::unique_ptr<scape::device::NcclBackend> nb;
-  ASSERT_TRUE(scape::device::NcclBackend::Create(nc, &nb, /*owned=*/true).ok());
-  scape::device::NcclBackend* raw = nb.get();
+  std::unique_ptr<scape::device::NcclComm> nb;
+  ASSERT_TRUE(scape::device::NcclComm::Create(nc, &nb, /*owned=*/true).ok());
+  scape::device::NcclComm* raw = nb.get();
   scape::backend::NcclBackend b(std::move(nb), 2000, scapeDeviceAllocator_t{});
   const size_t n = 64;
   void* d = rt.DeviceMalloc(n * 4);
@@ -300,9 +300,9 @@ TEST(NcclBackendAbort, EveryCallAfterAbortIsAClearErrorAndNeverReachesNccl) {
   };
   refused(b.Admit(a, nullptr, false), "Admit");
   refused(b.Run(a, nullptr, nullptr), "Run");
-  refused(raw->Run(a, nullptr), "device::NcclBackend::Run");
+  refused(raw->Run(a, nullptr), "device::NcclComm::Run");
   a.counts = {n};  // the packed (V) form
-  refused(raw->Run(a, nullptr), "device::NcclBackend::Run (V)");
+  refused(raw->Run(a, nullptr), "device::NcclComm::Run (V)");
   a.counts.clear();
   refused(b.AsyncError(), "AsyncError");
   int32_t v = 1;

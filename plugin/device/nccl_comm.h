@@ -1,9 +1,11 @@
-// The NCCL backend: SCAPE collectives on a caller's ncclComm_t, with libnccl loaded by dlopen
-// (the shipped library has no link-time dependency on NCCL). The NCCL types are mirrored
-// here as plain integers so that no NCCL header is needed; their values are NCCL's ABI
-// (nccl.h of NCCL 2.x) and tests/device checks them against nccl.h where it is installed.
-#ifndef SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
-#define SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
+// NcclComm: one communicator's NCCL state and the NCCL calls of SCAPE collectives on a caller's
+// (or the library's) ncclComm_t, with libnccl loaded by dlopen (the shipped library has no
+// link-time dependency on NCCL). The NCCL backend over it (backend::NcclBackend) is in
+// plugin/backend/backend.h. The NCCL types are mirrored here as plain integers so that no NCCL
+// header is needed; their values are NCCL's ABI (nccl.h of NCCL 2.x) and tests/device checks
+// them against nccl.h where it is installed.
+#ifndef SCAPE_PLUGIN_DEVICE_NCCL_COMM_H_
+#define SCAPE_PLUGIN_DEVICE_NCCL_COMM_H_
 
 #include <atomic>
 #include <functional>
@@ -93,12 +95,12 @@ Status CheckOwnedNccl(const NcclApi& api);
 // owns everything it touches), what fn makes is then never used.
 bool RunWithDeadline(std::function<int()> fn, int device, int timeoutMs, int* result);
 
-// One communicator's NCCL state.
-class NcclBackend {
+// One communicator's NCCL state (the NCCL backend's channel to NCCL).
+class NcclComm {
  public:
   // owned: the library made `ncclComm` (scapeCommInitNcclRank/FromEnv) and Close() ends it;
   // otherwise it stays the caller's and Close() does nothing.
-  static Status Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bool owned = false);
+  static Status Create(void* ncclComm, std::unique_ptr<NcclComm>* out, bool owned = false);
   // Ends an owned NCCL communicator once: abort = ncclCommAbort (ncclCommDestroy when the
   // library has no ncclCommAbort), else ncclCommDestroy on a helper thread with the calling
   // thread's device, waited for at most timeoutMs (a destroy that does not return in time is
@@ -147,4 +149,4 @@ class NcclBackend {
 }  // namespace device
 }  // namespace scape
 
-#endif  // SCAPE_PLUGIN_DEVICE_NCCL_BACKEND_H_
+#endif  // SCAPE_PLUGIN_DEVICE_NCCL_COMM_H_

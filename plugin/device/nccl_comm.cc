@@ -1,5 +1,5 @@
-// The NCCL backend: see nccl_backend.h.
-#include "plugin/device/nccl_backend.h"
+// The NCCL calls (NcclComm): see nccl_comm.h.
+#include "plugin/device/nccl_comm.h"
 
 #include <dlfcn.h>
 #include <time.h>
@@ -175,11 +175,11 @@ bool RunWithDeadline(std::function<int()> fn, int device, int timeoutMs, int* re
   return done;
 }
 
-Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bool owned) {
+Status NcclComm::Create(void* ncclComm, std::unique_ptr<NcclComm>* out, bool owned) {
   if (!ncclComm) return InvalidArgument("ncclComm is NULL");
   const NcclApi* api = nullptr;
   SCAPE_RETURN_IF_ERROR(LoadNccl(&api));
-  std::unique_ptr<NcclBackend> b(new NcclBackend());
+  std::unique_ptr<NcclComm> b(new NcclComm());
   b->api_ = api;
   b->comm_ = ncclComm;
   b->owned_ = owned;
@@ -193,7 +193,7 @@ Status NcclBackend::Create(void* ncclComm, std::unique_ptr<NcclBackend>* out, bo
   return Status::Ok();
 }
 
-Status NcclBackend::CheckOpen(const char* what) const {
+Status NcclComm::CheckOpen(const char* what) const {
   if (!closed()) return Status::Ok();
   return InvalidUsage(StrFormat(
       "rank %d: %s: the NCCL communicator was %s (scapeComm%s was called): no NCCL call is made "
@@ -202,7 +202,7 @@ Status NcclBackend::CheckOpen(const char* what) const {
       aborted_.load() ? "Abort" : "Destroy"));
 }
 
-void NcclBackend::Close(bool abort, int timeoutMs) {
+void NcclComm::Close(bool abort, int timeoutMs) {
   if (abort) aborted_.store(true);
   if (closed_.exchange(true, std::memory_order_acq_rel) || !owned_) return;
   void* comm = comm_;
@@ -228,7 +228,7 @@ void NcclBackend::Close(bool abort, int timeoutMs) {
                api->getErrorString(r));
 }
 
-Status NcclBackend::Fail(int r, const char* what) {
+Status NcclComm::Fail(int r, const char* what) {
   if (r == kNcclSuccess || r == kNcclInProgress) return Status::Ok();
   // ncclGetLastError reads the communicator: not once it has been ended.
   const char* msg = api_->getLastError && !closed() ? api_->getLastError(comm_) : nullptr;
@@ -239,8 +239,8 @@ Status NcclBackend::Fail(int r, const char* what) {
 namespace {
 
 // The packed (V) forms: the per-rank blocks of a.counts.
-Status RunV(const NcclBackend& self, const NcclApi& api, void* comm, int rank,
-            const coll::CollArgs& a, int dt, Stream stream, int* r, const char** what) {
+Status RunV(const NcclComm& self, const NcclApi& api, void* comm, int rank, const coll::CollArgs& a,
+            int dt, Stream stream, int* r, const char** what) {
   using coll::CollType;
   const size_t p = a.counts.size(), esz = scapeTypeSize(a.dtype);
   size_t total = 0;
@@ -323,7 +323,7 @@ Status RunV(const NcclBackend& self, const NcclApi& api, void* comm, int rank,
 
 }  // namespace
 
-Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
+Status NcclComm::Run(const coll::CollArgs& a, Stream stream) {
   using coll::CollType;
   SCAPE_RETURN_IF_ERROR(CheckOpen(coll::CollName(a.type)));
   const int dt = NcclDataType(a.dtype);
@@ -363,7 +363,7 @@ Status NcclBackend::Run(const coll::CollArgs& a, Stream stream) {
   return Fail(r, what);
 }
 
-Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
+Status NcclComm::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
   SCAPE_RETURN_IF_ERROR(CheckOpen("broadcast"));
   Runtime* rt = GetRuntime();
   // Page-locked host memory: a device-to-pageable copy would block the host until NCCL has
@@ -428,7 +428,7 @@ Status NcclBackend::BroadcastHostBytes(void* bytes, size_t n, int root, int time
   return st;
 }
 
-Status NcclBackend::AsyncError() {
+Status NcclComm::AsyncError() {
   SCAPE_RETURN_IF_ERROR(CheckOpen("ncclCommGetAsyncError"));
   int e = kNcclSuccess;
   int r = api_->commGetAsyncError(comm_, &e);
