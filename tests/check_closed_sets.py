@@ -17,7 +17,12 @@ The sets today:
     data path, and no concrete backend class (the tests may name the classes and cast to them,
     to check which one a call was routed to).
 
-A second set (payload types, say) is more entries in RULES. A line that must break a rule for
+  - element (payload) types (kernels/dtypes.h, CONTRIBUTING.md "Adding a payload type"): no
+    switch over the floating-point types outside the table (it visits them, VisitFloat);
+    scape-perf (perf/) is a client of the public API with its own independent codecs and a
+    static_assert on scapeNumTypes, and tests keep their own references.
+
+A further set is more entries in RULES. A line that must break a rule for
 now carries `closed-set-exception: <why>` in a comment on the line itself.
 """
 import os
@@ -47,6 +52,13 @@ RULES = [
          re.compile(r"\b(static|dynamic|reinterpret)_cast\s*<[^>]*Backend\b")),
     Rule("backends", "NCCL reached through the data path (ask DataPath::Topology)",
          BACKEND_HOME, re.compile(r"(->|\.)\s*nccl\s*\(\s*\)|\bNcclInfo\b")),
+]
+
+TYPES_HOME = ["kernels/dtypes.h", "perf/", "tests/"]
+RULES += [
+    Rule("element types", "a switch over the floating-point types (visit them: VisitFloat)",
+         TYPES_HOME,
+         re.compile(r"\bcase\s+scape(Float32|Float16|Bfloat16|Float8E4M3|Float8E5M2)\b")),
 ]
 
 SOURCE_EXT = (".h", ".hpp", ".cc", ".cpp", ".c", ".cu", ".cuh")
@@ -159,6 +171,7 @@ def self_test():
         put("plugin/api/str.cc", '\nconst char* s = "// not a comment"; UcxStagedBackend* u;\n')
         put("plugin/optim/cast.cc", "\np = static_cast<backend::DeviceBackend*>(b)->SharedPool();\n")
         put("plugin/api/nccl.cc", "\nif (comm->data->NcclInfo(&n, &r) || comm->data->nccl()) {}\n")
+        put("plugin/coll/types.cc", "switch (t) {\n  case scapeBfloat16: return 2;\n}\n")
         # Allowed.
         put("plugin/backend/home.cc",
             "switch (b.kind()) {}\nKind::kNccl; HostBackend h; NcclBackend* n;\n")
@@ -172,13 +185,15 @@ def self_test():
             "switch (rt->Kind(p)) {}\n"
             "DeviceBackend* d = data->device();\n"
             "NcclBackend* n;  // closed-set-exception: self-test\n")
+        put("kernels/dtypes.h", "switch (t) {\n  case scapeFloat8E4M3: f(E4m3T{});\n}\n")
+        put("perf/codec.h", "switch (t) {\n  case scapeFloat16: f(CodecF16{});\n}\n")
         put("build/gen.cc", "HostBackend h;\n")  # build trees are not read
         checked, errors = check(tmp)
         want = {"plugin/optim/kind.cc:2", "plugin/api/switch.cc:2", "plugin/coll/cls.cc:2",
                 "tests/kind_test.cc:2", "perf/p.cc:2", "plugin/api/str.cc:2",
-                "plugin/optim/cast.cc:2", "plugin/api/nccl.cc:2"}
+                "plugin/optim/cast.cc:2", "plugin/api/nccl.cc:2", "plugin/coll/types.cc:2"}
         got = {":".join(e.split(":")[:2]) for e in errors}
-        if checked != 11 or got != want or len(errors) != len(want):
+        if checked != 14 or got != want or len(errors) != len(want):
             print("check_closed_sets self-test failed:", checked, errors)
             return 1
     print(f"check_closed_sets self-test: {len(want)} planted violations found, "
