@@ -206,6 +206,12 @@ inline size_t Size(int t) { return Row(t) ? Row(t)->size : 0; }
 inline const char* Name(int t) { return Row(t) ? Row(t)->cName : "an unknown type"; }
 inline bool IsPayload(int t) { return Row(t) && Row(t)->payload; }
 inline bool IsScaled(int t) { return Row(t) && Row(t)->scaled; }
+// The type a checkpoint's payload code stands for (TypeRow::checkpointCode), -1 for none.
+inline int FromCheckpointCode(int32_t code) {
+  for (const TypeRow& r : kTypes)
+    if (r.payload && r.checkpointCode == code) return r.type;
+  return -1;
+}
 // The payload types' C names, "a, b or c" (for the error of a bad payloadType).
 inline const char* PayloadNames() {
   static const std::string names = [] {

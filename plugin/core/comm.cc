@@ -371,6 +371,26 @@ Status Comm::Submit(const coll::CollArgs& args, std::shared_ptr<PendingOp>* out,
   return Status::Ok();
 }
 
+namespace {
+
+// Whether process `pid` (on this host) has exited: gone, or a zombie (exited, not yet reaped by
+// its parent).
+bool ProcessGone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[256];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* rp = std::strrchr(buf, ')');
+  return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+}  // namespace
+
 Status Comm::WatchLocalPeers(bool force) {
   // A peer that sent its last message and exited cleanly is not a failure while that message
   // is still on its way (in a socket or a shared-memory FIFO): an exited process is declared
@@ -378,28 +398,20 @@ Status Comm::WatchLocalPeers(bool force) {
   // progressing the transport and so receives what the peer sent before it exited. A peer that
   // aborted sent a notice before it exited, possibly behind data this rank has not read yet:
   // when a peer is first seen gone, the transport is drained for up to kNoticeWaitMs so that
-  // the notice is read before an operation can complete on the data in front of it.
-  constexpr int64_t kExitGraceNs = 300 * 1000000LL;
+  // the notice is read before an operation can complete on the data in front of it. What an
+  // exited peer sent is already in this rank's receive path (eager data in the shared-memory
+  // FIFO or the socket; a rendezvous send completes only once the receiver has the data), so
+  // the drain and the grace only need to outlast this rank's own progress loop, not the wire:
+  // 100 ms keeps a dead peer's report on every survivor within about 200 ms (issue 33 item 4;
+  // perf/stress/peer_death.sh).
+  constexpr int64_t kExitGraceNs = 100 * 1000000LL;
   constexpr int kNoticeWaitMs = 50;
   const int64_t now = NowNs();
   if (!force && now - lastLivenessCheckNs_ < 50 * 1000000LL) return Status::Ok();
   lastLivenessCheckNs_ = now;
   for (LocalPeer& p : localPeers_) {
     if (p.pid <= 0 || tp_->PeerFailed(p.rank, nullptr)) continue;
-    bool dead = kill(p.pid, 0) != 0 && errno == ESRCH;
-    if (!dead) {
-      // A zombie (exited, not yet reaped by its parent) is dead too.
-      char path[64];
-      std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(p.pid));
-      if (FILE* f = std::fopen(path, "r")) {
-        char buf[256];
-        size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-        std::fclose(f);
-        buf[n] = '\0';
-        const char* rp = std::strrchr(buf, ')');
-        dead = rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
-      }
-    }
+    const bool dead = ProcessGone(p.pid);
     if (!dead) {
       p.exitedSinceNs = 0;
       continue;
@@ -412,9 +424,11 @@ Status Comm::WatchLocalPeers(bool force) {
         SCAPE_RETURN_IF_ERROR(CheckControl());
       }
     }
-    if (force || now - p.exitedSinceNs >= kExitGraceNs)
+    if (force || now - p.exitedSinceNs >= kExitGraceNs) {
+      if (p.exitedSinceNs != 0) deadPeerDrained_ = true;
       tp_->MarkPeerFailed(p.rank, StrFormat("its process (pid %d on this host) has exited",
                                             static_cast<int>(p.pid)));
+    }
   }
   return Status::Ok();
 }
@@ -549,10 +563,16 @@ void Comm::Backoff(int idle) {
 }
 
 Status Comm::Fail(Status st) {
-  if (error_.ok() && st.code() == scapeRemoteError && ctrlReq_) {
+  if (error_.ok() && st.code() == scapeRemoteError && ctrlReq_ && !deadPeerDrained_) {
     // A peer's connection failed. If it failed because the peer aborted, its notice is
-    // usually right behind: give it a moment, so every rank reports the root cause.
-    Deadline grace = Deadline::AfterMs(200);
+    // usually right behind: give it a moment, so every rank reports the root cause. (Not when
+    // the process check found the peer gone: its notice had that chance there. A same-host
+    // peer whose process is gone already sent all it will: its notice, if any, is in this
+    // rank's receive path, and a short drain reads it.)
+    bool localGone = false;
+    for (const LocalPeer& p : localPeers_)
+      localGone = localGone || (p.pid > 0 && ProcessGone(p.pid));
+    Deadline grace = Deadline::AfterMs(localGone ? 50 : 200);
     while (error_.ok() && ctrlReq_ && !grace.Expired()) {
       tp_->Progress();
       (void)CheckControl();

@@ -131,6 +131,9 @@ class Comm final : public coll::Runner {
   };
   std::vector<LocalPeer> localPeers_;
   int64_t lastLivenessCheckNs_ = 0;
+  // A same-host peer was declared failed by the process check (WatchLocalPeers), after its
+  // notice had its chance to arrive: Fail need not wait for one.
+  bool deadPeerDrained_ = false;
   // Cross-rank mismatch detection while the head operation waits (ProbeMismatch).
   int64_t lastAdvanceNs_ = 0;
   int64_t lastProbeNs_ = 0;

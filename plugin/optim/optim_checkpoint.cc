@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dtypes.h"
 #include "plugin/coll/coll.h"
 #include "plugin/optim/optim.h"
 #include "plugin/optim/optim_device.h"
@@ -141,7 +142,7 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   Put<float>(b, 80, hyper_.weightDecay);
   Put<float>(b, 84, hyper_.maxGradNorm);
   Put<int32_t>(b, 88, static_cast<int32_t>(hyper_.bias));
-  Put<int32_t>(b, 92, static_cast<int32_t>(hyper_.payload));
+  Put<int32_t>(b, 92, dtypes::Row(hyper_.payload)->checkpointCode);  // a validated payload type
   Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
   Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
   Put<int32_t>(b, 104, pending_ ? 1 : 0);
@@ -263,7 +264,7 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   h.weightDecay = Get<float>(b, 80);
   h.maxGradNorm = Get<float>(b, 84);
   h.bias = Get<int32_t>(b, 88);
-  h.payload = Get<int32_t>(b, 92);
+  h.payload = dtypes::FromCheckpointCode(Get<int32_t>(b, 92));  // -1: refused as a payload
   h.density = Get<double>(b, 112);
   h.warmupSteps = Get<int64_t>(b, 120);
   h.entering = Get<uint8_t>(b, 110);

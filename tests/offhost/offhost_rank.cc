@@ -6,7 +6,11 @@
 // others must fail within the timeout), die-masksync (the same during a mask sync), late (the
 // last rank never comes: the others must get scapeTimeout). For perf/stress/stress.sh also:
 // cycles (SCAPE_STRESS_N init/destroy cycles, default 1000) and soak (SCAPE_STRESS_N steps of
-// mask sync + masked all-reduce + dense all-reduce, default 5000, printing RSS).
+// mask sync + masked all-reduce + dense all-reduce, default 5000, printing RSS); die-dense (the
+// last rank dies before a dense 4 MiB all-reduce, every rank having run it twice), die-masked
+// (the last rank dies before a packed masked all-reduce of a 1 Mi-position mask at density
+// 0.01) and die-step (before an optimizer step of 1 Mi parameters), for
+// perf/stress/peer_death.sh, which times how soon each path reports the death.
 // Exit 0 on the expected outcome, 1 otherwise (with a line on stderr).
 #include <signal.h>
 #include <sys/stat.h>
@@ -207,6 +211,56 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "offhost rank %d: peer death in mask sync seen after %lld ms\n", rank,
                  static_cast<long long>(ms));
     scapeMaskDestroy(mask);
+    scapeCommAbort(comm);
+    return 0;
+  }
+  if (kase == "die-dense" || kase == "die-masked" || kase == "die-step") {
+    // One path of a SCAPE step, run once by every rank (connections made, a mask agreed),
+    // then the last rank dies and the survivors run it again: the time to their error.
+    const uint64_t n = uint64_t{1} << 20, offs[] = {0, n};
+    const bool step = kase == "die-step", dense = kase == "die-dense";
+    scapeMask_t mask = nullptr;
+    scapeOptim_t opt = nullptr;
+    std::vector<float> theta(n, 0.5f), g(n), vals(n), out(n);
+    for (uint64_t i = 0; i < n; ++i) g[i] = static_cast<float>((i * 2654435761u + rank) % 1000);
+    auto once = [&]() -> scapeResult_t {
+      if (step) return scapeOptimStep(opt, theta.data(), g.data(), n);
+      if (dense)
+        return scapeAllReduce(g.data(), out.data(), n, scapeFloat32, scapeAvg, nullptr, comm,
+                              nullptr);
+      return scapeMaskAllReducePacked(vals.data(), out.data(), scapeFloat32, scapeAvg, mask, comm,
+                                      nullptr);
+    };
+    if (step) {
+      scapeOptimConfig_t oc;
+      scapeOptimConfigInit(&oc);
+      oc.n = n;
+      oc.nsegments = 1;
+      oc.segOffsets = offs;
+      oc.density = 0.01;
+      if (scapeOptimCreate(&opt, &oc, comm) != scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+    } else if (!dense) {
+      if (scapeMaskCreate(&mask, n, 1, offs, nullptr, scapeOwnershipShards, scapeMaskEncodingAuto,
+                          comm) != scapeSuccess ||
+          scapeMaskSelectNextTopk(mask, g.data(), 0.01) != scapeSuccess ||
+          scapeMaskSyncStart(mask) != scapeSuccess || scapeMaskSyncWait(mask) != scapeSuccess ||
+          scapeMaskAdvance(mask) != scapeSuccess)
+        return Fail(rank, scapeGetLastError(comm));
+    }
+    for (int i = 0; i < 2; ++i)
+      if (once() != scapeSuccess) return Fail(rank, scapeGetLastError(comm));
+    // Every rank here, so that the survivors' call below starts together with the death.
+    if (scapeBarrier(comm) != scapeSuccess) return Fail(rank, scapeGetLastError(comm));
+    if (last) kill(getpid(), SIGKILL);
+    const int64_t s = NowMs();
+    r = once();
+    const int64_t ms = NowMs() - s;
+    if (r != scapeRemoteError && r != scapeTimeout)
+      return Fail(rank, std::string("expected an error, got ") + scapeGetErrorString(r));
+    if (ms > timeoutMs + 3000) return Fail(rank, "error came after " + std::to_string(ms) + " ms");
+    std::fprintf(stderr, "offhost rank %d: peer death seen after %lld ms: %s\n", rank,
+                 static_cast<long long>(ms), scapeGetLastError(comm));
     scapeCommAbort(comm);
     return 0;
   }
