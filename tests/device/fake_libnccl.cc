@@ -39,6 +39,8 @@
 #include <set>
 #include <vector>
 
+#include "tests/fp8_ref.h"
+
 #ifndef FAKE_NCCL_VERSION
 #define FAKE_NCCL_VERSION 22809
 #endif
@@ -131,6 +133,9 @@ static size_t Size(int dt) {
     case 6:
     case 9:
       return 2;
+    case 10:  // ncclFloat8e4m3
+    case 11:  // ncclFloat8e5m2
+      return 1;
     default:
       return 0;
   }
@@ -237,8 +242,23 @@ static bool Reduce(FakeNcclShared* s, int p, size_t off, size_t n, int dt, int o
         std::memcpy(static_cast<char*>(dst) + i * 2, &h, 2);
       }
       return true;
+    case 10:
+    case 11: {
+      // The 8-bit floats (NCCL >= 2.24): summed in fp32 in rank order, rounded once to nearest
+      // even (tests/fp8_ref.h, written from the formats, not the library's conversions).
+      const scape::testing::Fp8Format& f = dt == 10 ? scape::testing::kE4m3 : scape::testing::kE5m2;
+      auto load = [&f](uint8_t c) { return static_cast<float>(scape::testing::Fp8Value(f, c)); };
+      for (size_t i = 0; i < n; ++i) {
+        float acc = load(static_cast<uint8_t>(Slot(s, 0)[off + i]));
+        for (int r = 1; r < p; ++r)
+          acc = Combine(acc, load(static_cast<uint8_t>(Slot(s, r)[off + i])), op);
+        if (op == 4) acc /= static_cast<float>(p);
+        static_cast<uint8_t*>(dst)[i] = scape::testing::Fp8Round(f, acc);
+      }
+      return true;
+    }
     default:
-      return false;  // float16 and the 8-bit types: not reduced by this fake
+      return false;  // float16: not reduced by this fake
   }
 }
 

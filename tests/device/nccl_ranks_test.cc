@@ -503,12 +503,13 @@ TEST_P(NcclRanks, DestroyAndAbortTearDownBoth) {
 // (its exchange on the host communicator): with 1 or 2 ranks the same bits (a sum of two values
 // does not depend on its order), params and whole checkpoints, every step; with 3 ranks the
 // fake NCCL sums in rank order, not in the host ring's order, so only "every rank holds the
-// same params" is checked there. fp32 and bf16 payloads (the fake averages two bf16 values as
-// the host does: the float sum divided, rounded to bf16 once).
+// same params" is checked there. fp32, bf16 and e4m3 payloads (the fake averages two bf16 or
+// e4m3 values as the host does: the float sum divided, rounded once; an 8-bit payload's scale is
+// agreed with an ncclAllReduce of one float, max).
 TEST_P(NcclRanks, OptimizerStepOnDeviceExchangesOverNccl) {
   const int P = GetParam();
   const unsigned seed = scape_test::FreshSeed();
-  for (int payload : {scapeFloat32, scapeBfloat16})
+  for (int payload : {scapeFloat32, scapeBfloat16, scapeFloat8E4M3})
     for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
       FakeNcclShared* shared = NewShared(FAKE_NCCL_PATH, P);
       ASSERT_NE(shared, nullptr);
