@@ -5,7 +5,8 @@
 //
 // OWNERSHIP: replicated (default) or sharded (the owners' (param, momentum) pairs all-gathered
 // on the stream: the device runs the host step's sharded algorithm and must match its bits).
-// PAYLOAD: the optimizers' payloadType, f32 (default), bf16 or f16; both parts use it. With
+// PAYLOAD: the optimizers' payloadType, f32 (default), bf16, f16, e4m3 or e5m2 (issue 33: the
+// scale agreed and the conversions run on the device); both parts use it. With
 // bf16/f16 the device step keeps the payload's rounding error in the residual as the host step
 // does, so the bits must match as for f32. Given, rank 0 also prints RESULT payload.
 //
@@ -81,7 +82,7 @@ std::vector<uint8_t> Save(scapeOptim_t o, scapeComm_t comm) {
 int main(int argc, char** argv) {
   if (argc < 5) {
     std::fprintf(stderr,
-                 "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED [f32|bf16|f16 "
+                 "usage: %s RANK NRANKS DIR N [DENSITY [STEPS [TIMED [f32|bf16|f16|e4m3|e5m2 "
                  "[replicated|sharded]]]]]\n",
                  argv[0]);
     return 1;
@@ -100,8 +101,12 @@ int main(int argc, char** argv) {
     g_payload = scapeBfloat16;
   } else if (payload == "f16") {
     g_payload = scapeFloat16;
+  } else if (payload == "e4m3") {
+    g_payload = scapeFloat8E4M3;
+  } else if (payload == "e5m2") {
+    g_payload = scapeFloat8E5M2;
   } else {
-    std::fprintf(stderr, "PAYLOAD %s: f32, bf16 or f16\n", payload.c_str());
+    std::fprintf(stderr, "PAYLOAD %s: f32, bf16, f16, e4m3 or e5m2\n", payload.c_str());
     return 1;
   }
   const std::string own = argc > 9 ? argv[9] : "replicated";

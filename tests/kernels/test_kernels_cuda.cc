@@ -12,8 +12,10 @@
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/gather.h"
 #include "kernels/cpu/mask_codec.h"
+#include "kernels/cpu/scaled.h"
 #include "kernels/cpu/scape_step.h"
 #include "kernels/cpu/topk.h"
+#include "kernels/cuda/scaled.cuh"
 #include "kernels/cuda/scape_kernels.cuh"
 #include "plugin/device/runtime.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -1060,6 +1062,47 @@ TEST(CudaRuntimeOps, UpdateCopyWithEnterTableMatchesCpu) {
   EXPECT_TRUE(SameBytes(dtheta.Read<float>(n), theta_cpu)) << "theta differs";
   EXPECT_TRUE(SameBytes(dm.Read<float>(n), m_cpu)) << "m differs";
   EXPECT_TRUE(SameBytes(dcopy.Read<uint16_t>(n), copy_cpu)) << "16-bit copy differs";
+}
+
+// Issue 33: the 8-bit payloads' kernels (kernels/cuda/scaled.cu) against the CPU ones
+// (kernels/cpu/scaled.h): the amax, the codes, the residual at scattered positions and the
+// values read back, bit for bit, both formats, odd sizes, 1 and 3 ranks' scales.
+TEST(CudaScaledPayload, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (scapeDataType_t t : {scapeFloat8E4M3, scapeFloat8E5M2}) {
+    for (size_t k : {size_t{1}, size_t{1000}, size_t{70001}}) {
+      for (int P : {1, 3}) {
+        std::vector<float> x = RandomNormal(rng, k, 1e-3f);
+        x[k / 2] = std::numeric_limits<float>::quiet_NaN();  // skipped by the amax
+        if (k > 2) x[1] = 1e-30f;                            // far below the smallest subnormal
+        std::vector<uint64_t> pos(k);
+        for (size_t j = 0; j < k; ++j) pos[j] = 2 * j + 1;
+        std::vector<float> res(2 * k + 1, 7.0f);
+        float amax = 0.0f;
+        ASSERT_EQ(PayloadAmax(x.data(), k, &amax), KernelStatus::kOk);
+        std::vector<uint8_t> q(k);
+        ASSERT_EQ(QuantizeScaled(x.data(), k, t, amax, P, q.data(), pos.data(), res.data()),
+                  KernelStatus::kOk);
+        std::vector<float> back(k);
+        ASSERT_EQ(DequantizeScaled(q.data(), k, t, amax, P, back.data()), KernelStatus::kOk);
+
+        DevBuf dx(x), dpos(pos), dres(std::vector<float>(2 * k + 1, 7.0f)), damax(4), dq(k),
+            dback(4 * k);
+        ASSERT_TRUE(dx.ok() && dpos.ok() && dres.ok() && damax.ok() && dq.ok() && dback.ok());
+        CUDA_OK(kc::PayloadAmaxCuda(dx.get<float>(), k, damax.get<float>(), nullptr));
+        CUDA_OK(kc::QuantizeScaledCuda(dx.get<float>(), k, t, damax.get<float>(), P, dq.get(),
+                                       dpos.get<uint64_t>(), dres.get<float>(), nullptr));
+        CUDA_OK(kc::DequantizeScaledCuda(dq.get(), k, t, damax.get<float>(), P, dback.get<float>(),
+                                         nullptr));
+        CUDA_OK(kc::StreamSynchronize(nullptr));
+        EXPECT_TRUE(SameBytes(damax.Read<float>(1), std::vector<float>{amax}));
+        EXPECT_TRUE(SameBytes(dq.Read<uint8_t>(k), q)) << "type " << t << " k " << k;
+        EXPECT_TRUE(SameBytes(dres.Read<float>(2 * k + 1), res)) << "type " << t << " k " << k;
+        EXPECT_TRUE(SameBytes(dback.Read<float>(k), back)) << "type " << t << " k " << k;
+      }
+    }
+  }
 }
 
 }  // namespace
