@@ -42,12 +42,12 @@ __device__ uint64_t WarpLowerBound(const Index* a, uint64_t n, uint64_t target) 
   return lo + static_cast<uint64_t>(__popc(__ballot_sync(0xffffffffu, less)));
 }
 
-// Fills slot[0, t1 - t0) with the payload index offset (j - *jb) of each masked element of the
-// tile [t0, t1), -1 elsewhere. Ends with a block barrier.
-template <typename Index>
-__device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, int* slot,
-                         uint64_t* range, uint64_t* jb_out) {
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) slot[i] = -1;
+// The body of MarkTile and MarkTile16 once slot[] holds -1: the mask range [jb, je) of the tile
+// [t0, t1) (two warps' lower bounds), then slot[p - t0] = j - jb for each masked position p of
+// the tile (at most kTileN of them). Ends with a block barrier.
+template <int kTileN, typename Slot, typename Index>
+__device__ void MarkSlots(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, Slot* slot,
+                          uint64_t* range, uint64_t* jb_out) {
   const unsigned warp = threadIdx.x >> 5;
   if (warp < 2) {
     const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
@@ -55,13 +55,22 @@ __device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1
   }
   __syncthreads();
   const uint64_t jb = range[0], je = range[1];
-  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kTile);
+  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kTileN);
        j += blockDim.x) {
     const uint64_t p = static_cast<uint64_t>(mask[j]);
-    if (p >= t0 && p < t1) slot[p - t0] = static_cast<int>(j - jb);
+    if (p >= t0 && p < t1) slot[p - t0] = static_cast<Slot>(j - jb);
   }
   __syncthreads();
   *jb_out = jb;
+}
+
+// Fills slot[0, t1 - t0) with the payload index offset (j - *jb) of each masked element of the
+// tile [t0, t1), -1 elsewhere. Ends with a block barrier.
+template <typename Index>
+__device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, int* slot,
+                         uint64_t* range, uint64_t* jb_out) {
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) slot[i] = -1;
+  MarkSlots<kTile>(mask, k, t0, t1, slot, range, jb_out);
 }
 
 // keep: the residual at a masked element is the rounding error c - stored (+0 when the stored
@@ -105,20 +114,7 @@ __device__ void MarkTile16(const Index* mask, uint64_t k, uint64_t t0, uint64_t 
                            uint64_t* range, uint64_t* jb_out) {
   int4* s4 = reinterpret_cast<int4*>(slot);
   for (int i = threadIdx.x; i < kUTile / 8; i += blockDim.x) s4[i] = make_int4(-1, -1, -1, -1);
-  const unsigned warp = threadIdx.x >> 5;
-  if (warp < 2) {
-    const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
-    if ((threadIdx.x & 31u) == 0) range[warp] = r;
-  }
-  __syncthreads();
-  const uint64_t jb = range[0], je = range[1];
-  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kUTile);
-       j += blockDim.x) {
-    const uint64_t p = static_cast<uint64_t>(mask[j]);
-    if (p >= t0 && p < t1) slot[p - t0] = static_cast<short>(j - jb);
-  }
-  __syncthreads();
-  *jb_out = jb;
+  MarkSlots<kUTile>(mask, k, t0, t1, slot, range, jb_out);
 }
 
 // The AdamS update of one masked element (mp = m_{t-1}[i], th = theta[i]): returns theta_t and
