@@ -688,10 +688,7 @@ void CloseListen(ListenComm* lc) {
   delete lc;
 }
 
-ListenComm* AsListenComm(void* p) {
-  auto* c = static_cast<ListenComm*>(p);
-  return IsLive(p) && c->magic == kListenMagic ? c : nullptr;
-}
+ListenComm* AsListenComm(void* p) { return AsLive<ListenComm>(p, kListenMagic); }
 
 }  // namespace ucxnet
 }  // namespace scape
