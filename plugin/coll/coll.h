@@ -64,6 +64,17 @@ struct CollArgs {
 };
 uint32_t Signature(const CollArgs& a);
 
+// An all-gather of count elements of dtype from every rank (recv holds nranks * count).
+inline CollArgs AllGatherArgs(const void* send, void* recv, size_t count, scapeDataType_t dtype) {
+  CollArgs a;
+  a.type = CollType::kAllGather;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.dtype = dtype;
+  return a;
+}
+
 // Tuning, read once per communicator.
 struct Tuning {
   size_t ringThresholdBytes = 64 * 1024;
