@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/kernel_status.h"
 #include "scape/scape.h"
@@ -112,6 +113,19 @@ __device__ __forceinline__ float LoadPayload(const void* p, uint64_t j) {
 
 inline int PayloadKind(scapeDataType_t t) {
   return t == scapeFloat32 ? 0 : (t == scapeBfloat16 ? 1 : (t == scapeFloat16 ? 2 : -1));
+}
+
+// The one dispatch of a payload kind onto a template argument (host code, around launches):
+// f(std::integral_constant<int, K>{}) with K = kind for 0 and 1, K = 2 otherwise.
+template <typename F>
+void VisitKind(int kind, F&& f) {
+  if (kind == 0) {
+    f(std::integral_constant<int, 0>{});
+  } else if (kind == 1) {
+    f(std::integral_constant<int, 1>{});
+  } else {
+    f(std::integral_constant<int, 2>{});
+  }
 }
 
 // ---- block-wide scans (blockDim.x a multiple of 32, at most 1024) ---------------------------
