@@ -30,7 +30,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layers import cli, plant  # noqa: E402  (the command line and scratch trees they share)
+from check_layers import cli, plant, verdict  # noqa: E402  (shared with the other checks)
 
 DOCS = ["docs/ARCHITECTURE.md", "CONTRIBUTING.md"]
 TOP = ("base", "kernels", "plugin", "transport", "include", "tests", "perf", "python", "docs",
@@ -180,13 +180,8 @@ def self_test():
         ]))
         checked, errors = check(tmp)
         want = {"docs/ARCHITECTURE.md:%d" % n for n in (5, 6, 7, 8, 9, 11)}
-        got = {":".join(e.split(":")[:2]) for e in errors}
-        if checked != 2 or got != want or len(errors) != len(want):
-            print("check_docs_paths self-test failed:", checked, errors)
-            return 1
-    print(f"check_docs_paths self-test: {len(want)} planted stale names found, "
-          "true names and placeholders passed")
-    return 0
+        return verdict("check_docs_paths", checked, 2, errors, want,
+                       "planted stale names found, true names and placeholders passed")
 
 
 def main():
