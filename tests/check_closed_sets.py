@@ -31,7 +31,7 @@ import sys
 from collections import namedtuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layers import cli, plant  # noqa: E402  (the command line and scratch trees they share)
+from check_layers import cli, plant, verdict  # noqa: E402  (shared with the other checks)
 
 # set: the closed set the rule guards; name: what the rule forbids; home: path prefixes (repo
 # relative, "/" separated) where the names are allowed; pattern: what to look for in code.
@@ -192,13 +192,8 @@ def self_test():
         want = {"plugin/optim/kind.cc:2", "plugin/api/switch.cc:2", "plugin/coll/cls.cc:2",
                 "tests/kind_test.cc:2", "perf/p.cc:2", "plugin/api/str.cc:2",
                 "plugin/optim/cast.cc:2", "plugin/api/nccl.cc:2", "plugin/coll/types.cc:2"}
-        got = {":".join(e.split(":")[:2]) for e in errors}
-        if checked != 14 or got != want or len(errors) != len(want):
-            print("check_closed_sets self-test failed:", checked, errors)
-            return 1
-    print(f"check_closed_sets self-test: {len(want)} planted violations found, "
-          "homes, comments and exceptions honoured")
-    return 0
+        return verdict("check_closed_sets", checked, 14, errors, want,
+                       "planted violations found, homes, comments and exceptions honoured")
 
 
 def main():

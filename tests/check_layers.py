@@ -173,6 +173,18 @@ def cli(name, check_fn, self_test_fn, argv, what=""):
     return 1 if errors else 0
 
 
+def verdict(name, checked, want_checked, errors, want, passed):
+    """The end of check_closed_sets' and check_docs_paths' self-tests: 0 when the scratch tree's
+    check read want_checked files and reported exactly the places in `want` ("path:line"), once
+    each; else 1, with what it found."""
+    got = {":".join(e.split(":")[:2]) for e in errors}
+    if checked != want_checked or got != want or len(errors) != len(want):
+        print(f"{name} self-test failed:", checked, errors)
+        return 1
+    print(f"{name} self-test: {len(want)} {passed}")
+    return 0
+
+
 def plant(tmp, rel, text):
     """Writes a planted file of a self-test's scratch tree."""
     os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)

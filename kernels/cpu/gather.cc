@@ -28,50 +28,37 @@ void Scatter(const T* p, const uint64_t* idx, size_t k, T* d) {
   for (; i < k; ++i) d[idx[i]] = p[i];
 }
 
-}  // namespace
-
-void GatherByIndex(const void* dense, const uint64_t* idx, size_t k, size_t esz, void* packed) {
-  switch (esz) {
-    case 1:
-      Gather(static_cast<const uint8_t*>(dense), idx, k, static_cast<uint8_t*>(packed));
-      return;
-    case 2:
-      Gather(static_cast<const uint16_t*>(dense), idx, k, static_cast<uint16_t*>(packed));
-      return;
-    case 4:
-      Gather(static_cast<const uint32_t*>(dense), idx, k, static_cast<uint32_t*>(packed));
-      return;
-    case 8:
-      Gather(static_cast<const uint64_t*>(dense), idx, k, static_cast<uint64_t*>(packed));
-      return;
-    default: {
-      const char* d = static_cast<const char*>(dense);
-      char* p = static_cast<char*>(packed);
-      for (size_t i = 0; i < k; ++i) std::memcpy(p + i * esz, d + idx[i] * esz, esz);
+// The gather (dst[i] = src[idx[i]]) or the scatter (dst[idx[i]] = src[i]) of k elements of esz
+// bytes: as unsigned integers for 1, 2, 4 or 8 bytes, else with memcpy per element.
+void MoveIndexed(bool scatter, const void* src, const uint64_t* idx, size_t k, size_t esz,
+                 void* dst) {
+  const bool bits = VisitElementBits(esz, [&](auto t) {
+    using T = decltype(t);
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+    if (scatter) {
+      Scatter(s, idx, k, d);
+    } else {
+      Gather(s, idx, k, d);
     }
+  });
+  if (bits) return;
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (size_t i = 0; i < k; ++i) {
+    const size_t from = scatter ? i : idx[i], to = scatter ? idx[i] : i;
+    std::memcpy(d + to * esz, s + from * esz, esz);
   }
 }
 
+}  // namespace
+
+void GatherByIndex(const void* dense, const uint64_t* idx, size_t k, size_t esz, void* packed) {
+  MoveIndexed(/*scatter=*/false, dense, idx, k, esz, packed);
+}
+
 void ScatterByIndex(const void* packed, const uint64_t* idx, size_t k, size_t esz, void* dense) {
-  switch (esz) {
-    case 1:
-      Scatter(static_cast<const uint8_t*>(packed), idx, k, static_cast<uint8_t*>(dense));
-      return;
-    case 2:
-      Scatter(static_cast<const uint16_t*>(packed), idx, k, static_cast<uint16_t*>(dense));
-      return;
-    case 4:
-      Scatter(static_cast<const uint32_t*>(packed), idx, k, static_cast<uint32_t*>(dense));
-      return;
-    case 8:
-      Scatter(static_cast<const uint64_t*>(packed), idx, k, static_cast<uint64_t*>(dense));
-      return;
-    default: {
-      const char* p = static_cast<const char*>(packed);
-      char* d = static_cast<char*>(dense);
-      for (size_t i = 0; i < k; ++i) std::memcpy(d + idx[i] * esz, p + i * esz, esz);
-    }
-  }
+  MoveIndexed(/*scatter=*/true, packed, idx, k, esz, dense);
 }
 
 }  // namespace kernels

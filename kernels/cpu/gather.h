@@ -26,6 +26,28 @@ namespace kernels {
 void GatherByIndex(const void* dense, const uint64_t* idx, size_t k, size_t esz, void* packed);
 void ScatterByIndex(const void* packed, const uint64_t* idx, size_t k, size_t esz, void* dense);
 
+// Calls f(T{}) with T the first of T, Rest... whose size is esz and returns true; returns false,
+// calling nothing, when none is.
+template <typename T, typename... Rest, typename F>
+bool VisitTypeOfSize(size_t esz, F& f) {
+  if (esz == sizeof(T)) {
+    f(T{});
+    return true;
+  }
+  if constexpr (sizeof...(Rest) > 0) {
+    return VisitTypeOfSize<Rest...>(esz, f);
+  } else {
+    return false;
+  }
+}
+
+// The one dispatch on an element size that moves raw bits (the CPU and CUDA gather / scatter):
+// f(T{}) with T the unsigned integer of esz bytes; false for an esz other than 1, 2, 4 or 8.
+template <typename F>
+bool VisitElementBits(size_t esz, F&& f) {
+  return VisitTypeOfSize<uint8_t, uint16_t, uint32_t, uint64_t>(esz, f);
+}
+
 }  // namespace kernels
 }  // namespace scape
 

@@ -29,26 +29,25 @@ enum class [[nodiscard]] KernelStatus : int{
     kUnsupported = 7,      // a data type / mode this kernel does not implement
 };
 
+// The names, one per enumerator in the enum's order (the value is the index).
+constexpr const char* kKernelStatusNames[] = {
+    "ok",
+    "invalid argument",
+    "buffer too small",
+    "truncated input",
+    "corrupt input",
+    "out of memory",
+    "CUDA error",
+    "unsupported",
+};
+static_assert(sizeof(kKernelStatusNames) / sizeof(kKernelStatusNames[0]) ==
+                  static_cast<size_t>(KernelStatus::kUnsupported) + 1,
+              "one name per KernelStatus");
+
 inline const char* KernelStatusString(KernelStatus s) {
-  switch (s) {
-    case KernelStatus::kOk:
-      return "ok";
-    case KernelStatus::kInvalidArgument:
-      return "invalid argument";
-    case KernelStatus::kBufferTooSmall:
-      return "buffer too small";
-    case KernelStatus::kTruncated:
-      return "truncated input";
-    case KernelStatus::kCorrupt:
-      return "corrupt input";
-    case KernelStatus::kOutOfMemory:
-      return "out of memory";
-    case KernelStatus::kCudaError:
-      return "CUDA error";
-    case KernelStatus::kUnsupported:
-      return "unsupported";
-  }
-  return "unknown kernel status";
+  const auto i = static_cast<size_t>(s);
+  return i <= static_cast<size_t>(KernelStatus::kUnsupported) ? kKernelStatusNames[i]
+                                                              : "unknown kernel status";
 }
 
 // One mapping to the public result codes.

@@ -172,13 +172,20 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
                                  float beta1, double* sq_norm, int max_threads) {
   return SqNormImpl(payload, payload_type, mask, k, m, n, beta1, sq_norm, max_threads);
 }
-KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,
-                            const AdamSParams& params, int max_threads) {
+namespace {
+// The dense baselines' scalars: params without bias correction or clipping.
+KernelStatus DenseScalars(const AdamSParams& params, AdamSScalars* s) {
   AdamSParams p = params;
   p.bias_correction = BiasCorrection::kNone;
   p.clip_scale = 1.0f;
+  return MakeAdamSScalars(p, s);
+}
+}  // namespace
+
+KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,
+                            const AdamSParams& params, int max_threads) {
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(p, &s);
+  KernelStatus st = DenseScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
   if (n > 0 && (g == nullptr || theta == nullptr || m == nullptr)) {
     return KernelStatus::kInvalidArgument;
@@ -197,11 +204,8 @@ KernelStatus DenseAdamSStep(const float* g, float* theta, float* m, size_t n,
 
 KernelStatus DenseAdamWStep(const float* g, float* theta, float* m, float* v, size_t n,
                             const AdamSParams& params, int max_threads) {
-  AdamSParams p = params;
-  p.bias_correction = BiasCorrection::kNone;
-  p.clip_scale = 1.0f;
   AdamSScalars s;
-  KernelStatus st = MakeAdamSScalars(p, &s);
+  KernelStatus st = DenseScalars(params, &s);
   if (st != KernelStatus::kOk) return st;
   if (n > 0 && (g == nullptr || theta == nullptr || m == nullptr || v == nullptr)) {
     return KernelStatus::kInvalidArgument;

@@ -15,14 +15,42 @@ using namespace step_impl;  // NOLINT: this file is its implementation
 // ------------------------------------------------------------------------------------------
 namespace {
 
+// The first run of v that ends after position b: where a chunk [b, ...) starts.
+const MaskRun* FirstRunAfter(const MaskView& v, uint64_t b) {
+  return std::upper_bound(v.runs, v.runs + v.nruns, b,
+                          [](uint64_t x, const MaskRun& run) { return x < run.end; });
+}
+
+// Run r of view v (and the run of view w at the same index, the views having the same runs)
+// inside the chunk [b, end): positions [lo, hi), and the entries of each view from lo on,
+// [q, qe) of v and [s, se) of w (qe and se still the runs' ends).
+struct RunPair {
+  uint64_t lo, hi;
+  const uint64_t *q, *qe, *s, *se;
+};
+RunPair RunPairIn(const MaskView& v, const MaskRun* r, const MaskView& w, uint64_t b,
+                  uint64_t end) {
+  const MaskRun& wr = w.runs[r - v.runs];
+  RunPair x;
+  x.lo = std::max<uint64_t>(b, r->begin);
+  x.hi = std::min<uint64_t>(end, r->end);
+  x.q = v.idx + r->jb;
+  x.qe = v.idx + r->je;
+  x.s = w.idx + wr.jb;
+  x.se = w.idx + wr.je;
+  if (x.lo > r->begin) {
+    x.q = std::lower_bound(x.q, x.qe, x.lo);
+    x.s = std::lower_bound(x.s, x.se, x.lo);
+  }
+  return x;
+}
+
 // Walks positions [b, e) of a view in increasing order: dense(i0, i1, run) for every stretch
 // of positions outside the mask (inside one run), point(p, j, run) for every mask entry.
 template <typename Dense, typename Point>
 void WalkView(const MaskView& v, size_t b, size_t e, Dense dense, Point point) {
   const MaskRun* const rend = v.runs + v.nruns;
-  const MaskRun* r = std::upper_bound(v.runs, rend, uint64_t{b},
-                                      [](uint64_t x, const MaskRun& run) { return x < run.end; });
-  for (; r < rend && r->begin < e; ++r) {
+  for (const MaskRun* r = FirstRunAfter(v, b); r < rend && r->begin < e; ++r) {
     const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(e, r->end);
     const uint64_t* jb = v.idx + r->jb;
     const uint64_t* je = v.idx + r->je;
@@ -394,18 +422,11 @@ bool CandidatePackedBlocks(float* m_mask, const MaskView& sup, const float* m_su
     float es[kUpdateBlock], em[kUpdateBlock], mz[kUpdateBlock];
     if (gather) std::fill(mz, mz + kUpdateBlock, 0.0f);
     const MaskRun* const rend = v.runs + v.nruns;
-    const MaskRun* r = std::upper_bound(v.runs, rend, uint64_t{b},
-                                        [](uint64_t x, const MaskRun& run) { return x < run.end; });
-    for (; r < rend && r->begin < end; ++r) {
-      const MaskRun& sr = sup.runs[r - v.runs];
+    for (const MaskRun* r = FirstRunAfter(v, b); r < rend && r->begin < end; ++r) {
       float* c = (stat && (r->flags & kRunOwned)) ? stat : nullptr;
-      const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(end, r->end);
-      const uint64_t *q = v.idx + r->jb, *qe = v.idx + r->je;
-      const uint64_t *s = sup.idx + sr.jb, *se = sup.idx + sr.je;
-      if (lo > r->begin) {
-        q = std::lower_bound(q, qe, lo);
-        s = std::lower_bound(s, se, lo);
-      }
+      const RunPair rp = RunPairIn(v, r, sup, b, end);
+      const uint64_t lo = rp.lo, hi = rp.hi;
+      const uint64_t *q = rp.q, *qe = rp.qe, *s = rp.s, *se = rp.se;
       for (uint64_t s0 = lo; s0 < hi; s0 += kUpdateBlock) {
         const uint64_t s1 = std::min<uint64_t>(hi, s0 + kUpdateBlock);
         const uint64_t* qz = q;
@@ -458,17 +479,10 @@ KernelStatus MomentumGather(const MaskView& from, const float* m_from, const Mas
   if (to.k == 0) return KernelStatus::kOk;
   const bool ok = ForChunks(n, max_threads, [&](size_t b, size_t e) {
     const MaskRun* const rend = to.runs + to.nruns;
-    const MaskRun* r = std::upper_bound(to.runs, rend, uint64_t{b},
-                                        [](uint64_t x, const MaskRun& run) { return x < run.end; });
-    for (; r < rend && r->begin < e; ++r) {
-      const MaskRun& fr = from.runs[r - to.runs];
-      const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(e, r->end);
-      const uint64_t *c = to.idx + r->jb, *ce = to.idx + r->je;
-      const uint64_t *a = from.idx + fr.jb, *ae = from.idx + fr.je;
-      if (lo > r->begin) {
-        c = std::lower_bound(c, ce, lo);
-        a = std::lower_bound(a, ae, lo);
-      }
+    for (const MaskRun* r = FirstRunAfter(to, b); r < rend && r->begin < e; ++r) {
+      const RunPair rp = RunPairIn(to, r, from, b, e);
+      const uint64_t hi = rp.hi;
+      const uint64_t *c = rp.q, *ce = rp.qe, *a = rp.s, *ae = rp.se;
       if (hi < r->end) ce = std::lower_bound(c, ce, hi);
       // A branch-free merge: the entering entries stay +0, the staying ones take their value.
       float* out = m_to + (c - to.idx);
@@ -559,10 +573,7 @@ KernelStatus UpdatePackedImpl(const void* payload, scapeDataType_t type, const M
         float th[kUpdateBatch], mt[kUpdateBatch];
         EnterLookup look{params.enter_offsets, params.enter_vs, params.enter_nseg};
         const MaskRun* const rend = mask.runs + mask.nruns;
-        const MaskRun* r =
-            std::upper_bound(mask.runs, rend, uint64_t{b},
-                             [](uint64_t x, const MaskRun& run) { return x < run.end; });
-        for (; r < rend && r->begin < end; ++r) {
+        for (const MaskRun* r = FirstRunAfter(mask, b); r < rend && r->begin < end; ++r) {
           const uint64_t lo = std::max<uint64_t>(b, r->begin), hi = std::min<uint64_t>(end, r->end);
           const uint64_t *q = mask.idx + r->jb, *qe = mask.idx + r->je;
           if (lo > r->begin) q = std::lower_bound(q, qe, lo);

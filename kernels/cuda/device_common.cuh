@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/kernel_status.h"
 #include "scape/scape.h"
@@ -114,7 +115,38 @@ inline int PayloadKind(scapeDataType_t t) {
   return t == scapeFloat32 ? 0 : (t == scapeBfloat16 ? 1 : (t == scapeFloat16 ? 2 : -1));
 }
 
+// The one dispatch of a payload kind onto a template argument (host code, around launches):
+// f(std::integral_constant<int, K>{}) with K = kind for 0 and 1, K = 2 otherwise.
+template <typename F>
+void VisitKind(int kind, F&& f) {
+  if (kind == 0) {
+    f(std::integral_constant<int, 0>{});
+  } else if (kind == 1) {
+    f(std::integral_constant<int, 1>{});
+  } else {
+    f(std::integral_constant<int, 2>{});
+  }
+}
+
 // ---- block-wide scans (blockDim.x a multiple of 32, at most 1024) ---------------------------
+
+// The second half of both scans: once each warp has written its sum to warp_sums[its warp], the
+// sum of the warps before `warp` (returned) and of all of them (*total). Synchronises the block
+// before reading warp_sums and after (so that it may be reused).
+template <typename T>
+__device__ __forceinline__ T WarpSumsBefore(const T* warp_sums, unsigned warp, T* total) {
+  __syncthreads();
+  T before = 0, all = 0;
+  const unsigned nwarps = blockDim.x >> 5;
+  for (unsigned w = 0; w < nwarps; ++w) {
+    const T s = warp_sums[w];
+    before += w < warp ? s : 0;
+    all += s;
+  }
+  __syncthreads();
+  *total = all;
+  return before;
+}
 
 // Exclusive prefix of `flag` over the block in thread order; *total = block sum.
 // Uses `warp_sums` (32 entries of shared memory) and synchronises the block twice.
@@ -124,17 +156,7 @@ __device__ __forceinline__ uint32_t BlockExclusiveCount(bool flag, uint32_t* war
   const unsigned ballot = __ballot_sync(0xffffffffu, flag);
   const uint32_t in_warp = __popc(ballot & ((1u << lane) - 1u));
   if (lane == 0) warp_sums[warp] = __popc(ballot);
-  __syncthreads();
-  uint32_t before = 0, all = 0;
-  const unsigned nwarps = blockDim.x >> 5;
-  for (unsigned w = 0; w < nwarps; ++w) {
-    const uint32_t s = warp_sums[w];
-    before += w < warp ? s : 0;
-    all += s;
-  }
-  __syncthreads();
-  *total = all;
-  return before + in_warp;
+  return WarpSumsBefore(warp_sums, warp, total) + in_warp;
 }
 
 // Exclusive prefix sum of a 64-bit value over the block; *total = block sum.
@@ -147,17 +169,7 @@ __device__ __forceinline__ uint64_t BlockExclusiveSum(uint64_t v, uint64_t* warp
     if (lane >= static_cast<unsigned>(off)) incl += o;
   }
   if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  uint64_t before = 0, all = 0;
-  const unsigned nwarps = blockDim.x >> 5;
-  for (unsigned w = 0; w < nwarps; ++w) {
-    const uint64_t s = warp_sums[w];
-    before += w < warp ? s : 0;
-    all += s;
-  }
-  __syncthreads();
-  *total = all;
-  return before + incl - v;
+  return WarpSumsBefore(warp_sums, warp, total) + incl - v;
 }
 
 // Block-wide sum of a 64-bit value (result valid in every thread).

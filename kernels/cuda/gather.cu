@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/gather.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/scape_kernels.cuh"
 
@@ -24,36 +25,13 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr int kUnroll = 4;
 
-template <typename T>
+// The gather (kScatter false: dst[i] = src[idx[i]]) or the scatter (kScatter true:
+// dst[idx[i]] = src[i]) of i < k. The gather issues its index reads, then its dense loads, then
+// its stores; the scatter issues its index and packed reads together, then its dense stores.
+template <bool kScatter, typename T>
 __global__ void __launch_bounds__(kThreads)
-    GatherKernel(const T* __restrict__ dense, const uint64_t* __restrict__ idx, uint64_t k,
-                 T* __restrict__ packed) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < k;
-       base += stride * kUnroll) {
-    uint64_t ix[kUnroll];
-    T v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const uint64_t i = base + u * stride;
-      if (i < k) ix[u] = idx[i];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * stride < k) v[u] = dense[ix[u]];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const uint64_t i = base + u * stride;
-      if (i < k) packed[i] = v[u];
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    ScatterKernel(const T* __restrict__ packed, const uint64_t* __restrict__ idx, uint64_t k,
-                  T* __restrict__ dense) {
+    IndexedKernel(const T* __restrict__ src, const uint64_t* __restrict__ idx, uint64_t k,
+                  T* __restrict__ dst) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < k;
        base += stride * kUnroll) {
@@ -64,12 +42,19 @@ __global__ void __launch_bounds__(kThreads)
       const uint64_t i = base + u * stride;
       if (i < k) {
         ix[u] = idx[i];
-        v[u] = packed[i];
+        if constexpr (kScatter) v[u] = src[i];
+      }
+    }
+    if constexpr (!kScatter) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (base + u * stride < k) v[u] = src[ix[u]];
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * stride < k) dense[ix[u]] = v[u];
+      const uint64_t i = base + u * stride;
+      if (i < k) dst[kScatter ? ix[u] : i] = v[u];
     }
   }
 }
@@ -88,60 +73,38 @@ KernelStatus CheckArgs(const void* a, const uint64_t* idx, size_t k, size_t esz,
   return KernelStatus::kOk;
 }
 
-}  // namespace
-
-KernelStatus GatherByIndexCuda(const void* d_dense, const uint64_t* d_idx, size_t k, size_t esz,
-                               void* d_packed, cudaStream_t stream) {
-  const KernelStatus st = CheckArgs(d_dense, d_idx, k, esz, d_packed);
+// The gather (packed[i] = src[idx[i]]) or the scatter (dst[idx[i]] = src[i]) of k elements of
+// esz bytes, after the argument checks.
+KernelStatus LaunchIndexed(bool scatter, const void* src, const uint64_t* d_idx, size_t k,
+                           size_t esz, void* dst, cudaStream_t stream) {
+  const KernelStatus st = CheckArgs(src, d_idx, k, esz, dst);
   if (st != KernelStatus::kOk || k == 0) return st;
   const unsigned grid = GatherGrid(k);
-  switch (esz) {
-    case 1:
-      GatherKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(d_dense), d_idx, k,
-                                                  static_cast<uint8_t*>(d_packed));
-      break;
-    case 2:
-      GatherKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(d_dense), d_idx, k,
-                                                  static_cast<uint16_t*>(d_packed));
-      break;
-    case 4:
-      GatherKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint32_t*>(d_dense), d_idx, k,
-                                                  static_cast<uint32_t*>(d_packed));
-      break;
-    default:
-      GatherKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint64_t*>(d_dense), d_idx, k,
-                                                  static_cast<uint64_t*>(d_packed));
-      break;
-  }
+  // esz is 1, 2, 4 or 8 here (CheckArgs).
+  VisitElementBits(esz, [&](auto t) {
+    using T = decltype(t);
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+    if (scatter) {
+      IndexedKernel<true><<<grid, kThreads, 0, stream>>>(s, d_idx, k, d);
+    } else {
+      IndexedKernel<false><<<grid, kThreads, 0, stream>>>(s, d_idx, k, d);
+    }
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
 
+}  // namespace
+
+KernelStatus GatherByIndexCuda(const void* d_dense, const uint64_t* d_idx, size_t k, size_t esz,
+                               void* d_packed, cudaStream_t stream) {
+  return LaunchIndexed(/*scatter=*/false, d_dense, d_idx, k, esz, d_packed, stream);
+}
+
 KernelStatus ScatterByIndexCuda(const void* d_packed, const uint64_t* d_idx, size_t k, size_t esz,
                                 void* d_dense, cudaStream_t stream) {
-  const KernelStatus st = CheckArgs(d_packed, d_idx, k, esz, d_dense);
-  if (st != KernelStatus::kOk || k == 0) return st;
-  const unsigned grid = GatherGrid(k);
-  switch (esz) {
-    case 1:
-      ScatterKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(d_packed), d_idx, k,
-                                                   static_cast<uint8_t*>(d_dense));
-      break;
-    case 2:
-      ScatterKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(d_packed), d_idx, k,
-                                                   static_cast<uint16_t*>(d_dense));
-      break;
-    case 4:
-      ScatterKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint32_t*>(d_packed), d_idx, k,
-                                                   static_cast<uint32_t*>(d_dense));
-      break;
-    default:
-      ScatterKernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint64_t*>(d_packed), d_idx, k,
-                                                   static_cast<uint64_t*>(d_dense));
-      break;
-  }
-  SCAPE_CUDA_LAUNCH_CHECK();
-  return KernelStatus::kOk;
+  return LaunchIndexed(/*scatter=*/true, d_packed, d_idx, k, esz, d_dense, stream);
 }
 
 }  // namespace cuda

@@ -385,51 +385,52 @@ KernelStatus EfDecodeImpl(const uint8_t* buf, size_t size, uint64_t expected_n, 
 
 }  // namespace
 
-KernelStatus IndicesToBitmapCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
-                                 cudaStream_t stream) {
-  return IndicesToBitmapImpl(d_idx, k, n, d_words, stream);
-}
-KernelStatus IndicesToBitmapCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
+template <typename Index>
+KernelStatus IndicesToBitmapCuda(const Index* d_idx, size_t k, uint64_t n, uint64_t* d_words,
                                  cudaStream_t stream) {
   return IndicesToBitmapImpl(d_idx, k, n, d_words, stream);
 }
 
-KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint32_t* d_out,
-                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
-                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
-  return BitmapToIndicesImpl(d_words, n, d_out, capacity, d_count, d_status, d_temp, temp_bytes,
-                             stream);
-}
-KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint64_t* d_out,
-                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
-                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
+template <typename Index>
+KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, Index* d_out, size_t capacity,
+                                 uint64_t* d_count, uint32_t* d_status, void* d_temp,
+                                 size_t* temp_bytes, cudaStream_t stream) {
   return BitmapToIndicesImpl(d_words, n, d_out, capacity, d_count, d_status, d_temp, temp_bytes,
                              stream);
 }
 
-KernelStatus EliasFanoEncodeCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
-                                 size_t capacity, size_t* written, cudaStream_t stream) {
-  return EfEncodeImpl(d_idx, k, n, d_buf, capacity, written, stream);
-}
-KernelStatus EliasFanoEncodeCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
+template <typename Index>
+KernelStatus EliasFanoEncodeCuda(const Index* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
                                  size_t capacity, size_t* written, cudaStream_t stream) {
   return EfEncodeImpl(d_idx, k, n, d_buf, capacity, written, stream);
 }
 
+template <typename Index>
 KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
-                                 uint32_t* d_out, size_t capacity, uint64_t* d_count,
+                                 Index* d_out, size_t capacity, uint64_t* d_count,
                                  uint32_t* d_status, void* d_temp, size_t* temp_bytes,
                                  cudaStream_t stream) {
   return EfDecodeImpl(d_buf, size, expected_n, d_out, capacity, d_count, d_status, d_temp,
                       temp_bytes, stream);
 }
-KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
-                                 uint64_t* d_out, size_t capacity, uint64_t* d_count,
-                                 uint32_t* d_status, void* d_temp, size_t* temp_bytes,
-                                 cudaStream_t stream) {
-  return EfDecodeImpl(d_buf, size, expected_n, d_out, capacity, d_count, d_status, d_temp,
-                      temp_bytes, stream);
-}
+
+// Each entry point for the two index widths of scape_kernels.cuh.
+template KernelStatus IndicesToBitmapCuda(const uint32_t*, size_t, uint64_t, uint64_t*,
+                                          cudaStream_t);
+template KernelStatus IndicesToBitmapCuda(const uint64_t*, size_t, uint64_t, uint64_t*,
+                                          cudaStream_t);
+template KernelStatus BitmapToIndicesCuda(const uint64_t*, uint64_t, uint32_t*, size_t, uint64_t*,
+                                          uint32_t*, void*, size_t*, cudaStream_t);
+template KernelStatus BitmapToIndicesCuda(const uint64_t*, uint64_t, uint64_t*, size_t, uint64_t*,
+                                          uint32_t*, void*, size_t*, cudaStream_t);
+template KernelStatus EliasFanoEncodeCuda(const uint32_t*, size_t, uint64_t, uint8_t*, size_t,
+                                          size_t*, cudaStream_t);
+template KernelStatus EliasFanoEncodeCuda(const uint64_t*, size_t, uint64_t, uint8_t*, size_t,
+                                          size_t*, cudaStream_t);
+template KernelStatus EliasFanoDecodeCuda(const uint8_t*, size_t, uint64_t, uint32_t*, size_t,
+                                          uint64_t*, uint32_t*, void*, size_t*, cudaStream_t);
+template KernelStatus EliasFanoDecodeCuda(const uint8_t*, size_t, uint64_t, uint64_t*, size_t,
+                                          uint64_t*, uint32_t*, void*, size_t*, cudaStream_t);
 
 }  // namespace cuda
 }  // namespace kernels

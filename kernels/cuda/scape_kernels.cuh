@@ -183,43 +183,38 @@ KernelStatus ScatterByIndexCuda(const void* d_packed, const uint64_t* d_idx, siz
                                 void* d_dense, cudaStream_t stream);
 
 // ---- 3. mask codecs (mask_codec.h) -----------------------------------------------------------
+// Index (of the indices read or written) is uint32_t or uint64_t: mask_codec.cu instantiates
+// each of these for both.
 // Writes all BitmapWords(n) words of d_words. Device precondition: d_idx strictly increasing
 // (entries >= n are ignored).
-KernelStatus IndicesToBitmapCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
-                                 cudaStream_t stream);
-KernelStatus IndicesToBitmapCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint64_t* d_words,
+template <typename Index>
+KernelStatus IndicesToBitmapCuda(const Index* d_idx, size_t k, uint64_t n, uint64_t* d_words,
                                  cudaStream_t stream);
 
 // Sorted indices of the set bits of d_words (BitmapWords(n) words) into d_out[0, capacity).
 // Device outputs: *d_count = number of set bits below n; *d_status = 0 (kOk),
 // kCorrupt (non-zero padding bits; they are ignored) or kBufferTooSmall (more than capacity
 // set bits; the first capacity are written). Status values are KernelStatus codes.
-KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint32_t* d_out,
-                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
-                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream);
-KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, uint64_t* d_out,
-                                 size_t capacity, uint64_t* d_count, uint32_t* d_status,
-                                 void* d_temp, size_t* temp_bytes, cudaStream_t stream);
+template <typename Index>
+KernelStatus BitmapToIndicesCuda(const uint64_t* d_words, uint64_t n, Index* d_out, size_t capacity,
+                                 uint64_t* d_count, uint32_t* d_status, void* d_temp,
+                                 size_t* temp_bytes, cudaStream_t stream);
 
 // Elias-Fano encoding (the encoded-mask format of mask_codec.h, encoding 2; the same bytes as
 // MaskEncode). *written (host) = EliasFanoEncodedBytes(n, k), known without the data;
 // kBufferTooSmall if capacity is smaller. d_buf must be 8-byte aligned. Device precondition:
 // d_idx strictly increasing and < n.
-KernelStatus EliasFanoEncodeCuda(const uint32_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
-                                 size_t capacity, size_t* written, cudaStream_t stream);
-KernelStatus EliasFanoEncodeCuda(const uint64_t* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
+template <typename Index>
+KernelStatus EliasFanoEncodeCuda(const Index* d_idx, size_t k, uint64_t n, uint8_t* d_buf,
                                  size_t capacity, size_t* written, cudaStream_t stream);
 
 // Elias-Fano decoding with the full validation of MaskDecode (encoding 2 only), on the device:
 // d_buf (8-byte aligned) holds `size` bytes. Device outputs: *d_status = a KernelStatus code
 // (kOk, kTruncated, kCorrupt, kBufferTooSmall) and, on kOk, *d_count = k and d_out[0, k) the
 // indices. Never reads outside [d_buf, d_buf + size) or writes outside d_out[0, capacity).
+template <typename Index>
 KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
-                                 uint32_t* d_out, size_t capacity, uint64_t* d_count,
-                                 uint32_t* d_status, void* d_temp, size_t* temp_bytes,
-                                 cudaStream_t stream);
-KernelStatus EliasFanoDecodeCuda(const uint8_t* d_buf, size_t size, uint64_t expected_n,
-                                 uint64_t* d_out, size_t capacity, uint64_t* d_count,
+                                 Index* d_out, size_t capacity, uint64_t* d_count,
                                  uint32_t* d_status, void* d_temp, size_t* temp_bytes,
                                  cudaStream_t stream);
 

@@ -42,12 +42,12 @@ __device__ uint64_t WarpLowerBound(const Index* a, uint64_t n, uint64_t target) 
   return lo + static_cast<uint64_t>(__popc(__ballot_sync(0xffffffffu, less)));
 }
 
-// Fills slot[0, t1 - t0) with the payload index offset (j - *jb) of each masked element of the
-// tile [t0, t1), -1 elsewhere. Ends with a block barrier.
-template <typename Index>
-__device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, int* slot,
-                         uint64_t* range, uint64_t* jb_out) {
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) slot[i] = -1;
+// The body of MarkTile and MarkTile16 once slot[] holds -1: the mask range [jb, je) of the tile
+// [t0, t1) (two warps' lower bounds), then slot[p - t0] = j - jb for each masked position p of
+// the tile (at most kTileN of them). Ends with a block barrier.
+template <int kTileN, typename Slot, typename Index>
+__device__ void MarkSlots(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, Slot* slot,
+                          uint64_t* range, uint64_t* jb_out) {
   const unsigned warp = threadIdx.x >> 5;
   if (warp < 2) {
     const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
@@ -55,13 +55,22 @@ __device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1
   }
   __syncthreads();
   const uint64_t jb = range[0], je = range[1];
-  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kTile);
+  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kTileN);
        j += blockDim.x) {
     const uint64_t p = static_cast<uint64_t>(mask[j]);
-    if (p >= t0 && p < t1) slot[p - t0] = static_cast<int>(j - jb);
+    if (p >= t0 && p < t1) slot[p - t0] = static_cast<Slot>(j - jb);
   }
   __syncthreads();
   *jb_out = jb;
+}
+
+// Fills slot[0, t1 - t0) with the payload index offset (j - *jb) of each masked element of the
+// tile [t0, t1), -1 elsewhere. Ends with a block barrier.
+template <typename Index>
+__device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1, int* slot,
+                         uint64_t* range, uint64_t* jb_out) {
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) slot[i] = -1;
+  MarkSlots<kTile>(mask, k, t0, t1, slot, range, jb_out);
 }
 
 // keep: the residual at a masked element is the rounding error c - stored (+0 when the stored
@@ -105,20 +114,7 @@ __device__ void MarkTile16(const Index* mask, uint64_t k, uint64_t t0, uint64_t 
                            uint64_t* range, uint64_t* jb_out) {
   int4* s4 = reinterpret_cast<int4*>(slot);
   for (int i = threadIdx.x; i < kUTile / 8; i += blockDim.x) s4[i] = make_int4(-1, -1, -1, -1);
-  const unsigned warp = threadIdx.x >> 5;
-  if (warp < 2) {
-    const uint64_t r = WarpLowerBound(mask, k, warp == 0 ? t0 : t1);
-    if ((threadIdx.x & 31u) == 0) range[warp] = r;
-  }
-  __syncthreads();
-  const uint64_t jb = range[0], je = range[1];
-  for (uint64_t j = jb + threadIdx.x; j < je && j - jb < static_cast<uint64_t>(kUTile);
-       j += blockDim.x) {
-    const uint64_t p = static_cast<uint64_t>(mask[j]);
-    if (p >= t0 && p < t1) slot[p - t0] = static_cast<short>(j - jb);
-  }
-  __syncthreads();
-  *jb_out = jb;
+  MarkSlots<kUTile>(mask, k, t0, t1, slot, range, jb_out);
 }
 
 // The AdamS update of one masked element (mp = m_{t-1}[i], th = theta[i]): returns theta_t and
@@ -314,28 +310,36 @@ __device__ __forceinline__ double SqNormSumShared(const double* sh, uint64_t cou
   return acc;
 }
 
+// Both levels' loop: out[b] = the sum of value(j) over block b of [0, count), one CUDA block of
+// kSqNormBlock threads per summation block (grid-stride over the blocks), each thread computing
+// one value into shared memory and thread 0 adding them (SqNormSumShared).
+template <typename Value>
+__device__ __forceinline__ void SumBlocks(uint64_t count, double* out, Value value) {
+  __shared__ double sh[kSqNormBlock];
+  const uint64_t nblocks = (count + kSqNormBlock - 1) / kSqNormBlock;
+  for (uint64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    const uint64_t lo = b * kSqNormBlock;
+    const uint64_t hi = lo + kSqNormBlock < count ? lo + kSqNormBlock : count;
+    const uint64_t j = lo + threadIdx.x;
+    if (j < hi) sh[threadIdx.x] = value(j);
+    __syncthreads();
+    if (threadIdx.x == 0) out[b] = SqNormSumShared(sh, hi - lo);
+    __syncthreads();  // sh is rewritten by the next block
+  }
+}
+
 // Level 0: the squares of the recovered gradients.
 template <typename Index, int kType>
 __global__ void __launch_bounds__(kSqNormBlock)
     SqNormLevel0(const void* payload, const Index* mask, uint64_t k, const float* m, uint64_t n,
                  float b1, float omb1, double* out) {
-  __shared__ double sh[kSqNormBlock];
-  const uint64_t nblocks = (k + kSqNormBlock - 1) / kSqNormBlock;
-  for (uint64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
-    const uint64_t lo = b * kSqNormBlock;
-    const uint64_t hi = lo + kSqNormBlock < k ? lo + kSqNormBlock : k;
-    const uint64_t j = lo + threadIdx.x;
-    if (j < hi) {
-      const uint64_t p = static_cast<uint64_t>(mask[j]);
-      const float mp = p < n ? m[p] : 0.0f;
-      const float mt = dev::LoadPayload<kType>(payload, j);
-      const double gh = static_cast<double>(__fdiv_rn(__fsub_rn(mt, __fmul_rn(b1, mp)), omb1));
-      sh[threadIdx.x] = __dmul_rn(gh, gh);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) out[b] = SqNormSumShared(sh, hi - lo);
-    __syncthreads();  // sh is rewritten by the next block
-  }
+  SumBlocks(k, out, [&](uint64_t j) {
+    const uint64_t p = static_cast<uint64_t>(mask[j]);
+    const float mp = p < n ? m[p] : 0.0f;
+    const float mt = dev::LoadPayload<kType>(payload, j);
+    const double gh = static_cast<double>(__fdiv_rn(__fsub_rn(mt, __fmul_rn(b1, mp)), omb1));
+    return __dmul_rn(gh, gh);
+  });
 }
 
 // "segment_rms" staying sums (StayingGradSqBlocks): one thread per block of at most
@@ -366,42 +370,23 @@ __global__ void StayingBlocksKernel(const void* payload, const uint64_t* idx, co
 // Higher levels: sums of kSqNormBlock partial sums.
 __global__ void __launch_bounds__(kSqNormBlock)
     SqNormLevel(const double* in, uint64_t count, double* out) {
-  __shared__ double sh[kSqNormBlock];
-  const uint64_t nblocks = (count + kSqNormBlock - 1) / kSqNormBlock;
-  for (uint64_t b = blockIdx.x; b < nblocks; b += gridDim.x) {
-    const uint64_t lo = b * kSqNormBlock;
-    const uint64_t hi = lo + kSqNormBlock < count ? lo + kSqNormBlock : count;
-    const uint64_t j = lo + threadIdx.x;
-    if (j < hi) sh[threadIdx.x] = in[j];
-    __syncthreads();
-    if (threadIdx.x == 0) out[b] = SqNormSumShared(sh, hi - lo);
-    __syncthreads();  // sh is rewritten by the next block
-  }
+  SumBlocks(count, out, [&](uint64_t j) { return in[j]; });
 }
 
 template <typename Index, int kG>
 void LaunchCandidate(const float* m, const void* g, float* e, size_t n, float beta1, float omb1,
                      const Index* mask, size_t k, int kind, void* payload, float* c_out,
                      bool keep_rounding, unsigned grid, cudaStream_t stream) {
-#define SCAPE_CAND_LAUNCH(T, C)                                    \
-  CandidateKernel<Index, T, C, kG><<<grid, kThreads, 0, stream>>>( \
-      m, g, e, n, beta1, omb1, mask, k, payload, c_out, keep_rounding)
-  if (c_out) {
-    if (kind == 0)
-      SCAPE_CAND_LAUNCH(0, true);
-    else if (kind == 1)
-      SCAPE_CAND_LAUNCH(1, true);
-    else
-      SCAPE_CAND_LAUNCH(2, true);
-  } else {
-    if (kind == 0)
-      SCAPE_CAND_LAUNCH(0, false);
-    else if (kind == 1)
-      SCAPE_CAND_LAUNCH(1, false);
-    else
-      SCAPE_CAND_LAUNCH(2, false);
-  }
-#undef SCAPE_CAND_LAUNCH
+  dev::VisitKind(kind, [&](auto t) {
+    constexpr int kType = decltype(t)::value;
+    if (c_out) {
+      CandidateKernel<Index, kType, true, kG><<<grid, kThreads, 0, stream>>>(
+          m, g, e, n, beta1, omb1, mask, k, payload, c_out, keep_rounding);
+    } else {
+      CandidateKernel<Index, kType, false, kG><<<grid, kThreads, 0, stream>>>(
+          m, g, e, n, beta1, omb1, mask, k, payload, c_out, keep_rounding);
+    }
+  });
 }
 
 template <typename Index>
@@ -421,15 +406,10 @@ KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, fl
   if (n == 0) return KernelStatus::kOk;
   const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
   const unsigned grid = dev::GridFor(n, kTile);
-  if (gkind == 0)
-    LaunchCandidate<Index, 0>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
-                              grid, stream);
-  else if (gkind == 1)
-    LaunchCandidate<Index, 1>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
-                              grid, stream);
-  else
-    LaunchCandidate<Index, 2>(m, g, e, n, beta1, omb1, mask, k, kind, payload, c_out, keep_rounding,
-                              grid, stream);
+  dev::VisitKind(gkind, [&](auto gk) {
+    LaunchCandidate<Index, decltype(gk)::value>(m, g, e, n, beta1, omb1, mask, k, kind, payload,
+                                                c_out, keep_rounding, grid, stream);
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -453,12 +433,10 @@ void LaunchUpdatePass(const Point& point, int ckind, const Index* mask, size_t k
                       float* m, size_t n, const AdamSScalars& s, void* copy, cudaStream_t stream) {
   const unsigned grid = dev::GridFor(n, kUTile);
   const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
-  if (ckind == 0)
-    LaunchUpdatePass<Index, Point, 0>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
-  else if (ckind == 1)
-    LaunchUpdatePass<Index, Point, 1>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
-  else
-    LaunchUpdatePass<Index, Point, 2>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
+  dev::VisitKind(ckind, [&](auto ck) {
+    LaunchUpdatePass<Index, Point, decltype(ck)::value>(point, mask, k, theta, m, n, s, copy, vec,
+                                                        grid, stream);
+  });
 }
 
 // The update kernels' common checks (the CPU kernels' UpdatePrologue, device form), in this
@@ -498,12 +476,10 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   EnterTable et;
   if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   void* cp = copy ? copy->p : nullptr;
-  if (kind == 0)
-    LaunchUpdatePass(AdamSPointOp<0>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
-  else if (kind == 1)
-    LaunchUpdatePass(AdamSPointOp<1>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
-  else
-    LaunchUpdatePass(AdamSPointOp<2>{payload, et}, ckind, mask, k, theta, m, n, s, cp, stream);
+  dev::VisitKind(kind, [&](auto t) {
+    LaunchUpdatePass(AdamSPointOp<decltype(t)::value>{payload, et}, ckind, mask, k, theta, m, n, s,
+                     cp, stream);
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -523,13 +499,10 @@ KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t
   if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   if (k == 0) return KernelStatus::kOk;
   const unsigned grid = dev::GridFor(k, kThreads);
-  if (kind == 0) {
-    PairsKernel<0><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
-  } else if (kind == 1) {
-    PairsKernel<1><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
-  } else {
-    PairsKernel<2><<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
-  }
+  dev::VisitKind(kind, [&](auto t) {
+    PairsKernel<decltype(t)::value>
+        <<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -581,16 +554,10 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
   double* dst = l1 == 1 ? d_out : bufs[0];
   constexpr unsigned kSqThreads = kSqNormBlock;  // one CUDA block per summation block
   const unsigned grid0 = dev::GridFor(l1, 1, 65535);
-  if (kind == 0) {
-    SqNormLevel0<Index, 0>
+  dev::VisitKind(kind, [&](auto t) {
+    SqNormLevel0<Index, decltype(t)::value>
         <<<grid0, kSqThreads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
-  } else if (kind == 1) {
-    SqNormLevel0<Index, 1>
-        <<<grid0, kSqThreads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
-  } else {
-    SqNormLevel0<Index, 2>
-        <<<grid0, kSqThreads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
-  }
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   uint64_t count = l1;
   int src_buf = 0;
@@ -621,16 +588,10 @@ KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payl
   }
   const float omb1 = 1.0f - beta1;
   const unsigned grid = dev::GridFor(nb, kThreads);
-  if (kind == 0) {
-    StayingBlocksKernel<0><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
-                                                          d_bounds, nb, d_sums, d_counts);
-  } else if (kind == 1) {
-    StayingBlocksKernel<1><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
-                                                          d_bounds, nb, d_sums, d_counts);
-  } else {
-    StayingBlocksKernel<2><<<grid, kThreads, 0, stream>>>(d_payload, d_idx, d_m, n, beta1, omb1,
-                                                          d_bounds, nb, d_sums, d_counts);
-  }
+  dev::VisitKind(kind, [&](auto t) {
+    StayingBlocksKernel<decltype(t)::value><<<grid, kThreads, 0, stream>>>(
+        d_payload, d_idx, d_m, n, beta1, omb1, d_bounds, nb, d_sums, d_counts);
+  });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }

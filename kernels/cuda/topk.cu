@@ -167,6 +167,27 @@ __global__ void __launch_bounds__(kScanMaxThreads)
   }
 }
 
+// Where tile t of segment s writes in the segment's output (both write passes): its keys > T
+// start after the keys > T of the tiles before it, plus the ties those took (taken_before, at
+// most take); [start, stop) is clamped to the segment's output capacity.
+struct TileSlots {
+  uint64_t take, eq_off, taken_before, start, stop;
+};
+__device__ __forceinline__ TileSlots TileOutSlots(const TopkTemp& tt, const uint64_t* out_offsets,
+                                                  uint64_t s, uint64_t t) {
+  TileSlots w;
+  w.take = tt.take[s];
+  w.eq_off = tt.tile_eq_off[t];
+  const uint64_t eq_end = w.eq_off + tt.tile_eq[t];
+  w.taken_before = w.eq_off < w.take ? w.eq_off : w.take;
+  const uint64_t taken_after = eq_end < w.take ? eq_end : w.take;
+  w.start = tt.tile_gt_off[t] + w.taken_before;
+  const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
+  w.stop = w.start + tt.tile_gt[t] + (taken_after - w.taken_before);
+  if (w.stop > cap) w.stop = cap;
+  return w;
+}
+
 // Per tile: the selected positions in index order. Warp w owns elements
 // [e0 + w kWarpElems, ...): it loads all its keys (kRounds loads in flight), counts its keys > T
 // and == T, one shared-memory exchange gives every warp its offset inside the tile, then the
@@ -187,27 +208,16 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t T = tt.thr[s];
     if (T == kAboveAllKeys) continue;                          // uniform over the block
     if (tt.mode[s] == kModeList && tt.misc[3] == 0) continue;  // ListWriteKernel's
-    const uint64_t take = tt.take[s];
-    const uint64_t eq_off = tt.tile_eq_off[t];
-    const uint64_t eq_end = eq_off + tt.tile_eq[t];
-    const uint64_t taken_before = eq_off < take ? eq_off : take;
-    const uint64_t taken_after = eq_end < take ? eq_end : take;
-    const uint64_t start = tt.tile_gt_off[t] + taken_before;
-    const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
-    uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
-    if (stop > cap) stop = cap;
+    const TileSlots slots = TileOutSlots(tt, out_offsets, s, t);
+    const uint64_t take = slots.take, eq_off = slots.eq_off, taken_before = slots.taken_before;
+    const uint64_t start = slots.start, stop = slots.stop;
     if (start >= stop) continue;  // uniform over the block
     Index* o = out + out_offsets[s];
     uint64_t e0, c0;
     uint32_t key[kRounds];
-    uint32_t g = 0, e = 0;
-    const bool mine = LoadTileShare(x, offsets, tt.tile_begin, s, t, warp, key, &e0, &c0);
-    if (mine) WarpCountKeys(key, T, &g, &e);  // uniform over the warp
-    if (lane == 0) {
-      sh_gt[warp] = g;
-      sh_eq[warp] = e;
-    }
-    __syncthreads();
+    uint32_t g, e;
+    const bool mine =
+        LoadCountTileShare(x, offsets, tt.tile_begin, s, t, T, key, &e0, &c0, &g, &e, sh_gt, sh_eq);
     uint64_t gt_before = 0, eq_before = 0;  // in the warps before this one, inside the tile
     for (unsigned w = 0; w < warp; ++w) {
       gt_before += sh_gt[w];
@@ -258,15 +268,8 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t lc = tt.tile_lcnt[t];
     if (lc == 0) continue;
     const uint32_t T = tt.thr[s];
-    const uint64_t take = tt.take[s];
-    const uint64_t eq_off = tt.tile_eq_off[t];
-    const uint64_t eq_end = eq_off + tt.tile_eq[t];
-    const uint64_t taken_before = eq_off < take ? eq_off : take;
-    const uint64_t taken_after = eq_end < take ? eq_end : take;
-    const uint64_t start = tt.tile_gt_off[t] + taken_before;
-    const uint64_t cap = out_offsets[s + 1] - out_offsets[s];
-    uint64_t stop = start + tt.tile_gt[t] + (taken_after - taken_before);
-    if (stop > cap) stop = cap;
+    const TileSlots slots = TileOutSlots(tt, out_offsets, s, t);
+    const uint64_t take = slots.take, eq_off = slots.eq_off, start = slots.start, stop = slots.stop;
     if (start >= stop) continue;
     Index* o = out + out_offsets[s];
     const uint64_t e0 = offsets[s] + (t - tt.tile_begin[s]) * kTileElems;

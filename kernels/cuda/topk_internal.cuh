@@ -171,6 +171,27 @@ __device__ __forceinline__ void WarpCountKeys(const uint32_t (&key)[kRounds], ui
   *eq = e;
 }
 
+// The counting prelude of the write pass and the sampled collecting pass: LoadTileShare, then
+// WarpCountKeys when the warp's share is not empty (*g, *e; 0 otherwise), the warp's counts
+// published in sh_gt[warp] / sh_eq[warp], and a block barrier. Returns LoadTileShare's result.
+__device__ __forceinline__ bool LoadCountTileShare(const float* x, const uint64_t* offsets,
+                                                   const uint64_t* tile_begin, uint64_t s,
+                                                   uint64_t t, uint32_t T, uint32_t (&key)[kRounds],
+                                                   uint64_t* e0, uint64_t* c0, uint32_t* g,
+                                                   uint32_t* e, uint32_t* sh_gt, uint32_t* sh_eq) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  *g = 0;
+  *e = 0;
+  const bool mine = LoadTileShare(x, offsets, tile_begin, s, t, warp, key, e0, c0);
+  if (mine) WarpCountKeys(key, T, g, e);  // uniform over the warp
+  if (lane == 0) {
+    sh_gt[warp] = *g;
+    sh_eq[warp] = *e;
+  }
+  __syncthreads();
+  return mine;
+}
+
 // ---- kernels of topk_select.cu, launched by topk.cu (TopkImpl), in launch order ----------------
 
 __global__ void SetupKernel(const uint64_t* offsets, const uint64_t* k, uint64_t nseg,

@@ -444,14 +444,9 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t T = tt.thr[s];
     uint64_t e0, c0;
     uint32_t key[kRounds];
-    uint32_t g = 0, e = 0;
-    const bool mine = LoadTileShare(x, offsets, tt.tile_begin, s, t, warp, key, &e0, &c0);
-    if (mine) WarpCountKeys(key, T, &g, &e);  // uniform over the warp
-    if (lane == 0) {
-      sh_gt[warp] = g;
-      sh_eq[warp] = e;
-    }
-    __syncthreads();
+    uint32_t g, e;
+    const bool mine =
+        LoadCountTileShare(x, offsets, tt.tile_begin, s, t, T, key, &e0, &c0, &g, &e, sh_gt, sh_eq);
     uint64_t before = 0;
     for (unsigned w = 0; w < warp; ++w) before += sh_gt[w] + sh_eq[w];
     if (threadIdx.x == 0) {

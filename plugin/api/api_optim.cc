@@ -282,6 +282,20 @@ SCAPE_API scapeResult_t scapeOptimSetWeightDecay(scapeOptim_t optim, float weigh
 
 namespace {
 
+// params and grads both host memory or both device (or managed) memory; *device: which.
+Status CheckSameMemory(int rank, const void* params, const void* grads, bool* device) {
+  scape::device::Runtime* rt = scape::device::GetRuntime();
+  const scape::device::PtrKind kp = rt->Kind(params), kg = rt->Kind(grads);
+  const bool dp = kp != scape::device::PtrKind::kHost, dg = kg != scape::device::PtrKind::kHost;
+  if (dp != dg)
+    return scape::InvalidArgument(
+        StrFormat("rank %d: params is %s but grads is %s: both must be host memory or both "
+                  "device memory",
+                  rank, scape::device::PtrKindName(kp), scape::device::PtrKindName(kg)));
+  *device = dp;
+  return Status::Ok();
+}
+
 // The checks every step form makes; *device: the buffers are device (or managed) memory.
 Status CheckStepArgs(scapeOptim_t optim, float* params, const float* grads, uint64_t count,
                      bool* device) {
@@ -304,16 +318,7 @@ Status CheckStepArgs(scapeOptim_t optim, float* params, const float* grads, uint
   const uintptr_t p = reinterpret_cast<uintptr_t>(params), g = reinterpret_cast<uintptr_t>(grads);
   if (p < g + 4 * n && g < p + 4 * n)
     return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
-  scape::device::Runtime* rt = scape::device::GetRuntime();
-  const scape::device::PtrKind kp = rt->Kind(params), kg = rt->Kind(grads);
-  const bool dp = kp != scape::device::PtrKind::kHost, dg = kg != scape::device::PtrKind::kHost;
-  if (dp != dg)
-    return scape::InvalidArgument(
-        StrFormat("rank %d: params is %s but grads is %s: both must be host memory or both "
-                  "device memory",
-                  rank, scape::device::PtrKindName(kp), scape::device::PtrKindName(kg)));
-  *device = dp;
-  return Status::Ok();
+  return CheckSameMemory(rank, params, grads, device);
 }
 
 Status DeviceStep(scapeOptim_t optim, float* params, const float* grads, void* stream) {
@@ -395,16 +400,7 @@ Status CheckMixedStepArgs(scapeOptim_t optim, void* params, int paramType, const
                                             rank, grads, ge, TypeName(gradType)));
   if (p < g + ge * n && g < p + pe * n)
     return scape::InvalidArgument(StrFormat("rank %d: params and grads overlap", rank));
-  scape::device::Runtime* rt = scape::device::GetRuntime();
-  const scape::device::PtrKind kp = rt->Kind(params), kg = rt->Kind(grads);
-  const bool dp = kp != scape::device::PtrKind::kHost, dg = kg != scape::device::PtrKind::kHost;
-  if (dp != dg)
-    return scape::InvalidArgument(
-        StrFormat("rank %d: params is %s but grads is %s: both must be host memory or both "
-                  "device memory",
-                  rank, scape::device::PtrKindName(kp), scape::device::PtrKindName(kg)));
-  *device = dp;
-  return Status::Ok();
+  return CheckSameMemory(rank, params, grads, device);
 }
 
 }  // namespace

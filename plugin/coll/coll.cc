@@ -14,21 +14,13 @@ namespace coll {
 using transport::Request;
 
 const char* CollName(CollType t) {
-  switch (t) {
-    case CollType::kAllReduce:
-      return "scapeAllReduce";
-    case CollType::kReduceScatter:
-      return "scapeReduceScatter";
-    case CollType::kAllGather:
-      return "scapeAllGather";
-    case CollType::kBroadcast:
-      return "scapeBroadcast";
-    case CollType::kBarrier:
-      return "scapeBarrier";
-    case CollType::kExchange:
-      return "exchange";
-  }
-  return "collective";
+  // One name per type, in the enum's order (kAllReduce is 1).
+  static const char* const kNames[] = {"scapeAllReduce", "scapeReduceScatter", "scapeAllGather",
+                                       "scapeBroadcast", "scapeBarrier",       "exchange"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(CollType::kExchange),
+                "one name per CollType");
+  const auto i = static_cast<uint32_t>(t);
+  return i >= 1 && i <= static_cast<uint32_t>(CollType::kExchange) ? kNames[i - 1] : "collective";
 }
 
 uint32_t Signature(const CollArgs& a) {

@@ -64,6 +64,13 @@ struct CollArgs {
 };
 uint32_t Signature(const CollArgs& a);
 
+// An all-gather of count elements of dtype from every rank (recv holds nranks * count).
+inline CollArgs AllGatherArgs(const void* send, void* recv, size_t count, scapeDataType_t dtype) {
+  // In member order; op and root (unused by an all-gather) and counts as a default CollArgs has
+  // them, and the members after counts keep their defaults.
+  return CollArgs{CollType::kAllGather, send, recv, count, dtype, scapeSum, 0, {}};
+}
+
 // Tuning, read once per communicator.
 struct Tuning {
   size_t ringThresholdBytes = 64 * 1024;

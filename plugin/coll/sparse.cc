@@ -237,12 +237,7 @@ Status ViaAllGather(Runner* comm, Part* part, uint64_t n, scapeDataType_t t, siz
   const size_t r = static_cast<size_t>(comm->rank());
   std::vector<int64_t> counts(P);
   int64_t mine = static_cast<int64_t>(part->nnz());
-  CollArgs ag;
-  ag.type = CollType::kAllGather;
-  ag.send = &mine;
-  ag.recv = counts.data();
-  ag.count = 1;
-  ag.dtype = scapeInt64;
+  CollArgs ag = AllGatherArgs(&mine, counts.data(), 1, scapeInt64);
   SCAPE_RETURN_IF_ERROR(comm->Run(ag));
   std::vector<size_t> c(P);
   size_t total = 0;

@@ -23,18 +23,10 @@ namespace device {
 int NcclDataType(scapeDataType_t t) { return dtypes::Row(t) ? dtypes::Row(t)->ncclType : -1; }
 
 int NcclRedOp(scapeRedOp_t o) {
-  switch (o) {
-    case scapeSum:
-      return kNcclSum;
-    case scapeAvg:
-      return kNcclAvg;
-    case scapeMax:
-      return kNcclMax;
-    case scapeMin:
-      return kNcclMin;
-    default:
-      return -1;
-  }
+  // NCCL's operation for each scapeRedOp_t, in the enum's order.
+  static const int kOps[] = {kNcclSum, kNcclAvg, kNcclMax, kNcclMin};
+  static_assert(sizeof(kOps) / sizeof(kOps[0]) == scapeNumOps, "one NCCL operation per op");
+  return o >= 0 && o < scapeNumOps ? kOps[o] : -1;
 }
 
 Status FromNccl(int r, const char* what, const char* msg) {

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -29,6 +30,24 @@ namespace {
 Status CudaFail(const char* what, cudaError_t e) {
   return SystemError(
       StrFormat("%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+// The status of a CUDA call `what` that returned e.
+Status CudaCheck(const char* what, cudaError_t e) {
+  return e == cudaSuccess ? Status::Ok() : CudaFail(what, e);
+}
+
+// An event or stream query `what` that returned r: *done is false while the work is pending
+// (cudaErrorNotReady), true once it has completed; any other error is the query's failure, and
+// *done is left alone.
+Status QueryDone(const char* what, cudaError_t r, bool* done) {
+  if (r == cudaErrorNotReady) {
+    *done = false;
+    return Status::Ok();
+  }
+  if (r != cudaSuccess) return CudaFail(what, r);
+  *done = true;
+  return Status::Ok();
 }
 
 namespace kn = kernels;
@@ -55,6 +74,65 @@ Status CheckAligned(const char* op, const char* arg, const void* p, size_t align
 Status CheckNonNull(const char* op, const char* arg, const void* p) {
   if (p) return Status::Ok();
   return InvalidArgument(StrFormat("%s: %s is null", op, arg));
+}
+
+// The pointer arguments of one check, in the order they are checked: the first that fails is
+// reported, with CheckNonNull's / CheckAligned's message. PTR_ARG(p) and ALIGNED_ARG(p, bytes) name
+// an argument by its variable's name.
+#define PTR_ARG(p) \
+  Arg { #p, p }
+#define ALIGNED_ARG(p, bytes) \
+  AlignedArg { #p, p, bytes }
+struct Arg {
+  const char* name;
+  const void* p;
+};
+Status CheckAllNonNull(const char* op, std::initializer_list<Arg> args) {
+  for (const Arg& a : args) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, a.name, a.p));
+  return Status::Ok();
+}
+struct AlignedArg {
+  const char* name;
+  const void* p;
+  size_t align;
+};
+Status CheckAllAligned(const char* op, std::initializer_list<AlignedArg> args) {
+  for (const AlignedArg& a : args) SCAPE_RETURN_IF_ERROR(CheckAligned(op, a.name, a.p, a.align));
+  return Status::Ok();
+}
+
+// The mask and the payload of a masked kernel: both non-null when k > 0, dMask 8-byte aligned,
+// then the op's `other` aligned arguments, then dPayload aligned to its element type.
+Status CheckMaskAndPayload(const char* op, size_t k, const uint64_t* dMask, const void* dPayload,
+                           scapeDataType_t payloadType,
+                           std::initializer_list<AlignedArg> other = {}) {
+  if (k > 0) {
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dMask), PTR_ARG(dPayload)}));
+  }
+  SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
+  SCAPE_RETURN_IF_ERROR(CheckAllAligned(op, other));
+  return CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType));
+}
+
+Status CheckBeta1(const char* op, float beta1) {
+  if (beta1 >= 0.0f && beta1 < 1.0f) return Status::Ok();
+  return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
+}
+
+// The 16-bit model copy's element type.
+Status CheckCopyType(const char* op, scapeDataType_t copyType) {
+  if (copyType == scapeBfloat16 || copyType == scapeFloat16) return Status::Ok();
+  return Status(scapeUnsupported,
+                StrFormat("%s: copyType = %d: expected scapeBfloat16 or scapeFloat16", op,
+                          static_cast<int>(copyType)));
+}
+
+// A scaled (8-bit) payload type and its device amax word.
+Status CheckScaled(const char* op, scapeDataType_t type, const float* dAmax) {
+  if (!dtypes::IsScaled(type))
+    return InvalidArgument(
+        StrFormat("%s: type %s is not a scaled payload type", op, dtypes::Name(type)));
+  return CheckNonNull(op, "dAmax", dAmax);
 }
 
 Status CheckPayloadType(const char* op, scapeDataType_t t) {
@@ -169,7 +247,7 @@ class PinnedUploads {
     std::memcpy(b->h, src, bytes);
     cudaError_t e = cudaMemcpyAsync(dDst, b->h, bytes, cudaMemcpyHostToDevice, stream);
     if (e == cudaSuccess) e = cudaEventRecord(b->ev, stream);
-    return e == cudaSuccess ? Status::Ok() : CudaFail(what, e);
+    return CudaCheck(what, e);
   }
 
  private:
@@ -261,16 +339,15 @@ class Cuda final : public Runtime {
   }
   Status HostAlloc(size_t bytes, void** p) override {
     // Mapped: the staging pipeline's stream waits read a flag word here from the device.
-    cudaError_t e =
-        cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
-    return e == cudaSuccess ? Status::Ok() : CudaFail("cudaHostAlloc (staging buffer)", e);
+    return CudaCheck(
+        "cudaHostAlloc (staging buffer)",
+        cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped));
   }
   void HostFree(void* p) override { cudaFreeHost(p); }
   Status CopyAsync(void* dst, const void* src, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();
-    cudaError_t e =
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s));
-    return e == cudaSuccess ? Status::Ok() : CudaFail("cudaMemcpyAsync", e);
+    return CudaCheck("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                                        static_cast<cudaStream_t>(s)));
   }
   Status EventCreate(Event* ev) override {
     cudaEvent_t e;
@@ -281,22 +358,16 @@ class Cuda final : public Runtime {
   }
   void EventDestroy(Event e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
   Status EventRecord(Event e, Stream s) override {
-    cudaError_t r = cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s));
-    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaEventRecord", r);
+    return CudaCheck("cudaEventRecord",
+                     cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
   }
   Status EventQuery(Event e, bool* done) override {
-    cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
-    if (r == cudaErrorNotReady) {
-      *done = false;
-      return Status::Ok();
-    }
-    if (r != cudaSuccess) return CudaFail("cudaEventQuery (a copy into a staging buffer)", r);
-    *done = true;
-    return Status::Ok();
+    return QueryDone("cudaEventQuery (a copy into a staging buffer)",
+                     cudaEventQuery(static_cast<cudaEvent_t>(e)), done);
   }
   Status LaunchHostFunc(Stream s, HostFn fn, void* arg) override {
-    cudaError_t r = cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg);
-    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaLaunchHostFunc", r);
+    return CudaCheck("cudaLaunchHostFunc",
+                     cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg));
   }
   int GetDevice() override {
     int d = 0;
@@ -310,13 +381,11 @@ class Cuda final : public Runtime {
     if (cudaSetDevice(d) != cudaSuccess) cudaGetLastError();
   }
   Status StreamSynchronize(Stream s) override {
-    cudaError_t r = cudaStreamSynchronize(static_cast<cudaStream_t>(s));
-    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamSynchronize", r);
+    return CudaCheck("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
   }
   Status StreamWaitEvent(Stream s, Event e) override {
-    cudaError_t r =
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
-    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamWaitEvent", r);
+    return CudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(static_cast<cudaStream_t>(s),
+                                                                static_cast<cudaEvent_t>(e), 0));
   }
   Status StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value) override {
     return KernelFail("stream wait on a host flag",
@@ -324,20 +393,14 @@ class Cuda final : public Runtime {
   }
   Status StreamQuery(Stream s, bool* done) override {
     cudaError_t r = cudaStreamQuery(static_cast<cudaStream_t>(s));
-    if (r == cudaErrorNotReady) {
-      *done = false;
-      return Status::Ok();
-    }
-    *done = false;
-    if (r != cudaSuccess) return CudaFail("cudaStreamQuery", r);
-    *done = true;
-    return Status::Ok();
+    *done = false;  // on an error too
+    return QueryDone("cudaStreamQuery", r, done);
   }
   Status StreamCreate(Stream* s) override {
     cudaStream_t cs = nullptr;
     cudaError_t r = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
     *s = cs;
-    return r == cudaSuccess ? Status::Ok() : CudaFail("cudaStreamCreateWithFlags", r);
+    return CudaCheck("cudaStreamCreateWithFlags", r);
   }
   void StreamDestroy(Stream s) override {
     if (s) cudaStreamDestroy(static_cast<cudaStream_t>(s));
@@ -380,22 +443,20 @@ class Cuda final : public Runtime {
   Status Memset(void* d, int value, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();
     SCAPE_RETURN_IF_ERROR(CheckNonNull("memset", "d", d));
-    cudaError_t e = cudaMemsetAsync(d, value, bytes, static_cast<cudaStream_t>(s));
-    return e == cudaSuccess ? Status::Ok() : CudaFail("cudaMemsetAsync", e);
+    return CudaCheck("cudaMemsetAsync",
+                     cudaMemsetAsync(d, value, bytes, static_cast<cudaStream_t>(s)));
   }
   Status Gather(const void* dDense, const uint64_t* dIdx, size_t k, size_t esz, void* dPacked,
                 Stream s) override {
-    SCAPE_RETURN_IF_ERROR(CheckIndexed("gather kernel", dDense, dIdx, k, esz, dPacked));
-    if (k == 0) return Status::Ok();
-    return KernelFail("gather kernel", kc::GatherByIndexCuda(dDense, dIdx, k, esz, dPacked,
-                                                             static_cast<cudaStream_t>(s)));
+    return Indexed("gather kernel", dDense, dIdx, k, esz, dPacked, [&] {
+      return kc::GatherByIndexCuda(dDense, dIdx, k, esz, dPacked, static_cast<cudaStream_t>(s));
+    });
   }
   Status Scatter(const void* dPacked, const uint64_t* dIdx, size_t k, size_t esz, void* dDense,
                  Stream s) override {
-    SCAPE_RETURN_IF_ERROR(CheckIndexed("scatter kernel", dDense, dIdx, k, esz, dPacked));
-    if (k == 0) return Status::Ok();
-    return KernelFail("scatter kernel", kc::ScatterByIndexCuda(dPacked, dIdx, k, esz, dDense,
-                                                               static_cast<cudaStream_t>(s)));
+    return Indexed("scatter kernel", dDense, dIdx, k, esz, dPacked, [&] {
+      return kc::ScatterByIndexCuda(dPacked, dIdx, k, esz, dDense, static_cast<cudaStream_t>(s));
+    });
   }
   Status TopkAbs(const float* dX, const kn::TopkSegments& segments, const kn::TopkOptions& options,
                  uint64_t* dOut, uint64_t* dCounts, Stream s) override {
@@ -409,9 +470,8 @@ class Cuda final : public Runtime {
       SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dOut", dOut));
     }
     SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCounts", dCounts));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dX", dX, sizeof(float)));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dOut", dOut, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCounts", dCounts, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAllAligned(
+        op, {ALIGNED_ARG(dX, sizeof(float)), ALIGNED_ARG(dOut, 8), ALIGNED_ARG(dCounts, 8)}));
     // No output capacity at all: the kernel still wants a non-null dOut, which it never writes.
     if (dOut == nullptr) dOut = dCounts;
     auto stream = static_cast<cudaStream_t>(s);
@@ -451,16 +511,8 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dG", dG));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dE", dE));
-    if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dM), PTR_ARG(dG), PTR_ARG(dE)}));
+    SCAPE_RETURN_IF_ERROR(CheckMaskAndPayload(op, k, dMask, dPayload, payloadType));
     return KernelFail(op, kc::CandidatePackResidualCuda(
                               dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload, dCOut,
                               static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
@@ -473,15 +525,8 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckAdamSParams(op, params));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dTheta), PTR_ARG(dM)}));
+    SCAPE_RETURN_IF_ERROR(CheckMaskAndPayload(op, k, dMask, dPayload, payloadType));
     auto stream = static_cast<cudaStream_t>(s);
     if (params.enter_vs == nullptr)
       return KernelFail(op, kc::UnpackAdamSUpdateCuda(dPayload, payloadType, dMask, k, dTheta, dM,
@@ -502,17 +547,11 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     SCAPE_RETURN_IF_ERROR(CheckEnterTable(op, params, n));
     if (k == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPairs", dPairs));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dTheta", dTheta, 4));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dM", dM, 4));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dPairs", dPairs, 4));
-    SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(
+        op, {PTR_ARG(dPayload), PTR_ARG(dIdx), PTR_ARG(dTheta), PTR_ARG(dM), PTR_ARG(dPairs)}));
+    SCAPE_RETURN_IF_ERROR(CheckAllAligned(
+        op, {ALIGNED_ARG(dIdx, 8), ALIGNED_ARG(dTheta, 4), ALIGNED_ARG(dM, 4),
+             ALIGNED_ARG(dPairs, 4), ALIGNED_ARG(dPayload, kn::PayloadElementSize(payloadType))}));
     auto stream = static_cast<cudaStream_t>(s);
     OpTemp temp(this, stream);
     kn::AdamSParams p;
@@ -524,24 +563,17 @@ class Cuda final : public Runtime {
                           float* dM, size_t n, const kn::AdamSParams& params, void* dCopy,
                           scapeDataType_t copyType, Stream s) override {
     const char* op = dCopy ? "pairs unpack kernel (16-bit model copy)" : "pairs unpack kernel";
-    if (dCopy && copyType != scapeBfloat16 && copyType != scapeFloat16)
-      return Status(scapeUnsupported,
-                    StrFormat("%s: copyType = %d: expected scapeBfloat16 or scapeFloat16", op,
-                              static_cast<int>(copyType)));
+    if (dCopy) SCAPE_RETURN_IF_ERROR(CheckCopyType(op, copyType));
     SCAPE_RETURN_IF_ERROR(CheckAdamSParams(op, params));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dTheta), PTR_ARG(dM)}));
     if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPairs", dPairs));
+      SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dMask), PTR_ARG(dPairs)}));
     }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dPairs", dPairs, 4));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dTheta", dTheta, 4));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dM", dM, 4));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCopy", dCopy, 2));
+    SCAPE_RETURN_IF_ERROR(
+        CheckAllAligned(op, {ALIGNED_ARG(dMask, 8), ALIGNED_ARG(dPairs, 4), ALIGNED_ARG(dTheta, 4),
+                             ALIGNED_ARG(dM, 4), ALIGNED_ARG(dCopy, 2)}));
     kn::ModelCopy c;
     c.p = dCopy;
     c.type = copyType;
@@ -555,23 +587,17 @@ class Cuda final : public Runtime {
                              Stream s) override {
     const char* op = "segment_rms sums kernel";
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
-    if (!(beta1 >= 0.0f && beta1 < 1.0f)) {
-      return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
-    }
+    SCAPE_RETURN_IF_ERROR(CheckBeta1(op, beta1));
     if (nb == 0) return Status::Ok();
     if (bounds == nullptr) return InvalidArgument(StrFormat("%s: bounds is NULL", op));
     for (size_t b = 0; b < nb; ++b)
       if (bounds[b + 1] < bounds[b] || bounds[b + 1] - bounds[b] > kn::kSqNormBlock)
         return InvalidArgument(
             StrFormat("%s: block %zu is descending or over %zu slots", op, b, kn::kSqNormBlock));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dSums", dSums));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCounts", dCounts));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dSums", dSums, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCounts", dCounts, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(
+        op, {PTR_ARG(dSums), PTR_ARG(dCounts), PTR_ARG(dIdx), PTR_ARG(dM), PTR_ARG(dPayload)}));
+    SCAPE_RETURN_IF_ERROR(CheckAllAligned(
+        op, {ALIGNED_ARG(dSums, 8), ALIGNED_ARG(dCounts, 8), ALIGNED_ARG(dIdx, 8)}));
     auto stream = static_cast<cudaStream_t>(s);
     OpTemp temp(this, stream);
     void* base = nullptr;
@@ -594,17 +620,9 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, gradType));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dG", dG));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dE", dE));
-    if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dG", dG, 2));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dM), PTR_ARG(dG), PTR_ARG(dE)}));
     SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+        CheckMaskAndPayload(op, k, dMask, dPayload, payloadType, {ALIGNED_ARG(dG, 2)}));
     return KernelFail(op, kc::CandidatePackResidualGradCuda(
                               dM, dG, gradType, dE, n, beta1, dMask, k, payloadType, dPayload,
                               dCOut, static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
@@ -615,26 +633,15 @@ class Cuda final : public Runtime {
                                Stream s) override {
     const char* op = "AdamS update kernel (16-bit model copy)";
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
-    if (copyType != scapeBfloat16 && copyType != scapeFloat16)
-      return Status(scapeUnsupported,
-                    StrFormat("%s: copyType = %d: expected scapeBfloat16 or scapeFloat16", op,
-                              static_cast<int>(copyType)));
+    SCAPE_RETURN_IF_ERROR(CheckCopyType(op, copyType));
     kn::AdamSScalars sc;
     if (kn::MakeAdamSScalars(params, &sc) != kn::KernelStatus::kOk)
       return InvalidArgument(StrFormat("%s: bad AdamS parameters", op));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dTheta", dTheta));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dCopy", dCopy));
-    if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-    }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dCopy", dCopy, 2));
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dTheta), PTR_ARG(dM), PTR_ARG(dCopy)}));
     SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+        CheckMaskAndPayload(op, k, dMask, dPayload, payloadType, {ALIGNED_ARG(dCopy, 2)}));
     kn::ModelCopy c;
     c.p = dCopy;
     c.type = copyType;
@@ -652,20 +659,15 @@ class Cuda final : public Runtime {
                              float beta1, double* dSqNorm, Stream s) override {
     const char* op = "gradient norm kernel";
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
-    if (!(beta1 >= 0.0f && beta1 < 1.0f)) {
-      return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
-    }
+    SCAPE_RETURN_IF_ERROR(CheckBeta1(op, beta1));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dSqNorm", dSqNorm));
     SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dSqNorm", dSqNorm, sizeof(double)));
     if (k > 0) {
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPayload", dPayload));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dMask", dMask));
-      SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dM", dM));
+      SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dPayload), PTR_ARG(dMask), PTR_ARG(dM)}));
     }
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dMask", dMask, 8));
-    SCAPE_RETURN_IF_ERROR(
-        CheckAligned(op, "dPayload", dPayload, kn::PayloadElementSize(payloadType)));
+    SCAPE_RETURN_IF_ERROR(CheckAllAligned(
+        op, {ALIGNED_ARG(dMask, 8), ALIGNED_ARG(dPayload, kn::PayloadElementSize(payloadType))}));
     auto stream = static_cast<cudaStream_t>(s);
     size_t tempBytes = 0;
     SCAPE_RETURN_IF_ERROR(
@@ -707,25 +709,27 @@ class Cuda final : public Runtime {
                         int nranks, void* dQ, const uint64_t* dPos, float* dResidual,
                         Stream s) override {
     const char* op = "payload conversion kernel";
-    if (!dtypes::IsScaled(type))
-      return InvalidArgument(
-          StrFormat("%s: type %s is not a scaled payload type", op, dtypes::Name(type)));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dAmax", dAmax));
+    SCAPE_RETURN_IF_ERROR(CheckScaled(op, type, dAmax));
     return KernelFail(op, kc::QuantizeScaledCuda(dX, k, type, dAmax, nranks, dQ, dPos, dResidual,
                                                  static_cast<cudaStream_t>(s)));
   }
   Status DequantizeScaled(const void* dQ, size_t k, scapeDataType_t type, const float* dAmax,
                           int nranks, float* dOut, Stream s) override {
     const char* op = "payload conversion kernel";
-    if (!dtypes::IsScaled(type))
-      return InvalidArgument(
-          StrFormat("%s: type %s is not a scaled payload type", op, dtypes::Name(type)));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dAmax", dAmax));
+    SCAPE_RETURN_IF_ERROR(CheckScaled(op, type, dAmax));
     return KernelFail(op, kc::DequantizeScaledCuda(dQ, k, type, dAmax, nranks, dOut,
                                                    static_cast<cudaStream_t>(s)));
   }
 
  private:
+  // Gather / scatter: the checks (CheckIndexed), then launch() unless k is 0.
+  template <typename Launch>
+  static Status Indexed(const char* op, const void* dDense, const uint64_t* dIdx, size_t k,
+                        size_t esz, const void* dPacked, Launch launch) {
+    SCAPE_RETURN_IF_ERROR(CheckIndexed(op, dDense, dIdx, k, esz, dPacked));
+    if (k == 0) return Status::Ok();
+    return KernelFail(op, launch());
+  }
   // Gather / scatter arguments: the element size, null and misaligned pointers.
   static Status CheckIndexed(const char* op, const void* dDense, const uint64_t* dIdx, size_t k,
                              size_t esz, const void* dPacked) {
@@ -733,12 +737,9 @@ class Cuda final : public Runtime {
       return InvalidArgument(StrFormat("%s: element size esz = %zu is not 1, 2, 4 or 8", op, esz));
     }
     if (k == 0) return Status::Ok();
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dDense", dDense));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dIdx", dIdx));
-    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dPacked", dPacked));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dDense", dDense, esz));
-    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dIdx", dIdx, 8));
-    return CheckAligned(op, "dPacked", dPacked, esz);
+    SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dDense), PTR_ARG(dIdx), PTR_ARG(dPacked)}));
+    return CheckAllAligned(
+        op, {ALIGNED_ARG(dDense, esz), ALIGNED_ARG(dIdx, 8), ALIGNED_ARG(dPacked, esz)});
   }
 
   std::once_flag once_;

@@ -115,12 +115,7 @@ Status Mask::Create(Comm* comm, uint64_t n, const std::vector<uint64_t>& segOffs
   // Every rank must have built the same layout: compare fingerprints on every rank.
   int64_t fp = static_cast<int64_t>(Fingerprint(n, segOffsets, dense, ownership, m->nranks_));
   std::vector<int64_t> fps(P);
-  coll::CollArgs ag;
-  ag.type = coll::CollType::kAllGather;
-  ag.send = &fp;
-  ag.recv = fps.data();
-  ag.count = 1;
-  ag.dtype = scapeInt64;
+  coll::CollArgs ag = coll::AllGatherArgs(&fp, fps.data(), 1, scapeInt64);
   SCAPE_RETURN_IF_ERROR(comm->Run(ag));
   for (size_t r = 0; r < P; ++r)
     if (fps[r] != fp)
@@ -492,12 +487,7 @@ Status Mask::RunSync() {
   // Exact sizes first, then the parts (each padded to 4 bytes), back to back in rank order.
   std::vector<int64_t> sizes(P);
   int64_t mine = static_cast<int64_t>(pendingInfo_.sentBytes);
-  coll::CollArgs ag;
-  ag.type = coll::CollType::kAllGather;
-  ag.send = &mine;
-  ag.recv = sizes.data();
-  ag.count = 1;
-  ag.dtype = scapeInt64;
+  coll::CollArgs ag = coll::AllGatherArgs(&mine, sizes.data(), 1, scapeInt64);
   SCAPE_RETURN_IF_ERROR(child_->Run(ag).Prepend("mask sync"));
   std::vector<size_t> counts(P);
   size_t totalWords = 0;

@@ -33,6 +33,14 @@ constexpr uint64_t kReqMagic = 0x5343415045524551ull;      // "SCAPEREQ"
 constexpr uint64_t kFreeReqMagic = 0x5343415045465245ull;  // "SCAPEFRE"
 constexpr uint64_t kDeadMagic = 0xdeadbeefdeadbeefull;
 
+// What every As* function (ucx_engine.h) does: p as a live object of type T with the given
+// magic, else nullptr (the magic is read only once p is known to be live).
+template <typename T>
+T* AsLive(void* p, uint64_t magic) {
+  auto* c = static_cast<T*>(p);
+  return IsLive(p) && c->magic == magic ? c : nullptr;
+}
+
 constexpr size_t kMaxAddressBytes = 64 * 1024;  // largest worker address we accept
 constexpr int64_t kLivenessCheckNs = 20 * 1000 * 1000;
 

@@ -12,6 +12,7 @@
 // - properties are copied field by field into the older layouts.
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "plugin/nccl/net_abi.h"
 #include "plugin/nccl/net_log.h"
@@ -86,7 +87,10 @@ ncclResult_t InitV10(ncclDebugLogger_t log, ncclProfilerCallback_t prof) {
   return LegacyInit(log, prof);
 }
 
-ncclResult_t GetPropertiesV10(int dev, ncclNetProperties_v10_t* props) {
+// getProperties of v10 and v9 (the same layout) and of v8: the v11 properties copied into the
+// older layout field by field.
+template <typename P>
+ncclResult_t GetLegacyProperties(int dev, P* props) {
   if (!props) {
     NET_WARN("getProperties: props is NULL (ncclInternalError)");
     return ncclInternalError;
@@ -96,10 +100,12 @@ ncclResult_t GetPropertiesV10(int dev, ncclNetProperties_v10_t* props) {
   if (r != ncclSuccess) return r;
   std::memset(props, 0, sizeof(*props));
   CopyCommonProps(p, props);
-  props->forceFlush = p.forceFlush;
-  props->vProps = p.vProps;
-  props->maxP2pBytes = p.maxP2pBytes;
-  props->maxCollBytes = p.maxCollBytes;
+  if constexpr (std::is_same<P, ncclNetProperties_v10_t>::value) {
+    props->forceFlush = p.forceFlush;
+    props->vProps = p.vProps;
+    props->maxP2pBytes = p.maxP2pBytes;
+    props->maxCollBytes = p.maxCollBytes;
+  }
   return ncclSuccess;
 }
 
@@ -123,19 +129,6 @@ ncclResult_t IrecvV9(void* recvComm, int n, void** data, size_t* sizes, int* tag
 }
 
 // ---- v8 -----------------------------------------------------------------------------------------
-
-ncclResult_t GetPropertiesV8(int dev, ncclNetProperties_v8_t* props) {
-  if (!props) {
-    NET_WARN("getProperties: props is NULL (ncclInternalError)");
-    return ncclInternalError;
-  }
-  ncclNetProperties_v11_t p;
-  ncclResult_t r = V11().getProperties(dev, &p);
-  if (r != ncclSuccess) return r;
-  std::memset(props, 0, sizeof(*props));
-  CopyCommonProps(p, props);
-  return ncclSuccess;
-}
 
 bool V8SizeOk(const char* fn, long long size) {
   if (size >= 0 && static_cast<unsigned long long>(size) <= NCCL_V8_MAX_NET_SIZE) return true;
@@ -164,92 +157,77 @@ ncclResult_t IrecvV8(void* recvComm, int n, void** data, int* sizes, int* tags, 
   return V11().irecv(recvComm, n, data, wide, tags, mhandles, nullptr, request);
 }
 
+// ---- the members every version forwards unchanged (the handle and vProps types of v8..v10 are
+// v11's) ---------------------------------------------------------------------------------------
+
+ncclResult_t Devices(int* ndev) { return V11().devices(ndev); }
+ncclResult_t Accept(void* l, void** r, ncclNetDeviceHandle_v11_t** d) {
+  return V11().accept(l, r, d);
+}
+ncclResult_t RegMr(void* c, void* p, size_t s, int t, void** m) {
+  return V11().regMr(c, p, s, t, m);
+}
+ncclResult_t RegMrDmaBuf(void* c, void* p, size_t s, int t, uint64_t o, int fd, void** m) {
+  return V11().regMrDmaBuf(c, p, s, t, o, fd, m);
+}
+ncclResult_t DeregMr(void* c, void* m) { return V11().deregMr(c, m); }
+ncclResult_t IsendV10(void* c, void* p, size_t s, int t, void* m, void* ph, void** r) {
+  return V11().isend(c, p, s, t, m, ph, r);
+}
+ncclResult_t IrecvV10(void* c, int n, void** p, size_t* s, int* t, void** m, void** ph, void** r) {
+  return V11().irecv(c, n, p, s, t, m, ph, r);
+}
+ncclResult_t Iflush(void* c, int n, void** p, int* s, void** m, void** r) {
+  return V11().iflush(c, n, p, s, m, r);
+}
+ncclResult_t Test(void* r, int* d, int* s) { return V11().test(r, d, s); }
+ncclResult_t CloseSend(void* c) { return V11().closeSend(c); }
+ncclResult_t CloseRecv(void* c) { return V11().closeRecv(c); }
+ncclResult_t CloseListen(void* c) { return V11().closeListen(c); }
+ncclResult_t MakeVDevice(int* d, ncclNetVDeviceProps_v11_t* p) { return V11().makeVDevice(d, p); }
+
+// One pre-v11 table: the version's own init, getProperties, connect, isend and irecv, the rest
+// forwarded as above; getDeviceMr and irecvConsumed are not offered (null), makeVDevice from v9
+// on. constexpr, so that each exported table is constant-initialised.
+template <typename Net, typename Init, typename Props, typename Connect, typename Isend,
+          typename Irecv>
+constexpr Net LegacyNet(Init init, Props getProperties, Connect connect, Isend isend, Irecv irecv) {
+  Net n{};
+  n.name = "SCAPE";
+  n.init = init;
+  n.devices = Devices;
+  n.getProperties = getProperties;
+  n.listen = Listen;
+  n.connect = connect;
+  n.accept = Accept;
+  n.regMr = RegMr;
+  n.regMrDmaBuf = RegMrDmaBuf;
+  n.deregMr = DeregMr;
+  n.isend = isend;
+  n.irecv = irecv;
+  n.iflush = Iflush;
+  n.test = Test;
+  n.closeSend = CloseSend;
+  n.closeRecv = CloseRecv;
+  n.closeListen = CloseListen;
+  if constexpr (!std::is_same<Net, ncclNet_v8_t>::value) n.makeVDevice = MakeVDevice;
+  return n;
+}
+
+constexpr ncclNet_v10_t kV10 = LegacyNet<ncclNet_v10_t>(
+    InitV10, GetLegacyProperties<ncclNetProperties_v10_t>, ConnectV10, IsendV10, IrecvV10);
+// v9 properties have v10's layout; v8's init has v9's signature, init(logger).
+constexpr ncclNet_v9_t kV9 = LegacyNet<ncclNet_v9_t>(
+    InitV9, GetLegacyProperties<ncclNetProperties_v9_t>, ConnectV9, IsendV9, IrecvV9);
+constexpr ncclNet_v8_t kV8 = LegacyNet<ncclNet_v8_t>(
+    InitV9, GetLegacyProperties<ncclNetProperties_v8_t>, ConnectV9, IsendV8, IrecvV8);
+
 }  // namespace
 
 extern "C" {
 
-__attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = {
-    "SCAPE",
-    InitV10,
-    [](int* ndev) { return V11().devices(ndev); },
-    GetPropertiesV10,
-    Listen,
-    ConnectV10,
-    [](void* l, void** r, ncclNetDeviceHandle_v10_t** d) { return V11().accept(l, r, d); },
-    [](void* c, void* p, size_t s, int t, void** m) { return V11().regMr(c, p, s, t, m); },
-    [](void* c, void* p, size_t s, int t, uint64_t o, int fd, void** m) {
-      return V11().regMrDmaBuf(c, p, s, t, o, fd, m);
-    },
-    [](void* c, void* m) { return V11().deregMr(c, m); },
-    [](void* c, void* p, size_t s, int t, void* m, void* ph, void** r) {
-      return V11().isend(c, p, s, t, m, ph, r);
-    },
-    [](void* c, int n, void** p, size_t* s, int* t, void** m, void** ph, void** r) {
-      return V11().irecv(c, n, p, s, t, m, ph, r);
-    },
-    [](void* c, int n, void** p, int* s, void** m, void** r) {
-      return V11().iflush(c, n, p, s, m, r);
-    },
-    [](void* r, int* d, int* s) { return V11().test(r, d, s); },
-    [](void* c) { return V11().closeSend(c); },
-    [](void* c) { return V11().closeRecv(c); },
-    [](void* c) { return V11().closeListen(c); },
-    nullptr,
-    nullptr,
-    [](int* d, ncclNetVDeviceProps_v10_t* p) { return V11().makeVDevice(d, p); },
-};
-
-__attribute__((visibility("default"))) ncclNet_v9_t ncclNetPlugin_v9 = {
-    "SCAPE",
-    InitV9,
-    [](int* ndev) { return V11().devices(ndev); },
-    GetPropertiesV10,  // v9 and v10 properties have the same layout
-    Listen,
-    ConnectV9,
-    [](void* l, void** r, ncclNetDeviceHandle_v9_t** d) { return V11().accept(l, r, d); },
-    [](void* c, void* p, size_t s, int t, void** m) { return V11().regMr(c, p, s, t, m); },
-    [](void* c, void* p, size_t s, int t, uint64_t o, int fd, void** m) {
-      return V11().regMrDmaBuf(c, p, s, t, o, fd, m);
-    },
-    [](void* c, void* m) { return V11().deregMr(c, m); },
-    IsendV9,
-    IrecvV9,
-    [](void* c, int n, void** p, int* s, void** m, void** r) {
-      return V11().iflush(c, n, p, s, m, r);
-    },
-    [](void* r, int* d, int* s) { return V11().test(r, d, s); },
-    [](void* c) { return V11().closeSend(c); },
-    [](void* c) { return V11().closeRecv(c); },
-    [](void* c) { return V11().closeListen(c); },
-    nullptr,
-    nullptr,
-    [](int* d, ncclNetVDeviceProps_v9_t* p) { return V11().makeVDevice(d, p); },
-};
-
-__attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = {
-    "SCAPE",
-    InitV9,  // same signature: init(logger)
-    [](int* ndev) { return V11().devices(ndev); },
-    GetPropertiesV8,
-    Listen,
-    ConnectV9,
-    [](void* l, void** r, ncclNetDeviceHandle_v8_t** d) { return V11().accept(l, r, d); },
-    [](void* c, void* p, size_t s, int t, void** m) { return V11().regMr(c, p, s, t, m); },
-    [](void* c, void* p, size_t s, int t, uint64_t o, int fd, void** m) {
-      return V11().regMrDmaBuf(c, p, s, t, o, fd, m);
-    },
-    [](void* c, void* m) { return V11().deregMr(c, m); },
-    IsendV8,
-    IrecvV8,
-    [](void* c, int n, void** p, int* s, void** m, void** r) {
-      return V11().iflush(c, n, p, s, m, r);
-    },
-    [](void* r, int* d, int* s) { return V11().test(r, d, s); },
-    [](void* c) { return V11().closeSend(c); },
-    [](void* c) { return V11().closeRecv(c); },
-    [](void* c) { return V11().closeListen(c); },
-    nullptr,
-    nullptr,
-};
+__attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = kV10;
+__attribute__((visibility("default"))) ncclNet_v9_t ncclNetPlugin_v9 = kV9;
+__attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = kV8;
 
 }  // extern "C"

@@ -246,16 +246,27 @@ Status CheckHandle(const WireHandle* h) {
 //
 // Its tag and payload: HandshakeTag, HandshakeWord (engine_internal.h, beside the data tags).
 
+// A request slot of c for the handshake's one message (its 8-byte word). Called with the
+// worker lock held.
+Status AcquireHandshakeSlot(Comm* c, Request** r) {
+  static_assert(sizeof(RecvComm::handshake) == sizeof(uint64_t) &&
+                    sizeof(SendComm::handshake) == sizeof(uint64_t),
+                "the handshake is one 8-byte word");
+  *r = c->Acquire();
+  if (!*r) return InternalError("no request slot for the handshake");
+  (*r)->n = 1;
+  (*r)->cap[0] = sizeof(uint64_t);
+  return Status::Ok();
+}
+
 // Posts the receive of the handshake (before the reply goes out, so it never arrives
 // unexpected). Called without the worker lock.
 Status PostHandshakeRecv(RecvComm* rc, Request** out) {
   *out = nullptr;
   Worker* w = rc->worker.get();
   std::lock_guard<std::mutex> lk(w->mu);
-  Request* r = rc->Acquire();
-  if (!r) return InternalError("no request slot for the handshake");
-  r->n = 1;
-  r->cap[0] = sizeof(rc->handshake);
+  Request* r = nullptr;
+  SCAPE_RETURN_IF_ERROR(AcquireHandshakeSlot(rc, &r));
   ucx::Req p = nullptr;
   ucx::UcsCode s = w->ucx->Recv(&rc->handshake, sizeof(rc->handshake), HandshakeTag(rc->id), ~0ull,
                                 ucx::Mem::kHost, &p);
@@ -275,10 +286,8 @@ Status PostHandshakeSend(SendComm* sc, uint64_t listenId, Request** out) {
   *out = nullptr;
   Worker* w = sc->worker.get();
   std::lock_guard<std::mutex> lk(w->mu);
-  Request* r = sc->Acquire();
-  if (!r) return InternalError("no request slot for the handshake");
-  r->n = 1;
-  r->cap[0] = sizeof(sc->handshake);
+  Request* r = nullptr;
+  SCAPE_RETURN_IF_ERROR(AcquireHandshakeSlot(sc, &r));
   sc->handshake = HandshakeWord(listenId, sc->remoteId);
   ucx::Req p = nullptr;
   ucx::UcsCode s = w->ucx->Send(sc->ep, &sc->handshake, sizeof(sc->handshake),
@@ -688,10 +697,7 @@ void CloseListen(ListenComm* lc) {
   delete lc;
 }
 
-ListenComm* AsListenComm(void* p) {
-  auto* c = static_cast<ListenComm*>(p);
-  return IsLive(p) && c->magic == kListenMagic ? c : nullptr;
-}
+ListenComm* AsListenComm(void* p) { return AsLive<ListenComm>(p, kListenMagic); }
 
 }  // namespace ucxnet
 }  // namespace scape

@@ -273,18 +273,28 @@ ncclResult_t GetProperties(int dev, ncclNetProperties_v11_t* props) {
   });
 }
 
+// What listen and connect share: the context, the handle and the device `dev` (*d) checked in
+// this order, then op(context) on the device, whose error names the device.
+template <typename Op>
+Status OnEndpointDevice(void* ctx, const void* handle, int dev, NetDevice* d, Op op) {
+  PluginCtx* pc = AsCtx(ctx);
+  if (!pc) return BadArg(ctx ? "ctx is not a context returned by init" : "ctx is NULL");
+  if (!handle) return BadArg("handle is NULL");
+  SCAPE_RETURN_IF_ERROR(CheckDev(dev, d));
+  Status st = op(pc);
+  if (!st.ok()) return st.Prepend(StrFormat("device %d (%s)", dev, d->name.c_str()));
+  return Status::Ok();
+}
+
 ncclResult_t Listen(void* ctx, int dev, void* handle, void** listenComm) {
   return Guard("listen", [&]() -> Status {
     if (!listenComm) return BadArg("listenComm (output) is NULL");
     *listenComm = nullptr;
-    PluginCtx* pc = AsCtx(ctx);
-    if (!pc) return BadArg(ctx ? "ctx is not a context returned by init" : "ctx is NULL");
-    if (!handle) return BadArg("handle is NULL");
     NetDevice d;
-    SCAPE_RETURN_IF_ERROR(CheckDev(dev, &d));
     ucxnet::ListenComm* lc = nullptr;
-    Status st = ucxnet::Listen(pc->net, dev, d.route, handle, &lc);
-    if (!st.ok()) return st.Prepend(StrFormat("device %d (%s)", dev, d.name.c_str()));
+    SCAPE_RETURN_IF_ERROR(OnEndpointDevice(ctx, handle, dev, &d, [&](PluginCtx* pc) {
+      return ucxnet::Listen(pc->net, dev, d.route, handle, &lc);
+    }));
     *listenComm = lc;
     return Status::Ok();
   });
@@ -296,14 +306,11 @@ ncclResult_t Connect(void* ctx, int dev, void* handle, void** sendComm,
     if (!sendComm) return BadArg("sendComm (output) is NULL");
     *sendComm = nullptr;
     if (sendDevComm) *sendDevComm = nullptr;  // host plugin: no device offload
-    PluginCtx* pc = AsCtx(ctx);
-    if (!pc) return BadArg(ctx ? "ctx is not a context returned by init" : "ctx is NULL");
-    if (!handle) return BadArg("handle is NULL");
     NetDevice d;
-    SCAPE_RETURN_IF_ERROR(CheckDev(dev, &d));
     ucxnet::SendComm* sc = nullptr;
-    Status st = ucxnet::Connect(pc->net, dev, d.route, handle, &sc);
-    if (!st.ok()) return st.Prepend(StrFormat("device %d (%s)", dev, d.name.c_str()));
+    SCAPE_RETURN_IF_ERROR(OnEndpointDevice(ctx, handle, dev, &d, [&](PluginCtx* pc) {
+      return ucxnet::Connect(pc->net, dev, d.route, handle, &sc);
+    }));
     if (sc)
       NET_INFO(NCCL_NET, "connected on device %d (%s) %s", dev, d.name.c_str(),
                ucxnet::CommInfo(sc).c_str());
@@ -478,24 +485,33 @@ ncclResult_t Test(void* request, int* done, int* sizes) {
   });
 }
 
+// closeSend / closeRecv: the comm checked (as() is null unless it is a live one), the requests
+// still in flight logged, then closed. `file` and `line` are the entry point's, as in Guard.
+template <typename C>
+ncclResult_t CloseDataComm(const char* fn, void* comm, C* (*as)(void*), const char* notLive,
+                           const char* isNull, Status (*close)(C*),
+                           const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  return Guard(
+      fn,
+      [&]() -> Status {
+        C* c = as(comm);
+        if (!c) return BadArg(comm ? notLive : isNull);
+        int pending = ucxnet::RequestsInFlight(c);
+        if (pending > 0) NET_INFO(NCCL_NET, "%s: cancelling %d request(s) in flight", fn, pending);
+        return close(c);
+      },
+      file, line);
+}
+
 ncclResult_t CloseSend(void* sendComm) {
-  return Guard("closeSend", [&]() -> Status {
-    ucxnet::SendComm* sc = ucxnet::AsSendComm(sendComm);
-    if (!sc) return BadArg(sendComm ? "sendComm is not a live send comm" : "sendComm is NULL");
-    int pending = ucxnet::RequestsInFlight(sc);
-    if (pending > 0) NET_INFO(NCCL_NET, "closeSend: cancelling %d request(s) in flight", pending);
-    return ucxnet::CloseSend(sc);
-  });
+  return CloseDataComm("closeSend", sendComm, ucxnet::AsSendComm,
+                       "sendComm is not a live send comm", "sendComm is NULL", ucxnet::CloseSend);
 }
 
 ncclResult_t CloseRecv(void* recvComm) {
-  return Guard("closeRecv", [&]() -> Status {
-    ucxnet::RecvComm* rc = ucxnet::AsRecvComm(recvComm);
-    if (!rc) return BadArg(recvComm ? "recvComm is not a live receive comm" : "recvComm is NULL");
-    int pending = ucxnet::RequestsInFlight(rc);
-    if (pending > 0) NET_INFO(NCCL_NET, "closeRecv: cancelling %d request(s) in flight", pending);
-    return ucxnet::CloseRecv(rc);
-  });
+  return CloseDataComm("closeRecv", recvComm, ucxnet::AsRecvComm,
+                       "recvComm is not a live receive comm", "recvComm is NULL",
+                       ucxnet::CloseRecv);
 }
 
 ncclResult_t CloseListen(void* listenComm) {

@@ -473,26 +473,11 @@ bool IsLive(const void* p) {
   return Live().live.count(p) != 0;
 }
 
-NetContext* AsNetContext(void* p) {
-  auto* c = static_cast<NetContext*>(p);
-  return IsLive(p) && c->magic == kCtxMagic ? c : nullptr;
-}
-SendComm* AsSendComm(void* p) {
-  auto* c = static_cast<SendComm*>(p);
-  return IsLive(p) && c->magic == kSendMagic ? c : nullptr;
-}
-RecvComm* AsRecvComm(void* p) {
-  auto* c = static_cast<RecvComm*>(p);
-  return IsLive(p) && c->magic == kRecvMagic ? c : nullptr;
-}
-MemRegion* AsMemRegion(void* p) {
-  auto* m = static_cast<MemRegion*>(p);
-  return IsLive(p) && m->magic == kMrMagic ? m : nullptr;
-}
-Request* AsRequest(void* p) {
-  auto* r = static_cast<Request*>(p);
-  return IsLive(p) && r->magic == kReqMagic ? r : nullptr;
-}
+NetContext* AsNetContext(void* p) { return AsLive<NetContext>(p, kCtxMagic); }
+SendComm* AsSendComm(void* p) { return AsLive<SendComm>(p, kSendMagic); }
+RecvComm* AsRecvComm(void* p) { return AsLive<RecvComm>(p, kRecvMagic); }
+MemRegion* AsMemRegion(void* p) { return AsLive<MemRegion>(p, kMrMagic); }
+Request* AsRequest(void* p) { return AsLive<Request>(p, kReqMagic); }
 
 void MemRegionBounds(const MemRegion* mr, uintptr_t* base, size_t* len, MemType* type) {
   *base = mr->base;
