@@ -231,8 +231,11 @@ TEST(DTypes, QuantizeKeepsWhatRoundingLosesAndDequantizeIsExact) {
           // The scaled values of P ranks cannot overflow: |x| * P / 2^e <= maxFinite.
           EXPECT_LE(std::fabs(std::ldexp(static_cast<double>(x[j]), -e)) * P, mf);
         }
-        for (size_t i = 0; i < n; ++i)
-          if (i % 3 != 1 || i / 3 >= k) EXPECT_EQ(res[i], 7.0f) << "untouched " << i;
+        for (size_t i = 0; i < n; ++i) {
+          if (i % 3 != 1 || i / 3 >= k) {
+            EXPECT_EQ(res[i], 7.0f) << "untouched " << i;
+          }
+        }
         EXPECT_EQ(q[k], 0xAA) << "wrote past k";
       }
     }
