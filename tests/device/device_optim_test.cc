@@ -4,7 +4,9 @@
 // pinned memory). Every step is compared bit for bit with the host step on the same inputs:
 // the params, and the whole checkpoint (momentum, residual, the current and the next mask).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -651,6 +653,78 @@ TEST(DeviceOptimWaits, AHeldStreamTimesOutTheNonFiniteCheckWithinTheTimeout) {
       },
       opts);
   EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// A peer killed between device steps (issue 33 item 4): every survivor's next device step on
+// the fake device fails (at the call, at the stream, or as the communicator's async error)
+// well within the timeout, and each prints how soon it knew (perf/RESULTS_reliability.md
+// quotes those lines); the killed rank is the only one that did not exit cleanly. With the
+// non-finite agreement the death is found on the communicator (the agreement's all-gather);
+// without it (nonFinite ignore), on the next road the step waits on: the previous step's mask
+// sync (the mask's child communicator) or the staged payload (the staging channel's).
+void DeviceStepDeathCase(int nonFinite) {
+  const unsigned seed = scape_test::FreshSeed();
+  scape_test::RankOptions opts;
+  opts.timeoutMs = 4000;
+  auto res = RunRanks(
+      4,
+      [&](RankCtx& ctx) {
+        FakeRuntime& rt = Fake();
+        Layout l;
+        const size_t n = l.n();
+        Cfg k;
+        k.nonFinite = nonFinite;
+        scapeOptim_t o = Create(ctx, l, k);
+        if (!o) return false;
+        float* dp = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        float* dg = static_cast<float*>(rt.DeviceMalloc(4 * n));
+        void* s = rt.NewStream();
+        for (int t = 0; t < 2; ++t) {
+          std::vector<float> g = Grads(seed, ctx.rank, t, n);
+          std::memcpy(dg, g.data(), 4 * n);
+          EXPECT_SCAPE_OK(scapeOptimStepStream(o, dp, dg, n, s), ctx.comm);
+          EXPECT_TRUE(rt.StreamSynchronize(s).ok());
+        }
+        EXPECT_SCAPE_OK(scapeBarrier(ctx.comm), ctx.comm);
+        if (ctx.rank == ctx.nranks - 1) kill(getpid(), SIGKILL);
+        const auto t0 = std::chrono::steady_clock::now();
+        scapeResult_t r = scapeOptimStepStream(o, dp, dg, n, s);
+        if (r == scapeSuccess) {
+          (void)rt.StreamSynchronize(s);
+          while (r == scapeSuccess &&
+                 std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(8000)) {
+            scapeResult_t async = scapeSuccess;
+            (void)scapeCommGetAsyncError(ctx.comm, &async);
+            r = async;
+            if (r == scapeSuccess) usleep(1000);
+          }
+        }
+        const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - t0)
+                                 .count();
+        EXPECT_TRUE(r == scapeRemoteError || r == scapeTimeout)
+            << "rank " << ctx.rank << ": " << scapeGetErrorString(r) << ": "
+            << scapeGetLastError(ctx.comm);
+        EXPECT_LT(ms, opts.timeoutMs + 2000) << "rank " << ctx.rank;
+        std::fprintf(stderr,
+                     "device step, nonFinite %d: rank %d: peer death seen after %lld ms: %s\n",
+                     nonFinite, ctx.rank, ms, scapeGetLastError(ctx.comm));
+        scapeCommAbort(ctx.comm);
+        ctx.comm = nullptr;
+        return !::testing::Test::HasFailure();
+      },
+      opts);
+  ASSERT_EQ(res.exitCodes.size(), 4u);
+  EXPECT_FALSE(res.watchdogFired);
+  for (size_t r = 0; r < 4; ++r)
+    EXPECT_EQ(res.exitCodes[r], r == 3 ? -SIGKILL : 0) << "rank " << r << ": " << res.Describe();
+}
+
+TEST(DeviceOptimDeath, ADeadPeerFailsTheNextDeviceStepOnEverySurvivor) {
+  DeviceStepDeathCase(scapeOptimNonFiniteSkip);
+}
+TEST(DeviceOptimDeath, WithoutTheAgreementADeadPeerFailsTheNextRoadOnEverySurvivor) {
+  DeviceStepDeathCase(scapeOptimNonFiniteIgnore);
 }
 
 }  // namespace
