@@ -33,9 +33,10 @@ def _load_step_model():  # type: ignore[no-untyped-def]
 step_model = _load_step_model()
 sys.path.insert(0, os.path.join(PERF, "train"))
 
-ORDER = ["adamw", "adams", "scape-0.1", "scape-0.01", "powersgd"]
+ORDER = ["adamw", "adams", "scape-0.1", "scape-0.01", "scape-0.01-e4m3", "powersgd"]
 LABEL = {"adamw": "dense AdamW (torch, gloo)", "adams": "dense AdamS (ScapeAdamS d=1)",
          "scape-0.1": "SCAPE 0.1", "scape-0.01": "SCAPE 0.01",
+         "scape-0.01-e4m3": "SCAPE 0.01, e4m3 payload",
          "powersgd": "PowerSGD+EF (torch hook)"}
 
 
@@ -103,7 +104,8 @@ def predict(row: Dict[str, Any], bw: float, lat: float) -> Optional[float]:
         return step_model.step_times(n, P, bw, lat, c, 1.0)["dense_step_s"]
     if m.startswith("scape"):
         d = float(m.split("-")[1])
-        return step_model.step_times(n, P, bw, lat, c, d)["scape_step_s"]
+        vb = 1 if m.endswith("-e4m3") else 4  # the payload's bytes per value
+        return step_model.step_times(n, P, bw, lat, c, d, value_bytes=vb)["scape_step_s"]
     if m == "powersgd":  # two all-reduces (P, then Q); the hook's own matmuls/QR not priced
         p_el, q_el = powersgd_elements(row)
         return (c + step_model.ring_allreduce_s(4 * p_el, P, bw, lat)
