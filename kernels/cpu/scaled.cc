@@ -6,16 +6,6 @@
 
 namespace scape {
 namespace kernels {
-namespace {
-
-// Calls f(Traits{}) for a scaled payload type; false for any other.
-template <typename F>
-bool VisitScaled(scapeDataType_t type, F&& f) {
-  return dtypes::IsScaled(type) && dtypes::VisitFloat(type, f);
-}
-
-}  // namespace
-
 KernelStatus PayloadAmax(const float* x, size_t k, float* amax) {
   if (!amax || (k > 0 && !x)) return KernelStatus::kInvalidArgument;
   float m = 0.0f;
@@ -30,7 +20,7 @@ KernelStatus QuantizeScaled(const float* x, size_t k, scapeDataType_t type, floa
   if (nranks < 1 || (k > 0 && (!x || !q || (residual && !pos))))
     return KernelStatus::kInvalidArgument;
   const int e = dtypes::ScaleExponent(amax, nranks, dtypes::Row(type)->maxFinite);
-  VisitScaled(type, [&](auto tr) {
+  dtypes::VisitFloat(type, [&](auto tr) {
     using T = decltype(tr);
     auto* out = static_cast<typename T::Storage*>(q);
     for (size_t j = 0; j < k; ++j) {
@@ -50,7 +40,7 @@ KernelStatus DequantizeScaled(const void* q, size_t k, scapeDataType_t type, flo
   if (!dtypes::IsScaled(type)) return KernelStatus::kUnsupported;
   if (nranks < 1 || (k > 0 && (!q || !out))) return KernelStatus::kInvalidArgument;
   const int e = dtypes::ScaleExponent(amax, nranks, dtypes::Row(type)->maxFinite);
-  VisitScaled(type, [&](auto tr) {
+  dtypes::VisitFloat(type, [&](auto tr) {
     using T = decltype(tr);
     const auto* in = static_cast<const typename T::Storage*>(q);
     for (size_t j = 0; j < k; ++j) out[j] = std::ldexp(T::Load(in[j]), e);
