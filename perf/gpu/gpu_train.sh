@@ -238,6 +238,47 @@ finish() {  # extra meta key=value...
 }
 
 # ------------------------------------------------------------------------------------------------
+# find_nccl_dir: the folder of this machine's libnccl.so.2 (NCCL_LIBRARY_DIR, python3's
+# nvidia.nccl, /usr, /opt), empty if none.
+find_nccl_dir() {
+  local nccl_dir=${NCCL_LIBRARY_DIR:-}
+  if [ -z "$nccl_dir" ]; then
+    local nccl
+    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
+             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
+  fi
+  echo "$nccl_dir"
+}
+
+# install_bundle BDIR REHEARSE: the bundle's wheel into $work/site (pip --target, no network),
+# and what every rank needs to load it with the bundle's libraries and this machine's NCCL,
+# NCCL forced through the library's net plugin; then one import to check it loads the wheel's.
+install_bundle() {
+  local bdir=$1 rehearse=$2
+  local site=$work/site
+  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
+  nccl_dir=$(find_nccl_dir)
+  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
+  export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
+  export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
+  local so=$site/scape/libnccl-net-scape.so
+  export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
+  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
+  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+  (cd "$work" && "$py" -c 'import sys, scape, torch
+p = scape.library_path()
+print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
+      "| python", sys.version.split()[0])
+assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
+    die "the installed wheel does not import"
+}
+
+# ------------------------------------------------------------------------------------------------
 run_gpu() {
   local bdir=${1:-$root/.gpu-train-bundle}
   [ -d "$bdir" ] || die "run: no bundle at $bdir (bash perf/gpu/gpu_train.sh bundle, then carry it)"
@@ -259,32 +300,7 @@ run_gpu() {
   exec > >(tee -a "$out/gpu_train.log") 2>&1
   echo "== device"
   [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
-  local site=$work/site
-  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
-    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
-  local nccl_dir=${NCCL_LIBRARY_DIR:-}
-  if [ -z "$nccl_dir" ]; then
-    local nccl
-    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
-             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
-             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
-    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
-  fi
-  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
-  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
-  export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
-  export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
-  local so=$site/scape/libnccl-net-scape.so
-  export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
-  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
-  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-  (cd "$work" && "$py" -c 'import sys, scape, torch
-p = scape.library_path()
-print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
-      "| python", sys.version.split()[0])
-assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
-    die "the installed wheel does not import"
+  install_bundle "$bdir" "$rehearse"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
   if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
     echo "== alloc (device memory per step, at most ${ALLOC_S:-40} s)"
