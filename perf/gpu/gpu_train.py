@@ -32,8 +32,8 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -65,6 +65,9 @@ SHAPES = {
     # and 256 x 512 positions; 16 x 256 tokens per rank per step, 200 steps: 3.3M tokens on 4
     # ranks (the fortunes' training text is 2.2M bytes: about 1.5 epochs).
     "gpu": Shape(512, 8, 8, 256, 16, 200, 40, 512),
+    # 19,177,984 parameters: the same blocks, 6 of them; the length axis's model
+    # (perf/gpu/gpu_length.py, which sets the steps and evaluations of each run)
+    "len20": Shape(512, 6, 8, 256, 16, 200, 40, 512),
     # the CPU dry run: a few thousand parameters, a few steps
     "dry": Shape(32, 1, 2, 32, 4, 8, 4, 32),
 }
@@ -173,8 +176,22 @@ class Trainer:
 
     # -- one run ---------------------------------------------------------------------------
 
-    def run(self) -> Dict[str, Any]:
-        a, s, ctx, cfg = self.a, self.shape, self.ctx, self.cfg
+    def run(self, config: Optional[str] = None, steps: int = 0, eval_every: int = 0,
+            lr: float = 0.0, deadline: Optional[float] = None,
+            probe: Optional[Tuple[int, Callable[[Dict[str, Any]], bool]]] = None
+            ) -> Optional[Dict[str, Any]]:
+        """One training run: the configuration of --config and the shape's steps, or (several
+        runs in one process: perf/gpu/gpu_length.py) `config`, `steps`, `eval_every`, the peak
+        `lr` and an absolute time.monotonic() `deadline` of this run. With `probe` = (k, fn),
+        fn gets the step and evaluation times after k steps (every rank, at the same step);
+        False from it abandons the run (None is returned)."""
+        if config is not None:
+            self.cfg = parse_config(config)
+        a, ctx, cfg = self.a, self.ctx, self.cfg
+        s = replace(self.shape, steps=steps or self.shape.steps,
+                    eval_every=eval_every or self.shape.eval_every)
+        t_run = time.monotonic()
+        comm_s = 0.0  # the communicator's start, when this run makes it (not the run's set-up)
         dtype = self.dtype()
         torch.manual_seed(a.seed)
         m = gpt.GPT(gpt.GPTConfig(vocab=data.VOCAB, context=s.context, d_model=s.d_model,
@@ -184,7 +201,7 @@ class Trainer:
         n = sum(p.numel() for p in params)
         batches = data.Batches(self.train_stream, s.context, s.batch,
                                seed=a.seed * 1000 + ctx.rank)
-        peak = a.lr_adamw if cfg["opt"] == "adamw" else a.lr_adams
+        peak = lr or (a.lr_adamw if cfg["opt"] == "adamw" else a.lr_adams)
         master_hash_kind = ""
         ddp = None
         masters: List[torch.Tensor] = []
@@ -215,7 +232,10 @@ class Trainer:
             if dtype != torch.float32 and not self.mixed_precision_available():
                 raise SystemExit("this scape's ScapeAdamS has no master_weights: a bf16 model "
                                  "needs the mixed-precision ScapeAdamS (helper optmp's change)")
-            self.comm = gc.make_comm(ctx)
+            if getattr(self, "comm", None) is None:  # one communicator for every run
+                comm_s = time.monotonic()
+                self.comm = gc.make_comm(ctx)
+                comm_s = time.monotonic() - comm_s
             kw = dict(lr=peak, betas=BETAS, eps=1e-8, weight_decay=WEIGHT_DECAY,
                       max_grad_norm=CLIP)
             if cfg["opt"] == "adams":
@@ -261,8 +281,11 @@ class Trainer:
         bytes_cum = 0.0
         loss_val = float("nan")
         truncated = False
-        deadline = self.t_start + a.deadline_s if a.deadline_s else None
+        if deadline is None and a.deadline_s:
+            deadline = self.t_start + a.deadline_s
         last_eval_s = 0.0
+        eval_s: List[float] = []
+        setup_s = time.monotonic() - t_run - comm_s
         step = 0
         for step in range(s.steps + 1):
             if step % s.eval_every == 0 or step == s.steps:
@@ -276,6 +299,7 @@ class Trainer:
                               "train_loss": loss_val if step else None,
                               "master_hash": mh, "model_hash": ph, "identical": same})
                 last_eval_s = time.monotonic() - t_ev
+                eval_s.append(last_eval_s)
                 if ctx.rank == 0:
                     print(f"[{cfg['name']}] step {step:4d}  val {v:.4f}  identical {same}  "
                           f"{(sum(step_s) / max(1, len(step_s))) * 1e3:.1f} ms/step", flush=True)
@@ -288,6 +312,12 @@ class Trainer:
                     truncated = gc.allsum(ctx, [1.0 if late > deadline else 0.0])[0] > 0
             if step == s.steps or truncated:
                 break
+            if probe is not None and step == probe[0] and \
+                    not probe[1]({"step_s": list(step_s), "eval_s": list(eval_s),
+                                  "setup_s": setup_s}):
+                if hasattr(opt, "destroy"):
+                    opt.destroy()
+                return None
             for pg in opt.param_groups:
                 pg["lr"] = lr_at(step, s.steps, peak)
             x, y = batches.next()
@@ -354,8 +384,11 @@ class Trainer:
             "skipped_steps": skipped, "final_val_loss": curve[-1]["val_loss"],
             "ranks_identical": all(c["identical"] for c in curve),
             "hash_kind": master_hash_kind, "curve": curve,
+            "setup_seconds": setup_s, "comm_seconds": comm_s,
+            "eval_seconds_mean": float(np.mean(eval_s)),
             "corpus": self.corpus.describe(), "env": gc.env_facts(ctx),
             "wall_seconds": time.monotonic() - self.t_start,
+            "run_seconds": time.monotonic() - t_run,
         }
         if hasattr(opt, "destroy"):
             opt.destroy()
@@ -363,6 +396,7 @@ class Trainer:
 
     def main(self) -> int:
         rec = self.run()
+        assert rec is not None
         if self.ctx.rank == 0:
             gc.write_jsonl(os.path.join(self.a.out, "train_runs.jsonl"), rec)
             print(f"[{rec['config']}] {rec['steps_done']} steps, val {rec['final_val_loss']:.4f}, "
@@ -378,7 +412,7 @@ class Trainer:
         return 0 if rec["ranks_identical"] else 3
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="adamw | adams | scape-<d>[-<variant>]")
@@ -400,7 +434,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=0.0,
                     help="stop early (marked truncated) to end within this many seconds")
     ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
         return Trainer(a).main()

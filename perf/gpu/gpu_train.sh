@@ -20,6 +20,13 @@
 #                                           # GpuTrain.DryRun); not a measurement
 #   GPU_TRAIN_CPU=1 bash perf/gpu/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
 #                                           # the bundle (its wheel, libraries and corpus)
+#   bash perf/gpu/gpu_train.sh length [DIR]     # on the GPU machine: the length axis of issue 30
+#                                           # (perf/gpu/gpu_length.py): dense AdamS, SCAPE 0.1 and
+#                                           # 0.01 at several training lengths, 19M parameters,
+#                                           # 4 ranks, within BUDGET_S; report -> $OUT (default
+#                                           # perf/out/gpu_length)/gpu_length.md
+#   bash perf/gpu/gpu_train.sh length-dry-run [OUTDIR]  # here, no GPU: the same on the CPU, 2
+#                                           # ranks, tiny model (ctest GpuTrain.LengthDryRun)
 #
 # Outputs (in $OUT, at most 8 files, as the device tool returns them): gpu_train.md (a section
 # ready for perf/RESULTS_gpu.md, with the targets and verdicts), train_loss.png (validation
@@ -36,7 +43,14 @@
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
-# scikit-build-core's wheel to build offline; else pip fetches it from PyPI).
+# scikit-build-core's wheel to build offline; else pip fetches it from PyPI). length: LENGTHS
+# (tokens per parameter, "0.1 0.2 0.4"; the dry run "0.1 0.2 1000", the last to be skipped),
+# METHODS ("adams scape-0.1 scape-0.01", gpu_train.py's configurations: an option is a suffix,
+# scape-0.1-artifact is SCAPE 0.1 with bias_correction="artifact"; default the paper's),
+# LR_ADAMS (0.001), LR_SCAPE (0.002), EVALS (8 a run; the dry run 4), BUDGET_S (460 s,
+# everything; the dry run 60), RANKS.
+# Outputs of length (at most 8 files in $OUT): gpu_length.md, length_gap.png, length_runs.jsonl,
+# length_plan.json, meta.json, gpu_length.log.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mode=${1:-}
@@ -157,7 +171,7 @@ launch() {
   timeout -k 10 "$((tmo + 15))" "$py" -m scape.launch -n "$ranks" --timeout "$tmo" --grace 20 \
     "$@" >"$log" 2>&1
   rc=$?
-  grep -v ' NCCL INFO ' "$log" | tail -n 60
+  grep -v ' NCCL INFO ' "$log" | tail -n "${tail_lines:-60}"
   local via
   via=$(grep -c 'via NET/SCAPE' "$log")
   vialog+=("$name: $via lines 'via NET/SCAPE' in NCCL's log")
@@ -238,6 +252,47 @@ finish() {  # extra meta key=value...
 }
 
 # ------------------------------------------------------------------------------------------------
+# find_nccl_dir: the folder of this machine's libnccl.so.2 (NCCL_LIBRARY_DIR, python3's
+# nvidia.nccl, /usr, /opt), empty if none.
+find_nccl_dir() {
+  local nccl_dir=${NCCL_LIBRARY_DIR:-}
+  if [ -z "$nccl_dir" ]; then
+    local nccl
+    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
+             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
+  fi
+  echo "$nccl_dir"
+}
+
+# install_bundle BDIR REHEARSE: the bundle's wheel into $work/site (pip --target, no network),
+# and what every rank needs to load it with the bundle's libraries and this machine's NCCL,
+# NCCL forced through the library's net plugin; then one import to check it loads the wheel's.
+install_bundle() {
+  local bdir=$1 rehearse=$2
+  local site=$work/site
+  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
+  nccl_dir=$(find_nccl_dir)
+  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
+  export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
+  export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
+  local so=$site/scape/libnccl-net-scape.so
+  export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
+  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
+  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+  (cd "$work" && "$py" -c 'import sys, scape, torch
+p = scape.library_path()
+print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
+      "| python", sys.version.split()[0])
+assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
+    die "the installed wheel does not import"
+}
+
+# ------------------------------------------------------------------------------------------------
 run_gpu() {
   local bdir=${1:-$root/.gpu-train-bundle}
   [ -d "$bdir" ] || die "run: no bundle at $bdir (bash perf/gpu/gpu_train.sh bundle, then carry it)"
@@ -259,32 +314,7 @@ run_gpu() {
   exec > >(tee -a "$out/gpu_train.log") 2>&1
   echo "== device"
   [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
-  local site=$work/site
-  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
-    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
-  local nccl_dir=${NCCL_LIBRARY_DIR:-}
-  if [ -z "$nccl_dir" ]; then
-    local nccl
-    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
-             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
-             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
-    [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
-  fi
-  [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
-  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
-  export LD_LIBRARY_PATH=$bdir/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$bdir/lib/fallback
-  export UCX_MODULE_DIR=$bdir/lib/ucx SCAPE_NCCL_LIBRARY=$nccl_dir/libnccl.so.2
-  local so=$site/scape/libnccl-net-scape.so
-  export NCCL_NET_PLUGIN=$so NCCL_NET=SCAPE NCCL_NET_PLUGIN_REF_COUNT=1 NCCL_SOCKET_IFNAME=lo
-  export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
-  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-  (cd "$work" && "$py" -c 'import sys, scape, torch
-p = scape.library_path()
-print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
-      "| python", sys.version.split()[0])
-assert p.startswith(sys.argv[1]), "the library loaded is not the one of the installed wheel"' "$site") ||
-    die "the installed wheel does not import"
+  install_bundle "$bdir" "$rehearse"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
   if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
     echo "== alloc (device memory per step, at most ${ALLOC_S:-40} s)"
@@ -385,6 +415,218 @@ EOF
   echo "gpu_train dry-run: ok ($(( $(date +%s) - start )) s; outputs in $out)"
 }
 
+# ------------------------------------------------------------------------------------------------
+# The length axis (issue 30): perf/gpu/gpu_length.py runs every (length, method) one after the
+# other in one launch of RANKS ranks, plans the lengths on the first run's first steps and
+# shrinks or skips, saying so, what would not end by the budget; perf/gpu/gpu_length_report.py
+# writes the table.
+
+# length_preflight BDIR: what a GPU run needs and this machine lacks, in one line; exit 2.
+length_preflight() {
+  local bdir=$1 missing=()
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 ||
+    missing+=("an NVIDIA driver (nvidia-smi lists no GPU)")
+  "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 ||
+    missing+=("torch with CUDA ($py -c 'import torch; torch.cuda.is_available()')")
+  [ -n "$(find_nccl_dir)" ] || missing+=("NCCL (no libnccl.so.2; set NCCL_LIBRARY_DIR)")
+  ls "$bdir"/dist/*.whl >/dev/null 2>&1 ||
+    missing+=("the train bundle $bdir (bash perf/gpu/gpu_train.sh bundle, then carry it)")
+  if [ ${#missing[@]} -gt 0 ]; then
+    local msg
+    msg=$(printf '%s; ' "${missing[@]}")
+    echo "gpu_train length: cannot run: missing ${msg%; }"
+    exit 2
+  fi
+}
+
+# length_axis DEVICE BACKEND FAKE_HOSTS SHAPE DTYPE CORPUS LENGTHS: the launch, ending by the
+# budget less REPORT_S (25 s) for the report.
+length_axis() {
+  local device=$1 backend=$2 fake=$3 shape=$4 dtype=$5 corpus=$6 lengths=$7
+  local fh=()
+  [ "$fake" = 1 ] && fh=(--fake-hosts)
+  local l=$(( $(left) - ${REPORT_S:-25} ))
+  if [ "$l" -lt 30 ]; then
+    not_run+=("the length axis (time budget: ${l} s left)")
+    return 1
+  fi
+  tail_lines=400 launch length "$l" "$root/perf/gpu/gpu_length.py" --device "$device" \
+    --backend "$backend" "${fh[@]}" --shape "$shape" --dtype "$dtype" --corpus "$corpus" \
+    --out "$out" --lengths "$lengths" --methods "${METHODS:-adams scape-0.1 scape-0.01}" \
+    --lr-adams "${LR_ADAMS:-0.001}" --lr-scape "${LR_SCAPE:-0.002}" --evals "${EVALS:-8}" \
+    --end-epoch "$(( $(date +%s) + l - 10 ))"
+}
+
+length_finish() {  # CORPUS META(key=value)...
+  local corpus=$1
+  shift
+  local not="" f="" vl=""
+  [ ${#not_run[@]} -gt 0 ] && not=$(IFS=';'; echo "${not_run[*]}")
+  [ ${#failed[@]} -gt 0 ] && f=$(IFS=';'; echo "${failed[*]}")
+  [ -z "$dry_flag" ] && vl=$(IFS=';'; echo "${vialog[*]}")
+  write_meta "total_seconds=$(( $(date +%s) - start ))" "not_run=$not" "failed=$f" \
+    "nccl_net_plugin=$vl" "lengths=${LENGTHS:-$length_default}" \
+    "methods=${METHODS:-adams scape-0.1 scape-0.01}" "$@"
+  "$py" "$root/perf/gpu/gpu_length_report.py" --out "$out" --meta "$out/meta.json" \
+    --corpus "$corpus" $dry_flag
+}
+
+# length_outputs: $out made absolute, the files of an earlier run of this mode removed (only
+# those: $OUT may hold other things).
+length_outputs() {
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  rm -f "$out"/gpu_length.md "$out"/length_gap.png "$out"/length_runs.jsonl \
+    "$out"/length_plan.json "$out"/meta.json "$out"/gpu_length.log
+}
+
+length_gpu() {
+  start=$(date +%s)
+  local bdir=${1:-$root/.gpu-train-bundle}
+  py=${PYTHON:-python3}
+  local rehearse=${GPU_TRAIN_CPU:-0}
+  [ "$rehearse" = 1 ] || length_preflight "$bdir"
+  [ -d "$bdir/dist" ] || die "length: no bundle at $bdir (bash perf/gpu/gpu_train.sh bundle, then carry it)"
+  bdir=$(cd "$bdir" && pwd)
+  out=${OUT:-$root/perf/out/gpu_length}
+  length_outputs
+  work=$(mktemp -d /tmp/gpu_length.XXXXXX)
+  budget=${BUDGET_S:-460}
+  failed=() not_run=() vialog=()
+  dry_flag=""
+  # GPU_TRAIN_CPU=1: rehearses this mode on the CPU with the bundle (2 ranks, the dry sizes)
+  [ "$rehearse" = 1 ] && { dry_flag=--dry-run; ranks=${RANKS:-2}; }
+  exec > >(tee -a "$out/gpu_length.log") 2>&1
+  echo "== device"
+  local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
+  [ "$rehearse" = 1 ] || gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
+  echo "$gpu"
+  install_bundle "$bdir" "$rehearse"
+  if [ "$rehearse" = 1 ]; then
+    length_default="0.1 0.2 1000"
+    EVALS=${EVALS:-4} length_axis cpu ucx 0 dry auto "$bdir/corpus" "${LENGTHS:-$length_default}"
+  else
+    length_default="0.1 0.2 0.4"
+    length_axis cuda nccl 1 len20 bfloat16 "$bdir/corpus" "${LENGTHS:-$length_default}"
+  fi
+  length_finish "$bdir/corpus" "command=bash perf/gpu/gpu_train.sh bundle .gpu-train-bundle   # here; then on the GPU machine: bash perf/gpu/gpu_train.sh length .gpu-train-bundle (device tool: carry .gpu-train-bundle)" \
+    "bundle_commit=$(cat "$bdir/COMMIT" 2>/dev/null)" "wheel=$(basename "$bdir"/dist/*.whl)" \
+    "nvidia_smi=$gpu" "nccl_library=$nccl_dir/libnccl.so.2" "budget_s=$budget"
+  echo "report: $out/gpu_length.md (the launch's whole log, NCCL's lines too: $work/length.log)"
+  sleep 1  # let tee write the log's end
+  [ ${#failed[@]} -eq 0 ]
+}
+
+length_dry_run() {
+  start=$(date +%s)
+  py=${PYTHON:-/usr/bin/python3}
+  out=${1:-$root/perf/out/gpu_length_dry}
+  rm -rf "$out"
+  length_outputs
+  work=$(mktemp -d /tmp/gpu_length_dry.XXXXXX)
+  ranks=${RANKS:-2}
+  budget=${BUDGET_S:-60}
+  failed=() not_run=() vialog=()
+  dry_flag=--dry-run
+  length_default="0.1 0.2 1000"
+  export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n OMP_NUM_THREADS=1
+  export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+  exec > >(tee -a "$out/gpu_length.log") 2>&1
+  "$py" -c 'import scape, torch' || die "length-dry-run: scape (PYTHONPATH=<build>/python) and torch must import"
+  "$py" "$root/perf/gpu/gpu_length.py" --self-test || failed+=("gpu_length.py --self-test")
+  make_corpus "$work/corpus" || die "length-dry-run: corpus"
+  EVALS=${EVALS:-4} REPORT_S=8 length_axis cpu ucx 0 dry auto "$work/corpus" \
+    "${LENGTHS:-$length_default}"
+  length_finish "$work/corpus" "command=bash perf/gpu/gpu_train.sh length-dry-run" "budget_s=$budget"
+  # What a GPU run must leave, and what its report must say.
+  local bad=0
+  "$py" - "$out" "${LENGTHS:-$length_default}" "${METHODS:-adams scape-0.1 scape-0.01}" <<'EOF' || bad=1
+import json, math, os, re, sys
+out, lengths, methods = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+errors = []
+files = sorted(os.listdir(out))
+want = ["gpu_length.md", "length_runs.jsonl", "length_plan.json", "meta.json", "gpu_length.log"]
+errors += [f"no {f}" for f in want if f not in files or not os.path.getsize(os.path.join(out, f))]
+if len(files) > 8:
+    errors.append(f"{len(files)} files in {out} (at most 8): {files}")
+try:
+    import matplotlib  # noqa: F401
+    if "length_gap.png" not in files:
+        errors.append("no length_gap.png")
+except ImportError:
+    pass
+if errors:
+    print("\n".join("length-dry-run check: " + e for e in errors))
+    sys.exit(1)
+runs = [json.loads(l) for l in open(os.path.join(out, "length_runs.jsonl")) if l.strip()]
+plan = json.load(open(os.path.join(out, "length_plan.json")))
+md = open(os.path.join(out, "gpu_length.md")).read()
+if plan["methods"] != methods:
+    errors.append(f"methods {plan['methods']}, expected {methods}")
+if sorted(d["requested"] for d in plan["plan"]) != sorted(float(x) for x in lengths):
+    errors.append(f"lengths {[d['requested'] for d in plan['plan']]}, expected {lengths}")
+if not plan["estimates"]["step_seconds"] or not plan["history"]:
+    errors.append("no plan made on measured step times")
+ran = [d for d in plan["plan"] if d["status"] != "skipped"]
+if not ran:
+    errors.append("no length ran")
+for d in plan["plan"]:
+    if d["status"] != "run" and not d["why"]:
+        errors.append(f"{d['requested']:g} {d['status']} without a reason")
+    if d["requested"] == 1000 and d["status"] != "skipped":
+        errors.append("1000 tokens per parameter was not skipped")
+for d in ran:
+    got = {r["method"]: r for r in runs if r["tokens_per_param_requested"] == d["requested"]}
+    if list(got) != methods:
+        errors.append(f"{d['requested']:g}: runs {list(got)}, expected {methods}")
+    for m, r in got.items():
+        if r["steps"] != d["steps"] or r["steps_done"] != d["steps"] or r["truncated"]:
+            errors.append(f"{d['requested']:g} {m}: {r['steps_done']} of {r['steps']} steps, "
+                          f"the plan's {d['steps']}")
+        if not r["ranks_identical"] or not math.isfinite(r["final_val_loss"]):
+            errors.append(f"{d['requested']:g} {m}: ranks differ or loss {r['final_val_loss']}")
+    if "adams" in got and "scape-0.01" in got and \
+            not got["scape-0.01"]["bytes_per_step"] < got["adams"]["bytes_per_step"]:
+        errors.append(f"{d['requested']:g}: SCAPE 0.01 did not send fewer bytes than dense AdamS")
+for s in ("DRY RUN", "Corpus baselines (validation, nats per token): unigram",
+          "| tokens/param (steps) |", "Step time and bytes"):
+    if s not in md:
+        errors.append(f"gpu_length.md lacks {s!r}")
+for d in plan["plan"]:
+    if d["status"] == "skipped" and f"{d['requested']:g} tokens per parameter: skipped" not in md:
+        errors.append(f"gpu_length.md does not say that {d['requested']:g} was skipped")
+# the table: a row per length run, a cell per method, a gap in % and nats in every other cell
+lines = md.splitlines()
+h = next((i for i, l in enumerate(lines) if l.startswith("| tokens/param (steps) |")), None)
+rows = []
+if h is not None:
+    for l in lines[h + 2:]:
+        if not l.startswith("| "):
+            break
+        rows.append([c.strip() for c in l.strip().strip("|").split("|")])
+if len(rows) != len(ran):
+    errors.append(f"the table has {len(rows)} rows, {len(ran)} lengths ran")
+num = r"\d+\.\d{3}( \[[a-z/]+ plateau\])?"
+for row in rows:
+    if len(row) != 1 + len(methods):
+        errors.append(f"row {row}: {len(row)} cells")
+        continue
+    for m, c in zip(methods, row[1:]):
+        tail = "$" if m == "adams" else r": [+-]\d+\.\d% \([+-]\d+\.\d{3} nats\), = dense step "
+        if not re.match(num + tail, c):
+            errors.append(f"{m}'s cell {c!r}")
+for e in errors:
+    print("length-dry-run check:", e)
+print(f"length-dry-run check: {len(runs)} runs, {len(rows)} lengths in the table, "
+      f"{'ok' if not errors else 'FAILED'}")
+sys.exit(1 if errors else 0)
+EOF
+  rm -rf "$work"
+  [ ${#failed[@]} -eq 0 ] && [ $bad -eq 0 ] || { echo "gpu_train length-dry-run: FAILED ${failed[*]}"; sleep 1; exit 1; }
+  echo "gpu_train length-dry-run: ok ($(( $(date +%s) - start )) s; outputs in $out)"
+  sleep 1  # let tee write the log's end
+}
+
 # One compound command, read whole before it runs: a script edited while it runs (a checkout
 # during a long run) cannot make bash read on at a stale offset after it.
 {
@@ -392,7 +634,9 @@ EOF
     bundle) bundle "$@" ;;
     run) run_gpu "$@" ;;
     dry-run) dry_run "$@" ;;
-    *) sed -n '2,34p' "$0"; exit 2 ;;
+    length) length_gpu "$@" ;;
+    length-dry-run) length_dry_run "$@" ;;
+    *) sed -n '2,53p' "$0"; exit 2 ;;
   esac
   exit $?
 }
