@@ -322,6 +322,65 @@ def options_table(rows: List[Dict[str, Any]], best: Dict) -> str:
     return "\n".join(lines)
 
 
+def lrcheck_table(rows: List[Dict[str, Any]], best: Dict) -> str:
+    """The axes' lr re-check (stage "lrcheck", seed 1): each method's loss at half and twice
+    the lr it is reported at, beside that lr's, at each length where it ran."""
+    pts = sorted({(r["size"], r["tokens_per_param"], r["group"]) for r in rows
+                  if r.get("stage") == "lrcheck"})
+    if not pts:
+        return "(no lr re-check has run)"
+    lines = ["| size | tokens/param | method | lr: final val loss (seed 1) | reported lr still "
+             "best |", "|---|---|---|---|---|"]
+    for size, tpp, g in pts:
+        lr, _ = lr_of(rows, best, size, tpp, g)
+        got = {r["lr"]: r["final_val_loss"] for r in rows if r["size"] == size and
+               r["tokens_per_param"] == tpp and r["group"] == g and r["seed"] == 1}
+        if lr not in got:
+            continue
+        b = min(got, key=lambda x: (got[x], x))
+        verdict = "yes" if b == lr else f"no: {b:g} is {got[lr] - got[b]:.3f} nats lower"
+        label = next(r["size_label"] for r in rows if r["size"] == size)
+        lines.append(f"| {label} | {tpp:.3g} | {g} | " +
+                     ", ".join(f"{x:g}{'*' if x == lr else ''}: {got[x]:.3f}" for x in sorted(got))
+                     + f" | {verdict} |")
+    return "\n".join(lines)
+
+
+def peers_table(rows: List[Dict[str, Any]], best: Dict) -> str:
+    """The peers at 20 tokens per parameter (main size), seed by seed against the SCAPE
+    density whose steady-state bytes they were matched to (PowerSGD-EF) or sit beside (top-k
+    + EF): final loss, steady-state and warm-up bytes per step."""
+    size = main_size(rows)
+    tpps = [t for t in {r["tokens_per_param"] for r in rows} if round(t) == 20]
+    lines = ["| peer | seeds | final val loss (mean, per seed) | its SCAPE, same seeds | steady "
+             "bytes/step (target) | SCAPE's steady bytes/step |", "|---|---|---|---|---|---|"]
+    for tpp in tpps:
+        for g in sorted({r["group"] for r in rows if r["tokens_per_param"] == tpp and
+                         r["size"] == size and r.get("stage") == "peer"}):
+            rs = sorted([r for r in rows if r["tokens_per_param"] == tpp and r["size"] == size
+                         and r["group"] == g], key=lambda r: r["seed"])
+            dens = g.split("@")[1] if "@" in g else g.split("-")[1]
+            sg = f"scape-{dens}"
+            slr, _ = lr_of(rows, best, size, tpp, sg)
+            ss = {r["seed"]: r for r in at_lr(rows, size, tpp, sg, slr)}
+            mine = [r for r in rs if r["seed"] in ss]
+            steady = np.mean([r.get("bytes_per_step_steady", r["bytes_per_step"]) for r in rs])
+            target = rs[0].get("match_bytes")
+            rank = f" rank {rs[0]['powersgd_rank']}" if rs[0].get("powersgd_rank") else ""
+            # the runs that recorded it (the first q20 runs predate the steady-state field)
+            sb = [r["bytes_per_step_steady"] for r in ss.values() if "bytes_per_step_steady" in r]
+            s_steady = float(np.mean(sb)) if sb else float("nan")
+            lines.append(
+                f"| {g}{rank} | {len(rs)} | {np.mean([r['final_val_loss'] for r in rs]):.3f} ("
+                + ", ".join(f"s{r['seed']}: {r['final_val_loss']:.3f}" for r in rs) + ") | "
+                + (f"{np.mean([ss[r['seed']]['final_val_loss'] for r in mine]):.3f} ("
+                   + ", ".join(f"s{r['seed']}: {ss[r['seed']]['final_val_loss']:.3f}"
+                               for r in mine) + ")" if mine else "n/a")
+                + f" | {steady:,.0f}" + (f" ({target:,.0f})" if target else "")
+                + f" | {s_steady:,.0f} |")
+    return "\n".join(lines)
+
+
 def report(out: str, plot_dir: Optional[str] = None) -> str:
     rows = read(out)
     base = ngram_baselines()
@@ -338,6 +397,10 @@ def report(out: str, plot_dir: Optional[str] = None) -> str:
         "gap to dense AdamS and the dense-step equivalent):", length_table(rows, best, base),
         "The options at 20 tokens per parameter against their method on the same seeds:",
         options_table(rows, best),
+        "The peers at 20 tokens per parameter, seed by seed beside SCAPE at that density:",
+        peers_table(rows, best),
+        "The lr re-check at the length axis's ends (seed 1; * the lr the tables use):",
+        lrcheck_table(rows, best),
         f"{len(rows)} runs in {out}/runs.jsonl."])
 
 

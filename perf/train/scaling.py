@@ -106,6 +106,9 @@ class Plan:
     # a variant's lr: its method's best lr times this (--variant-lr-scale; an option that
     # changes the step size, as segment_rms does, needs its own lr checked)
     variant_lr_scale: float = 1.0
+    # issue 30: the axes' lr re-check: seed 1 of every swept method at its sweep plan's lr times
+    # each of these factors (stage "lrcheck"; the tables stay at the sweep plan's lr)
+    lr_check: List[float] = field(default_factory=list)
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
@@ -137,12 +140,13 @@ PLANS: Dict[str, Plan] = {
                 variants=VARIANTS_Q, variant_seeds=2),
     # issue 30, the two axes, dense AdamS and SCAPE at q20's best lr, 3 seeds (AdamW at q20
     # only: the CPU budget): length (0.12M at 2, 5, 10 and 40 tokens per parameter; 20 is q20
-    # itself) and size at 20 tokens per parameter
+    # itself) and size at 20 tokens per parameter; q20's lr re-checked at the length axis's two
+    # ends (half and twice it, seed 1)
     **{f"q-len{t}": Plan(["d64L2"], float(t), 64, 4, 0, 3, 10, 256, 1024, 20, {},
                          swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
-                         peers=[], variants=[])
+                         peers=[], variants=[], lr_check=[0.5, 2.0] if t in (2, 40) else [])
        for t in (2, 5, 10, 40)},
-    "q-size": Plan(["d32L2", "d48L2", "d96L3"], 20.0, 64, 4, 0, 3, 10, 256, 1024, 100, {},
+    "q-size": Plan(["d24L2", "d32L2", "d48L2", "d96L3"], 20.0, 64, 4, 0, 3, 10, 256, 1024, 100, {},
                    swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
                    peers=[], variants=[]),
     "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
@@ -301,7 +305,7 @@ class Run:
     steps: int
     lr: float
     density: float
-    stage: str                    # sweep | seed | peer | variant
+    stage: str                    # sweep | seed | lrcheck | peer | variant
     world_size: int
     batch: int                    # sequences per rank per step
     warmup_frac: float = 0.0
@@ -423,9 +427,16 @@ class Schedule:
         for g in swept:
             if best[g] is None:
                 waiting.append(f"{g} seeds 2..: its sweep")
-                continue
-            for s in (seeds if self.plan.lr_plan else seeds[1:]):
-                out.append(mk(g, s, best[g], "seed"))
+        # seed-major: a study cut short has every method's first seeds, not one method's three
+        for s in (seeds if self.plan.lr_plan else seeds[1:]):
+            for g in swept:
+                if best[g] is not None:
+                    out.append(mk(g, s, best[g], "seed"))
+        # after every seed: the lr re-check of the axes (seed 1 at the sweep plan's lr x factor)
+        for f in (self.plan.lr_check if self.plan.lr_plan else []):
+            for g in swept:
+                if best[g] is not None:
+                    out.append(mk(g, 1, best[g] * f, "lrcheck"))
         shapes = param_shapes(size, self.plan.context)
         for g in (PEERS if self.plan.peers is None else self.plan.peers):
             c = CONFIGS[g]
@@ -801,8 +812,15 @@ def dry_run(args: argparse.Namespace) -> int:
     for size in plan.sizes:
         n = n_params(size, plan.context)
         steps, batch = sch.steps(size)
-        runs = (sum(len(plan.grids[CONFIGS[g]["sweep"]]) for g in SWEPT)
-                + (plan.seeds - 1) * len(SWEPT) + plan.seeds * (len(PEERS) + len(VARIANTS)))
+        swept = plan.swept or SWEPT
+        peers = PEERS if plan.peers is None else plan.peers
+        variants = VARIANTS if plan.variants is None else plan.variants
+        if plan.lr_plan:  # the axes: no sweep, every seed at the sweep plan's lr, the re-check
+            runs = (plan.seeds + len(plan.lr_check)) * len(swept)
+        else:
+            runs = (sum(len(plan.group_grids.get(g) or plan.grids[CONFIGS[g]["sweep"]])
+                        for g in swept) + (plan.seeds - 1) * len(swept))
+        runs += plan.seeds * len(peers) + (plan.variant_seeds or plan.seeds) * len(variants)
         sec = per.get(size, float("nan")) * steps * runs
         total += sec if sec == sec else 0.0
         shapes = param_shapes(size, plan.context)
