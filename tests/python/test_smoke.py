@@ -101,6 +101,52 @@ class Smoke(unittest.TestCase):
             for f in ("scaling.md", "gap_vs_size.png", "loss_vs_bytes.png"):
                 self.assertTrue(os.path.getsize(os.path.join(out, f)) > 0, f)
 
+    def test_quality_axes_schedule(self):
+        """The quality study's axes (no ranks, no training): from a finished q20 sweep, q-len40
+        runs every method's 3 seeds seed-major at q20's best lr, then the lr re-check (seed 1 at
+        half and twice it); q-len10 has no re-check; quality_summary's re-check table says
+        whether the best lr moved."""
+        sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
+        import quality_summary as qs
+        import scaling as S
+
+        best = {"adams": 1e-3, "scape-0.1": 4e-3, "scape-0.01": 8e-3, "adamw": 4e-3}
+        q20 = S.Schedule(S.PLANS["q20"], 4, True)
+        steps20 = q20.steps("d64L2")[0]
+        rows = []
+        for g, b in best.items():
+            for lr in q20.sweep_lrs(rows, "d64L2", g):
+                rows.append({"size": "d64L2", "size_label": "0.12M", "group": g,
+                             "steps": steps20, "seed": 1, "lr": lr, "stage": "sweep",
+                             "tokens_per_param": 20.0,
+                             "final_val_loss": 2.0 + abs(S.math.log(lr / b))})
+        for g, b in best.items():
+            self.assertEqual(q20.best_lr(rows, "d64L2", g), b, g)
+        axis = S.Schedule(S.PLANS["q-len40"], 4, True)
+        todo, waiting = axis.runs(rows, "d64L2")
+        self.assertEqual(waiting, [])
+        got = [(r.group, r.seed, r.lr, r.stage) for r in todo]
+        swept = ["adams", "scape-0.01", "scape-0.1"]
+        want = [(g, s, best[g], "seed") for s in (1, 2, 3) for g in swept]
+        want += [(g, 1, best[g] * f, "lrcheck") for f in (0.5, 2.0) for g in swept]
+        self.assertEqual(got, want)
+        self.assertTrue(all(r.steps == axis.steps("d64L2")[0] > steps20 for r in todo))
+        ten = S.Schedule(S.PLANS["q-len10"], 4, True).runs(rows, "d64L2")[0]
+        self.assertEqual({r.stage for r in ten}, {"seed"})
+        # the re-check's table: AdamS at 40 tokens per parameter did better at twice its lr
+        done = []
+        for r in todo:
+            if r.seed == 1 and r.group == "adams":
+                done.append({"size": "d64L2", "size_label": "0.12M", "group": "adams",
+                             "steps": r.steps, "seed": 1, "lr": r.lr, "stage": r.stage,
+                             "tokens_per_param": 40.0,
+                             "final_val_loss": {1e-3: 1.9, 5e-4: 2.0, 2e-3: 1.8}[r.lr]})
+        _, table_best = qs.sweep_table(rows + done, {"unigram": 3.3, "bigram": 2.6})
+        table = qs.lrcheck_table(rows + done, table_best)
+        self.assertIn("| 0.12M | 40 | adams | 0.0005: 2.000, 0.001*: 1.900, 0.002: 1.800 | "
+                      "no: 0.002 is 0.100 nats lower |", table)
+
+
 
 if __name__ == "__main__":
     unittest.main()
