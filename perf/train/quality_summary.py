@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections import defaultdict
@@ -230,7 +229,7 @@ def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str])
                         "(no table or plot).")
             continue
         head = "tokens/param" if name == "length" else "params"
-        lines = [f"| method | " + " | ".join(f"{x:.3g}" if name == "length" else f"{x / 1e6:.3f}M"
+        lines = ["| method | " + " | ".join(f"{x:.3g}" if name == "length" else f"{x / 1e6:.3f}M"
                                              for x in xs) + " |",
                  "|---|" + "---|" * len(xs)]
         for g, v in series.items():
