@@ -57,9 +57,9 @@ echo "=== ctest (release) ==="
 if [ "${SCAPE_SKIP_SANITIZE:-0}" != "1" ]; then
   phase "build (ASan+UBSan)"
   echo "=== build (AddressSanitizer + UndefinedBehaviorSanitizer) ==="
-  # shellcheck disable=SC2046
   # -g1 (line tables only): the sanitizers' reports keep file and line; the full debug info of
   # -g costs about a tenth more compile time and is not read.
+  # shellcheck disable=SC2046
   cmake $(scape_generator build-asan) -B build-asan -S . -DCMAKE_BUILD_TYPE=Debug -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF \
         -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
         -DSCAPE_SANITIZE=address,undefined > build-asan.cmake.log 2>&1 || { cat build-asan.cmake.log; exit 1; }
