@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds everything (CUDA kernels included when
 # a toolkit is found), runs ctest, then rebuilds the CPU code under AddressSanitizer +
-# UndefinedBehaviorSanitizer and runs the suite again.
+# UndefinedBehaviorSanitizer and runs the suite again, then a ThreadSanitizer subset and a fuzz
+# smoke. The sanitizer, TSan and fuzz builds run in the background (nice 19) during the tests
+# before them, on the cores those tests leave idle.
 #   bash tests/run_all.sh            # both passes
 #   SCAPE_SKIP_SANITIZE=1 bash tests/run_all.sh   # the normal pass only
 #   SCAPE_SKIP_TSAN=1 / SCAPE_SKIP_FUZZ=1           # without the ThreadSanitizer pass / the fuzz smoke
@@ -49,14 +51,33 @@ cmake --build build -j"$jobs"
 # `import scape` for /usr/bin/python3 from anywhere: a .pth in the user's site-packages that
 # points at build/python (the package CMake staged, which knows build/lib's library).
 bash python/develop.sh build
-phase "ctest (release)"
-echo "=== ctest (release) ==="
-# Tests run one at a time: multi-rank tests fork up to 8 ranks on 2 cores.
-(cd build && ctest --output-on-failure --timeout 300)
+san=1 tsan=1 fuzz=1
+[ "${SCAPE_SKIP_SANITIZE:-0}" = "1" ] && san=0
+[ "${SCAPE_SKIP_TSAN:-0}" = "1" ] && tsan=0
+[ "${SCAPE_SKIP_FUZZ:-0}" = "1" ] && fuzz=0
 
-if [ "${SCAPE_SKIP_SANITIZE:-0}" != "1" ]; then
-  phase "build (ASan+UBSan)"
-  echo "=== build (AddressSanitizer + UndefinedBehaviorSanitizer) ==="
+# The later passes' builds run in the background at nice 19 while the release tests run (and
+# the TSan and fuzz builds while the sanitizer tests run): the tests leave a core idle much of
+# the time (a rank waiting for a peer, a timeout test sleeping), and a nice-19 compiler takes
+# only what the tests leave. Each build runs in its own process group, killed if this script
+# exits early; its output goes to a log that is printed when it fails.
+bg_asan="" bg_rest=""
+stop_bg() {
+  local p
+  for p in $bg_asan $bg_rest; do kill -- -"$p" 2>/dev/null || true; done
+}
+trap stop_bg EXIT
+# wait_bg PID LOG WHAT: waits for a background build; its log's tail and a failure if it failed.
+wait_bg() {
+  if ! wait "$1"; then
+    tail -60 "$2"
+    echo "FAILED: $3 (log: $2)" >&2
+    exit 1
+  fi
+  echo "$3: done (log: $2)"
+}
+if [ "$san" = 1 ]; then
+  echo "=== configure (AddressSanitizer + UndefinedBehaviorSanitizer); its build starts in the background ==="
   # -g1 (line tables only): the sanitizers' reports keep file and line; the full debug info of
   # -g costs about a tenth more compile time and is not read.
   # shellcheck disable=SC2046
@@ -64,24 +85,52 @@ if [ "${SCAPE_SKIP_SANITIZE:-0}" != "1" ]; then
         -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
         -DSCAPE_SANITIZE=address,undefined > build-asan.cmake.log 2>&1 || { cat build-asan.cmake.log; exit 1; }
   rm -f build-asan.cmake.log
-  cmake --build build-asan -j"$jobs"
+  setsid nice -n 19 cmake --build build-asan -j"$jobs" > build-asan.bg.log 2>&1 &
+  bg_asan=$!
+fi
+if [ "$tsan" = 1 ] || [ "$fuzz" = 1 ]; then
+  # after the sanitizer build (one background build at a time)
+  # shellcheck disable=SC2016 # the inner script's positional parameters, not this one's
+  setsid nice -n 19 bash -c 'while [ -n "$1" ] && kill -0 "$1" 2>/dev/null; do sleep 2; done
+    { [ "$2" = 0 ] || bash tests/tsan/run.sh --build-only; } &&
+    { [ "$3" = 0 ] || bash tests/fuzz/run.sh --build-only; }' bg "$bg_asan" "$tsan" "$fuzz" \
+    > build-tsan-fuzz.bg.log 2>&1 &
+  bg_rest=$!
+fi
+
+phase "ctest (release)"
+echo "=== ctest (release) ==="
+# Tests run one at a time: multi-rank tests fork up to 8 ranks on 2 cores.
+(cd build && ctest --output-on-failure --timeout 300)
+
+if [ "$san" = 1 ]; then
+  phase "build (ASan+UBSan), the rest"
+  echo "=== build (AddressSanitizer + UndefinedBehaviorSanitizer): waiting for the background build ==="
+  wait_bg "$bg_asan" build-asan.bg.log "build (ASan+UBSan)"
+  bg_asan=""
   phase "ctest (ASan+UBSan)"
   echo "=== ctest (sanitizers) ==="
   # UCX's malloc/mmap hooks fight the sanitizer's allocator: turn them off for this pass.
-  export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  (cd build-asan && ctest --output-on-failure --timeout 600)
+  (export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
+   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+   cd build-asan && ctest --output-on-failure --timeout 600)
 fi
-if [ "${SCAPE_SKIP_TSAN:-0}" != "1" ]; then
-  phase "TSan (build + run)"
+if [ -n "$bg_rest" ]; then
+  phase "build (TSan, fuzz), the rest"
+  wait_bg "$bg_rest" build-tsan-fuzz.bg.log "build (TSan, fuzz)"
+  bg_rest=""
+fi
+if [ "$tsan" = 1 ]; then
+  phase "TSan (run)"
   echo "=== ThreadSanitizer (clang-14): the multi-threaded tests ==="
   # A subset: abort from another thread, the mask's sync thread, peer death during a sync, the
-  # NCCL plugin's progress from several threads (tests/tsan/run.sh says which).
-  (unset ASAN_OPTIONS UBSAN_OPTIONS; bash tests/tsan/run.sh)
+  # NCCL plugin's progress from several threads (tests/tsan/run.sh says which). Its build above
+  # is up to date: the script's own build step finds nothing to do.
+  bash tests/tsan/run.sh
 fi
-if [ "${SCAPE_SKIP_FUZZ:-0}" != "1" ]; then
-  phase "fuzz (build + smoke)"
+if [ "$fuzz" = 1 ]; then
+  phase "fuzz (smoke)"
   echo "=== fuzz smoke (libFuzzer, every target a few seconds) ==="
   bash tests/fuzz/run.sh --smoke
 fi

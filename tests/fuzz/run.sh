@@ -5,6 +5,8 @@
 #   bash tests/fuzz/run.sh --runs 200000   # N executions per target
 #   bash tests/fuzz/run.sh --smoke         # CI: every target for a few seconds, <= 60 s in all
 #   bash tests/fuzz/run.sh --seconds 600   # a time budget per target instead of a count
+#   bash tests/fuzz/run.sh --build-only    # configure and build only (run_all.sh builds it in the
+#                                          # background while other tests run)
 # New inputs that libFuzzer finds go to build-fuzz/corpus/<target>/ (a copy of
 # tests/fuzz/corpus/<target>/), never into the repository. A crash, leak or sanitizer report
 # stops the run with a non-zero exit; the reproducer is left in build-fuzz/artifacts/.
@@ -13,12 +15,14 @@ cd "$(dirname "$0")/../.."
 runs=10000000
 seconds=0
 smoke=0
+build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
     --smoke) smoke=1; shift ;;
-    *) echo "usage: $0 [--runs N | --seconds S | --smoke]" >&2; exit 2 ;;
+    --build-only) build_only=1; shift ;;
+    *) echo "usage: $0 [--runs N | --seconds S | --smoke | --build-only]" >&2; exit 2 ;;
   esac
 done
 targets=(fuzz_bootstrap_hello fuzz_bootstrap_reply fuzz_unique_id fuzz_mask_decode
@@ -33,6 +37,7 @@ if [ ! -x build-fuzz/tests/fuzz/fuzz_make_seeds ] || [ "${SCAPE_FUZZ_REBUILD:-1}
   rm -f build-fuzz.cmake.log
   cmake --build build-fuzz -j"${SCAPE_JOBS:-2}" --target fuzz_all
 fi
+[ "$build_only" = 1 ] && exit 0
 # UCX's allocator hooks fight the sanitizer's (as in the sanitizer pass of run_all.sh); every
 # target that needs a communicator keeps it on loopback.
 export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_WARN_UNUSED_ENV_VARS=n

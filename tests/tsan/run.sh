@@ -6,10 +6,14 @@
 # posted, registration beside progress). Built with clang-14 -fsanitize=thread in build-tsan/
 # (or $SCAPE_TSAN_DIR).
 #   bash tests/tsan/run.sh
+#   bash tests/tsan/run.sh --build-only   # configure and build only (run_all.sh builds it in the
+#                                         # background while other tests run)
 # Clean means: every selected test passes and no "ThreadSanitizer" report appears (TSan also
 # fails the process that reports, exit code 66).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+build_only=0
+[ "${1:-}" = "--build-only" ] && build_only=1
 dir="${SCAPE_TSAN_DIR:-build-tsan}"
 # The NCCL plugin's fake-NCCL tests load it as a shared library, which clang 14's
 # ThreadSanitizer runtime does not support here (a .so needs -shared-libsan, whose executables
@@ -24,6 +28,7 @@ CC=clang-14 CXX=clang++-14 cmake $(scape_generator "$dir") -B "$dir" -S . -DCMAK
 rm -f "$dir.cmake.log"
 cmake --build "$dir" -j"${SCAPE_JOBS:-2}" --target errors_test mask_test reliability_test \
   nccl_net_threads_test
+[ "$build_only" = 1 ] && exit 0
 export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_WARN_UNUSED_ENV_VARS=n
 export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo
 export TSAN_OPTIONS="suppressions=$PWD/tests/tsan/tsan.supp halt_on_error=1 second_deadlock_stack=1"
