@@ -7,11 +7,15 @@
 #            screen of the options (clip_norm=staying, bias_correction=artifact, segment_rms,
 #            stacked; no clipping, local clipping, max_grad_norm 0.5 / 0.25; 2 seeds)
 #   q-lenT   0.12M at T = 2, 5, 10, 40 tokens per parameter, dense AdamS and SCAPE 0.1 / 0.01 at
-#            q20's lr, 3 seeds (the options the screen keeps are added to these plans after it)
-#   q-size   0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same
+#            q20's lr, 3 seeds, seed-major (the options the screen keeps are added to these plans
+#            after it); at T = 2 and 40 also q20's lr re-checked (half and twice it, seed 1)
+#   q-size   0.02M, 0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same (seed-major, so
+#            that a study cut short in 0.37M has every method's first seeds)
 # Cost, from the first q20 runs (115-160 CPU-s per 0.12M run of 2356 steps, 4 ranks): q20 about
-# 2.2 CPU-hours (56 runs), the length axis 1.0, the size axis 2.9 (0.37M: 7159 steps of about
-# 2.5x the work): about 6 CPU-hours, 3 wall-hours on 2 idle cores; more on a shared machine.
+# 2.2 CPU-hours (56 runs), the length axis 1.1 (with the re-check), the size axis 3.0 (0.37M:
+# 7159 steps of about 2.5x the work): about 6.3 CPU-hours, 3.2 wall-hours on 2 idle cores;
+# more on a shared machine. Over the 6-hour budget by the lr re-check: cut sizes, never seeds
+# (`PLANS="q20 q-len2 q-len5 q-len10 q-len40"`, then `scaling.py --plan q-size --sizes ...`).
 # Every run is one line of OUT/runs.jsonl; a rerun skips what is there, so the same command
 # continues an interrupted study. 4 local ranks, one thread each; the same tokens per step
 # (4 sequences of 64 per rank) at every point. Then perf/train/quality_summary.py prints the
