@@ -243,8 +243,9 @@ void CheckCase(const Case& cs) {
     // masked position (empty or few segments): then there is nothing to exercise.
     size_t inNoStayingSeg = 0;
     for (size_t j = 0; j < k; ++j) inNoStayingSeg += segOf(mask[j]) % 3 == 2;
-    if (inNoStayingSeg > 0)
+    if (inNoStayingSeg > 0) {
       EXPECT_GT(noStaying, 0u) << "no segment without staying coordinates was exercised";
+    }
     EXPECT_TRUE(capCase);
     EXPECT_GT(capped, 0u) << "the cap was never reached";
   }
