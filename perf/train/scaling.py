@@ -99,7 +99,7 @@ class Plan:
     # sweep (the same out folder), at this plan's length and sizes
     lr_plan: str = ""
     # the peers and variants a plan runs (None: the scaling study's PEERS / VARIANTS); the axes
-    # run the options the q20 screen keeps (none until it has run)
+    # run the options the q20 screen kept (KEPT_Q)
     peers: Optional[List[str]] = None
     variants: Optional[List[str]] = None
     variant_seeds: int = 0  # seeds of a variant (0: the plan's); q20 screens with 2
@@ -120,7 +120,12 @@ VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "sc
               "scape-0.1-noclip", "scape-0.1-localclip", "scape-0.01-clip0.5",
               "scape-0.01-clip0.25", "scape-0.1-clip0.5",
               # issue 33: the payload type at density 0.01 (fp32 is scape-0.01 itself)
-              "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2"]
+              "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2",
+              # the stack of the two options that the screen's first round kept at 0.1
+              "scape-0.1-artifact-localclip"]
+# the options the q20 screen kept (each lower than its method on every seed, at 0.1 only: at
+# 0.01 none was), run through both axes; their stack first, so a study cut short has it
+KEPT_Q = ["scape-0.1-artifact-localclip", "scape-0.1-artifact", "scape-0.1-localclip"]
 PLANS: Dict[str, Plan] = {
     "smoke": Plan(["d16L1", "d24L1"], 0.0, 32, 4, 12, 1, 2, 32, 32, 12,
                   {"adamw": [3e-3], "adams": [3e-3], "scape": [1e-2]}, extend=False),
@@ -144,11 +149,14 @@ PLANS: Dict[str, Plan] = {
     # ends (half and twice it, seed 1)
     **{f"q-len{t}": Plan(["d64L2"], float(t), 64, 4, 0, 3, 10, 256, 1024, 20, {},
                          swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
-                         peers=[], variants=[], lr_check=[0.5, 2.0] if t in (2, 40) else [])
+                         peers=[], variants=KEPT_Q,
+                         lr_check=[0.5, 2.0] if t in (2, 40) else [])
        for t in (2, 5, 10, 40)},
+    # the size axis also runs PowerSGD-EF at SCAPE's steady bytes of each size (the target
+    # "below PowerSGD-EF at matched bytes" is at the largest size)
     "q-size": Plan(["d24L2", "d32L2", "d48L2", "d96L3"], 20.0, 64, 4, 0, 3, 10, 256, 1024, 100, {},
                    swept=["adams", "scape-0.01", "scape-0.1"], lr_plan="q20",
-                   peers=[], variants=[]),
+                   peers=["powersgd@0.1", "powersgd@0.01"], variants=KEPT_Q),
     "gpu": Plan(["d128L4", "d256L6", "d512L8", "d640L10"], 2.0, 256, 0, 1000, 2, 8, 512, 2048,
                 300, {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
                       "scape": [3e-4, 1e-3, 3e-3]}),
@@ -203,6 +211,9 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                 options="max_grad_norm=0,local_clip=1"),
     "scape-0.01-localclip": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                  options="max_grad_norm=0,local_clip=1"),
+    "scape-0.1-artifact-localclip": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                                         options="bias_correction=artifact,max_grad_norm=0,"
+                                                 "local_clip=1"),
     # issue 33: the payload's type (bf16; the 8-bit floats with a shared scale per step)
     **{f"scape-0.01-{t}": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                 options=f"payload_dtype={t}")
@@ -424,6 +435,11 @@ class Schedule:
                     out.append(mk(g, 1, lr, "sweep"))
         for g in swept:
             best[g] = self.best_lr(results, size, g)
+        for g in ((PEERS if self.plan.peers is None else self.plan.peers)
+                  + (VARIANTS if self.plan.variants is None else self.plan.variants)):
+            src = CONFIGS[g]["lr_from"]  # a peer's lr family need not be swept by this plan
+            if src not in best:
+                best[src] = self.best_lr(results, size, src)
         for g in swept:
             if best[g] is None:
                 waiting.append(f"{g} seeds 2..: its sweep")

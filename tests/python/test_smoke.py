@@ -104,7 +104,9 @@ class Smoke(unittest.TestCase):
     def test_quality_axes_schedule(self):
         """The quality study's axes (no ranks, no training): from a finished q20 sweep, q-len40
         runs every method's 3 seeds seed-major at q20's best lr, then the lr re-check (seed 1 at
-        half and twice it); q-len10 has no re-check; quality_summary's re-check table says
+        half and twice it), then the options the screen kept (3 seeds each at their method's
+        lr); q-len10 has no re-check; q-size adds PowerSGD at AdamW's q20 lr, its rank matched
+        to the size's SCAPE run; quality_summary's re-check table says
         whether the best lr moved."""
         sys.path.insert(0, os.path.join(ROOT, "perf", "train"))
         import quality_summary as qs
@@ -129,10 +131,23 @@ class Smoke(unittest.TestCase):
         swept = ["adams", "scape-0.01", "scape-0.1"]
         want = [(g, s, best[g], "seed") for s in (1, 2, 3) for g in swept]
         want += [(g, 1, best[g] * f, "lrcheck") for f in (0.5, 2.0) for g in swept]
+        want += [(g, s, best["scape-0.1"], "variant") for g in S.KEPT_Q for s in (1, 2, 3)]
         self.assertEqual(got, want)
         self.assertTrue(all(r.steps == axis.steps("d64L2")[0] > steps20 for r in todo))
         ten = S.Schedule(S.PLANS["q-len10"], 4, True).runs(rows, "d64L2")[0]
-        self.assertEqual({r.stage for r in ten}, {"seed"})
+        self.assertEqual({r.stage for r in ten}, {"seed", "variant"})
+        size = S.Schedule(S.PLANS["q-size"], 4, True)
+        todo96, waiting = size.runs(rows, "d96L3")
+        self.assertIn("powersgd@0.1: a scape-0.1 run to match its bytes", waiting)
+        steps96 = size.steps("d96L3")[0]
+        scape96 = [{"size": "d96L3", "group": "scape-0.1", "steps": steps96, "seed": 1,
+                    "bytes_per_step_steady": 300000.0, "final_val_loss": 2.0}]
+        todo96, waiting = size.runs(rows + scape96, "d96L3")
+        psgd = [r for r in todo96 if r.group == "powersgd@0.1"]
+        self.assertEqual([(r.seed, r.lr, r.stage) for r in psgd],
+                         [(s, best["adamw"], "peer") for s in (1, 2, 3)])
+        self.assertGreater(psgd[0].powersgd_rank, 0)
+        self.assertEqual(waiting, ["powersgd@0.01: a scape-0.01 run to match its bytes"])
         # the re-check's table: AdamS at 40 tokens per parameter did better at twice its lr
         done = []
         for r in todo:
