@@ -6,6 +6,8 @@
 //     norm measured by a twin stepped on its own from the same state), every member reports
 //     it and the joint clip factor, and each member's update is bit for bit its own step with
 //     a threshold that gives it that factor (a checkpoint with maxGradNorm edited);
+//   - with local clipping (issue 30) every member weighs this rank's gradients by one factor
+//     from their norm over every member; a member without it is refused;
 //   - a non-finite gradient in one member skips every member on every rank;
 //   - the argument errors name the member.
 #include <gtest/gtest.h>
@@ -39,7 +41,8 @@ std::vector<Member> Members() {
           {{0, 333, 999, 1001}, {0, 0, 1}, 2e-2f, 0.05f}};
 }
 
-scapeOptimConfig_t Config(const Member& m, float maxNorm, int ownership) {
+scapeOptimConfig_t Config(const Member& m, float maxNorm, int ownership,
+                          int clipNorm = scapeOptimClipNormRecovered) {
   scapeOptimConfig_t c;
   EXPECT_EQ(scapeOptimConfigInit(&c), scapeSuccess);
   c.n = m.n();
@@ -52,6 +55,7 @@ scapeOptimConfig_t Config(const Member& m, float maxNorm, int ownership) {
   c.maxGradNorm = maxNorm;
   c.density = 0.05;
   c.warmupSteps = 2;
+  c.clipNorm = clipNorm;
   return c;
 }
 
@@ -68,10 +72,10 @@ struct Set {
 };
 
 Set Make(RankCtx& c, const std::vector<Member>& ms, const std::vector<float>& maxNorm,
-         int ownership, unsigned seed) {
+         int ownership, unsigned seed, int clipNorm = scapeOptimClipNormRecovered) {
   Set s;
   for (size_t i = 0; i < ms.size(); ++i) {
-    const scapeOptimConfig_t cfg = Config(ms[i], maxNorm[i], ownership);
+    const scapeOptimConfig_t cfg = Config(ms[i], maxNorm[i], ownership, clipNorm);
     scapeOptim_t o = nullptr;
     EXPECT_SCAPE_OK(scapeOptimCreate(&o, &cfg, c.comm), c.comm);
     s.opt.push_back(o);
@@ -257,6 +261,51 @@ TEST_P(OptimJoint, ClipsEveryMemberByTheJointNorm) {
     }
     Destroy(c, joint);
     return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// clipNorm = local: each rank's own gradients, over every member (as clip_grad_norm_ over every
+// group before the step), one factor for every member of this rank; the parameters still the
+// same on every rank. Mixing it with a member that clips g^ is refused, naming the member.
+TEST_P(OptimJoint, LocalClipTakesThisRanksNormOverEveryMember) {
+  const int P = std::get<0>(GetParam()), own = std::get<1>(GetParam());
+  const unsigned seed = FreshSeed();
+  RunResult res = RunRanks(P, [&](RankCtx& c) {
+    const std::vector<Member> ms = Members();
+    const float maxNorm = 1.0f;
+    Set joint =
+        Make(c, ms, std::vector<float>(ms.size(), maxNorm), own, seed, scapeOptimClipNormLocal);
+    for (int t = 0; t < 4; ++t) {
+      std::vector<std::vector<float>> g = Grads(seed, c.rank, t, joint);
+      double sq = 0.0;  // the members' gradients of this rank, a plain double sum
+      for (const auto& gi : g)
+        for (float x : gi) sq += static_cast<double>(x) * x;
+      const double norm = std::sqrt(sq);
+      EXPECT_GT(norm, 2.0 * maxNorm) << "the test's gradients do not clip";
+      EXPECT_SCAPE_OK(JointStep(joint, g), c.comm);
+      const float scale = static_cast<float>(maxNorm / (norm + 1e-6));
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const scapeOptimInfo_t ji = Info(joint.opt[i], c.comm);
+        EXPECT_NEAR(ji.gradNorm, norm, 1e-12 * norm) << "member " << i << " step " << t;
+        EXPECT_NEAR(ji.clipScale, scale, 1e-6f * scale) << "member " << i << " step " << t;
+        EXPECT_EQ(ji.step, t + 1);
+        EXPECT_TRUE(SameOnAllRanks(c, joint.theta[i]));
+      }
+    }
+    // One member clipping g^ among local ones.
+    const scapeOptimConfig_t cfg = Config(ms[1], maxNorm, own);
+    scapeOptim_t other = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&other, &cfg, c.comm), c.comm);
+    std::swap(other, joint.opt[1]);
+    std::vector<std::vector<float>> g = Grads(seed, c.rank, 9, joint);
+    EXPECT_EQ(JointStep(joint, g), scapeInvalidArgument);
+    const std::string err = scapeGetLastError(c.comm);
+    EXPECT_NE(err.find("steps[1].optim has clipNorm"), std::string::npos) << err;
+    std::swap(other, joint.opt[1]);
+    EXPECT_SCAPE_OK(scapeOptimDestroy(other), c.comm);
+    Destroy(c, joint);
+    return !::testing::Test::HasFailure();
   });
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }

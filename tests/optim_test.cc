@@ -165,11 +165,29 @@ class Reference {
     // Candidate, payload (mask order), residual with error feedback.
     std::vector<std::vector<float>> c(static_cast<size_t>(P_), std::vector<float>(n));
     std::vector<std::vector<float>> pay(static_cast<size_t>(P_));
+    const bool local = h_.clipNorm == scapeOptimClipNormLocal;
+    localScale.assign(static_cast<size_t>(P_), 1.0f);
+    bool anyLocal = false;
     for (int r = 0; r < P_; ++r) {
       std::vector<float>& e = e_[static_cast<size_t>(r)];
+      // clipNorm = local: the rank's own gradient norm (blocked order), its factor weighs g.
+      float wg = omb1c;
+      if (local && h_.clip > 0.0f) {
+        std::vector<double> sq(n);
+        for (uint64_t i = 0; i < n; ++i) {
+          const double g = static_cast<double>(Grad(seed, r, step, i));
+          sq[i] = g * g;
+        }
+        const double norm = std::sqrt(BlockedSum(sq));
+        const double cc = static_cast<double>(h_.clip) / (norm + 1e-6);
+        if (cc < 1.0)
+          localScale[static_cast<size_t>(r)] = std::max(static_cast<float>(cc), FLT_MIN);
+        wg = omb1c * localScale[static_cast<size_t>(r)];
+        anyLocal = anyLocal || localScale[static_cast<size_t>(r)] < 1.0f;
+      }
       for (uint64_t i = 0; i < n; ++i) {
         const float g = Grad(seed, r, step, i);
-        const float ci = ((b1 * m[i]) + (omb1c * g)) + e[i];
+        const float ci = ((b1 * m[i]) + (wg * g)) + e[i];
         c[static_cast<size_t>(r)][i] = ci;
         if (!in[i]) {
           e[i] = ci;
@@ -271,7 +289,7 @@ class Reference {
     }
     const double norm = std::sqrt(total);
     float clip = 1.0f;
-    if (h_.clip > 0.0f && std::isfinite(norm)) {
+    if (h_.clip > 0.0f && !local && std::isfinite(norm)) {
       const double cc = static_cast<double>(h_.clip) / (norm + 1e-6);
       if (cc < 1.0) clip = std::max(static_cast<float>(cc), FLT_MIN);
     }
@@ -279,7 +297,7 @@ class Reference {
       if (std::fabs(libClip - clip) > 1e-6f * clip) ++clipMismatch;
       clip = libClip;
     }
-    clipped += clip < 1.0f;
+    clipped += clip < 1.0f || anyLocal;
     lastClip = clip;
     // AdamS at the mask; decoupled decay and m = 0 elsewhere.
     const int64_t t = step + 1;
@@ -326,6 +344,7 @@ class Reference {
   int clipped = 0;
   int clipMismatch = 0;
   float lastClip = 1.0f;
+  std::vector<float> localScale;  // clipNorm = local: each rank's factor in the last step
 };
 
 std::vector<std::vector<Reference::Piece>> OwnedPieces(scapeOptim_t opt, const Layout& l, int P,
@@ -374,7 +393,7 @@ std::vector<float> Grads(unsigned seed, int rank, int64_t step, uint64_t n) {
 constexpr int kSteps = 50;
 
 // 50 steps against the reference, every payload type (one optimizer each, in turn); with
-// clipNorm = staying (issue 30) fp32 only.
+// clipNorm = staying or local (issue 30) fp32 only.
 void ReferenceCase(int P, int ownership, int clipNorm = scapeOptimClipNormRecovered) {
   const unsigned seed = FreshSeed() + static_cast<unsigned>(P * 101 + ownership * 13);
   RunResult res = RunRanks(P, [&](RankCtx& c) {
@@ -412,7 +431,10 @@ void ReferenceCase(int P, int ownership, int clipNorm = scapeOptimClipNormRecove
                                << (firstBad < n ? ref.theta[firstBad] : 0.f) << ")";
         EXPECT_TRUE(SameOnAllRanks(c, theta.data(), 4 * n)) << "parameters differ between ranks";
         EXPECT_EQ(info.step, step + 1);
-        EXPECT_EQ(info.clipScale, ref.lastClip) << "step " << step;
+        EXPECT_EQ(info.clipScale, clipNorm == scapeOptimClipNormLocal
+                                      ? ref.localScale[static_cast<size_t>(c.rank)]
+                                      : ref.lastClip)
+            << "step " << step;
         // The residual (n floats) and the momentum packed at the mask (one float per entry).
         EXPECT_EQ(info.stateBytes, 4 * n + 4 * info.maskCount);
         if (P > 1) {
@@ -439,6 +461,12 @@ TEST_P(OptimRanks, ShardedMatchesReference) { ReferenceCase(GetParam(), scapeOpt
 TEST_P(OptimRanks, StayingClipNormMatchesReference) {
   ReferenceCase(GetParam(), scapeOptimReplicated, scapeOptimClipNormStaying);
   ReferenceCase(GetParam(), scapeOptimSharded, scapeOptimClipNormStaying);
+}
+// Issue 30: Deep Gradient Compression's local clipping (each rank's own gradient, before error
+// feedback; g^ is not clipped).
+TEST_P(OptimRanks, LocalClipNormMatchesReference) {
+  ReferenceCase(GetParam(), scapeOptimReplicated, scapeOptimClipNormLocal);
+  ReferenceCase(GetParam(), scapeOptimSharded, scapeOptimClipNormLocal);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, OptimRanks, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) {

@@ -922,9 +922,10 @@ typedef enum {
 } scapeOptimEntering_t;
 
 /**
- * Which coordinates the clipping norm is taken over (config.clipNorm; issue 30, docs/ALGORITHM.md
- * section 4.7). The clip factor min(1, maxGradNorm / (norm + 1e-6)) always scales the whole
- * recovered gradient g^; only the norm it is compared with changes.
+ * What maxGradNorm clips (config.clipNorm; issue 30, docs/ALGORITHM.md section 4.7). The clip
+ * factor is min(1, maxGradNorm / (norm + 1e-6)). Recovered and staying: it scales the whole
+ * recovered gradient g^ and only the norm it is compared with changes; local: it scales this
+ * rank's own gradient before the exchange.
  */
 typedef enum {
   /** The L2 norm of g^ over every masked coordinate (default; what the paper and torch's
@@ -937,7 +938,16 @@ typedef enum {
    *  sharded, 16 bytes per segment piece ride on the norm partials' all-gather (as for
    *  scapeOptimEnteringSegmentRms, and shared with it). */
   scapeOptimClipNormStaying = 1,
-  scapeNumOptimClipNorms = 2
+  /** Each rank's own gradient, before error feedback (Deep Gradient Compression's local
+   *  clipping): every rank takes the L2 norm of the gradient it passes (a joint step: of all
+   *  its members' gradients) and weights that gradient by the factor as it enters the
+   *  candidate and the residual, c = b1*m + ((1-b1)*factor)*g + e; g^ is not clipped after
+   *  the exchange. The average of gradients of norm <= maxGradNorm has norm <= maxGradNorm.
+   *  Ranks' factors differ; the exchanged sums, and so every update, are still the same bits
+   *  on every rank. No wire bytes at all. scapeOptimInfo_t.gradNorm and clipScale then report
+   *  this rank's norm and factor. In a joint step every member must use it or none. */
+  scapeOptimClipNormLocal = 2,
+  scapeNumOptimClipNorms = 3
 } scapeOptimClipNorm_t;
 
 /**
@@ -957,7 +967,7 @@ typedef enum {
  * | beta1, beta2   | in [0, 1)                                                  | 0.9, 0.95    |
  * | eps            | >= 0, added outside the square root                        | 1e-8         |
  * | weightDecay    | decoupled, >= 0: theta *= 1 - lr*wd on every coordinate    | 0            |
- * | maxGradNorm    | clip g^ to this global L2 norm; 0 = no clipping            | 0            |
+ * | maxGradNorm    | clip to this L2 norm (g^, or each rank's g: clipNorm); 0 = none | 0       |
  * | biasCorrection | a scapeBiasCorrection_t                                    | none         |
  * | density        | target density rho* of sparse segments, 0 < rho* <= 1      | 0.01         |
  * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (0: fixed) | 0           |
@@ -1306,8 +1316,10 @@ typedef struct {
   uint64_t payloadBytes;   /**< values of sparse positions (the payload exchange and, sharded,
                                 the all-gather of the updated (param, momentum) pairs) */
   uint64_t denseBytes;     /**< values of always-dense positions */
-  double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping) */
-  float clipScale;         /**< factor applied to g^ in the last step (1: no clipping) */
+  double gradNorm;         /**< global L2 norm of g^ in the last step (before clipping); with
+                                clipNorm = local this rank's own gradient's norm */
+  float clipScale;         /**< factor applied to g^ in the last step (1: no clipping); with
+                                clipNorm = local the factor this rank's gradient had */
   uint64_t stateBytes;     /**< residual (4 bytes per parameter) + momentum (4 bytes per
                                 position of the mask of the last step: packed, on the host and
                                 on the device), + fp32 master weights with 16-bit params

@@ -69,6 +69,19 @@ KernelStatus RecoveredGradSqNormPacked(const void* payload, scapeDataType_t type
   return SqNormCore(payload, type, MAtSlot{m}, k, beta1, sq_norm, max_threads);
 }
 
+// The local gradient's squared norm: RecoveredGradSqNorm's core with beta1 = 0 and m = +0, whose
+// recovered value (g - (0 * +0)) / 1 is g itself, exactly.
+KernelStatus GradSqNorm(const void* g, scapeDataType_t type, size_t n, double* sq_norm,
+                        int max_threads) {
+  if (type != scapeFloat32 && type != scapeBfloat16 && type != scapeFloat16)
+    return KernelStatus::kUnsupported;
+  if (sq_norm == nullptr || (n > 0 && g == nullptr)) return KernelStatus::kInvalidArgument;
+  struct MZero {
+    float operator()(size_t) const { return 0.0f; }
+  };
+  return SqNormCore(g, type, MZero{}, n, 0.0f, sq_norm, max_threads);
+}
+
 size_t PayloadElementSize(scapeDataType_t type) {
   // The payload types the kernels take directly (kernels/dtypes.h; a scaled one is fp32 here).
   return dtypes::IsPayload(type) && !dtypes::IsScaled(type) ? dtypes::Size(type) : 0;
@@ -138,17 +151,17 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
 
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint32_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads,
-                                   bool keep_rounding) {
+                                   void* payload, float* c_out, int max_threads, bool keep_rounding,
+                                   float grad_scale) {
   return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads,
-                       keep_rounding);
+                       keep_rounding, grad_scale);
 }
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint64_t* mask, size_t k, scapeDataType_t payload_type,
-                                   void* payload, float* c_out, int max_threads,
-                                   bool keep_rounding) {
+                                   void* payload, float* c_out, int max_threads, bool keep_rounding,
+                                   float grad_scale) {
   return CandidateImpl(m, g, e, n, beta1, mask, k, payload_type, payload, c_out, max_threads,
-                       keep_rounding);
+                       keep_rounding, grad_scale);
 }
 
 KernelStatus UnpackAdamSUpdate(const void* payload, scapeDataType_t payload_type,

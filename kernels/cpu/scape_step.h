@@ -54,6 +54,9 @@ size_t PayloadElementSize(scapeDataType_t type);
 //                                                     next mask; may be skipped)
 // With keep_rounding and c_out = the candidate at every position, the results are the view
 // kernel's at a sorted mask (one run), bit for bit; the device step relies on it.
+// grad_scale: the gradient's weight is ((1 - beta1) * grad_scale) rounded to fp32 once (the
+// optimizer's local clipping, scapeOptimClipNormLocal; 1.0f gives the bits above exactly);
+// kInvalidArgument unless 0 < grad_scale <= 1.
 // Aliasing: m and g may be the same buffer. c_out may be nullptr, m or g (each element is read
 // before it is written) but must not overlap e or payload otherwise. e must not overlap m, g or
 // payload. The mask must not overlap any output.
@@ -63,11 +66,11 @@ size_t PayloadElementSize(scapeDataType_t type);
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint32_t* mask, size_t k, scapeDataType_t payload_type,
                                    void* payload, float* c_out, int max_threads = 0,
-                                   bool keep_rounding = false);
+                                   bool keep_rounding = false, float grad_scale = 1.0f);
 KernelStatus CandidatePackResidual(const float* m, const float* g, float* e, size_t n, float beta1,
                                    const uint64_t* mask, size_t k, scapeDataType_t payload_type,
                                    void* payload, float* c_out, int max_threads = 0,
-                                   bool keep_rounding = false);
+                                   bool keep_rounding = false, float grad_scale = 1.0f);
 
 // ---------------------------------------------------------------------------------------------
 // 4. Unpack and AdamS update (fused).
@@ -196,6 +199,14 @@ KernelStatus RecoveredGradSqNorm(const void* payload, scapeDataType_t payload_ty
 
 // Block size of the blocked summation order above.
 constexpr size_t kSqNormBlock = 256;
+
+// Squared L2 norm of a rank's own gradient (the optimizer's local clipping,
+// scapeOptimClipNormLocal): *sq_norm = the sum over i < n of (double)g_i * (double)g_i, g of
+// `type` (scapeFloat32, scapeBfloat16 or scapeFloat16, widened exactly), in the blocked order
+// above: the same bits for any thread count and on CUDA (n == 0 gives 0.0).
+// Errors: kInvalidArgument (null pointer), kUnsupported (type).
+KernelStatus GradSqNorm(const void* g, scapeDataType_t type, size_t n, double* sq_norm,
+                        int max_threads = 0);
 
 // ---------------------------------------------------------------------------------------------
 // The staying coordinates' gradient scale per segment ("segment_rms", AdamSParams.enter_vs).
@@ -385,11 +396,12 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
 // Errors: kInvalidArgument (an invalid token or one for another n, runs that differ, a null
 // pointer of a non-empty range, beta1 outside [0, 1), m_mask != m_support for the same view),
 // kUnsupported (payload type). Nothing is written on error.
+// grad_scale: as CandidatePackResidual's (the gradient weighted by (1 - beta1) * grad_scale).
 KernelStatus CandidateGatherPacked(const CheckedMaskView& support, const float* m_support,
                                    const float* g, float* e, size_t n, float beta1,
                                    const CheckedMaskView& mask, float* m_mask,
                                    scapeDataType_t payload_type, void* payload, float* stat,
-                                   int max_threads = 0);
+                                   int max_threads = 0, float grad_scale = 1.0f);
 
 // RecoveredGradSqNorm with m_{t-1} of entry j at m[j] (k values, mask order).
 KernelStatus RecoveredGradSqNormPacked(const void* payload, scapeDataType_t payload_type,

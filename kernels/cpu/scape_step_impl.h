@@ -151,8 +151,9 @@ void CandidateChunk(const float* m, const float* g, float* e, float* c_out, size
 template <typename Index>
 KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, float beta1,
                            const Index* mask, size_t k, scapeDataType_t type, void* payload,
-                           float* c_out, int max_threads, bool keep_rounding) {
+                           float* c_out, int max_threads, bool keep_rounding, float grad_scale) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
+  if (!(grad_scale > 0.0f && grad_scale <= 1.0f)) return KernelStatus::kInvalidArgument;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
@@ -160,7 +161,7 @@ KernelStatus CandidateImpl(const float* m, const float* g, float* e, size_t n, f
   if (!ValidMask(mask, k, n)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
   const float b1 = beta1;
-  const float omb1 = 1.0f - beta1;
+  const float omb1 = (1.0f - beta1) * grad_scale;  // the gradient's weight (x 1.0f: exact)
   bool ok = false;
   const bool visited = WithPayloadStore(type, payload, [&](auto st) {
     ok = ForMaskChunks(n, mask, k, max_threads, [&](size_t b, size_t end, size_t jb, size_t je) {

@@ -527,9 +527,10 @@ KernelStatus CandidatePackResidualPacked(const float* m_mask, const MaskView& su
 KernelStatus CandidateGatherPacked(const CheckedMaskView& support, const float* m_support,
                                    const float* g, float* e, size_t n, float beta1,
                                    const CheckedMaskView& mask, float* m_mask, scapeDataType_t type,
-                                   void* payload, float* stat, int max_threads) {
+                                   void* payload, float* stat, int max_threads, float grad_scale) {
   if (PayloadElementSize(type) == 0) return KernelStatus::kUnsupported;
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
+  if (!(grad_scale > 0.0f && grad_scale <= 1.0f)) return KernelStatus::kInvalidArgument;
   if (!Vouched(mask, n) || !Vouched(support, n)) return KernelStatus::kInvalidArgument;
   const MaskView &v = mask.view(), &sv = support.view();
   if (n > 0 && (g == nullptr || e == nullptr)) return KernelStatus::kInvalidArgument;
@@ -539,7 +540,8 @@ KernelStatus CandidateGatherPacked(const CheckedMaskView& support, const float* 
   const bool same = v.idx == sv.idx && v.k == sv.k && v.runs == sv.runs;
   if (same && v.k > 0 && m_mask != m_support) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  const float b1 = beta1, omb1 = 1.0f - beta1;
+  // The gradient's weight (omb1 weighs only g in the candidate; x 1.0f is exact).
+  const float b1 = beta1, omb1 = (1.0f - beta1) * grad_scale;
   const bool ok = WithPayloadStore(type, payload, [&](auto store) {
     return CandidatePackedBlocks(m_mask, sv, m_support, g, e, n, b1, omb1, v, store, stat,
                                  max_threads, !same, same);

@@ -64,20 +64,20 @@ KernelStatus EventDestroy(void* event);
 const char* LastCudaError();
 
 // ---- 1. candidate, pack, residual (scape_step.h) ---------------------------------------------
-// Same contract as CandidatePackResidual, keep_rounding included (false: +0 inside the mask;
-// true: the rounding error c - float(payload), the view kernel's residual). Device
+// Same contract as CandidatePackResidual, keep_rounding and grad_scale included (false: +0
+// inside the mask; true: the rounding error c - float(payload), the view kernel's residual). Device
 // preconditions: d_mask strictly increasing; entries >= n are ignored (no write). k > n is
 // kInvalidArgument (host check).
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint32_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
                                        float* d_c_out, cudaStream_t stream,
-                                       bool keep_rounding = false);
+                                       bool keep_rounding = false, float grad_scale = 1.0f);
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint64_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
                                        float* d_c_out, cudaStream_t stream,
-                                       bool keep_rounding = false);
+                                       bool keep_rounding = false, float grad_scale = 1.0f);
 
 // ---- 4. unpack + AdamS update, squared norm (scape_step.h) -----------------------------------
 // Same contract as UnpackAdamSUpdate (parameters validated on the host by MakeAdamSScalars);
@@ -98,7 +98,7 @@ KernelStatus CandidatePackResidualGradCuda(const float* d_m, const void* d_g,
                                            float beta1, const uint64_t* d_mask, size_t k,
                                            scapeDataType_t payload_type, void* d_payload,
                                            float* d_c_out, cudaStream_t stream,
-                                           bool keep_rounding = false);
+                                           bool keep_rounding = false, float grad_scale = 1.0f);
 KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t payload_type,
                                        const uint64_t* d_mask, size_t k, float* d_theta, float* d_m,
                                        size_t n, const AdamSParams& params, const ModelCopy& copy,
@@ -135,6 +135,10 @@ KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payl
                                      const uint64_t* d_mask, size_t k, const float* d_m, size_t n,
                                      float beta1, double* d_sq_norm, void* d_temp,
                                      size_t* temp_bytes, cudaStream_t stream);
+// Same contract and the same bits as GradSqNorm (a rank's own gradient of grad_type: fp32,
+// bf16 or fp16); the result goes to *d_sq_norm (device). Temp storage as above, n for k.
+KernelStatus GradSqNormCuda(const void* d_g, scapeDataType_t grad_type, size_t n, double* d_sq_norm,
+                            void* d_temp, size_t* temp_bytes, cudaStream_t stream);
 
 // ---- 2. top-k per segment (topk.h) -----------------------------------------------------------
 // Segment table in device memory (the layout is static: upload it once).

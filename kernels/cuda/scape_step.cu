@@ -367,6 +367,16 @@ __global__ void StayingBlocksKernel(const void* payload, const uint64_t* idx, co
   }
 }
 
+// Level 0 of a rank's own gradient (GradSqNorm): the squares of the widened gradients.
+template <int kG>
+__global__ void __launch_bounds__(kSqNormBlock)
+    GradSqLevel0(const void* g, uint64_t n, double* out) {
+  SumBlocks(n, out, [&](uint64_t j) {
+    const double v = static_cast<double>(dev::LoadPayload<kG>(g, j));
+    return __dmul_rn(v, v);
+  });
+}
+
 // Higher levels: sums of kSqNormBlock partial sums.
 __global__ void __launch_bounds__(kSqNormBlock)
     SqNormLevel(const double* in, uint64_t count, double* out) {
@@ -393,18 +403,21 @@ template <typename Index>
 KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, float beta1,
                            const Index* mask, size_t k, scapeDataType_t type, void* payload,
                            float* c_out, bool keep_rounding, cudaStream_t stream,
-                           scapeDataType_t grad_type = scapeFloat32) {
+                           scapeDataType_t grad_type, float grad_scale) {
   const int kind = dev::PayloadKind(type);
   if (kind < 0) return KernelStatus::kUnsupported;
   const int gkind = dev::PayloadKind(grad_type);
   if (gkind < 0) return KernelStatus::kUnsupported;
   if (k > n) return KernelStatus::kInvalidArgument;
+  if (!(grad_scale > 0.0f && grad_scale <= 1.0f)) return KernelStatus::kInvalidArgument;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
     return KernelStatus::kInvalidArgument;
   }
   if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  const float omb1 = 1.0f - beta1;  // the same rounding as the CPU (one fp32 subtraction)
+  // The gradient's weight, the same rounding as the CPU (one fp32 subtraction, one product;
+  // x 1.0f is exact).
+  const float omb1 = (1.0f - beta1) * grad_scale;
   const unsigned grid = dev::GridFor(n, kTile);
   dev::VisitKind(gkind, [&](auto gk) {
     LaunchCandidate<Index, decltype(gk)::value>(m, g, e, n, beta1, omb1, mask, k, kind, payload,
@@ -523,6 +536,40 @@ KernelStatus UnpackPairsImpl(const float* pairs, const uint64_t* mask, size_t k,
   return KernelStatus::kOk;
 }
 
+// The blocked order's temp storage for k level-0 values: the first two levels' partial sums.
+size_t SqNormTempBytes(uint64_t k, size_t* a_bytes) {
+  const uint64_t l1 = (k + kSqNormBlock - 1) / kSqNormBlock;
+  const uint64_t l2 = (l1 + kSqNormBlock - 1) / kSqNormBlock;
+  *a_bytes = dev::AlignUp(l1 * sizeof(double));
+  return *a_bytes + dev::AlignUp(l2 * sizeof(double)) + 256;
+}
+
+// The blocked sum of k > 0 level-0 values: level0(grid, threads, dst) launches the level-0
+// kernel into dst (d_out when it is the last level), then the higher levels run into d_out.
+template <typename Level0>
+KernelStatus SqNormLevels(uint64_t k, double* d_out, void* d_temp, cudaStream_t stream,
+                          Level0 level0) {
+  size_t a_bytes = 0;
+  SqNormTempBytes(k, &a_bytes);
+  const uint64_t l1 = (k + kSqNormBlock - 1) / kSqNormBlock;
+  double* bufs[2] = {static_cast<double*>(d_temp),
+                     reinterpret_cast<double*>(static_cast<char*>(d_temp) + a_bytes)};
+  constexpr unsigned kSqThreads = kSqNormBlock;  // one CUDA block per summation block
+  level0(dev::GridFor(l1, 1, 65535), kSqThreads, l1 == 1 ? d_out : bufs[0]);
+  SCAPE_CUDA_LAUNCH_CHECK();
+  uint64_t count = l1;
+  int src_buf = 0;
+  while (count > 1) {
+    const uint64_t next = (count + kSqNormBlock - 1) / kSqNormBlock;
+    double* out = next == 1 ? d_out : bufs[1 - src_buf];
+    SqNormLevel<<<dev::GridFor(next, 1, 65535), kSqThreads, 0, stream>>>(bufs[src_buf], count, out);
+    SCAPE_CUDA_LAUNCH_CHECK();
+    src_buf = 1 - src_buf;
+    count = next;
+  }
+  return KernelStatus::kOk;
+}
+
 template <typename Index>
 KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         const float* m, size_t n, float beta1, double* d_out, void* d_temp,
@@ -530,10 +577,8 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
   const int kind = dev::PayloadKind(type);
   if (kind < 0) return KernelStatus::kUnsupported;
   if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
-  const uint64_t l1 = (k + kSqNormBlock - 1) / kSqNormBlock;
-  const uint64_t l2 = (l1 + kSqNormBlock - 1) / kSqNormBlock;
-  const size_t a_bytes = dev::AlignUp(l1 * sizeof(double));
-  const size_t need = a_bytes + dev::AlignUp(l2 * sizeof(double)) + 256;
+  size_t a_bytes = 0;
+  const size_t need = SqNormTempBytes(k, &a_bytes);
   if (d_temp == nullptr) {
     *temp_bytes = need;
     return KernelStatus::kOk;
@@ -548,28 +593,40 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
     SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
     return KernelStatus::kOk;
   }
-  double* bufs[2] = {static_cast<double*>(d_temp),
-                     reinterpret_cast<double*>(static_cast<char*>(d_temp) + a_bytes)};
   const float omb1 = 1.0f - beta1;
-  double* dst = l1 == 1 ? d_out : bufs[0];
-  constexpr unsigned kSqThreads = kSqNormBlock;  // one CUDA block per summation block
-  const unsigned grid0 = dev::GridFor(l1, 1, 65535);
-  dev::VisitKind(kind, [&](auto t) {
-    SqNormLevel0<Index, decltype(t)::value>
-        <<<grid0, kSqThreads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
+  return SqNormLevels(k, d_out, d_temp, stream, [&](unsigned grid, unsigned threads, double* dst) {
+    dev::VisitKind(kind, [&](auto t) {
+      SqNormLevel0<Index, decltype(t)::value>
+          <<<grid, threads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
+    });
   });
-  SCAPE_CUDA_LAUNCH_CHECK();
-  uint64_t count = l1;
-  int src_buf = 0;
-  while (count > 1) {
-    const uint64_t next = (count + kSqNormBlock - 1) / kSqNormBlock;
-    double* out = next == 1 ? d_out : bufs[1 - src_buf];
-    SqNormLevel<<<dev::GridFor(next, 1, 65535), kSqThreads, 0, stream>>>(bufs[src_buf], count, out);
-    SCAPE_CUDA_LAUNCH_CHECK();
-    src_buf = 1 - src_buf;
-    count = next;
+}
+
+// GradSqNormCuda: the same blocked order over a rank's own (widened) gradients.
+KernelStatus GradSqNormImpl(const void* g, scapeDataType_t type, size_t n, double* d_out,
+                            void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
+  if (type != scapeFloat32 && type != scapeBfloat16 && type != scapeFloat16)
+    return KernelStatus::kUnsupported;
+  const int kind = dev::PayloadKind(type);
+  if (kind < 0) return KernelStatus::kUnsupported;
+  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
+  size_t a_bytes = 0;
+  const size_t need = SqNormTempBytes(n, &a_bytes);
+  if (d_temp == nullptr) {
+    *temp_bytes = need;
+    return KernelStatus::kOk;
   }
-  return KernelStatus::kOk;
+  if (*temp_bytes < need) return KernelStatus::kBufferTooSmall;
+  if (d_out == nullptr || (n > 0 && g == nullptr)) return KernelStatus::kInvalidArgument;
+  if (n == 0) {
+    SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
+    return KernelStatus::kOk;
+  }
+  return SqNormLevels(n, d_out, d_temp, stream, [&](unsigned grid, unsigned threads, double* dst) {
+    dev::VisitKind(kind, [&](auto t) {
+      GradSqLevel0<decltype(t)::value><<<grid, threads, 0, stream>>>(g, n, dst);
+    });
+  });
 }
 
 }  // namespace
@@ -599,16 +656,18 @@ KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payl
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint32_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream, bool keep_rounding) {
+                                       float* d_c_out, cudaStream_t stream, bool keep_rounding,
+                                       float grad_scale) {
   return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
-                       keep_rounding, stream);
+                       keep_rounding, stream, scapeFloat32, grad_scale);
 }
 KernelStatus CandidatePackResidualCuda(const float* d_m, const float* d_g, float* d_e, size_t n,
                                        float beta1, const uint64_t* d_mask, size_t k,
                                        scapeDataType_t payload_type, void* d_payload,
-                                       float* d_c_out, cudaStream_t stream, bool keep_rounding) {
+                                       float* d_c_out, cudaStream_t stream, bool keep_rounding,
+                                       float grad_scale) {
   return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
-                       keep_rounding, stream);
+                       keep_rounding, stream, scapeFloat32, grad_scale);
 }
 
 KernelStatus UnpackAdamSUpdateCuda(const void* d_payload, scapeDataType_t payload_type,
@@ -626,10 +685,10 @@ KernelStatus CandidatePackResidualGradCuda(const float* d_m, const void* d_g,
                                            scapeDataType_t grad_type, float* d_e, size_t n,
                                            float beta1, const uint64_t* d_mask, size_t k,
                                            scapeDataType_t payload_type, void* d_payload,
-                                           float* d_c_out, cudaStream_t stream,
-                                           bool keep_rounding) {
+                                           float* d_c_out, cudaStream_t stream, bool keep_rounding,
+                                           float grad_scale) {
   return CandidateImpl(d_m, d_g, d_e, n, beta1, d_mask, k, payload_type, d_payload, d_c_out,
-                       keep_rounding, stream, grad_type);
+                       keep_rounding, stream, grad_type, grad_scale);
 }
 
 KernelStatus UnpackAdamSUpdateCopyCuda(const void* d_payload, scapeDataType_t payload_type,
@@ -665,6 +724,11 @@ KernelStatus RecoveredGradSqNormCuda(const void* d_payload, scapeDataType_t payl
                                      size_t* temp_bytes, cudaStream_t stream) {
   return SqNormImpl(d_payload, payload_type, d_mask, k, d_m, n, beta1, d_sq_norm, d_temp,
                     temp_bytes, stream);
+}
+
+KernelStatus GradSqNormCuda(const void* d_g, scapeDataType_t grad_type, size_t n, double* d_sq_norm,
+                            void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
+  return GradSqNormImpl(d_g, grad_type, n, d_sq_norm, d_temp, temp_bytes, stream);
 }
 
 }  // namespace cuda

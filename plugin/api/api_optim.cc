@@ -460,6 +460,13 @@ SCAPE_API scapeResult_t scapeOptimStepJoint(const scapeOptimStepArgs_t* steps, i
             "rank %d: steps[%d].optim has maxGradNorm = %g, steps[0].optim %g: a joint "
             "step clips to one global norm (make every member's maxGradNorm the same)",
             rank, i, static_cast<double>(h.maxGradNorm), static_cast<double>(h0.maxGradNorm)));
+      if ((h.clipNorm == scapeOptimClipNormLocal) != (h0.clipNorm == scapeOptimClipNormLocal) &&
+          h.maxGradNorm > 0.0f)
+        return scape::InvalidArgument(StrFormat(
+            "rank %d: steps[%d].optim has clipNorm = %d, steps[0].optim %d: a joint step clips "
+            "each rank's gradients locally in every member or in none (make every member's "
+            "clipNorm scapeOptimClipNormLocal, or none)",
+            rank, i, h.clipNorm, h0.clipNorm));
       if (a.optim->impl->NonFinite() != steps[0].optim->impl->NonFinite())
         return scape::InvalidArgument(StrFormat(
             "rank %d: steps[%d].optim has another nonFinite than steps[0].optim: a joint step "

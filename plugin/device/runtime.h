@@ -122,11 +122,12 @@ class Runtime {
   // c - float(payload) (+0 for fp32 and when the payload value is not finite), what the host
   // optimizer step's view kernel leaves there.
   // dCOut may be dM (in place: each element's m is read before its c is written), as the
-  // optimizer step does with its statistic buffer.
+  // optimizer step does with its statistic buffer. gradScale: the kernel's grad_scale (the
+  // gradient weighted by (1 - beta1) * gradScale; the optimizer's local clipping).
   virtual Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                        float beta1, const uint64_t* dMask, size_t k,
                                        scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                       Stream s);
+                                       Stream s, float gradScale = 1.0f);
   virtual Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                    const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                    size_t n, const kernels::AdamSParams& params, Stream s);
@@ -141,7 +142,7 @@ class Runtime {
                                            scapeDataType_t gradType, float* dE, size_t n,
                                            float beta1, const uint64_t* dMask, size_t k,
                                            scapeDataType_t payloadType, void* dPayload,
-                                           float* dCOut, Stream s);
+                                           float* dCOut, Stream s, float gradScale = 1.0f);
   virtual Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
                                        const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                        size_t n, const kernels::AdamSParams& params, void* dCopy,
@@ -173,6 +174,10 @@ class Runtime {
   virtual Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                      const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                      float beta1, double* dSqNorm, Stream s);
+  // *dSqNorm (device, one double) = kernels/cpu/scape_step.h GradSqNorm of dG[0, n) of gradType
+  // (scapeFloat32, scapeBfloat16 or scapeFloat16), the same bits (the local clipping's norm).
+  virtual Status GradSqNorm(const void* dG, scapeDataType_t gradType, size_t n, double* dSqNorm,
+                            Stream s);
   // kernels/cpu/finite.h in the device form: *dFlag (device, one uint32) = 1 when dX[0, n)
   // holds an inf or NaN, else 0 (the optimizer's non-finite check of device gradients).
   // type: scapeFloat32, scapeBfloat16 or scapeFloat16 (n elements of that type).

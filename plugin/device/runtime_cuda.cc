@@ -119,6 +119,12 @@ Status CheckBeta1(const char* op, float beta1) {
   return InvalidArgument(StrFormat("%s: beta1 = %g is not in [0, 1)", op, beta1));
 }
 
+// The candidate's gradient scale (the local clipping's factor).
+Status CheckGradScale(const char* op, float gradScale) {
+  if (gradScale > 0.0f && gradScale <= 1.0f) return Status::Ok();
+  return InvalidArgument(StrFormat("%s: gradScale = %g is not in (0, 1]", op, gradScale));
+}
+
 // The 16-bit model copy's element type.
 Status CheckCopyType(const char* op, scapeDataType_t copyType) {
   if (copyType == scapeBfloat16 || copyType == scapeFloat16) return Status::Ok();
@@ -506,8 +512,9 @@ class Cuda final : public Runtime {
   }
   Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n, float beta1,
                                const uint64_t* dMask, size_t k, scapeDataType_t payloadType,
-                               void* dPayload, float* dCOut, Stream s) override {
+                               void* dPayload, float* dCOut, Stream s, float gradScale) override {
     const char* op = "candidate kernel";
+    SCAPE_RETURN_IF_ERROR(CheckGradScale(op, gradScale));
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
     if (n == 0) return Status::Ok();
@@ -515,7 +522,7 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckMaskAndPayload(op, k, dMask, dPayload, payloadType));
     return KernelFail(op, kc::CandidatePackResidualCuda(
                               dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload, dCOut,
-                              static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
+                              static_cast<cudaStream_t>(s), /*keep_rounding=*/true, gradScale));
   }
   Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType, const uint64_t* dMask,
                            size_t k, float* dTheta, float* dM, size_t n,
@@ -611,11 +618,12 @@ class Cuda final : public Runtime {
   Status CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
                                    float* dE, size_t n, float beta1, const uint64_t* dMask,
                                    size_t k, scapeDataType_t payloadType, void* dPayload,
-                                   float* dCOut, Stream s) override {
+                                   float* dCOut, Stream s, float gradScale) override {
     if (gradType == scapeFloat32)
       return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
-                                   payloadType, dPayload, dCOut, s);
+                                   payloadType, dPayload, dCOut, s, gradScale);
     const char* op = "candidate kernel (16-bit gradients)";
+    SCAPE_RETURN_IF_ERROR(CheckGradScale(op, gradScale));
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType));
     SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, gradType));
     SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
@@ -623,9 +631,10 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(CheckAllNonNull(op, {PTR_ARG(dM), PTR_ARG(dG), PTR_ARG(dE)}));
     SCAPE_RETURN_IF_ERROR(
         CheckMaskAndPayload(op, k, dMask, dPayload, payloadType, {ALIGNED_ARG(dG, 2)}));
-    return KernelFail(op, kc::CandidatePackResidualGradCuda(
-                              dM, dG, gradType, dE, n, beta1, dMask, k, payloadType, dPayload,
-                              dCOut, static_cast<cudaStream_t>(s), /*keep_rounding=*/true));
+    return KernelFail(
+        op, kc::CandidatePackResidualGradCuda(dM, dG, gradType, dE, n, beta1, dMask, k, payloadType,
+                                              dPayload, dCOut, static_cast<cudaStream_t>(s),
+                                              /*keep_rounding=*/true, gradScale));
   }
   Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
                                const uint64_t* dMask, size_t k, float* dTheta, float* dM, size_t n,
@@ -678,6 +687,23 @@ class Cuda final : public Runtime {
     SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tempBytes, &dTemp));
     return KernelFail(op, kc::RecoveredGradSqNormCuda(dPayload, payloadType, dMask, k, dM, n, beta1,
                                                       dSqNorm, dTemp, &tempBytes, stream));
+  }
+  Status GradSqNorm(const void* dG, scapeDataType_t gradType, size_t n, double* dSqNorm,
+                    Stream s) override {
+    const char* op = "local gradient norm kernel";
+    SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, gradType));
+    SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dSqNorm", dSqNorm));
+    SCAPE_RETURN_IF_ERROR(CheckAligned(op, "dSqNorm", dSqNorm, sizeof(double)));
+    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckNonNull(op, "dG", dG));
+    SCAPE_RETURN_IF_ERROR(CheckAllAligned(op, {ALIGNED_ARG(dG, kn::PayloadElementSize(gradType))}));
+    auto stream = static_cast<cudaStream_t>(s);
+    size_t tempBytes = 0;
+    SCAPE_RETURN_IF_ERROR(
+        KernelFail(op, kc::GradSqNormCuda(dG, gradType, n, dSqNorm, nullptr, &tempBytes, stream)));
+    OpTemp temp(this, stream);
+    void* dTemp = nullptr;
+    SCAPE_RETURN_IF_ERROR(temp.Alloc(op, tempBytes, &dTemp));
+    return KernelFail(op, kc::GradSqNormCuda(dG, gradType, n, dSqNorm, dTemp, &tempBytes, stream));
   }
   Status AnyNonFinite(const void* dX, size_t n, scapeDataType_t type, uint32_t* dFlag,
                       Stream s) override {

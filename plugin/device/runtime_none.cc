@@ -180,7 +180,7 @@ Status Runtime::TopkAbs(const float*, const kernels::TopkSegments&, const kernel
 }
 Status Runtime::CandidatePackResidual(const float*, const float*, float*, size_t, float,
                                       const uint64_t*, size_t, scapeDataType_t, void*, float*,
-                                      Stream) {
+                                      Stream, float) {
   return NoDeviceOp(this, "candidate kernel");
 }
 Status Runtime::UnpackAdamSUpdate(const void*, scapeDataType_t, const uint64_t*, size_t, float*,
@@ -190,10 +190,10 @@ Status Runtime::UnpackAdamSUpdate(const void*, scapeDataType_t, const uint64_t*,
 Status Runtime::CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
                                           float* dE, size_t n, float beta1, const uint64_t* dMask,
                                           size_t k, scapeDataType_t payloadType, void* dPayload,
-                                          float* dCOut, Stream s) {
+                                          float* dCOut, Stream s, float gradScale) {
   if (gradType == scapeFloat32)
     return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
-                                 payloadType, dPayload, dCOut, s);
+                                 payloadType, dPayload, dCOut, s, gradScale);
   return NoDeviceOp(this, "candidate kernel (16-bit gradients)");
 }
 Status Runtime::UnpackAdamSUpdateCopy(const void*, scapeDataType_t, const uint64_t*, size_t, float*,
@@ -213,6 +213,9 @@ Status Runtime::UnpackPairsDecay(const float*, const uint64_t*, size_t, float*, 
 Status Runtime::RecoveredGradSqNorm(const void*, scapeDataType_t, const uint64_t*, size_t,
                                     const float*, size_t, float, double*, Stream) {
   return NoDeviceOp(this, "gradient norm kernel");
+}
+Status Runtime::GradSqNorm(const void*, scapeDataType_t, size_t, double*, Stream) {
+  return NoDeviceOp(this, "local gradient norm kernel");
 }
 Status Runtime::AnyNonFinite(const void*, size_t, scapeDataType_t, uint32_t*, Stream) {
   return NoDeviceOp(this, "non-finite check kernel");

@@ -460,8 +460,14 @@ struct Optimizer::HostKernels final : Optimizer::StepKernels {
     // moved); m is read at the old and the new mask's entries only.
     kernels::KernelStatus ks = kernels::CandidateGatherPacked(
         cold, o->m_.data(), g, o->e_.data(), o->layout_.n, o->hyper_.beta1, cview, mp, Pt(),
-        o->send_.data(), o->stat_.get(), o->threads_);
+        o->send_.data(), o->stat_.get(), o->threads_, o->gradScale_);
     if (ks != kernels::KernelStatus::kOk) return KernelError("candidate", ks);
+    return Status::Ok();
+  }
+  Status LocalGradSqNorm(double* out) override {
+    const kernels::KernelStatus ks =
+        kernels::GradSqNorm(g, scapeFloat32, o->layout_.n, out, o->threads_);
+    if (ks != kernels::KernelStatus::kOk) return KernelError("local gradient norm", ks);
     return Status::Ok();
   }
   Status SelectNext(double density) override {

@@ -137,6 +137,10 @@ class Optimizer {
   // RunStep both.
   Status RunStep(StepRun& run);
   Status RunAgree(StepRun& run);  // up to the non-finite agreement (run.skipped)
+  // clipNorm = local: this rank's gradient norm squared (run.localSq), before RunFront; then
+  // SetLocalClip with it (a joint step: with the sum over its members) sets gradScale_.
+  Status RunLocalNorm(StepRun& run);
+  void SetLocalClip(double sq);
   Status RunFront(StepRun& run);
   Status RunBack(StepRun& run, double clipNorm, bool haveNorm);
   double Density(int64_t t) const;  // scheduled density of step t
@@ -243,6 +247,9 @@ class Optimizer {
   std::vector<size_t> stayOrder_, stayFirst_;
   bool SegmentRms() const { return hyper_.entering == scapeOptimEnteringSegmentRms; }
   bool ClipStaying() const { return hyper_.clipNorm == scapeOptimClipNormStaying; }
+  bool ClipLocal() const {
+    return hyper_.clipNorm == scapeOptimClipNormLocal && hyper_.maxGradNorm > 0.0f;
+  }
   // The staying sums (pieceSum_) are needed by segment_rms and by the staying clip norm.
   bool NeedStaying() const { return SegmentRms() || (ClipStaying() && hyper_.maxGradNorm > 0.0f); }
   std::vector<double> pieceSum_;
@@ -261,6 +268,10 @@ class Optimizer {
   uint64_t controlBytes_ = 0;  // the step's small control exchanges (scapeOptimInfo_t)
   double gradNorm_ = 0.0;
   float clipScale_ = 1.0f;
+  // clipNorm = local: the weight of this rank's gradient in this step's candidate (1: none) and
+  // the norm it came from.
+  float gradScale_ = 1.0f;
+  double localNorm_ = 0.0;
   double phase_[scapeOptimNumPhases] = {};
 };
 

@@ -541,12 +541,13 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
     void* paySorted = identity ? d->dSend : d->dPaySorted;
     if (o->devGradType_ == scapeFloat32) {
       SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidual(dM, dG, d->dE, n, o->hyper_.beta1,
-                                                      dSortedMask, k, Pt(), paySorted, d->dStat, st)
+                                                      dSortedMask, k, Pt(), paySorted, d->dStat, st,
+                                                      o->gradScale_)
                                 .Prepend("candidate"));
     } else {
       SCAPE_RETURN_IF_ERROR(rt->CandidatePackResidualGrad(dM, dG, o->devGradType_, d->dE, n,
                                                           o->hyper_.beta1, dSortedMask, k, Pt(),
-                                                          paySorted, d->dStat, st)
+                                                          paySorted, d->dStat, st, o->gradScale_)
                                 .Prepend("candidate"));
     }
     if (!identity && k)
@@ -611,6 +612,17 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
         .Prepend("payload conversion");
   }
   bool NormAlways() const override { return false; }
+
+  Status LocalGradSqNorm(double* out) override {
+    device::ScopedTempSource temps(rt, d->pool.get());
+    SCAPE_RETURN_IF_ERROR(rt->GradSqNorm(dG, o->devGradType_, o->layout_.n, d->dSq, st)
+                              .Prepend("local gradient norm"));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(d->hSq, d->dSq, 8, st));
+    SCAPE_RETURN_IF_ERROR(
+        device::StreamWaitFor(rt, st, TimeoutMs(), "local gradient norm (host wait)"));
+    *out = d->hSq[0];
+    return Status::Ok();
+  }
 
   Status NormPartials(const NormBlock* b, size_t nb, double* out) override {
     device::ScopedTempSource temps(rt, d->pool.get());

@@ -36,6 +36,8 @@ double Seconds(int64_t t0) { return static_cast<double>(NowNs() - t0) * 1e-9; }
 Status Optimizer::RunStep(StepRun& run) {
   SCAPE_RETURN_IF_ERROR(RunAgree(run));
   if (run.skipped) return Status::Ok();
+  SCAPE_RETURN_IF_ERROR(RunLocalNorm(run));
+  SetLocalClip(run.localSq);
   SCAPE_RETURN_IF_ERROR(RunFront(run));
   return RunBack(run, run.norm ? std::sqrt(run.clipSq) : 0.0, run.norm);
 }
@@ -67,6 +69,30 @@ Status Optimizer::RunAgree(StepRun& run) {
   }
   phase_[scapeOptimPhaseSyncWait] = Seconds(t0);
   return Status::Ok();
+}
+
+// clipNorm = local (Deep Gradient Compression's local clipping): this rank's own gradient norm,
+// before anything of it enters the residual; no wire bytes.
+Status Optimizer::RunLocalNorm(StepRun& run) {
+  gradScale_ = 1.0f;
+  run.local = ClipLocal();
+  if (!run.local) return Status::Ok();
+  const int64_t t0 = NowNs();
+  SCAPE_RETURN_IF_ERROR(run.K->LocalGradSqNorm(&run.localSq));
+  run.localSeconds = Seconds(t0);
+  return Status::Ok();
+}
+
+// The gradient's weight in the candidate: min(1, maxGradNorm / (norm + 1e-6)) as the recovered
+// clip computes it (1 for a norm that is not finite: the non-finite rule decides those).
+void Optimizer::SetLocalClip(double sq) {
+  gradScale_ = 1.0f;
+  if (!ClipLocal()) return;
+  localNorm_ = std::sqrt(sq);
+  if (std::isfinite(localNorm_)) {
+    const double c = static_cast<double>(hyper_.maxGradNorm) / (localNorm_ + 1e-6);
+    if (c < 1.0) gradScale_ = std::max(static_cast<float>(c), FLT_MIN);
+  }
 }
 
 Status Optimizer::RunFront(StepRun& run) {
@@ -137,7 +163,8 @@ Status Optimizer::RunFront(StepRun& run) {
   // kernels always do (host) and for clipping; sharded, the partials' all-gather also runs for
   // "segment_rms", whose piece sums ride on it (with a partial of 0 when there is no norm).
   t0 = NowNs();
-  const bool norm = run.norm = K.NormAlways() || hyper_.maxGradNorm > 0.0f;
+  // (The local clip needs no norm of g^: it has scaled the gradient already.)
+  const bool norm = run.norm = K.NormAlways() || (hyper_.maxGradNorm > 0.0f && !ClipLocal());
   std::vector<double> partial(static_cast<size_t>(nranks_), 0.0);
   bool& normGathered = run.normGathered;
   uint64_t& stayBytes = run.stayBytes;
@@ -245,12 +272,12 @@ Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
   clipScale_ = 1.0f;
   if (haveNorm) {
     gradNorm_ = clipNorm;
-    if (hyper_.maxGradNorm > 0.0f && std::isfinite(gradNorm_)) {
+    if (hyper_.maxGradNorm > 0.0f && !run.local && std::isfinite(gradNorm_)) {
       const double c = static_cast<double>(hyper_.maxGradNorm) / (gradNorm_ + 1e-6);
       if (c < 1.0) clipScale_ = std::max(static_cast<float>(c), FLT_MIN);
     }
   }
-  phase_[scapeOptimPhaseNorm] += Seconds(t0);
+  phase_[scapeOptimPhaseNorm] += Seconds(t0) + run.localSeconds;
 
   // The step's bytes (scapeOptimInfo_t): the payload split into its always-dense and sparse
   // values; the control words (the non-finite agreement; sharded, the norm all-gather and the
@@ -287,6 +314,12 @@ Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
   ap.weight_decay = hyper_.weightDecay;
   ap.clip_scale = clipScale_;
   ap.clip_momentum = true;
+  if (run.local) {
+    // scapeOptimInfo_t: this rank's gradient norm and the weight its gradient had (g^ itself
+    // is not clipped: clipScale_ was 1 above).
+    gradNorm_ = localNorm_;
+    clipScale_ = gradScale_;
+  }
   ap.bias_correction = KernelBias(static_cast<scapeBiasCorrection_t>(hyper_.bias));
   ap.step = step_ + 1;
   if (SegmentRms()) {
@@ -340,6 +373,15 @@ Status Optimizer::StepJoint(const JointMember* members, size_t count, bool devic
       if (!runs[i]->skipped) members[i].opt->MarkSkipped();
     return Status::Ok();
   }
+  // clipNorm = local: one norm over every member's gradient on this rank (member order), as
+  // torch.nn.utils.clip_grad_norm_ over every group would take it.
+  double localSq = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    SCAPE_RETURN_IF_ERROR(
+        members[i].opt->RunLocalNorm(*runs[i]).Prepend(StrFormat("joint step member %zu", i)));
+    if (runs[i]->local) localSq += runs[i]->localSq;
+  }
+  for (size_t i = 0; i < count; ++i) members[i].opt->SetLocalClip(localSq);
   // Every member's first half (each member's collectives in member order on every rank).
   bool haveNorm = true;
   double sq = 0.0, full = 0.0;  // the members' clip norms and full norms, squared

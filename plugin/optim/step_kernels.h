@@ -44,8 +44,12 @@ class Optimizer::StepKernels {
   // The current mask (runs_ built) in the form the kernels take, and payload buffers for k
   // values to send and recvElems to receive (k replicated, this rank's kr sharded).
   virtual Status PrepareMask(uint64_t k, uint64_t recvElems, bool sharded) = 0;
+  // This rank's gradients' squared L2 norm (kernels' GradSqNorm, the local clipping's norm), on
+  // the host when this returns (a host wait on a device).
+  virtual Status LocalGradSqNorm(double* out) = 0;
   // Candidate + pack + residual (error feedback) + the statistic of the owned part, from
-  // m_{t-1}, the gradients and the residual, into Send() (k values, mask order).
+  // m_{t-1}, the gradients (weighted by Optimizer::gradScale_) and the residual, into Send()
+  // (k values, mask order).
   virtual Status Candidate() = 0;
   // Selects the next mask from the statistic (Mask::SelectNextTopk's segments and options)
   // and starts its sync (now, or when the stream has reached the selection).
@@ -122,6 +126,9 @@ class Optimizer::StepRun {
   uint64_t stayBytes = 0;  // sharded "segment_rms": the piece sums' share of the all-gather
   double sq = 0.0;         // with norm: the squared L2 norm of g^ (partials in rank order)
   double clipSq = 0.0;     // the squared norm clipping compares with (scapeOptimClipNorm_t)
+  bool local = false;      // clipNorm = local: localSq is this rank's gradient norm squared
+  double localSq = 0.0;
+  double localSeconds = 0.0;
 };
 
 }  // namespace scape

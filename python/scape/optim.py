@@ -29,7 +29,7 @@ PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gat
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
 NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
 ENTERINGS = {"payload": 0, "segment_rms": 1}
-CLIP_NORMS = {"recovered": 0, "staying": 1}  # scapeOptimClipNorm_t
+CLIP_NORMS = {"recovered": 0, "staying": 1, "local": 2}  # scapeOptimClipNorm_t
 
 
 class _OptimConfig(Structure):
@@ -745,7 +745,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             ``clip_grad_norm_`` over the averaged gradient) or "staying" (only the coordinates
             that stay in the mask, previous momentum non-zero: an entering coordinate's
             accumulated residual does not shrink what the exchange delivers; issue 30,
-            docs/ALGORITHM.md section 4.7).
+            docs/ALGORITHM.md section 4.7) or "local" (Deep Gradient Compression's local
+            clipping: each rank clips its own gradient, over all groups, to ``max_grad_norm``
+            before it enters the residual and the exchange, and the recovered gradient is not
+            clipped; no wire bytes. ``info()``'s ``grad_norm`` and ``clip_scale`` are then this
+            rank's).
 
     One library optimizer (and one exchange per step) is created per parameter group, so
     groups may differ in every hyperparameter but ``max_grad_norm`` and ``nonfinite``, which

@@ -40,6 +40,7 @@ struct Cfg {
   int payload = scapeFloat32;
   float wd = 0.1f;
   int nonFinite = scapeOptimNonFiniteSkip;
+  int clipNorm = scapeOptimClipNormRecovered;
 };
 
 scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
@@ -58,6 +59,7 @@ scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
   c.warmupSteps = 4;
   c.payloadType = k.payload;
   c.nonFinite = k.nonFinite;
+  c.clipNorm = k.clipNorm;
   scapeOptim_t o = nullptr;
   EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, ctx.comm), ctx.comm);
   return o;
@@ -157,6 +159,7 @@ TEST_P(DeviceOptimMixed, TwentyStepsMatchTheHostMixedStep) {
     int payload;
     scapeDataType_t pt, gt;
     float wd;
+    int clipNorm = scapeOptimClipNormRecovered;
   };
   const Combo combos[] = {
       {scapeOptimReplicated, 0.0f, scapeFloat32, scapeBfloat16, scapeBfloat16, 0.1f},
@@ -164,6 +167,11 @@ TEST_P(DeviceOptimMixed, TwentyStepsMatchTheHostMixedStep) {
       {scapeOptimReplicated, 0.0f, scapeFloat16, scapeBfloat16, scapeFloat16, 0.0f},
       {scapeOptimSharded, 0.0f, scapeBfloat16, scapeBfloat16, scapeFloat32, 0.1f},
       {scapeOptimSharded, 1.0f, scapeFloat32, scapeFloat16, scapeFloat16, 0.0f},
+      // local clipping (issue 30): the 16-bit gradients' norm on the device, widened
+      {scapeOptimReplicated, 1.0f, scapeFloat32, scapeBfloat16, scapeBfloat16, 0.1f,
+       scapeOptimClipNormLocal},
+      {scapeOptimSharded, 1.0f, scapeBfloat16, scapeFloat16, scapeFloat16, 0.1f,
+       scapeOptimClipNormLocal},
   };
   for (const Combo& k : combos) {
     auto res = RunRanks(P, [&](RankCtx& ctx) {
@@ -173,6 +181,7 @@ TEST_P(DeviceOptimMixed, TwentyStepsMatchTheHostMixedStep) {
       c.clip = k.clip;
       c.payload = k.payload;
       c.wd = k.wd;
+      c.clipNorm = k.clipNorm;
       Pair p(ctx, c, seed, k.pt, k.gt);
       const uint64_t updates = Fake().updates.load(), pairs = Fake().pairUpdates.load(),
                      unpacks = Fake().pairUnpacks.load();

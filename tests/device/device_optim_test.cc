@@ -44,6 +44,7 @@ struct Cfg {
   bool allDense = false;  // every segment always dense: a dense AdamS step
   int nonFinite = scapeOptimNonFiniteSkip;
   int entering = scapeOptimEnteringPayload;
+  int clipNorm = scapeOptimClipNormRecovered;
 };
 
 scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
@@ -64,6 +65,7 @@ scapeOptim_t Create(RankCtx& ctx, const Layout& l, const Cfg& k) {
   c.payloadType = k.payload;
   c.nonFinite = k.nonFinite;
   c.entering = k.entering;
+  c.clipNorm = k.clipNorm;
   scapeOptim_t o = nullptr;
   EXPECT_SCAPE_OK(scapeOptimCreate(&o, &c, ctx.comm), ctx.comm);
   return o;
@@ -229,6 +231,44 @@ TEST_P(DeviceOptim, SegmentRmsMatchesTheHostStepBitForBit) {
         // The device ran the rule's ops (the counters are per process: every rank is one).
         EXPECT_GT(Fake().stayingSums.load(), sums0);
         EXPECT_GT(Fake().enteringUpdates.load(), upd0);
+        return !::testing::Test::HasFailure();
+      });
+      EXPECT_TRUE(res.AllOk()) << "P=" << P << " payload=" << payload << " ownership=" << own
+                               << " seed=" << seed << ": " << res.Describe();
+    }
+}
+
+// Local clipping (issue 30, clipNorm = local): the device takes its own gradient's norm with a
+// device op (one host wait) and passes the factor to the candidate kernel; params, the whole
+// checkpoint and the reported norm and factor equal the host step's, both ownerships, fp32
+// and bf16 payloads.
+TEST_P(DeviceOptim, LocalClipMatchesTheHostStepBitForBit) {
+  const int P = GetParam();
+  const unsigned seed = scape_test::FreshSeed() + 30u;
+  for (int payload : {scapeFloat32, scapeBfloat16})
+    for (int own : {scapeOptimReplicated, scapeOptimSharded}) {
+      auto res = RunRanks(P, [&](RankCtx& ctx) {
+        const uint64_t norms0 = Fake().localNorms.load();
+        Cfg k;
+        k.ownership = own;
+        k.clip = 1.0f;
+        k.payload = payload;
+        k.clipNorm = scapeOptimClipNormLocal;
+        Pair p(ctx, k, seed);
+        for (int t = 0; t < 20; ++t)
+          if (!p.Step(seed, t, true)) return false;
+        EXPECT_EQ(Fake().localNorms.load(), norms0 + 20);  // one per step, on the device
+        scapeOptimInfo_t a, b;
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
+        EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
+        EXPECT_EQ(a.gradNorm, b.gradNorm);
+        EXPECT_EQ(a.clipScale, b.clipScale);
+        EXPECT_LT(b.clipScale, 1.0f);  // N(0,1) gradients of 2001 elements: norm ~45
+        // This rank's own gradient's norm (the reference: a plain double sum, to 1e-12).
+        const std::vector<float> g = Grads(seed, ctx.rank, 19, p.n);
+        double sq = 0.0;
+        for (float x : g) sq += static_cast<double>(x) * x;
+        EXPECT_NEAR(b.gradNorm, std::sqrt(sq), 1e-12 * std::sqrt(sq));
         return !::testing::Test::HasFailure();
       });
       EXPECT_TRUE(res.AllOk()) << "P=" << P << " payload=" << payload << " ownership=" << own

@@ -637,6 +637,12 @@ Status CheckPayloadType(const char* op, scapeDataType_t t, size_t* esz) {
       static_cast<int>(t)));
 }
 
+Status CheckGradScale(const char* op, float gradScale) {
+  if (gradScale > 0.0f && gradScale <= 1.0f) return Status::Ok();
+  return scape::InvalidArgument(
+      scape::StrFormat("fake device: %s: gradScale = %g is not in (0, 1]", op, gradScale));
+}
+
 Status CheckKn(const char* op, size_t k, size_t n) {
   if (k <= n) return Status::Ok();
   return scape::InvalidArgument(
@@ -815,9 +821,10 @@ Status FakeRuntime::TopkAbs(const float* dX, const kn::TopkSegments& segments,
 Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                           float beta1, const uint64_t* dMask, size_t k,
                                           scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                          Stream s) {
+                                          Stream s, float gradScale) {
   SCAPE_RETURN_IF_ERROR(Refuse("CandidatePackResidual"));
   const char* op = "CandidatePackResidual";
+  SCAPE_RETURN_IF_ERROR(CheckGradScale(op, gradScale));
   size_t esz = 0;
   SCAPE_RETURN_IF_ERROR(CheckPayloadType(op, payloadType, &esz));
   SCAPE_RETURN_IF_ERROR(CheckKn(op, k, n));
@@ -838,9 +845,10 @@ Status FakeRuntime::CandidatePackResidual(const float* dM, const float* dG, floa
     if (dCOut) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dCOut (freed?)", dCOut, n * 4));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dMask (freed?)", dMask, k * 8));
     SCAPE_RETURN_IF_ERROR(CheckRange(op, "dPayload (freed?)", dPayload, k * esz));
-    return KernelResult(kn::CandidatePackResidual(dM, dG, dE, n, beta1, dMask, k, payloadType,
-                                                  dPayload, dCOut, threads, /*keep_rounding=*/true),
-                        "dMask not strictly increasing, or an entry >= n");
+    return KernelResult(
+        kn::CandidatePackResidual(dM, dG, dE, n, beta1, dMask, k, payloadType, dPayload, dCOut,
+                                  threads, /*keep_rounding=*/true, gradScale),
+        "dMask not strictly increasing, or an entry >= n");
   });
   return Status::Ok();
 }
@@ -901,12 +909,13 @@ Status FakeRuntime::CandidatePackResidualGrad(const float* dM, const void* dG,
                                               scapeDataType_t gradType, float* dE, size_t n,
                                               float beta1, const uint64_t* dMask, size_t k,
                                               scapeDataType_t payloadType, void* dPayload,
-                                              float* dCOut, Stream s) {
+                                              float* dCOut, Stream s, float gradScale) {
   SCAPE_RETURN_IF_ERROR(Refuse("CandidatePackResidualGrad"));
   if (gradType == scapeFloat32)
     return CandidatePackResidual(dM, static_cast<const float*>(dG), dE, n, beta1, dMask, k,
-                                 payloadType, dPayload, dCOut, s);
+                                 payloadType, dPayload, dCOut, s, gradScale);
   const char* op = "CandidatePackResidualGrad";
+  SCAPE_RETURN_IF_ERROR(CheckGradScale(op, gradScale));
   if (gradType != scapeBfloat16 && gradType != scapeFloat16)
     return scape::Status(scapeUnsupported,
                          scape::StrFormat("fake device: %s: gradType = %d: expected fp32, bf16 "
@@ -941,7 +950,7 @@ Status FakeRuntime::CandidatePackResidualGrad(const float* dM, const void* dG,
       kn::ConvertFp16ToFloat(static_cast<const uint16_t*>(dG), g.data(), n);
     return KernelResult(kn::CandidatePackResidual(dM, g.data(), dE, n, beta1, dMask, k, payloadType,
                                                   dPayload, dCOut, threads,
-                                                  /*keep_rounding=*/true),
+                                                  /*keep_rounding=*/true, gradScale),
                         "dMask not strictly increasing, or an entry >= n");
   });
   return Status::Ok();
@@ -1161,6 +1170,36 @@ Status FakeRuntime::RecoveredGradSqNorm(const void* dPayload, scapeDataType_t pa
     SCAPE_RETURN_IF_ERROR(KernelResult(
         kn::RecoveredGradSqNorm(dPayload, payloadType, dMask, k, dM, n, beta1, &r, threads),
         "dMask not strictly increasing, or an entry >= n"));
+    std::memcpy(dSqNorm, &r, sizeof r);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status FakeRuntime::GradSqNorm(const void* dG, scapeDataType_t gradType, size_t n, double* dSqNorm,
+                               Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("GradSqNorm"));
+  const char* op = "GradSqNorm";
+  if (gradType != scapeFloat32 && gradType != scapeBfloat16 && gradType != scapeFloat16)
+    return scape::Status(scapeUnsupported, "fake device: GradSqNorm: gradType");
+  const size_t esz = gradType == scapeFloat32 ? 4 : 2;
+  if (n > SIZE_MAX / 8) return scape::InvalidArgument("fake device: GradSqNorm: n");
+  SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm", dSqNorm, sizeof(double), sizeof(double)));
+  if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG", dG, n * esz, esz));
+  ++localNorms;
+  const int threads = kernelThreads.load();
+  // The CUDA form's temporary (the blocks' partial sums).
+  scape::device::OpTemp temp(this, s);
+  void* dTemp = nullptr;
+  const size_t tempBytes = 8 * (n / 1024 + 1);
+  SCAPE_RETURN_IF_ERROR(temp.Alloc("fake device: GradSqNorm", tempBytes, &dTemp));
+  Enqueue(s, op, [=] {
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "its temporary (freed?)", dTemp, tempBytes));
+    SCAPE_RETURN_IF_ERROR(CheckRange(op, "dSqNorm (freed?)", dSqNorm, sizeof(double)));
+    if (n > 0) SCAPE_RETURN_IF_ERROR(CheckRange(op, "dG (freed?)", dG, n * esz));
+    double r = 0.0;
+    SCAPE_RETURN_IF_ERROR(
+        KernelResult(kn::GradSqNorm(dG, gradType, n, &r, threads), "the gradient norm"));
     std::memcpy(dSqNorm, &r, sizeof r);
     return Status::Ok();
   });

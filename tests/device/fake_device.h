@@ -171,7 +171,7 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status CandidatePackResidual(const float* dM, const float* dG, float* dE, size_t n,
                                       float beta1, const uint64_t* dMask, size_t k,
                                       scapeDataType_t payloadType, void* dPayload, float* dCOut,
-                                      scape::device::Stream s) override;
+                                      scape::device::Stream s, float gradScale) override;
   scape::Status UnpackAdamSUpdate(const void* dPayload, scapeDataType_t payloadType,
                                   const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                   size_t n, const scape::kernels::AdamSParams& params,
@@ -179,7 +179,8 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status CandidatePackResidualGrad(const float* dM, const void* dG, scapeDataType_t gradType,
                                           float* dE, size_t n, float beta1, const uint64_t* dMask,
                                           size_t k, scapeDataType_t payloadType, void* dPayload,
-                                          float* dCOut, scape::device::Stream s) override;
+                                          float* dCOut, scape::device::Stream s,
+                                          float gradScale) override;
   scape::Status UnpackAdamSUpdateCopy(const void* dPayload, scapeDataType_t payloadType,
                                       const uint64_t* dMask, size_t k, float* dTheta, float* dM,
                                       size_t n, const scape::kernels::AdamSParams& params,
@@ -197,6 +198,8 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status RecoveredGradSqNorm(const void* dPayload, scapeDataType_t payloadType,
                                     const uint64_t* dMask, size_t k, const float* dM, size_t n,
                                     float beta1, double* dSqNorm, scape::device::Stream s) override;
+  scape::Status GradSqNorm(const void* dG, scapeDataType_t gradType, size_t n, double* dSqNorm,
+                           scape::device::Stream s) override;
   scape::Status PayloadAmax(const float* dX, size_t k, float* dAmax,
                             scape::device::Stream s) override;
   scape::Status QuantizeScaled(const float* dX, size_t k, scapeDataType_t type, const float* dAmax,
@@ -239,6 +242,7 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> kernelLaunches{0}, memsets{0}, gathers{0}, scatters{0}, topks{0};
   std::atomic<uint64_t> candidates{0}, updates{0}, norms{0}, failedOps{0}, skippedOps{0};
   std::atomic<uint64_t> stayingSums{0}, enteringUpdates{0};  // "segment_rms" ops
+  std::atomic<uint64_t> localNorms{0};                       // GradSqNorm (clipNorm = local)
   std::atomic<uint64_t> pairUpdates{0}, pairUnpacks{0};      // the sharded step's halves
   // deviceAllocs: driver-level allocations (DeviceAlloc, DeviceAllocAsync, DeviceMalloc);
   // tempAllocs: those of them that were an op's temporary with no TempSource in scope.

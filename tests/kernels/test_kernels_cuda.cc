@@ -338,6 +338,57 @@ TEST(CudaCandidatePackResidualGrad, MatchesCpuOnWidenedGradients) {
     }
 }
 
+// Local clipping (issue 30): GradSqNormCuda over fp32 / bf16 / fp16 gradients and the candidate
+// with a grad_scale, the same bits as the CPU kernels (sizes across the block and level edges).
+TEST(CudaLocalClip, GradSqNormAndScaledCandidateMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{257}, size_t{256 * 256 + 3}, size_t{1} << 20})
+    for (scapeDataType_t gt : {scapeFloat32, scapeBfloat16, scapeFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " grad=" << gt);
+      std::vector<float> m = RandomNormal(rng, n), g = RandomNormal(rng, n, 2.0f),
+                         e = RandomNormal(rng, n, 0.1f);
+      std::vector<uint16_t> g16(n);
+      if (gt != scapeFloat32)
+        for (size_t i = 0; i < n; ++i) {
+          g16[i] = gt == scapeBfloat16 ? FloatToBf16(g[i]) : FloatToFp16(g[i]);
+          g[i] = gt == scapeBfloat16 ? Bf16ToFloat(g16[i]) : Fp16ToFloat(g16[i]);
+        }
+      const void* gh = gt == scapeFloat32 ? static_cast<const void*>(g.data())
+                                          : static_cast<const void*>(g16.data());
+      double sq_cpu = -1.0;
+      ASSERT_EQ(GradSqNorm(gh, gt, n, &sq_cpu), KernelStatus::kOk);
+      DevBuf dg(gt == scapeFloat32 ? n * 4 + 4 : n * 2 + 2), dsq(sizeof(double));
+      if (n) CUDA_OK(kc::CopyToDevice(dg.get(), gh, gt == scapeFloat32 ? n * 4 : n * 2));
+      size_t temp_bytes = 0;
+      CUDA_OK(
+          kc::GradSqNormCuda(dg.get(), gt, n, dsq.get<double>(), nullptr, &temp_bytes, nullptr));
+      DevBuf dtemp(temp_bytes);
+      CUDA_OK(kc::GradSqNormCuda(dg.get(), gt, n, dsq.get<double>(), dtemp.get(), &temp_bytes,
+                                 nullptr));
+      CUDA_OK(kc::StreamSynchronize(nullptr));
+      const double sq_gpu = dsq.Read<double>(1)[0];
+      EXPECT_EQ(std::memcmp(&sq_gpu, &sq_cpu, sizeof(double)), 0) << sq_gpu << " vs " << sq_cpu;
+      // The candidate with the factor that norm gives against a threshold of 1.
+      const float s = sq_cpu > 1.0 ? static_cast<float>(1.0 / (std::sqrt(sq_cpu) + 1e-6)) : 0.5f;
+      std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, 0.05);
+      const size_t k = mask.size();
+      std::vector<float> e_cpu = e, c_cpu(n), p_cpu(k + 1);
+      ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), e_cpu.data(), n, 0.9f, mask.data(), k,
+                                      scapeFloat32, p_cpu.data(), c_cpu.data(), 0, true, s),
+                KernelStatus::kOk);
+      DevBuf dm(m), de(e), dmask(mask), dp(k * 4 + 4), dc(n * sizeof(float) + 4);
+      CUDA_OK(kc::CandidatePackResidualGradCuda(dm.get<float>(), dg.get(), gt, de.get<float>(), n,
+                                                0.9f, dmask.get<uint64_t>(), k, scapeFloat32,
+                                                dp.get(), dc.get<float>(), nullptr, true, s));
+      CUDA_OK(kc::StreamSynchronize(nullptr));
+      p_cpu.resize(k);
+      EXPECT_TRUE(SameBytes(de.Read<float>(n), e_cpu)) << "residual differs";
+      EXPECT_TRUE(SameBytes(dp.Read<float>(k), p_cpu)) << "payload differs";
+      EXPECT_TRUE(SameBytes(dc.Read<float>(n), c_cpu)) << "candidate differs";
+    }
+}
+
 // "segment_rms" (issue 23): the staying block sums and the update with a segment table, every
 // payload type, the same bits as the CPU kernels.
 void SegmentRmsCase(std::mt19937_64& rng, size_t n, scapeDataType_t type, float clip) {

@@ -432,6 +432,97 @@ TEST(RecoveredGradSqNorm, BlockedOrderIsExact) {
   EXPECT_EQ(std::memcmp(&sq, &level[0], sizeof sq), 0) << sq << " vs " << level[0];
 }
 
+// The local clipping's norm (GradSqNorm): a rank's own gradient of each type, widened, summed in
+// the blocked order, at sizes around the block and level boundaries, the same bits on 1 and 2
+// threads and against an independent blocked sum.
+TEST(GradSqNorm, BlockedOrderEveryTypeAndSize) {
+  SCAPE_SEEDED_RNG(rng);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257},
+                   size_t{256 * 256 + 1}, kLarge}) {
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " type=" << t);
+      std::vector<float> wide(n);
+      std::vector<uint16_t> narrow(n);
+      for (size_t i = 0; i < n; ++i) {
+        // Magnitudes spread over 2^-10..2^10 (fp16's range) so the order shows.
+        const float x = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+        narrow[i] = t == scapeBfloat16 ? FloatToBf16(x) : FloatToFp16(x);
+        wide[i] = t == scapeFloat32    ? x
+                  : t == scapeBfloat16 ? Bf16ToFloat(narrow[i])
+                                       : Fp16ToFloat(narrow[i]);
+      }
+      std::vector<double> level(n);
+      for (size_t i = 0; i < n; ++i) level[i] = static_cast<double>(wide[i]) * wide[i];
+      while (level.size() > 1) {
+        std::vector<double> next;
+        for (size_t lo = 0; lo < level.size(); lo += kSqNormBlock) {
+          double acc = level[lo];
+          for (size_t i = lo + 1; i < std::min(level.size(), lo + kSqNormBlock); ++i)
+            acc += level[i];
+          next.push_back(acc);
+        }
+        level.swap(next);
+      }
+      const double want = level.empty() ? 0.0 : level[0];
+      const void* g = t == scapeFloat32 ? static_cast<const void*>(wide.data())
+                                        : static_cast<const void*>(narrow.data());
+      for (int threads : {1, 2}) {
+        double sq = -1.0;
+        ASSERT_EQ(GradSqNorm(g, t, n, &sq, threads), KernelStatus::kOk);
+        EXPECT_EQ(std::memcmp(&sq, &want, sizeof sq), 0) << sq << " vs " << want;
+      }
+    }
+  }
+  double sq = 0.0;
+  const float one = 1.0f;
+  EXPECT_EQ(GradSqNorm(nullptr, scapeFloat32, 3, &sq), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(GradSqNorm(&one, scapeFloat32, 1, nullptr), KernelStatus::kInvalidArgument);
+  EXPECT_EQ(GradSqNorm(&one, scapeInt32, 1, &sq), KernelStatus::kUnsupported);
+  EXPECT_EQ(GradSqNorm(nullptr, scapeFloat32, 0, &sq), KernelStatus::kOk);
+  EXPECT_EQ(sq, 0.0);
+}
+
+// The candidate's grad_scale (local clipping): the gradient weighted by (1 - b1) * s rounded
+// once, against an independent computation; s = 1 gives the unscaled kernel's bits; s outside
+// (0, 1] is refused.
+TEST(CandidatePackResidual, GradScaleWeighsTheGradient) {
+  SCAPE_SEEDED_RNG(rng);
+  const size_t n = 4099;
+  const float b1 = 0.9f, s = 0.3712f;
+  std::vector<float> m = RandomNormal(rng, n), g = RandomNormal(rng, n, 3.0f),
+                     e = RandomNormal(rng, n, 0.1f);
+  std::vector<uint64_t> mask = RandomMask<uint64_t>(rng, n, 0.05);
+  const size_t k = mask.size();
+  std::vector<float> pay(k + 1), c(n), e1 = e;
+  ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), e1.data(), n, b1, mask.data(), k,
+                                  scapeFloat32, pay.data(), c.data(), 0, true, s),
+            KernelStatus::kOk);
+  const float w = (1.0f - b1) * s;
+  for (size_t i = 0; i < n; ++i) {
+    const float want = ((b1 * m[i]) + (w * g[i])) + e[i];
+    ASSERT_EQ(std::memcmp(&c[i], &want, 4), 0) << i;
+  }
+  for (size_t j = 0; j < k; ++j) ASSERT_EQ(pay[j], c[mask[j]]) << j;
+  std::vector<float> eA = e, eB = e, cA(n), cB(n);
+  ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), eA.data(), n, b1, mask.data(), k,
+                                  scapeFloat32, pay.data(), cA.data()),
+            KernelStatus::kOk);
+  ASSERT_EQ(CandidatePackResidual(m.data(), g.data(), eB.data(), n, b1, mask.data(), k,
+                                  scapeFloat32, pay.data(), cB.data(), 0, false, 1.0f),
+            KernelStatus::kOk);
+  EXPECT_TRUE(SameBits(cA, cB));
+  EXPECT_TRUE(SameBits(eA, eB));
+  for (float bad : {0.0f, -0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> eC = e;
+    EXPECT_EQ(CandidatePackResidual(m.data(), g.data(), eC.data(), n, b1, mask.data(), k,
+                                    scapeFloat32, pay.data(), nullptr, 0, false, bad),
+              KernelStatus::kInvalidArgument)
+        << bad;
+    EXPECT_TRUE(SameBits(eC, e)) << "written on error";
+  }
+}
+
 }  // namespace
 }  // namespace kernels
 }  // namespace scape

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 from ctypes import POINTER, byref, c_float, c_int, c_uint8, c_uint64, c_void_p
 from typing import Any, Dict, List
@@ -337,21 +338,28 @@ def case_optim_global_clip(comm, steps=3):
 def case_optim_clip_norm(comm, steps=4):
     """Issue 30: clip_norm="staying" measures max_grad_norm over the coordinates that stay in
     the mask. At step 0 none stays (every momentum is 0), so it does not clip where the
-    recovered-gradient norm does; the runs differ; a bad value is refused naming clip_norm."""
+    recovered-gradient norm does; the runs differ; a bad value is refused naming clip_norm.
+    clip_norm="local" clips each rank's own gradient: grad_norm and clip_scale are this rank's
+    (its gradients' norm as torch computes it, in double), the runs still identical on every
+    rank."""
     import scape
 
     out = {}
-    for mode in ("recovered", "staying"):
+    for mode in ("recovered", "staying", "local"):
         m = _model(5)
         opt = ScapeAdamS(m.parameters(), comm, lr=0.01, density=0.3, max_grad_norm=1e-3,
                          clip_norm=mode)
-        scales = []
+        scales, norms, local = [], [], []
         for s in range(steps):
             opt.zero_grad()
             _loss(m, s, RANK).backward()
+            local.append(math.sqrt(sum(float((p.grad.double() ** 2).sum())
+                                       for p in m.parameters())))
             opt.step()
             scales.append(opt.clip_scale)
-        out[mode] = {"scales": scales, "hash": _hash(opt.flat_parameters()),
+            norms.append(opt.grad_norm)
+        out[mode] = {"scales": scales, "norms": norms, "local": local,
+                     "hash": _hash(opt.flat_parameters()),
                      "group": opt.param_groups[0]["clip_norm"]}
         opt.destroy()
     try:

@@ -55,7 +55,7 @@ class GlobalClipTest(unittest.TestCase):
                     self.assertIn("param group 1", r["bad"][1])
 
 
-    def test_clip_norm_staying(self):
+    def test_clip_norm_staying_and_local(self):
         res = run_ranks("optim_clip_norm", 2, 4, timeout=180)
         self.assertEqual(len({r["staying"]["hash"] for r in res}), 1, "ranks differ")
         for r in res:
@@ -65,6 +65,16 @@ class GlobalClipTest(unittest.TestCase):
             self.assertNotEqual(r["staying"]["hash"], r["recovered"]["hash"])
             self.assertEqual(r["staying"]["group"], "staying")
             self.assertEqual(r["bad"], "clip_norm")
+        # local: this rank's own norm and factor, identical parameters on every rank
+        self.assertEqual(len({r["local"]["hash"] for r in res}), 1, "ranks differ")
+        self.assertNotEqual(res[0]["local"]["local"], res[1]["local"]["local"])
+        for r in res:
+            loc = r["local"]
+            self.assertEqual(loc["group"], "local")
+            self.assertNotEqual(loc["hash"], r["recovered"]["hash"])
+            for norm, want, scale in zip(loc["norms"], loc["local"], loc["scales"]):
+                self.assertAlmostEqual(norm / want, 1.0, delta=1e-6)
+                self.assertAlmostEqual(scale / min(1.0, 1e-3 / (want + 1e-6)), 1.0, delta=1e-6)
 
 
 class DensityWarmupTest(unittest.TestCase):
