@@ -482,7 +482,9 @@ TEST(OptimNonFiniteOptions, ErrorModeFailsOnEveryRankAndChangesNothing) {
     const std::string msg = scapeGetLastError(c.comm);
     EXPECT_NE(msg.find("rank 1 are not finite"), std::string::npos) << msg;
     EXPECT_NE(msg.find("scapeOptimNonFiniteError"), std::string::npos) << msg;
-    if (c.rank == 1) EXPECT_NE(msg.find("grads[2345] = nan"), std::string::npos) << msg;
+    if (c.rank == 1) {
+      EXPECT_NE(msg.find("grads[2345] = nan"), std::string::npos) << msg;
+    }
     EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
     EXPECT_TRUE(Checkpoint(opt, c.comm) == before);
     scapeOptimInfo_t info;
@@ -516,14 +518,18 @@ TEST(OptimNonFiniteOptions, RanksWithDifferentHyperparametersAreRefused) {
     std::vector<float> theta = Steps(opt, c.comm, c.rank, 0, 2, Theta(n));
     const std::vector<uint8_t> before = Checkpoint(opt, c.comm);
     const std::vector<float> thetaBefore = theta;
-    if (c.rank == 1) EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.8f), c.comm);
+    if (c.rank == 1) {
+      EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.8f), c.comm);
+    }
     std::vector<float> g = Grads(77, c.rank, 2, n);
     EXPECT_EQ(scapeOptimStep(opt, theta.data(), g.data(), n), scapeInvalidUsage);
     EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("per-step hyperparameters"),
               std::string::npos)
         << scapeGetLastError(c.comm);
     EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
-    if (c.rank == 1) EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.9f), c.comm);
+    if (c.rank == 1) {
+      EXPECT_SCAPE_OK(scapeOptimSetBeta1(opt, 0.9f), c.comm);
+    }
     EXPECT_TRUE(Checkpoint(opt, c.comm) == before);  // (it holds the hyperparameters)
     theta = Steps(opt, c.comm, c.rank, 2, 2, theta);
     EXPECT_TRUE(SameOnAllRanks(c, theta));

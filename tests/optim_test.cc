@@ -692,7 +692,9 @@ TEST(Optim, CorruptCheckpointsAreRefused) {
     scapeOptim_t o = nullptr;
     EXPECT_SCAPE_OK(scapeOptimCreate(&o, &cfgO, c.comm), c.comm);
     std::vector<uint8_t> otherLayout = o ? Save(o, c.comm) : std::vector<uint8_t>();
-    if (o) EXPECT_SCAPE_OK(scapeOptimDestroy(o), c.comm);
+    if (o) {
+      EXPECT_SCAPE_OK(scapeOptimDestroy(o), c.comm);
+    }
     // The other rank's checkpoint, through a file.
     {
       FILE* f = std::fopen((dir + "/r" + std::to_string(c.rank)).c_str(), "wb");

@@ -175,8 +175,12 @@ void TwentySteps(int P, int payload) {
         EXPECT_EQ(a.payloadBytes, b.payloadBytes);
         EXPECT_EQ(a.denseBytes, b.denseBytes);
         EXPECT_EQ(a.maskBytes, b.maskBytes);
-        if (clip > 0 || own == scapeOptimReplicated) EXPECT_EQ(a.controlBytes, b.controlBytes);
-        if (P > 1 && own == scapeOptimSharded) EXPECT_GT(a.payloadBytes, 0u);
+        if (clip > 0 || own == scapeOptimReplicated) {
+          EXPECT_EQ(a.controlBytes, b.controlBytes);
+        }
+        if (P > 1 && own == scapeOptimSharded) {
+          EXPECT_GT(a.payloadBytes, 0u);
+        }
         if (clip > 0) {
           // The norm and the clip scale are reported as the host step reports them.
           EXPECT_EQ(a.gradNorm, b.gradNorm);
@@ -578,7 +582,9 @@ TEST_P(DeviceOptim, NonFiniteGradientsSkipTheStepOnEveryRank) {
     const std::string msg = scapeGetLastError(ctx.comm);
     EXPECT_NE(msg.find("rank " + std::to_string(P - 1) + " are not finite"), std::string::npos)
         << msg;
-    if (ctx.rank == P - 1) EXPECT_NE(msg.find("found on the device"), std::string::npos) << msg;
+    if (ctx.rank == P - 1) {
+      EXPECT_NE(msg.find("found on the device"), std::string::npos) << msg;
+    }
     EXPECT_EQ(Save(p.dev, ctx.comm), before);
     // The host optimizer gets the same call (it fails the same way), then both go on.
     EXPECT_EQ(scapeOptimStep(p.host, p.hp.data(), g.data(), p.n), scapeInvalidArgument);
