@@ -305,19 +305,57 @@ def options_table(rows: List[Dict[str, Any]], best: Dict) -> str:
     for tpp in tpps:
         for g in sorted({r["group"] for r in rows if r["tokens_per_param"] == tpp and
                          r["size"] == size}):
-            base = next((b for b in ("scape-0.01", "scape-0.1") if g.startswith(b + "-")), None)
-            if not base:
-                continue
-            lr, note = lr_of(rows, best, size, tpp, g)
-            blr, _ = lr_of(rows, best, size, tpp, base)
-            bs = {r["seed"]: r["final_val_loss"] for r in at_lr(rows, size, tpp, base, blr)}
-            d = [(r["seed"], r["final_val_loss"] - bs[r["seed"]])
-                 for r in sorted(at_lr(rows, size, tpp, g, lr), key=lambda r: r["seed"])
-                 if r["seed"] in bs]
+            lr, note, base, d = option_diffs(rows, best, size, tpp, g)
             if d:
                 lines.append(f"| {g[len(base) + 1:]} | {base[6:]} | {lr:g}{note} | {len(d)} | "
                              f"{np.mean([x for _, x in d]):+.3f} | "
                              + ", ".join(f"s{k}: {x:+.3f}" for k, x in d) + " |")
+    return "\n".join(lines)
+
+
+def option_diffs(rows: List[Dict[str, Any]], best: Dict, size: str, tpp: float,
+                 g: str) -> Tuple[Optional[float], str, str, List[Tuple[int, float]]]:
+    """(lr, its note, the method, [(seed, option - method on that seed)]) of option g at one
+    point, against its method at the method's reported lr."""
+    base = next((b for b in ("scape-0.01", "scape-0.1") if g.startswith(b + "-")), "")
+    if not base:
+        return None, "", "", []
+    lr, note = lr_of(rows, best, size, tpp, g)
+    blr, _ = lr_of(rows, best, size, tpp, base)
+    bs = {r["seed"]: r["final_val_loss"] for r in at_lr(rows, size, tpp, base, blr)}
+    d = [(r["seed"], r["final_val_loss"] - bs[r["seed"]])
+         for r in sorted(at_lr(rows, size, tpp, g, lr), key=lambda r: r["seed"])
+         if r["seed"] in bs]
+    return lr, note, base, d
+
+
+def kept_table(rows: List[Dict[str, Any]], best: Dict) -> str:
+    """The options run at more than one point (the ones the screen kept, through both axes):
+    at every point, against their method on the same seeds, and the gap to dense AdamS."""
+    pts: Dict[str, set] = defaultdict(set)
+    for r in rows:
+        if r.get("stage") == "variant":
+            pts[r["group"]].add((r["size"], r["tokens_per_param"]))
+    kept = sorted(g for g, p in pts.items() if len(p) > 1)
+    if not kept:
+        return "(no option has run beyond the screen)"
+    lines = ["| option | size | tokens/param | seeds | final val loss (mean) | vs its method, same "
+             "seeds (nats) | per seed | gap to dense AdamS |", "|---|---|---|---|---|---|---|---|"]
+    order = {s: i for i, s in enumerate(sorted({r["size"] for r in rows},
+                                               key=lambda s: next(r["params"] for r in rows
+                                                                  if r["size"] == s)))}
+    for g in kept:
+        for size, tpp in sorted(pts[g], key=lambda p: (order[p[0]], p[1])):
+            lr, _, base, d = option_diffs(rows, best, size, tpp, g)
+            mine = [r["final_val_loss"] for r in at_lr(rows, size, tpp, g, lr)]
+            dlr, _ = lr_of(rows, best, size, tpp, "adams")
+            dense = [r["final_val_loss"] for r in at_lr(rows, size, tpp, "adams", dlr)]
+            label = next(r["size_label"] for r in rows if r["size"] == size)
+            gap = (f"{100 * (np.mean(mine) / np.mean(dense) - 1):+.1f}%" if dense and mine
+                   else "n/a")
+            lines.append(f"| {g} | {label} | {tpp:.3g} | {len(mine)} | {np.mean(mine):.3f} | "
+                         + (f"{np.mean([x for _, x in d]):+.3f}" if d else "n/a") + " | "
+                         + ", ".join(f"s{k}: {x:+.3f}" for k, x in d) + f" | {gap} |")
     return "\n".join(lines)
 
 
@@ -346,14 +384,17 @@ def lrcheck_table(rows: List[Dict[str, Any]], best: Dict) -> str:
 
 
 def peers_table(rows: List[Dict[str, Any]], best: Dict) -> str:
-    """The peers at 20 tokens per parameter (main size), seed by seed against the SCAPE
-    density whose steady-state bytes they were matched to (PowerSGD-EF) or sit beside (top-k
-    + EF): final loss, steady-state and warm-up bytes per step."""
-    size = main_size(rows)
+    """The peers at 20 tokens per parameter (every size where they ran), seed by seed against
+    the SCAPE density whose steady-state bytes they were matched to (PowerSGD-EF) or sit beside
+    (top-k + EF): final loss, steady-state and warm-up bytes per step."""
     tpps = [t for t in {r["tokens_per_param"] for r in rows} if round(t) == 20]
-    lines = ["| peer | seeds | final val loss (mean, per seed) | its SCAPE, same seeds | steady "
-             "bytes/step (target) | SCAPE's steady bytes/step |", "|---|---|---|---|---|---|"]
-    for tpp in tpps:
+    lines = ["| size | peer | seeds | final val loss (mean, per seed) | its SCAPE, same seeds | "
+             "steady bytes/step (target) | SCAPE's steady bytes/step |",
+             "|---|---|---|---|---|---|---|"]
+    sizes = sorted({r["size"] for r in rows if r.get("stage") == "peer"},
+                   key=lambda s: next(r["params"] for r in rows if r["size"] == s))
+    for size, tpp in [(s, t) for s in sizes for t in tpps]:
+        label = next(r["size_label"] for r in rows if r["size"] == size)
         for g in sorted({r["group"] for r in rows if r["tokens_per_param"] == tpp and
                          r["size"] == size and r.get("stage") == "peer"}):
             rs = sorted([r for r in rows if r["tokens_per_param"] == tpp and r["size"] == size
@@ -370,7 +411,8 @@ def peers_table(rows: List[Dict[str, Any]], best: Dict) -> str:
             sb = [r["bytes_per_step_steady"] for r in ss.values() if "bytes_per_step_steady" in r]
             s_steady = float(np.mean(sb)) if sb else float("nan")
             lines.append(
-                f"| {g}{rank} | {len(rs)} | {np.mean([r['final_val_loss'] for r in rs]):.3f} ("
+                f"| {label} | {g}{rank} | {len(rs)} | "
+                f"{np.mean([r['final_val_loss'] for r in rs]):.3f} ("
                 + ", ".join(f"s{r['seed']}: {r['final_val_loss']:.3f}" for r in rs) + ") | "
                 + (f"{np.mean([ss[r['seed']]['final_val_loss'] for r in mine]):.3f} ("
                    + ", ".join(f"s{r['seed']}: {ss[r['seed']]['final_val_loss']:.3f}"
@@ -396,6 +438,8 @@ def report(out: str, plot_dir: Optional[str] = None) -> str:
         "gap to dense AdamS and the dense-step equivalent):", length_table(rows, best, base),
         "The options at 20 tokens per parameter against their method on the same seeds:",
         options_table(rows, best),
+        "The options the screen kept, through the axes (against their method on the same "
+        "seeds, and their gap to dense AdamS):", kept_table(rows, best),
         "The peers at 20 tokens per parameter, seed by seed beside SCAPE at that density:",
         peers_table(rows, best),
         "The lr re-check at the length axis's ends (seed 1; * the lr the tables use):",

@@ -211,6 +211,10 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                 options="max_grad_norm=0,local_clip=1"),
     "scape-0.01-localclip": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                  options="max_grad_norm=0,local_clip=1"),
+    # ... and the same through the library's own option (clip_norm="local", no torch clip): a
+    # check that the library gives what the screen measured (--only, seed 1)
+    "scape-0.1-clip-local": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                                 options="clip_norm=local"),
     "scape-0.1-artifact-localclip": dict(opt="scape", density=0.1, lr_from="scape-0.1",
                                          options="bias_correction=artifact,max_grad_norm=0,"
                                                  "local_clip=1"),
