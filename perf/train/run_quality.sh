@@ -7,15 +7,20 @@
 #            screen of the options (clip_norm=staying, bias_correction=artifact, segment_rms,
 #            stacked; no clipping, local clipping, max_grad_norm 0.5 / 0.25; 2 seeds)
 #   q-lenT   0.12M at T = 2, 5, 10, 40 tokens per parameter, dense AdamS and SCAPE 0.1 / 0.01 at
-#            q20's lr, 3 seeds, seed-major (the options the screen keeps are added to these plans
-#            after it); at T = 2 and 40 also q20's lr re-checked (half and twice it, seed 1)
+#            q20's lr, 3 seeds, seed-major, then the options the screen kept (scaling.py KEPT_Q:
+#            bias_correction=artifact, local clipping and their stack at 0.1), 3 seeds; at T = 2
+#            and 40 also q20's lr re-checked (half and twice it, seed 1)
 #   q-size   0.02M, 0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same (seed-major, so
-#            that a study cut short in 0.37M has every method's first seeds)
-# Cost, from the first q20 runs (115-160 CPU-s per 0.12M run of 2356 steps, 4 ranks): q20 about
-# 2.2 CPU-hours (56 runs), the length axis 1.1 (with the re-check), the size axis 3.0 (0.37M:
-# 7159 steps of about 2.5x the work): about 6.3 CPU-hours, 3.2 wall-hours on 2 idle cores;
-# more on a shared machine. Over the 6-hour budget by the lr re-check: cut sizes, never seeds
-# (`PLANS="q20 q-len2 q-len5 q-len10 q-len40"`, then `scaling.py --plan q-size --sizes ...`).
+#            that a study cut short in 0.37M has every method's first seeds), and PowerSGD-EF
+#            at each size's SCAPE steady-state bytes (3 seeds)
+# Cost, measured (cpu_seconds_all_ranks in runs.jsonl, 4 ranks on 2 cores; per run: 0.12M at
+# 2 / 5 / 10 / 20 / 40 tokens per parameter 21 / 47 / 105 / 163 / 266 CPU-s, 0.02M / 0.036M /
+# 0.07M / 0.37M at 20: 18 / 33 / 75 / 811): q20 with its screen about 3.5 CPU-hours, the axes'
+# dense AdamS and SCAPE 3.8 (2.0 of it the 0.37M size), the kept options through the axes 3.4
+# and PowerSGD through the size axis 1.6: about 12 CPU-hours in all, twice the 6-hour budget
+# since the screen kept options. Within 6: cut the 0.37M size, never seeds
+# (`PLANS="q20 q-len2 q-len5 q-len10 q-len40"`, then
+# `scaling.py --plan q-size --sizes d24L2 d32L2 d48L2`: about 6.3 CPU-hours).
 # Every run is one line of OUT/runs.jsonl; a rerun skips what is there, so the same command
 # continues an interrupted study. 4 local ranks, one thread each; the same tokens per step
 # (4 sequences of 64 per rank) at every point. Then perf/train/quality_summary.py prints the
