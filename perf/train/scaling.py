@@ -109,6 +109,8 @@ class Plan:
     # issue 30: the axes' lr re-check: seed 1 of every swept method at its sweep plan's lr times
     # each of these factors (stage "lrcheck"; the tables stay at the sweep plan's lr)
     lr_check: List[float] = field(default_factory=list)
+    # seeds of the re-check (1: the plan's; --lrcheck-seeds 3 confirms a moved lr on 3 seeds)
+    lr_check_seeds: int = 1
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
@@ -454,9 +456,10 @@ class Schedule:
                     out.append(mk(g, s, best[g], "seed"))
         # after every seed: the lr re-check of the axes (seed 1 at the sweep plan's lr x factor)
         for f in (self.plan.lr_check if self.plan.lr_plan else []):
-            for g in swept:
-                if best[g] is not None:
-                    out.append(mk(g, 1, best[g] * f, "lrcheck"))
+            for s in seeds[:max(1, self.plan.lr_check_seeds)]:
+                for g in swept:
+                    if best[g] is not None:
+                        out.append(mk(g, s, best[g] * f, "lrcheck"))
         shapes = param_shapes(size, self.plan.context)
         for g in (PEERS if self.plan.peers is None else self.plan.peers):
             c = CONFIGS[g]
@@ -536,6 +539,10 @@ class Study:
             self.plan.sizes = list(args.sizes)
         if args.seeds:
             self.plan.seeds = args.seeds
+        if args.lrcheck_seeds:
+            self.plan.lr_check_seeds = args.lrcheck_seeds
+        if args.lrcheck_factors is not None:
+            self.plan.lr_check = args.lrcheck_factors
         if args.tokens_per_param:
             self.plan.tokens_per_param = args.tokens_per_param
         if args.steps:
@@ -860,6 +867,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "out-scaling"))
     ap.add_argument("--sizes", nargs="*", choices=sorted(SIZES), help="sizes of the plan to run")
     ap.add_argument("--seeds", type=int, default=0)
+    ap.add_argument("--lrcheck-seeds", type=int, default=0,
+                    help="seeds of the axes' lr re-check (default 1); with --only and "
+                         "--lrcheck-factors, the 3 seeds of a moved lr")
+    ap.add_argument("--lrcheck-factors", type=float, nargs="*", default=None,
+                    help="the re-check's factors of the reported lr (default the plan's)")
     ap.add_argument("--tokens-per-param", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=0, help="fixed steps (timing runs)")
     ap.add_argument("--lr", type=float, default=0.0, help="one lr for every sweep (timing runs)")
