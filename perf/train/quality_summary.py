@@ -184,12 +184,15 @@ def gap_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float])
 AXIS_METHODS = ["scape-0.1", "scape-0.01"]
 
 
-def axes(rows: List[Dict[str, Any]], best: Dict) -> Dict[str, List[Tuple[float, str, float, float,
-                                                                          int]]]:
+AxisPoint = Tuple[float, str, float, float, int, float, float]
+
+
+def axes(rows: List[Dict[str, Any]], best: Dict) -> Dict[str, List[AxisPoint]]:
     """The gap of each SCAPE density (and of every option run on an axis) to dense AdamS, per
-    (size, tokens/param): {method: [(x, size, tokens/param, gap %, seeds)]}, x being tokens per
-    parameter (the length axis, one size) or parameters (the size axis)."""
-    out: Dict[str, List[Tuple[float, str, float, float, int]]] = defaultdict(list)
+    (size, tokens/param): {method: [(x, size, tokens/param, gap %, seeds, lowest seed's gap %,
+    highest seed's gap %)]}, x being tokens per parameter (the length axis, one size) or
+    parameters (the size axis); a seed's gap is to dense AdamS's mean."""
+    out: Dict[str, List[AxisPoint]] = defaultdict(list)
     points = sorted({(r["size"], r["tokens_per_param"]) for r in rows})
     for size, tpp in points:
         dlr, _ = lr_of(rows, best, size, tpp, "adams")
@@ -201,8 +204,10 @@ def axes(rows: List[Dict[str, Any]], best: Dict) -> Dict[str, List[Tuple[float, 
                          r["tokens_per_param"] == tpp and r["group"].startswith("scape-")}):
             lr, _ = lr_of(rows, best, size, tpp, g)
             rs = at_lr(rows, size, tpp, g, lr)
-            v = float(np.mean([r["final_val_loss"] for r in rs]))
-            out[g].append((float(rs[0]["params"]), size, tpp, 100 * (v - dv) / dv, len(rs)))
+            ls = [r["final_val_loss"] for r in rs]
+            v = float(np.mean(ls))
+            out[g].append((float(rs[0]["params"]), size, tpp, 100 * (v - dv) / dv, len(rs),
+                           100 * (min(ls) - dv) / dv, 100 * (max(ls) - dv) / dv))
     return out
 
 
@@ -245,11 +250,15 @@ def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str])
             import matplotlib.pyplot as plt
             fig, ax = plt.subplots(figsize=(6, 4))
             for g, v in series.items():
-                ax.plot([p[xkey] for p in v], [p[3] for p in v], marker="o", label=g)
+                # the seeds' range as error bars; the options dashed beside their method
+                ax.errorbar([p[xkey] for p in v], [p[3] for p in v],
+                            yerr=[[p[3] - p[5] for p in v], [p[6] - p[3] for p in v]],
+                            marker="o", capsize=3, label=g,
+                            linestyle="-" if g in AXIS_METHODS else "--")
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xscale("log")
             ax.set_xlabel(xlabel)
-            ax.set_ylabel("final val loss gap to dense AdamS (%)")
+            ax.set_ylabel("final val loss gap to dense AdamS (%)\n(mean of seeds; bars: their range)")
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
             fig.tight_layout()
