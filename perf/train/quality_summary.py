@@ -376,7 +376,8 @@ def lrcheck_table(rows: List[Dict[str, Any]], best: Dict) -> str:
     if not pts:
         return "(no lr re-check has run)"
     lines = ["| size | tokens/param | method | lr: final val loss (seed 1) | reported lr still "
-             "best |", "|---|---|---|---|---|"]
+             "best | on more seeds (mean, vs the reported lr on the same seeds) |",
+             "|---|---|---|---|---|---|"]
     for size, tpp, g in pts:
         lr, _ = lr_of(rows, best, size, tpp, g)
         got = {r["lr"]: r["final_val_loss"] for r in rows if r["size"] == size and
@@ -386,9 +387,24 @@ def lrcheck_table(rows: List[Dict[str, Any]], best: Dict) -> str:
         b = min(got, key=lambda x: (got[x], x))
         verdict = "yes" if b == lr else f"no: {b:g} is {got[lr] - got[b]:.3f} nats lower"
         label = next(r["size_label"] for r in rows if r["size"] == size)
+        # a moved lr confirmed on more seeds (scaling.py --lrcheck-seeds)
+        per: Dict[float, Dict[int, float]] = defaultdict(dict)
+        for r in rows:
+            if r["size"] == size and r["tokens_per_param"] == tpp and r["group"] == g:
+                per[r["lr"]][r["seed"]] = r["final_val_loss"]
+        more = []
+        for x in sorted(per):
+            if x == lr or len(per[x]) < 2:
+                continue
+            common = sorted(set(per[x]) & set(per.get(lr, {})))
+            if common:
+                d = [per[x][k] - per[lr][k] for k in common]
+                more.append(f"{x:g}: {np.mean([per[x][k] for k in common]):.3f} over seeds "
+                            + ", ".join(str(k) for k in common)
+                            + f" ({np.mean(d):+.3f}: " + ", ".join(f"{v:+.3f}" for v in d) + ")")
         lines.append(f"| {label} | {tpp:.3g} | {g} | " +
                      ", ".join(f"{x:g}{'*' if x == lr else ''}: {got[x]:.3f}" for x in sorted(got))
-                     + f" | {verdict} |")
+                     + f" | {verdict} | {'; '.join(more)} |")
     return "\n".join(lines)
 
 

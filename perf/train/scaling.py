@@ -124,7 +124,11 @@ VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "sc
               # issue 33: the payload type at density 0.01 (fp32 is scape-0.01 itself)
               "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2",
               # the stack of the two options that the screen's first round kept at 0.1
-              "scape-0.1-artifact-localclip"]
+              "scape-0.1-artifact-localclip",
+              # local clipping through the library's own clip_norm="local" (issue 30, 3a)
+              "scape-0.1-clip-local",
+              # the noise floor of a same-seed comparison: SCAPE 0.1 at its lr x (1 + 1e-6)
+              "scape-0.1-lr+1e-6"]
 # the options the q20 screen kept (each lower than its method on every seed, at 0.1 only: at
 # 0.01 none was), run through both axes; their stack first, so a study cut short has it
 KEPT_Q = ["scape-0.1-artifact-localclip", "scape-0.1-artifact", "scape-0.1-localclip"]
@@ -217,6 +221,10 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
     # check that the library gives what the screen measured (--only, seed 1)
     "scape-0.1-clip-local": dict(opt="scape", density=0.1, lr_from="scape-0.1",
                                  options="clip_norm=local"),
+    # the default with its lr changed in the 7th digit: whatever differs from scape-0.1 on the
+    # same seed is how far last-bit differences carry (an option's same-seed difference is
+    # only news beyond it)
+    "scape-0.1-lr+1e-6": dict(opt="scape", density=0.1, lr_from="scape-0.1", lr_scale=1.000001),
     "scape-0.1-artifact-localclip": dict(opt="scape", density=0.1, lr_from="scape-0.1",
                                          options="bias_correction=artifact,max_grad_norm=0,"
                                                  "local_clip=1"),
@@ -484,7 +492,7 @@ class Schedule:
             c = CONFIGS[g]
             lr = best[c["lr_from"]]
             if lr is not None:
-                lr *= self.plan.variant_lr_scale
+                lr *= self.plan.variant_lr_scale * c.get("lr_scale", 1.0)
             if not self.variant:
                 waiting.append(f"{g}: the library has no ScapeAdamS(entering=...) yet")
                 continue
