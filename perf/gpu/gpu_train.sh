@@ -48,7 +48,7 @@
 # METHODS ("adams scape-0.1 scape-0.01", gpu_train.py's configurations: an option is a suffix,
 # scape-0.1-artifact is SCAPE 0.1 with bias_correction="artifact"; default the paper's),
 # LR_ADAMS (0.001), LR_SCAPE (0.002), EVALS (8 a run; the dry run 4), BUDGET_S (460 s,
-# everything; the dry run 60), RANKS.
+# everything; the dry run 240), RANKS.
 # Outputs of length (at most 8 files in $OUT): gpu_length.md, length_gap.png, length_runs.jsonl,
 # length_plan.json, meta.json, gpu_length.log.
 set -uo pipefail
@@ -525,7 +525,10 @@ length_dry_run() {
   length_outputs
   work=$(mktemp -d /tmp/gpu_length_dry.XXXXXX)
   ranks=${RANKS:-2}
-  budget=${BUDGET_S:-60}
+  # 240 s: the planner runs 0.1 and 0.2 tokens per parameter (about 30 s on an idle 2-core VM)
+  # and skips 1000 whatever the budget; the margin is for a loaded machine (6x slower steps
+  # left nothing inside 60 s and failed the check)
+  budget=${BUDGET_S:-240}
   failed=() not_run=() vialog=()
   dry_flag=--dry-run
   length_default="0.1 0.2 1000"
