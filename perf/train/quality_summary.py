@@ -277,31 +277,56 @@ def main_size(rows: List[Dict[str, Any]]) -> str:
     return max(n, key=lambda k: n[k])
 
 
+def point_cells(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float], size: str,
+                tpp: float) -> Optional[List[str]]:
+    """dense AdamS, SCAPE 0.1 and SCAPE 0.01 at one point: mean ± half the seeds' range
+    (seeds), the gap and the dense-step equivalent (None when dense AdamS has not run)."""
+    dlr, _ = lr_of(rows, best, size, tpp, "adams")
+    drs = at_lr(rows, size, tpp, "adams", dlr)
+    if not drs:
+        return None
+    dv = np.array([r["final_val_loss"] for r in drs])
+    ref = min(drs, key=lambda r: r["seed"])
+    cells = [f"{dv.mean():.3f} ± {(dv.max() - dv.min()) / 2:.3f} ({len(dv)})"
+             f"{flag(float(dv.mean()), base_ce)}"]
+    for g in ("scape-0.1", "scape-0.01"):
+        lr, _ = lr_of(rows, best, size, tpp, g)
+        v = np.array([r["final_val_loss"] for r in at_lr(rows, size, tpp, g, lr)])
+        if not len(v):
+            cells.append("")
+            continue
+        _, txt = dense_steps_to(ref["curve"], float(v.mean()))
+        cells.append(f"{v.mean():.3f} ± {(v.max() - v.min()) / 2:.3f} ({len(v)})"
+                     f"{flag(float(v.mean()), base_ce)}: "
+                     f"{100 * (v.mean() - dv.mean()) / dv.mean():+.1f}%, = step {txt}")
+    return cells
+
+
 def length_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
     """Per training length at the main size: dense AdamS and SCAPE 0.1 / 0.01, mean ± half the
     seeds' range (seeds), the gap and the dense-step equivalent."""
     size = main_size(rows)
     lines = ["| tokens/param (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
     for tpp in sorted({r["tokens_per_param"] for r in rows if r["size"] == size}):
-        dlr, _ = lr_of(rows, best, size, tpp, "adams")
-        drs = at_lr(rows, size, tpp, "adams", dlr)
-        if not drs:
-            continue
-        dv = np.array([r["final_val_loss"] for r in drs])
-        ref = min(drs, key=lambda r: r["seed"])
-        cells = [f"{tpp:.3g} ({drs[0]['steps']})",
-                 f"{dv.mean():.3f} ± {(dv.max() - dv.min()) / 2:.3f} ({len(dv)})"]
-        for g in ("scape-0.1", "scape-0.01"):
-            lr, _ = lr_of(rows, best, size, tpp, g)
-            v = np.array([r["final_val_loss"] for r in at_lr(rows, size, tpp, g, lr)])
-            if not len(v):
-                cells.append("")
-                continue
-            _, txt = dense_steps_to(ref["curve"], float(v.mean()))
-            cells.append(f"{v.mean():.3f} ± {(v.max() - v.min()) / 2:.3f} ({len(v)})"
-                         f"{flag(float(v.mean()), base_ce)}: "
-                         f"{100 * (v.mean() - dv.mean()) / dv.mean():+.1f}%, = step {txt}")
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = point_cells(rows, best, base_ce, size, tpp)
+        if cells:
+            steps = next(r["steps"] for r in rows if r["size"] == size and
+                         r["tokens_per_param"] == tpp)
+            lines.append(f"| {tpp:.3g} ({steps}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def size_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
+    """The same per model size at 20 tokens per parameter."""
+    lines = ["| params (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
+    pts = sorted({(r["params"], r["size"], r["tokens_per_param"]) for r in rows
+                  if round(r["tokens_per_param"]) == 20})
+    for n, size, tpp in pts:
+        cells = point_cells(rows, best, base_ce, size, tpp)
+        if cells:
+            steps = next(r["steps"] for r in rows if r["size"] == size and
+                         r["tokens_per_param"] == tpp)
+            lines.append(f"| {n / 1e6:.3f}M ({steps}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -461,6 +486,8 @@ def report(out: str, plot_dir: Optional[str] = None) -> str:
         axis_tables(rows, best, plot_dir),
         "Per training length (final validation loss, mean ± half the seeds' range (seeds), the "
         "gap to dense AdamS and the dense-step equivalent):", length_table(rows, best, base),
+        "Per model size at 20 tokens per parameter (the same columns):",
+        size_table(rows, best, base),
         "The options at 20 tokens per parameter against their method on the same seeds:",
         options_table(rows, best),
         "The options the screen kept, through the axes (against their method on the same "
