@@ -302,32 +302,34 @@ def point_cells(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float
     return cells
 
 
+def points_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float],
+                 head: str, points: List[Tuple[str, str, float]]) -> str:
+    """One row per (label, size, tokens/param) point: point_cells, after the label and steps."""
+    lines = [f"| {head} (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
+    for label, size, tpp in points:
+        cells = point_cells(rows, best, base_ce, size, tpp)
+        if cells:
+            steps = next(r["steps"] for r in rows if r["size"] == size and
+                         r["tokens_per_param"] == tpp)
+            lines.append(f"| {label} ({steps}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def length_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
     """Per training length at the main size: dense AdamS and SCAPE 0.1 / 0.01, mean ± half the
     seeds' range (seeds), the gap and the dense-step equivalent."""
     size = main_size(rows)
-    lines = ["| tokens/param (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
-    for tpp in sorted({r["tokens_per_param"] for r in rows if r["size"] == size}):
-        cells = point_cells(rows, best, base_ce, size, tpp)
-        if cells:
-            steps = next(r["steps"] for r in rows if r["size"] == size and
-                         r["tokens_per_param"] == tpp)
-            lines.append(f"| {tpp:.3g} ({steps}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return points_table(rows, best, base_ce, "tokens/param",
+                        [(f"{t:.3g}", size, t) for t in
+                         sorted({r["tokens_per_param"] for r in rows if r["size"] == size})])
 
 
 def size_table(rows: List[Dict[str, Any]], best: Dict, base_ce: Dict[str, float]) -> str:
     """The same per model size at 20 tokens per parameter."""
-    lines = ["| params (steps) | dense AdamS | SCAPE 0.1 | SCAPE 0.01 |", "|---|---|---|---|"]
     pts = sorted({(r["params"], r["size"], r["tokens_per_param"]) for r in rows
                   if round(r["tokens_per_param"]) == 20})
-    for n, size, tpp in pts:
-        cells = point_cells(rows, best, base_ce, size, tpp)
-        if cells:
-            steps = next(r["steps"] for r in rows if r["size"] == size and
-                         r["tokens_per_param"] == tpp)
-            lines.append(f"| {n / 1e6:.3f}M ({steps}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return points_table(rows, best, base_ce, "params",
+                        [(f"{n / 1e6:.3f}M", size, t) for n, size, t in pts])
 
 
 def options_table(rows: List[Dict[str, Any]], best: Dict) -> str:
