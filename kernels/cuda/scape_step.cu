@@ -544,13 +544,27 @@ size_t SqNormTempBytes(uint64_t k, size_t* a_bytes) {
   return *a_bytes + dev::AlignUp(l2 * sizeof(double)) + 256;
 }
 
-// The blocked sum of k > 0 level-0 values: level0(grid, threads, dst) launches the level-0
-// kernel into dst (d_out when it is the last level), then the higher levels run into d_out.
+// The blocked sum of k level-0 values, with the temp-storage protocol of the *Cuda calls: no
+// d_temp: *temp_bytes is set and nothing runs; too little: kBufferTooSmall; args false (the
+// caller's argument checks): kInvalidArgument; k == 0: *d_out = 0. Else level0(grid, threads,
+// dst) launches the level-0 kernel into dst (d_out when it is the last level), then the higher
+// levels run into d_out.
 template <typename Level0>
-KernelStatus SqNormLevels(uint64_t k, double* d_out, void* d_temp, cudaStream_t stream,
-                          Level0 level0) {
+KernelStatus SqNormLevels(uint64_t k, double* d_out, void* d_temp, size_t* temp_bytes, bool args,
+                          cudaStream_t stream, Level0 level0) {
+  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
   size_t a_bytes = 0;
-  SqNormTempBytes(k, &a_bytes);
+  const size_t need = SqNormTempBytes(k, &a_bytes);
+  if (d_temp == nullptr) {
+    *temp_bytes = need;
+    return KernelStatus::kOk;
+  }
+  if (*temp_bytes < need) return KernelStatus::kBufferTooSmall;
+  if (!args) return KernelStatus::kInvalidArgument;
+  if (k == 0) {
+    SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
+    return KernelStatus::kOk;
+  }
   const uint64_t l1 = (k + kSqNormBlock - 1) / kSqNormBlock;
   double* bufs[2] = {static_cast<double*>(d_temp),
                      reinterpret_cast<double*>(static_cast<char*>(d_temp) + a_bytes)};
@@ -576,57 +590,30 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
                         size_t* temp_bytes, cudaStream_t stream) {
   const int kind = dev::PayloadKind(type);
   if (kind < 0) return KernelStatus::kUnsupported;
-  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
-  size_t a_bytes = 0;
-  const size_t need = SqNormTempBytes(k, &a_bytes);
-  if (d_temp == nullptr) {
-    *temp_bytes = need;
-    return KernelStatus::kOk;
-  }
-  if (*temp_bytes < need) return KernelStatus::kBufferTooSmall;
-  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
-  if (d_out == nullptr || k > n) return KernelStatus::kInvalidArgument;
-  if (k > 0 && (payload == nullptr || mask == nullptr || m == nullptr)) {
-    return KernelStatus::kInvalidArgument;
-  }
-  if (k == 0) {
-    SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
-    return KernelStatus::kOk;
-  }
+  const bool args = beta1 >= 0.0f && beta1 < 1.0f && d_out != nullptr && k <= n &&
+                    (k == 0 || (payload != nullptr && mask != nullptr && m != nullptr));
   const float omb1 = 1.0f - beta1;
-  return SqNormLevels(k, d_out, d_temp, stream, [&](unsigned grid, unsigned threads, double* dst) {
-    dev::VisitKind(kind, [&](auto t) {
-      SqNormLevel0<Index, decltype(t)::value>
-          <<<grid, threads, 0, stream>>>(payload, mask, k, m, n, beta1, omb1, dst);
-    });
-  });
+  return SqNormLevels(k, d_out, d_temp, temp_bytes, args, stream,
+                      [&](unsigned grid, unsigned threads, double* dst) {
+                        dev::VisitKind(kind, [&](auto t) {
+                          SqNormLevel0<Index, decltype(t)::value><<<grid, threads, 0, stream>>>(
+                              payload, mask, k, m, n, beta1, omb1, dst);
+                        });
+                      });
 }
 
 // GradSqNormCuda: the same blocked order over a rank's own (widened) gradients.
 KernelStatus GradSqNormImpl(const void* g, scapeDataType_t type, size_t n, double* d_out,
                             void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
-  if (type != scapeFloat32 && type != scapeBfloat16 && type != scapeFloat16)
-    return KernelStatus::kUnsupported;
-  const int kind = dev::PayloadKind(type);
+  const int kind = dev::PayloadKind(type);  // fp32, bf16, fp16: the gradient types
   if (kind < 0) return KernelStatus::kUnsupported;
-  if (temp_bytes == nullptr) return KernelStatus::kInvalidArgument;
-  size_t a_bytes = 0;
-  const size_t need = SqNormTempBytes(n, &a_bytes);
-  if (d_temp == nullptr) {
-    *temp_bytes = need;
-    return KernelStatus::kOk;
-  }
-  if (*temp_bytes < need) return KernelStatus::kBufferTooSmall;
-  if (d_out == nullptr || (n > 0 && g == nullptr)) return KernelStatus::kInvalidArgument;
-  if (n == 0) {
-    SCAPE_CUDA_CALL(cudaMemsetAsync(d_out, 0, sizeof(double), stream));
-    return KernelStatus::kOk;
-  }
-  return SqNormLevels(n, d_out, d_temp, stream, [&](unsigned grid, unsigned threads, double* dst) {
-    dev::VisitKind(kind, [&](auto t) {
-      GradSqLevel0<decltype(t)::value><<<grid, threads, 0, stream>>>(g, n, dst);
-    });
-  });
+  const bool args = d_out != nullptr && (n == 0 || g != nullptr);
+  return SqNormLevels(n, d_out, d_temp, temp_bytes, args, stream,
+                      [&](unsigned grid, unsigned threads, double* dst) {
+                        dev::VisitKind(kind, [&](auto t) {
+                          GradSqLevel0<decltype(t)::value><<<grid, threads, 0, stream>>>(g, n, dst);
+                        });
+                      });
 }
 
 }  // namespace

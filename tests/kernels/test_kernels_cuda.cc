@@ -359,7 +359,9 @@ TEST(CudaLocalClip, GradSqNormAndScaledCandidateMatchCpu) {
       double sq_cpu = -1.0;
       ASSERT_EQ(GradSqNorm(gh, gt, n, &sq_cpu), KernelStatus::kOk);
       DevBuf dg(gt == scapeFloat32 ? n * 4 + 4 : n * 2 + 2), dsq(sizeof(double));
-      if (n) CUDA_OK(kc::CopyToDevice(dg.get(), gh, gt == scapeFloat32 ? n * 4 : n * 2));
+      if (n) {
+        CUDA_OK(kc::CopyToDevice(dg.get(), gh, gt == scapeFloat32 ? n * 4 : n * 2));
+      }
       size_t temp_bytes = 0;
       CUDA_OK(
           kc::GradSqNormCuda(dg.get(), gt, n, dsq.get<double>(), nullptr, &temp_bytes, nullptr));
