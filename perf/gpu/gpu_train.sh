@@ -525,7 +525,7 @@ length_dry_run() {
   length_outputs
   work=$(mktemp -d /tmp/gpu_length_dry.XXXXXX)
   ranks=${RANKS:-2}
-  # 240 s: the planner runs 0.1 and 0.2 tokens per parameter (about 30 s on an idle 2-core VM)
+  # 240 s: the planner runs 0.1 and 0.2 tokens per parameter (19 s in a CI run of e4e0e09)
   # and skips 1000 whatever the budget; the margin is for a loaded machine (6x slower steps
   # left nothing inside 60 s and failed the check)
   budget=${BUDGET_S:-240}

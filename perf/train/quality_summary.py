@@ -269,6 +269,11 @@ def axis_tables(rows: List[Dict[str, Any]], best: Dict, plot_dir: Optional[str])
     return "\n\n".join(text)
 
 
+def by_params(rows: List[Dict[str, Any]], sizes) -> List[str]:
+    """The given sizes, smallest model first."""
+    return sorted(set(sizes), key=lambda s: next(r["params"] for r in rows if r["size"] == s))
+
+
 def main_size(rows: List[Dict[str, Any]]) -> str:
     """The size with the most runs (the length axis's)."""
     n: Dict[str, int] = defaultdict(int)
@@ -377,9 +382,7 @@ def kept_table(rows: List[Dict[str, Any]], best: Dict) -> str:
         return "(no option has run beyond the screen)"
     lines = ["| option | size | tokens/param | seeds | final val loss (mean) | vs its method, same "
              "seeds (nats) | per seed | gap to dense AdamS |", "|---|---|---|---|---|---|---|---|"]
-    order = {s: i for i, s in enumerate(sorted({r["size"] for r in rows},
-                                               key=lambda s: next(r["params"] for r in rows
-                                                                  if r["size"] == s)))}
+    order = {s: i for i, s in enumerate(by_params(rows, (r["size"] for r in rows)))}
     for g in kept:
         for size, tpp in sorted(pts[g], key=lambda p: (order[p[0]], p[1])):
             lr, _, base, d = option_diffs(rows, best, size, tpp, g)
@@ -443,8 +446,7 @@ def peers_table(rows: List[Dict[str, Any]], best: Dict) -> str:
     lines = ["| size | peer | seeds | final val loss (mean, per seed) | its SCAPE, same seeds | "
              "steady bytes/step (target) | SCAPE's steady bytes/step |",
              "|---|---|---|---|---|---|---|"]
-    sizes = sorted({r["size"] for r in rows if r.get("stage") == "peer"},
-                   key=lambda s: next(r["params"] for r in rows if r["size"] == s))
+    sizes = by_params(rows, (r["size"] for r in rows if r.get("stage") == "peer"))
     for size, tpp in [(s, t) for s in sizes for t in tpps]:
         label = next(r["size_label"] for r in rows if r["size"] == size)
         for g in sorted({r["group"] for r in rows if r["tokens_per_param"] == tpp and
