@@ -45,7 +45,10 @@ const ParamInfo kParams[] = {
      ParamType::kChoice, 0, 0, "auto,ring,rd"},
     {"SCAPE_RING_THRESHOLD", "65536", "bytes from which `auto` uses the ring", ParamType::kInt, 0,
      INT64_C(1) << 62},
-    {"SCAPE_CHUNK_BYTES", "2097152", "pipeline chunk of the ring and broadcast (4096 .. 1 GiB)",
+    {"SCAPE_CHUNK_BYTES", "2097152",
+     "pipeline chunk of the ring and broadcast (4096 .. 1 GiB). Unset, it is the largest chunk: a "
+     "block smaller than 8 of them is cut into about 8 chunks of at least 256 KiB; set, every "
+     "chunk is this size",
      ParamType::kInt, 4096, INT64_C(1) << 30},
     {"SCAPE_BOOTSTRAP_ADDR", "", "`host:port` of the rendezvous root for `scapeCommInitFromEnv`",
      ParamType::kString, 0, 0, nullptr, "-"},

@@ -53,6 +53,31 @@ TEST(Schedule, ChunksPartitionABlock) {
   EXPECT_EQ(coll::RingChunks(0, 4096, 4), 1u);
 }
 
+// SCAPE_CHUNK_BYTES unset: a block under 8 chunks of the cap is cut into about 8 chunks of at
+// least 256 KiB; large blocks keep the cap; a set value is every chunk's size.
+TEST(Schedule, SizeAwareChunk) {
+  const size_t cap = size_t{2} << 20, floor = size_t{256} << 10;
+  EXPECT_EQ(coll::AutoChunkBytes(0, cap), floor);
+  EXPECT_EQ(coll::AutoChunkBytes(100, cap), floor);
+  EXPECT_EQ(coll::AutoChunkBytes(8 * floor, cap), floor);
+  EXPECT_EQ(coll::AutoChunkBytes(8 * floor + 1, cap), floor + 1);
+  EXPECT_EQ(coll::AutoChunkBytes(8 * cap, cap), cap);
+  EXPECT_EQ(coll::AutoChunkBytes(size_t{1} << 40, cap), cap);
+  EXPECT_EQ(coll::AutoChunkBytes(size_t{1} << 20, 4096), 4096u);  // never above the cap
+  // The cluster run's case: a 3.3 MB fp32 all-reduce on 2 ranks, 1.67 MB blocks: 7 chunks of
+  // at most 256 KiB instead of one of 2 MiB.
+  const size_t block = 834432 / 2 * 4;
+  EXPECT_EQ(coll::RingChunks(block, coll::AutoChunkBytes(block, cap), 2), 7u);
+  EXPECT_EQ(coll::RingChunks(block, cap, 2), 1u);
+  coll::Tuning t;
+  EXPECT_EQ(t.ChunkFor(block), floor);
+  t.chunkSizeAware = false;
+  EXPECT_EQ(t.ChunkFor(block), cap);
+  // Whatever the size, the chunks of a block stay within the tag's step field.
+  for (size_t b : {size_t{0}, size_t{1}, block, size_t{1} << 36})
+    EXPECT_LE(coll::RingChunks(b, coll::AutoChunkBytes(b, cap), 30) * 30, size_t{1} << 16);
+}
+
 // Simulates the ring on block ids: after reduce-scatter rank r must have accumulated block r
 // from every rank exactly once, and after the all-gather every rank holds every block.
 TEST(Schedule, RingReducesEveryBlockOnceAndGathersAll) {

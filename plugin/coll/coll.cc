@@ -148,7 +148,7 @@ class RingOp final : public Op {
     }
     size_t maxBlock = 0;
     for (int b = 0; b < p; ++b) maxBlock = std::max(maxBlock, BlockLen(b));
-    nch_ = RingChunks(maxBlock * esz_, tuning.chunkBytes, steps_);
+    nch_ = RingChunks(maxBlock * esz_, tuning.ChunkFor(maxBlock * esz_), steps_);
     maxChunk_ = maxBlock / nch_ + 1;
   }
 
@@ -388,7 +388,7 @@ class BcastOp final : public Op {
     }
     for (mask >>= 1; mask > 0; mask >>= 1)
       if (vr + mask < p) children_.push_back(Mod(vr + mask + a.root, p));
-    nch_ = RingChunks(a.count * esz_, tuning.chunkBytes, 1);
+    nch_ = RingChunks(a.count * esz_, tuning.ChunkFor(a.count * esz_), 1);
   }
   Status Start(Ctx& ctx) override {
     if (r_ == a_.root && a_.send != a_.recv) std::memcpy(a_.recv, a_.send, a_.count * esz_);

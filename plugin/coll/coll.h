@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "plugin/coll/schedule.h"
 #include "scape/scape.h"
 #include "transport/transport.h"
 
@@ -75,7 +76,12 @@ inline CollArgs AllGatherArgs(const void* send, void* recv, size_t count, scapeD
 struct Tuning {
   size_t ringThresholdBytes = 64 * 1024;
   size_t chunkBytes = 2 * 1024 * 1024;
-  int allreduceAlgo = 0;  // 0 auto, 1 ring, 2 recursive doubling
+  bool chunkSizeAware = true;  // SCAPE_CHUNK_BYTES unset: AutoChunkBytes (schedule.h)
+  int allreduceAlgo = 0;       // 0 auto, 1 ring, 2 recursive doubling
+  // The pipeline chunk for blocks of at most maxBlockBytes.
+  size_t ChunkFor(size_t maxBlockBytes) const {
+    return chunkSizeAware ? AutoChunkBytes(maxBlockBytes, chunkBytes) : chunkBytes;
+  }
 };
 
 // Per-operation context handed to a task: the transport plus the identity of this call.

@@ -27,6 +27,20 @@ inline size_t ChunkBegin(size_t len, size_t nchunks, size_t c) {
   return static_cast<size_t>((static_cast<unsigned __int128>(len) * c) / nchunks);
 }
 
+// The chunk when SCAPE_CHUNK_BYTES is left unset (size-aware): at most chunkBytes (its default,
+// 2 MiB), but a block smaller than kAutoRingChunks such chunks is cut into about kAutoRingChunks
+// chunks of at least kAutoChunkFloorBytes, so that an all-reduce of a few MB is pipelined too.
+// With one 2 MiB chunk per block, a 3.3 MB all-reduce on 2 ranks ran at 1.5x its wire time on a
+// rate-limited link, with 256 KiB chunks at 1.1x (perf/RESULTS_cluster.md). Set, the variable's
+// value is every chunk's size, as before.
+constexpr size_t kAutoRingChunks = 8;
+constexpr size_t kAutoChunkFloorBytes = size_t{256} << 10;
+inline size_t AutoChunkBytes(size_t maxBlockBytes, size_t chunkBytes) {
+  size_t c = maxBlockBytes / kAutoRingChunks + (maxBlockBytes % kAutoRingChunks ? 1 : 0);
+  if (c < kAutoChunkFloorBytes) c = kAutoChunkFloorBytes;
+  return c < chunkBytes ? c : chunkBytes;
+}
+
 // Number of pipeline chunks for blocks of at most maxBlockBytes: enough to keep each chunk
 // near chunkBytes, but few enough that (steps * chunks) fits the 16-bit step field of a tag.
 inline size_t RingChunks(size_t maxBlockBytes, size_t chunkBytes, int steps) {

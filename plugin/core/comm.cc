@@ -179,6 +179,7 @@ Status Comm::InitTransport() {
   SCAPE_RETURN_IF_ERROR(ParamGetInt("SCAPE_CHUNK_BYTES", &chunk));  // >= 4096 by declaration
   tuning_.ringThresholdBytes = static_cast<size_t>(threshold);
   tuning_.chunkBytes = static_cast<size_t>(chunk);
+  tuning_.chunkSizeAware = !ParamIsSet("SCAPE_CHUNK_BYTES");
   // Declared as "auto,ring,rd": 0 auto, 1 ring, 2 recursive doubling, as allreduceAlgo counts.
   SCAPE_RETURN_IF_ERROR(ParamGetChoice("SCAPE_ALLREDUCE_ALGO", &tuning_.allreduceAlgo));
 
