@@ -338,10 +338,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     T.iface = a.iface
     out_dir = os.path.dirname(os.path.abspath(a.out)) if a.out else "/tmp"
-    sargs = argparse.Namespace(plan="smoke", sizes=None, seeds=0, tokens_per_param=0.0,
-                               steps=0, lr=0.0, device="cpu", out=os.path.join(out_dir, "study"),
-                               only=None, sweep_only=False, variant_lr_scale=0.0,
-                               variant_seeds=0)
+    # the study's own command line with its defaults (a hand-built Namespace missed every
+    # option scaling.py gained later, and every cluster run then failed at start-up)
+    sargs = scaling.arg_parser().parse_args(["--plan", "smoke",
+                                             "--out", os.path.join(out_dir, "study")])
     study = scaling.Study(sargs)
     # one evaluation (before and after), few windows: the step loop is what is timed
     study.plan = scaling.Plan([a.size], 0.0, 64, a.batch, a.steps + a.warmup, 1, 1, 16, 64,

@@ -218,7 +218,8 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
             return 1
         with open(os.path.join(a.out, "state.json"), "w") as f:
             json.dump({**machine_state(), "mode": "self-test"}, f)
-        rc = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), a.out]).returncode
+        rc = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), a.out],
+                            env=env).returncode
         print("self-test: " + ("passed" if rc == 0 else "report.py failed"))
         return rc
     if os.geteuid() != 0:
@@ -280,7 +281,9 @@ def main(argv: List[str] = None) -> int:  # type: ignore[assignment]
     st["end"] = machine_state()
     with open(state, "w") as f:
         json.dump(st, f)
-    rc = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), a.out]).returncode
+    # report.py imports the study's scaling.py, which imports scape: the library's package
+    rc = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), a.out],
+                        env=dict(os.environ, PYTHONPATH=pythonpath())).returncode
     return 0 if ok and rc == 0 else 1
 
 

@@ -868,7 +868,9 @@ def dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
+    """The command line of this script; also what other scripts (perf/cluster/bench.py) build
+    a Study's arguments from, so that an option added here reaches them with its default."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="smoke")
@@ -896,7 +898,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--world", type=int, default=4, help="ranks assumed by --dry-run")
     ap.add_argument("--step-seconds", nargs="*", default=[],
                     help="SIZE=SECONDS per training step, for --dry-run's estimate")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = arg_parser().parse_args(argv)
     if args.dry_run:
         return dry_run(args)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
