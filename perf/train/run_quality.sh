@@ -5,22 +5,21 @@
 #            points spaced 2x, extended until the best is interior), then 3 seeds at the best lr,
 #            the peers at matched steady-state bytes (PowerSGD-EF, top-k + EF, 3 seeds) and the
 #            screen of the options (clip_norm=staying, bias_correction=artifact, segment_rms,
-#            stacked; no clipping, local clipping, max_grad_norm 0.5 / 0.25; 2 seeds)
+#            local clipping, each alone; artifact + local clipping stacked; 2 seeds)
 #   q-lenT   0.12M at T = 2, 5, 10, 40 tokens per parameter, dense AdamS and SCAPE 0.1 / 0.01 at
 #            q20's lr, 3 seeds, seed-major, then the options the screen kept (scaling.py KEPT_Q:
 #            bias_correction=artifact, local clipping and their stack at 0.1), 3 seeds; at T = 2
 #            and 40 also q20's lr re-checked (half and twice it, seed 1)
-#   q-size   0.02M, 0.036M, 0.07M, 0.37M at 20 tokens per parameter, the same (seed-major, so
-#            that a study cut short in 0.37M has every method's first seeds), and PowerSGD-EF
-#            at each size's SCAPE steady-state bytes (3 seeds)
-# Cost, measured (cpu_seconds_all_ranks in runs.jsonl, 4 ranks on 2 cores; per run: 0.12M at
-# 2 / 5 / 10 / 20 / 40 tokens per parameter 21 / 47 / 105 / 163 / 266 CPU-s, 0.02M / 0.036M /
-# 0.07M / 0.37M at 20: 18 / 33 / 75 / 811): q20 with its screen about 3.5 CPU-hours, the axes'
-# dense AdamS and SCAPE 3.8 (2.0 of it the 0.37M size), the kept options through the axes 3.4
-# and PowerSGD through the size axis 1.6: about 12 CPU-hours in all, twice the 6-hour budget
-# since the screen kept options. Within 6: cut the 0.37M size, never seeds
-# (`PLANS="q20 q-len2 q-len5 q-len10 q-len40"`, then
-# `scaling.py --plan q-size --sizes d24L2 d32L2 d48L2`: about 6.3 CPU-hours).
+#   q-size   0.02M, 0.036M, 0.07M at 20 tokens per parameter (with q20's 0.12M: 4 sizes), the
+#            same, and PowerSGD-EF at each size's SCAPE steady-state bytes (3 seeds)
+# FULL=1 adds what does not fit 6 CPU-hours: the size 0.37M in q-size (seed-major, so that a
+# study cut short there has every method's first seeds) and plan q20-more (the screen's further
+# checks: segment_rms + staying clip norm, no clipping, tighter clips, the payload's type, the
+# library's own local clipping, the same-seed noise floor; 2 seeds).
+# Cost, estimated before starting (scaling.py --dry-run: each plan's runs x the median CPU time
+# of the recorded runs of its size and length, 4 ranks on 2 cores): q20 2.41, q-len2 0.14,
+# q-len5 0.23, q-len10 0.49, q-len40 1.80, q-size 0.83 CPU-hours: 5.9 CPU-hours by default;
+# FULL=1 adds q20-more 1.0 and 0.37M 5.85: about 12.8.
 # Every run is one line of OUT/runs.jsonl; a rerun skips what is there, so the same command
 # continues an interrupted study. 4 local ranks, one thread each; the same tokens per step
 # (4 sequences of 64 per rank) at every point. Then perf/train/quality_summary.py prints the
@@ -30,12 +29,19 @@
 #   SHORT=1 bash perf/train/run_quality.sh              # < 10 min: one point of the length table
 #                                                       # (q-len2, dense AdamS and SCAPE 0.01,
 #                                                       # seed 1) rerun beside what OUT recorded
-# BUILD_DIR, OUT, NPROC, PLANS, SKIP_BUILD=1 also apply.
+#   FULL=1 bash perf/train/run_quality.sh               # + 0.37M and q20-more (~13 CPU-hours)
+# BUILD_DIR, OUT, NPROC, PLANS, SIZES (of q-size), SKIP_BUILD=1 also apply.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-perf/train/out-quality}
 NPROC=${NPROC:-4}
-PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size"}
+if [ "${FULL:-0}" = 1 ]; then
+  PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size q20-more"}
+  SIZES=${SIZES:-"d24L2 d32L2 d48L2 d96L3"}
+else
+  PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size"}
+  SIZES=${SIZES:-"d24L2 d32L2 d48L2"}
+fi
 source perf/train/setup_env.sh
 export SCAPE_TIMEOUT_MS=${SCAPE_TIMEOUT_MS:-600000}  # a shared machine: slow steps are no hang
 mkdir -p "$OUT"
@@ -71,10 +77,19 @@ PY
   exit 0
 fi
 lscpu | grep -E "^(Model name|CPU\(s\))" || true
+# The estimate first (whole plans, done or not, from what OUT recorded).
+for plan in $PLANS; do
+  sizes=()
+  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" && sizes=(--sizes "${sizes[@]}")
+  echo "estimate $plan: $(/usr/bin/python3 perf/train/scaling.py --plan "$plan" --out "$OUT" \
+    --world "$NPROC" "${sizes[@]}" --dry-run | tail -1)"
+done
 for plan in $PLANS; do
   start=$(date +%s)
+  sizes=()
+  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" && sizes=(--sizes "${sizes[@]}")
   /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 172800 perf/train/scaling.py \
-    --plan "$plan" --out "$OUT"
+    --plan "$plan" --out "$OUT" "${sizes[@]}"
   echo "run_quality.sh: plan $plan took $(( $(date +%s) - start )) s"
 done
 /usr/bin/python3 perf/train/quality_summary.py "$OUT" --md "$OUT/summary.md"

@@ -40,7 +40,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -111,24 +111,28 @@ class Plan:
     lr_check: List[float] = field(default_factory=list)
     # seeds of the re-check (1: the plan's; --lrcheck-seeds 3 confirms a moved lr on 3 seeds)
     lr_check_seeds: int = 1
+    # the plan whose sweep, seeds and peers this one repeats (the same run keys, skipped once
+    # that plan ran): --dry-run then counts only this plan's variants
+    repeats: str = ""
 
 
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
              "scape": [1e-3, 3e-3, 1e-2]}
-# issue 30 (plan q20 and later): the options screened beside segment_rms
+# issue 30 (plan q20): the screen of the issue's options beside segment_rms (the clipping norm's
+# source, the artifact's bias correction, each alone and stacked)
 VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "scape-0.01-clipstay",
-              "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.1-segrms-clipstay",
-              "scape-0.01-segrms-clipstay", "scape-0.01-noclip", "scape-0.01-localclip",
-              "scape-0.1-noclip", "scape-0.1-localclip", "scape-0.01-clip0.5",
-              "scape-0.01-clip0.25", "scape-0.1-clip0.5",
-              # issue 33: the payload type at density 0.01 (fp32 is scape-0.01 itself)
-              "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2",
+              "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.01-localclip",
+              "scape-0.1-localclip",
               # the stack of the two options that the screen's first round kept at 0.1
-              "scape-0.1-artifact-localclip",
-              # local clipping through the library's own clip_norm="local" (issue 30, 3a)
-              "scape-0.1-clip-local",
-              # the noise floor of a same-seed comparison: SCAPE 0.1 at its lr x (1 + 1e-6)
-              "scape-0.1-lr+1e-6"]
+              "scape-0.1-artifact-localclip"]
+# plan q20-more (in the full study only, beyond the 6-CPU-hour default): the same point's
+# further checks: segment_rms stacked with the staying clip norm, no clipping and tighter clips, the payload's type (issue 33), local clipping
+# through the library's own clip_norm="local" (issue 30, 3a: the screen's local clipping is
+# torch's), and the noise floor of a same-seed comparison (SCAPE 0.1 at its lr x (1 + 1e-6))
+VARIANTS_Q_MORE = ["scape-0.1-segrms-clipstay", "scape-0.01-segrms-clipstay", "scape-0.01-noclip", "scape-0.1-noclip", "scape-0.01-clip0.5",
+                   "scape-0.01-clip0.25", "scape-0.1-clip0.5",
+                   "scape-0.01-bf16", "scape-0.01-e4m3", "scape-0.01-e5m2",
+                   "scape-0.1-clip-local", "scape-0.1-lr+1e-6"]
 # the options the q20 screen kept (each lower than its method on every seed, at 0.1 only: at
 # 0.01 none was), run through both axes; their stack first, so a study cut short has it
 KEPT_Q = ["scape-0.1-artifact-localclip", "scape-0.1-artifact", "scape-0.1-localclip"]
@@ -167,6 +171,10 @@ PLANS: Dict[str, Plan] = {
                 300, {"adamw": [3e-4, 1e-3, 3e-3], "adams": [1e-4, 3e-4, 1e-3],
                       "scape": [3e-4, 1e-3, 3e-3]}),
 }
+
+# q20 again with the further checks (VARIANTS_Q_MORE): its sweep, seeds and peers are q20's runs
+# (the same keys), so after q20 only the variants run
+PLANS["q20-more"] = replace(PLANS["q20"], variants=VARIANTS_Q_MORE, repeats="q20")
 
 # configuration -> (optimizer, density); the lr family it sweeps, or whose best lr it takes
 CONFIGS: Dict[str, Dict[str, Any]] = {
@@ -843,7 +851,13 @@ def dry_run(args: argparse.Namespace) -> int:
     world = args.world
     sch = Schedule(plan, world, True)
     per = {k: float(v) for k, v in (x.split("=") for x in args.step_seconds)}
-    total = 0.0
+    # CPU seconds (all ranks) of one run, measured: the median of OUT's recorded runs of the
+    # same size, steps and world size (the whole plan's cost, done or not)
+    measured: Dict[Tuple[str, int], List[float]] = {}
+    for r in read_runs(os.path.join(args.out, "runs.jsonl")):
+        if r.get("world_size") == world and r.get("cpu_seconds_all_ranks"):
+            measured.setdefault((r["size"], r["steps"]), []).append(r["cpu_seconds_all_ranks"])
+    total = cpu_total = 0.0
     for size in plan.sizes:
         n = n_params(size, plan.context)
         steps, batch = sch.steps(size)
@@ -856,15 +870,22 @@ def dry_run(args: argparse.Namespace) -> int:
             runs = (sum(len(plan.group_grids.get(g) or plan.grids[CONFIGS[g]["sweep"]])
                         for g in swept) + (plan.seeds - 1) * len(swept))
         runs += plan.seeds * len(peers) + (plan.variant_seeds or plan.seeds) * len(variants)
+        if plan.repeats:  # the rest are plan.repeats's runs
+            runs = (plan.variant_seeds or plan.seeds) * len(variants)
         sec = per.get(size, float("nan")) * steps * runs
         total += sec if sec == sec else 0.0
+        got = sorted(measured.get((size, steps), []))
+        cpu = got[len(got) // 2] * runs if got else float("nan")
+        cpu_total += cpu if cpu == cpu else 0.0
         shapes = param_shapes(size, plan.context)
         psgd1 = powersgd_bytes_per_step(shapes, 1, steps, world)
         print(f"{size:8s} {size_label(n):>14s} {n:>10,d} params  {steps:6d} steps x {batch} "
               f"seq/rank ({steps * batch * plan.context * world / n:.1f} tokens/param)  {runs} "
-              f"runs (no grid extension)  est {sec / 60:6.1f} min  PowerSGD rank 1 "
+              f"runs (no grid extension)  est {sec / 60:6.1f} min  "
+              f"{cpu / 3600:5.2f} CPU-h ({len(got)} recorded)  PowerSGD rank 1 "
               f"{psgd1:,.0f} B/step")
-    print(f"total estimate {total / 60:.1f} min")
+    print(f"total estimate {total / 60:.1f} min (--step-seconds), {cpu_total / 3600:.2f} CPU-hours "
+          f"(the median recorded run in {args.out} x the runs)")
     return 0
 
 
