@@ -226,6 +226,68 @@ TEST(Entering, CheckpointResumeIsBitIdentical) {
   }
 }
 
+// "segment_rms_masked" (momentum factor masking on top of segment_rms): identical on every rank,
+// sharded == replicated, different from segment_rms once a kept momentum is clamped, and a
+// checkpoint (byte 110 = 2) resumes it bit for bit on an optimizer created with another rule.
+TEST(Entering, MomentumFactorMaskingOverRanks) {
+  for (int P : {1, 3}) {
+    const unsigned seed = FreshSeed() + 97u * static_cast<unsigned>(P);
+    RunResult res = RunRanks(P, [&](RankCtx& c) {
+      const int mo = scapeOwnershipShards;
+      scapeOptimConfig_t cm =
+          Config(scapeOptimEnteringSegmentRmsMasked, scapeOptimReplicated, mo, scapeFloat32);
+      scapeOptimConfig_t cs =
+          Config(scapeOptimEnteringSegmentRmsMasked, scapeOptimSharded, mo, scapeFloat32);
+      scapeOptimConfig_t cr =
+          Config(scapeOptimEnteringSegmentRms, scapeOptimReplicated, mo, scapeFloat32);
+      scapeOptim_t rep = nullptr, sh = nullptr, rms = nullptr;
+      EXPECT_SCAPE_OK(scapeOptimCreate(&rep, &cm, c.comm), c.comm);
+      EXPECT_SCAPE_OK(scapeOptimCreate(&sh, &cs, c.comm), c.comm);
+      EXPECT_SCAPE_OK(scapeOptimCreate(&rms, &cr, c.comm), c.comm);
+      if (!rep || !sh || !rms) return false;
+      std::vector<float> tm = Theta0(seed), ts = tm, tr = tm, tb;
+      std::vector<uint8_t> ck;
+      int firstDiff = -1;
+      for (int step = 0; step < kSteps; ++step) {
+        if (step == 13) {
+          ck = Save(rep, c.comm);
+          tb = tm;
+        }
+        const std::vector<float> g = Grads(seed, c.rank, step);
+        EXPECT_SCAPE_OK(scapeOptimStep(rep, tm.data(), g.data(), kN), c.comm);
+        EXPECT_SCAPE_OK(scapeOptimStep(sh, ts.data(), g.data(), kN), c.comm);
+        EXPECT_SCAPE_OK(scapeOptimStep(rms, tr.data(), g.data(), kN), c.comm);
+        const bool same = std::memcmp(tm.data(), ts.data(), 4 * kN) == 0;
+        EXPECT_TRUE(same) << "step " << step << ": sharded != replicated";
+        EXPECT_TRUE(SameOnAllRanks(c, tm.data(), 4 * kN)) << "step " << step << ": ranks differ";
+        if (firstDiff < 0 && std::memcmp(tm.data(), tr.data(), 4 * kN) != 0) firstDiff = step;
+        if (!same) break;
+      }
+      // The clamp acts on the momentum, which moves theta from the next step on.
+      EXPECT_GE(firstDiff, 2) << "momentum factor masking changed theta before any kept momentum";
+      EXPECT_GT(firstDiff, -1) << "momentum factor masking never changed anything";
+      uint16_t field = 0;
+      std::memcpy(&field, ck.data() + 110, 2);
+      EXPECT_EQ(field, scapeOptimEnteringSegmentRmsMasked);
+      scapeOptimConfig_t cp =
+          Config(scapeOptimEnteringPayload, scapeOptimReplicated, mo, scapeFloat32);
+      scapeOptim_t b = nullptr;
+      EXPECT_SCAPE_OK(scapeOptimCreate(&b, &cp, c.comm), c.comm);
+      if (!b) return false;
+      EXPECT_SCAPE_OK(scapeOptimLoad(b, ck.data(), ck.size()), c.comm);
+      for (int step = 13; step < kSteps; ++step) {
+        const std::vector<float> g = Grads(seed, c.rank, step);
+        EXPECT_SCAPE_OK(scapeOptimStep(b, tb.data(), g.data(), kN), c.comm);
+      }
+      EXPECT_EQ(std::memcmp(tm.data(), tb.data(), 4 * kN), 0)
+          << "resumed run differs from the uninterrupted one";
+      for (scapeOptim_t o : {rep, sh, rms, b}) EXPECT_SCAPE_OK(scapeOptimDestroy(o), c.comm);
+      return true;
+    });
+    EXPECT_TRUE(res.AllOk()) << "P=" << P << ": " << res.Describe();
+  }
+}
+
 TEST(Entering, BadConfigIsRefused) {
   RunResult res = RunRanks(2, [&](RankCtx& c) {
     for (int bad : {-1, static_cast<int>(scapeNumOptimEnterings), 7}) {

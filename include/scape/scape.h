@@ -918,7 +918,15 @@ typedef enum {
    *  replicated mode; the sharded mode adds 16 bytes per segment piece to the all-gather of
    *  the gradient-norm partials it already makes. */
   scapeOptimEnteringSegmentRms = 1,
-  scapeNumOptimEnterings = 2
+  /** scapeOptimEnteringSegmentRms, plus Deep Gradient Compression's momentum factor masking
+   *  adapted to AdamS (issue 30; docs/ALGORITHM.md 4.14): the entering update already moves
+   *  the coordinate in proportion to the whole residual it delivered, so the momentum it keeps
+   *  is clamped to one step's worth at its segment's scale, |m_t| <= (1 - b1) sqrt(v) with
+   *  v = clip^2 * (the segment's mean square), so that the delivered mass does not push it
+   *  again over the next steps. Coordinates that use the paper's form (no staying coordinate
+   *  in the segment) keep their momentum. Same bytes as scapeOptimEnteringSegmentRms. */
+  scapeOptimEnteringSegmentRmsMasked = 2,
+  scapeNumOptimEnterings = 3
 } scapeOptimEntering_t;
 
 /**

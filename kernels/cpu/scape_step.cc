@@ -141,6 +141,7 @@ KernelStatus MakeAdamSScalars(const AdamSParams& p, AdamSScalars* out) {
   }
   s.clip2 = s.clip * s.clip;
   s.cap_lr = s.lr * p.enter_cap;
+  s.enter_mcap = p.enter_momentum_cap ? 1 : 0;
   if (p.enter_vs != nullptr &&
       !(std::isfinite(p.enter_cap) && p.enter_cap > 0.0f && std::isfinite(s.cap_lr))) {
     return KernelStatus::kInvalidArgument;

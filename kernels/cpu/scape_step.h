@@ -131,6 +131,11 @@ struct AdamSParams {
   const float* enter_vs = nullptr;          // enter_nseg values
   size_t enter_nseg = 0;
   float enter_cap = 100.0f;  // kEnterCap: |u| <= enter_cap * lr; finite, > 0
+  // With the entering rule on, momentum factor masking (issue 30; docs/ALGORITHM.md 4.14):
+  // the momentum an entering coordinate keeps is clamped after its update,
+  //   m[i] = min(max(mn, -bound), bound),  bound = omb1 * sqrt(v)   (fp32, v as above)
+  // (the update itself uses mn unclamped). Coordinates under the paper's form keep mn.
+  bool enter_momentum_cap = false;
 };
 
 // The cap of an entering coordinate's update under "segment_rms", in units of lr.
@@ -150,6 +155,7 @@ struct AdamSScalars {
   int rebuild_momentum;  // clip_momentum && clip != 1
   float clip2;           // clip*clip            ("segment_rms" only)
   float cap_lr;          // lr*enter_cap         ("segment_rms" only)
+  int enter_mcap;        // enter_momentum_cap   ("segment_rms" only)
 };
 
 // kInvalidArgument: a non-finite parameter, beta1 or beta2 outside [0, 1), lr < 0, eps < 0,

@@ -207,7 +207,12 @@ inline void AdamSPointEnter(float mt, float* theta, float* m, const AdamSScalars
   float u = (s.lr * (mn * s.mscale)) / den;
   u = u > s.cap_lr ? s.cap_lr : (u < -s.cap_lr ? -s.cap_lr : u);  // NaN stays NaN
   *theta = (*theta * s.decay) - u;
-  *m = mn;
+  if (s.enter_mcap) {  // momentum factor masking: keep one step's worth (NaN stays NaN)
+    const float bound = s.omb1 * std::sqrt(v);
+    *m = mn > bound ? bound : (mn < -bound ? -bound : mn);
+  } else {
+    *m = mn;
+  }
 }
 
 // The segment of position p under AdamSParams' enter table, with a cursor for ascending p.

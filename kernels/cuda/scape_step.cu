@@ -154,7 +154,12 @@ __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, f
     const float den = __fadd_rn(__fsqrt_rn(__fmul_rn(v, s.vscale)), s.eps);
     float u = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mn, s.mscale)), den);
     u = u > s.cap_lr ? s.cap_lr : (u < -s.cap_lr ? -s.cap_lr : u);
-    *m_out = mn;
+    if (s.enter_mcap) {  // momentum factor masking: keep one step's worth (NaN stays NaN)
+      const float bound = __fmul_rn(s.omb1, __fsqrt_rn(v));
+      *m_out = mn > bound ? bound : (mn < -bound ? -bound : mn);
+    } else {
+      *m_out = mn;
+    }
     return __fsub_rn(__fmul_rn(th, s.decay), u);
   }
   const float mpc = __fmul_rn(mp, s.pscale);

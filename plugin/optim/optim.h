@@ -245,7 +245,8 @@ class Optimizer {
   void StayingFinish();
   void EnterVsFromPieces();  // enterVs_ per segment from pieceSum_/pieceCnt_ (position order)
   std::vector<size_t> stayOrder_, stayFirst_;
-  bool SegmentRms() const { return hyper_.entering == scapeOptimEnteringSegmentRms; }
+  // "segment_rms", with or without momentum factor masking (scapeOptimEnteringSegmentRmsMasked)
+  bool SegmentRms() const { return hyper_.entering != scapeOptimEnteringPayload; }
   bool ClipStaying() const { return hyper_.clipNorm == scapeOptimClipNormStaying; }
   bool ClipLocal() const {
     return hyper_.clipNorm == scapeOptimClipNormLocal && hyper_.maxGradNorm > 0.0f;

@@ -327,6 +327,7 @@ Status Optimizer::RunBack(StepRun& run, double clipNorm, bool haveNorm) {
     ap.enter_vs = enterVs_.data();
     ap.enter_nseg = enterVs_.size();
     ap.enter_cap = kernels::kEnterCap;
+    ap.enter_momentum_cap = hyper_.entering == scapeOptimEnteringSegmentRmsMasked;
   }
 
   t0 = NowNs();

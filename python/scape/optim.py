@@ -28,7 +28,7 @@ NUM_PHASES = 7
 PHASES = ("sync_wait", "candidate", "select", "exchange", "norm", "update", "gather")
 BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
 NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
-ENTERINGS = {"payload": 0, "segment_rms": 1}
+ENTERINGS = {"payload": 0, "segment_rms": 1, "segment_rms_masked": 2}  # scapeOptimEntering_t
 CLIP_NORMS = {"recovered": 0, "staying": 1, "local": 2}  # scapeOptimClipNorm_t
 
 
@@ -739,7 +739,11 @@ class ScapeAdamS(torch.optim.Optimizer):
             ``lr*(1-b1)/sqrt(1-b2)`` whatever residual it carries) or "segment_rms" (from the
             mean square of the recovered gradient over the coordinates of the same tensor that
             stay in the mask, so the residual moves it in proportion; capped at 100 lr; issue
-            23, docs/ALGORITHM.md section 4.13).
+            23, docs/ALGORITHM.md section 4.13) or "segment_rms_masked" ("segment_rms" with
+            Deep Gradient Compression's momentum factor masking adapted to AdamS: the momentum
+            the entering coordinate keeps is clamped to one step's worth at its tensor's scale,
+            ``|m| <= (1-b1)*sqrt(v)``, because the entering update already delivered its
+            residual; issue 30, docs/ALGORITHM.md section 4.14).
         clip_norm: which coordinates ``max_grad_norm`` measures (the factor always scales the
             whole recovered gradient): "recovered" (default: every masked coordinate, as
             ``clip_grad_norm_`` over the averaged gradient) or "staying" (only the coordinates

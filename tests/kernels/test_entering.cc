@@ -61,6 +61,7 @@ struct Case {
   scapeDataType_t type;
   float clip;
   BiasCorrection bias;
+  bool mcap = false;  // AdamSParams.enter_momentum_cap (momentum factor masking)
 };
 
 struct Result {
@@ -115,8 +116,8 @@ Result RunKernels(const Case& cs, const std::vector<uint64_t>& off,
 void CheckCase(const Case& cs) {
   SCAPE_SEEDED_RNG(rng);
   SCOPED_TRACE(::testing::Message()
-               << "n=" << cs.n << " density=" << cs.density << " type=" << cs.type
-               << " clip=" << cs.clip << " bias=" << static_cast<int>(cs.bias));
+               << "n=" << cs.n << " density=" << cs.density << " type=" << cs.type << " clip="
+               << cs.clip << " bias=" << static_cast<int>(cs.bias) << " mcap=" << cs.mcap);
   const uint64_t n = cs.n;
   const std::vector<uint64_t> off = Segments(rng, n);
   const size_t nseg = off.size() - 1;
@@ -164,6 +165,7 @@ void CheckCase(const Case& cs) {
   base.clip_scale = cs.clip;
   base.bias_correction = cs.bias;
   base.step = 7;
+  base.enter_momentum_cap = cs.mcap;
   const Result r = RunKernels(cs, off, mask, payload, theta0, m0, base, 1);
 
   // The double reference, from the contract's formulas.
@@ -192,7 +194,7 @@ void CheckCase(const Case& cs) {
     Serr[segOf(mask[j])] += 2 * std::fabs(gh) * gerr + gerr * gerr;
     ++C[segOf(mask[j])];
   }
-  size_t entering = 0, viaRms = 0, capped = 0, noStaying = 0;
+  size_t entering = 0, viaRms = 0, capped = 0, noStaying = 0, mClamped = 0;
   std::vector<uint8_t> masked(n, 0);
   for (size_t j = 0; j < k; ++j) {
     const uint64_t i = mask[j];
@@ -201,7 +203,7 @@ void CheckCase(const Case& cs) {
     const double mp = m0[i], mt = Decoded(payload, cs.type, j);
     const double g = (mt - db1 * mp) / omb1 * clip;
     const double mn = clip != 1.0 ? db1 * mp + omb1 * g : mt;
-    double u;
+    double u, mkeep = mn;
     const bool enter = mp == 0.0;
     entering += enter;
     if (enter && C[s] > 0 && S[s] > 0) {
@@ -209,6 +211,12 @@ void CheckCase(const Case& cs) {
       const double vs = S[s] / static_cast<double>(C[s]);
       EXPECT_NEAR(r.vs[s], vs, 1e-5 * vs + Serr[s] / static_cast<double>(C[s])) << "segment " << s;
       u = lr * mn * mscale / (std::sqrt(clip * clip * vs * vscale) + eps);
+      // Momentum factor masking: the kept momentum is at most one step's worth.
+      const double bound = omb1 * std::sqrt(clip * clip * static_cast<double>(r.vs[s]));
+      if (cs.mcap && std::fabs(mn) > bound) {
+        mkeep = std::copysign(bound, mn);
+        ++mClamped;
+      }
       if (std::fabs(u) >= 100 * lr) {
         u = std::copysign(100 * lr, u);
         ++capped;
@@ -229,7 +237,8 @@ void CheckCase(const Case& cs) {
         << "position " << i << (enter ? " (entering)" : " (staying)");
     // fp32 against fp64: with clipping, mn = b1*mp + (1-b1)*g cancels when the payload is close
     // to b1*mp, so the error scales with the terms, not with mn.
-    EXPECT_NEAR(r.m[i], mn, 1e-5 * (std::fabs(mn) + std::fabs(db1 * mp) + std::fabs(mt)) + 1e-12)
+    EXPECT_NEAR(r.m[i], mkeep,
+                1e-5 * (std::fabs(mkeep) + std::fabs(db1 * mp) + std::fabs(mt)) + 1e-12)
         << "momentum at " << i;
   }
   for (uint64_t i = 0; i < n; ++i) {
@@ -248,6 +257,9 @@ void CheckCase(const Case& cs) {
     }
     EXPECT_TRUE(capCase);
     EXPECT_GT(capped, 0u) << "the cap was never reached";
+    if (cs.mcap) {
+      EXPECT_GT(mClamped, 0u) << "no kept momentum was clamped";
+    }
   }
 
   // The same bits on more threads, through the view kernel and the sharded pairs kernel.
@@ -292,6 +304,16 @@ TEST(SegmentRms, ClippingAndBiasCorrections) {
   for (BiasCorrection b :
        {BiasCorrection::kNone, BiasCorrection::kAdamSReference, BiasCorrection::kScapeArtifact})
     CheckCase({3001, 0.4, scapeBfloat16, 0.37f, b});
+}
+
+// Momentum factor masking (AdamSParams.enter_momentum_cap): the entering coordinates' kept
+// momentum clamped, every other value as without it; every payload type, clipped or not.
+TEST(SegmentRms, MomentumFactorMasking) {
+  for (uint64_t n : {0, 1, 17, 4099})
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16})
+      CheckCase({n, 0.5, t, 1.0f, BiasCorrection::kNone, true});
+  CheckCase({3001, 0.4, scapeFloat32, 0.37f, BiasCorrection::kScapeArtifact, true});
+  CheckCase({(uint64_t{1} << 19) + 13, 0.3, scapeFloat32, 1.0f, BiasCorrection::kNone, true});
 }
 
 TEST(SegmentRms, LargeMultiThreaded) {

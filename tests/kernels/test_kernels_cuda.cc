@@ -393,7 +393,8 @@ TEST(CudaLocalClip, GradSqNormAndScaledCandidateMatchCpu) {
 
 // "segment_rms" (issue 23): the staying block sums and the update with a segment table, every
 // payload type, the same bits as the CPU kernels.
-void SegmentRmsCase(std::mt19937_64& rng, size_t n, scapeDataType_t type, float clip) {
+void SegmentRmsCase(std::mt19937_64& rng, size_t n, scapeDataType_t type, float clip,
+                    bool mcap = false) {
   SCOPED_TRACE(::testing::Message() << "n=" << n << " type=" << type << " clip=" << clip);
   std::vector<float> theta = RandomNormal(rng, n), m = RandomNormal(rng, n, 0.01f);
   for (size_t i = 0; i < n; i += 3) m[i] = 0.0f;  // a third enters
@@ -445,6 +446,7 @@ void SegmentRmsCase(std::mt19937_64& rng, size_t n, scapeDataType_t type, float 
   p.enter_offsets = off.data();
   p.enter_vs = vs.data();
   p.enter_nseg = 3;
+  p.enter_momentum_cap = mcap;
   std::vector<float> theta_cpu = theta, m_cpu = m;
   ASSERT_EQ(
       UnpackAdamSUpdate(payload.data(), type, mask.data(), k, theta_cpu.data(), m_cpu.data(), n, p),
@@ -465,6 +467,15 @@ TEST(CudaSegmentRms, MatchesCpu) {
   for (size_t n : {size_t{7}, size_t{4099}, size_t{300007}})
     for (scapeDataType_t t : {scapeFloat32, scapeBfloat16, scapeFloat16})
       SegmentRmsCase(rng, n, t, n == 4099 ? 0.3f : 1.0f);
+}
+
+// Momentum factor masking (AdamSParams.enter_momentum_cap): the CUDA clamp gives the CPU's bits.
+TEST(CudaSegmentRms, MomentumFactorMaskingMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  SCAPE_SEEDED_RNG(rng);
+  for (size_t n : {size_t{7}, size_t{4099}, size_t{300007}})
+    for (scapeDataType_t t : {scapeFloat32, scapeBfloat16})
+      SegmentRmsCase(rng, n, t, n == 4099 ? 0.3f : 1.0f, true);
 }
 
 // ---- top-k ------------------------------------------------------------------------------------

@@ -281,13 +281,23 @@ def case_optim_entering(comm, steps=10):
         o2.step()
     assert flat_hash(m2) == hashes["replicated"], "resumed segment_rms run differs"
     o2.destroy()
+    # "segment_rms_masked" (issue 30, momentum factor masking): sharded == replicated, not
+    # segment_rms's result, and its state_dict names it
+    masked = {}
+    for name, extra in (("replicated", {}), ("sharded", {"sharded": True})):
+        m, opt, _ = train(comm, steps, entering="segment_rms_masked", **kw, **extra)
+        masked[name] = flat_hash(m)
+        assert opt.state_dict()["param_groups"][0]["entering"] == "segment_rms_masked"
+        opt.destroy()
+    assert masked["sharded"] == masked["replicated"], "segment_rms_masked: sharded != replicated"
+    assert masked["replicated"] != hashes["replicated"], "momentum factor masking changed nothing"
     try:
         ScapeAdamS(tiny_model().parameters(), comm, entering="residual")
     except scape.InvalidArgumentError as e:
         err = [type(e).__name__, getattr(e, "argument", None)]
     else:
         raise AssertionError("entering='residual' was accepted")
-    return {"hash": hashes["replicated"], "error": err}
+    return {"hash": hashes["replicated"], "masked_hash": masked["replicated"], "error": err}
 
 
 # the cases of test_optim_api.py join CASES

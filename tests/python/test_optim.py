@@ -37,6 +37,8 @@ class ScapeAdamSTest(unittest.TestCase):
             with self.subTest(nranks=n):
                 res = run_ranks("optim_entering", n, timeout=120)
                 self.assertEqual(len({r["hash"] for r in res}), 1, "ranks differ")
+                self.assertEqual(len({r["masked_hash"] for r in res}), 1,
+                                 "ranks differ (segment_rms_masked)")
                 self.assertEqual(res[0]["error"], ["InvalidArgumentError", "entering"])
 
     def test_errors_are_exceptions(self):
