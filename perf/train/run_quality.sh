@@ -11,15 +11,16 @@
 #            bias_correction=artifact, local clipping and their stack at 0.1), 3 seeds; at T = 2
 #            and 40 also q20's lr re-checked (half and twice it, seed 1)
 #   q-size   0.02M, 0.036M, 0.07M at 20 tokens per parameter (with q20's 0.12M: 4 sizes), the
-#            same, and PowerSGD-EF at each size's SCAPE steady-state bytes (3 seeds)
+#            same (the peers run at the largest size, q20's)
 # FULL=1 adds what does not fit 6 CPU-hours: the size 0.37M in q-size (seed-major, so that a
-# study cut short there has every method's first seeds) and plan q20-more (the screen's further
-# checks: segment_rms + staying clip norm, no clipping, tighter clips, the payload's type, the
-# library's own local clipping, the same-seed noise floor; 2 seeds).
+# study cut short there has every method's first seeds), PowerSGD-EF at each size's SCAPE
+# steady-state bytes (3 seeds) and plan q20-more (the screen's further checks: segment_rms +
+# staying clip norm, no clipping, tighter clips, the payload's type, the library's own local
+# clipping, the same-seed noise floor; 2 seeds).
 # Cost, estimated before starting (scaling.py --dry-run: each plan's runs x the median CPU time
-# of the recorded runs of its size and length, 4 ranks on 2 cores): q20 2.41, q-len2 0.14,
-# q-len5 0.23, q-len10 0.49, q-len40 1.80, q-size 0.83 CPU-hours: 5.9 CPU-hours by default;
-# FULL=1 adds q20-more 1.0 and 0.37M 5.85: about 12.8.
+# of the recorded runs of its size and length, 4 ranks on 2 cores): q20 2.58, q-len2 0.14,
+# q-len5 0.23, q-len10 0.49, q-len40 1.80, q-size 0.65 CPU-hours: 5.9 CPU-hours by default;
+# FULL=1 adds q20-more 1.0, the small sizes' peers 0.2 and 0.37M 5.85: about 13.
 # Every run is one line of OUT/runs.jsonl; a rerun skips what is there, so the same command
 # continues an interrupted study. 4 local ranks, one thread each; the same tokens per step
 # (4 sequences of 64 per rank) at every point. Then perf/train/quality_summary.py prints the
@@ -38,9 +39,11 @@ NPROC=${NPROC:-4}
 if [ "${FULL:-0}" = 1 ]; then
   PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size q20-more"}
   SIZES=${SIZES:-"d24L2 d32L2 d48L2 d96L3"}
+  qsize_peers=()
 else
   PLANS=${PLANS:-"q20 q-len2 q-len5 q-len10 q-len40 q-size"}
   SIZES=${SIZES:-"d24L2 d32L2 d48L2"}
+  qsize_peers=(--peers)  # none
 fi
 source perf/train/setup_env.sh
 export SCAPE_TIMEOUT_MS=${SCAPE_TIMEOUT_MS:-600000}  # a shared machine: slow steps are no hang
@@ -80,14 +83,16 @@ lscpu | grep -E "^(Model name|CPU\(s\))" || true
 # The estimate first (whole plans, done or not, from what OUT recorded).
 for plan in $PLANS; do
   sizes=()
-  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" && sizes=(--sizes "${sizes[@]}")
+  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" &&
+    sizes=(--sizes "${sizes[@]}" "${qsize_peers[@]}")
   echo "estimate $plan: $(/usr/bin/python3 perf/train/scaling.py --plan "$plan" --out "$OUT" \
     --world "$NPROC" "${sizes[@]}" --dry-run | tail -1)"
 done
 for plan in $PLANS; do
   start=$(date +%s)
   sizes=()
-  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" && sizes=(--sizes "${sizes[@]}")
+  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" &&
+    sizes=(--sizes "${sizes[@]}" "${qsize_peers[@]}")
   /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 172800 perf/train/scaling.py \
     --plan "$plan" --out "$OUT" "${sizes[@]}"
   echo "run_quality.sh: plan $plan took $(( $(date +%s) - start )) s"

@@ -119,10 +119,10 @@ class Plan:
 GRIDS_CPU = {"adamw": [1e-3, 3e-3, 1e-2], "adams": [3e-4, 1e-3, 3e-3],
              "scape": [1e-3, 3e-3, 1e-2]}
 # issue 30 (plan q20): the screen of the issue's options beside segment_rms (the clipping norm's
-# source, the artifact's bias correction, each alone and stacked)
+# source, the artifact's bias correction, momentum factor masking, each alone; one stack)
 VARIANTS_Q = ["scape-0.1-segrms", "scape-0.01-segrms", "scape-0.1-clipstay", "scape-0.01-clipstay",
               "scape-0.1-artifact", "scape-0.01-artifact", "scape-0.01-localclip",
-              "scape-0.1-localclip",
+              "scape-0.1-localclip", "scape-0.1-segrms-mfm", "scape-0.01-segrms-mfm",
               # the stack of the two options that the screen's first round kept at 0.1
               "scape-0.1-artifact-localclip"]
 # plan q20-more (in the full study only, beyond the 6-CPU-hour default): the same point's
@@ -200,6 +200,12 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                options="bias_correction=artifact"),
     "scape-0.01-artifact": dict(opt="scape", density=0.01, lr_from="scape-0.01",
                                 options="bias_correction=artifact"),
+    # issue 30, 3b: segment_rms with momentum factor masking (the kept momentum of an entering
+    # coordinate clamped to one step's worth: entering="segment_rms_masked")
+    "scape-0.1-segrms-mfm": dict(opt="scape", density=0.1, lr_from="scape-0.1",
+                                 entering="segment_rms_masked"),
+    "scape-0.01-segrms-mfm": dict(opt="scape", density=0.01, lr_from="scape-0.01",
+                                  entering="segment_rms_masked"),
     "scape-0.1-segrms-clipstay": dict(opt="scape", density=0.1, lr_from="scape-0.1",
                                       entering="segment_rms", options="clip_norm=staying"),
     "scape-0.01-segrms-clipstay": dict(opt="scape", density=0.01, lr_from="scape-0.01",
@@ -555,6 +561,8 @@ class Study:
             self.plan.sizes = list(args.sizes)
         if args.seeds:
             self.plan.seeds = args.seeds
+        if args.peers is not None:
+            self.plan.peers = list(args.peers)
         if args.lrcheck_seeds:
             self.plan.lr_check_seeds = args.lrcheck_seeds
         if args.lrcheck_factors is not None:
@@ -844,6 +852,8 @@ def dry_run(args: argparse.Namespace) -> int:
     plan = PLANS[args.plan]
     if args.sizes:
         plan.sizes = list(args.sizes)
+    if args.peers is not None:
+        plan.peers = list(args.peers)
     if args.tokens_per_param:
         plan.tokens_per_param = args.tokens_per_param
     if args.seeds:
@@ -898,6 +908,8 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=os.path.join(HERE, "out-scaling"))
     ap.add_argument("--sizes", nargs="*", choices=sorted(SIZES), help="sizes of the plan to run")
     ap.add_argument("--seeds", type=int, default=0)
+    ap.add_argument("--peers", nargs="*", choices=sorted(CONFIGS), default=None,
+                    help="the peers to run instead of the plan's (none: --peers alone)")
     ap.add_argument("--lrcheck-seeds", type=int, default=0,
                     help="seeds of the axes' lr re-check (default 1); with --only and "
                          "--lrcheck-factors, the 3 seeds of a moved lr")
