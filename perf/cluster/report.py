@@ -92,13 +92,18 @@ def link_figures(group: List[Dict[str, Any]]) -> Tuple[float, float, float]:
     return rate * good, a, good
 
 
-def predict(row: Dict[str, Any], bw: float, lat: float) -> Optional[float]:
+def predict(row: Dict[str, Any], bw: float, lat: float, slowest: bool = True) -> Optional[float]:
     """perf/model.py's step time for this method, fed its measured compute (forward+backward)
-    and local optimizer time, and the link's measured figures."""
+    and local optimizer time, and the link's measured figures. The compute is the slowest
+    rank's (rank 0's plus its wait for slower ranks at the step's first exchange): ranks in
+    lockstep all wait for it, which the model's single compute figure has to carry. With
+    slowest=False, rank 0's own (the model fed as before 2026-12-07)."""
     if bw <= 0:
         return None
     P, n = row["world_size"], row["params"]
     c = row["compute_s"] + max(0.0, row["optimizer_s"])
+    if slowest:
+        c += row.get("wait_slower_ranks_s", 0.0)
     m = row["method"]
     if m in ("adamw", "adams"):
         return step_model.step_times(n, P, bw, lat, c, 1.0)["dense_step_s"]
@@ -169,18 +174,19 @@ def report(out: str) -> str:
                      + (f"{r['tokens_per_second'] / base:.2f} |" if base else "- |"))
         L.append("")
         if bw > 0:
-            L.append("| method | measured tokens/s | perf/model.py tokens/s | predicted / measured "
-                     "| ... / measured without the wait for slower ranks | exchange + sync "
-                     "measured (s) | wire bytes / rate (s) |")
+            L.append("| method | measured tokens/s | perf/model.py tokens/s (fed the slowest "
+                     "rank's compute) | predicted / measured | ... fed rank 0's compute | "
+                     "exchange + sync measured (s) | wire bytes / rate (s) |")
             L.append("|---|---|---|---|---|---|---|")
             for r in g:
                 t = predict(r, bw, lat)
-                if t is None:
+                t0 = predict(r, bw, lat, slowest=False)
+                if t is None or t0 is None:
                     continue
                 pt = r["tokens_per_step"] / t
                 q = pt / r["tokens_per_second"]
                 flag = " **>20% off**" if abs(q - 1) > 0.2 else ""
-                q2 = t and (r["step_s"] - r.get("wait_slower_ranks_s", 0.0)) / t
+                q2 = r["tokens_per_step"] / t0 / r["tokens_per_second"]
                 flag2 = " **>20% off**" if abs(q2 - 1) > 0.2 else ""
                 wire = r["tx_bytes_per_step_max_over_ranks"] * 8 / (r["rate_mbit"] * 1e6)
                 L.append(f"| {LABEL[r['method']]} | {r['tokens_per_second']:.0f} | {pt:.0f} | "
