@@ -153,6 +153,39 @@ TEST(OptimHandles, DestroyedAbortedAndForeignHandlesAreRefused) {
   EXPECT_TRUE(res.AllOk()) << res.Describe();
 }
 
+// maskWaitSeconds is the part of the sync_wait phase spent blocked on the previous step's mask
+// sync: 0 at the first step (no sync pending) and before it, never negative, never more than
+// the phase it is part of.
+TEST(OptimCounters, MaskWaitIsPartOfTheSyncWaitPhase) {
+  RunResult res = RunRanks(2, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    scapeOptimConfig_t cfg = Config(l, scapeOptimReplicated, scapeFloat32);
+    scapeOptim_t opt = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+    if (!opt) return false;
+    scapeOptimInfo_t info;
+    std::memset(&info, 0x7f, sizeof(info));
+    EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+    EXPECT_EQ(info.maskWaitSeconds, 0.0) << "before the first step";
+    std::vector<float> theta = Theta(n);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> g = Grads(3, c.rank, step, n);
+      EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
+      EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
+      if (step == 0) {
+        EXPECT_EQ(info.maskWaitSeconds, 0.0) << "the first step has no sync to wait for";
+      }
+      EXPECT_GE(info.maskWaitSeconds, 0.0) << "step " << step;
+      EXPECT_LE(info.maskWaitSeconds, info.phaseSeconds[scapeOptimPhaseSyncWait])
+          << "step " << step;
+    }
+    EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
 uint64_t RingAllReduce(uint64_t bytes, int p) { return p <= 1 ? 0 : 2 * bytes * (p - 1) / p; }
 uint64_t RingHalf(uint64_t bytes, int p) { return p <= 1 ? 0 : bytes * (p - 1) / p; }
 

@@ -1342,15 +1342,21 @@ typedef struct {
                                 by the mask, see scapeOptimStepStream) */
   double phaseSeconds[scapeOptimNumPhases]; /**< wall time of each phase in the last step */
   /* Appended fields (the order above is the ABI's). */
-  uint64_t controlBytes; /**< the step's small control exchanges: the all-gather of the
-                              non-finite agreement (8 bytes per rank: 8(P-1) bytes), and in the
-                              sharded host step the all-gather of the per-owner norm partials
-                              (one double per rank: 8(P-1) bytes more) */
-  int64_t skippedSteps;  /**< steps skipped for non-finite gradients since the optimizer was
-                              made (scapeOptimNonFinite_t; not in checkpoints, kept by
-                              scapeOptimLoad). A skipped step leaves the other fields as the
-                              last completed step set them, except gradNorm (NaN), clipScale
-                              (1), the phase times and the byte counters (what it sent) */
+  uint64_t controlBytes;  /**< the step's small control exchanges: the all-gather of the
+                               non-finite agreement (8 bytes per rank: 8(P-1) bytes), and in the
+                               sharded host step the all-gather of the per-owner norm partials
+                               (one double per rank: 8(P-1) bytes more) */
+  int64_t skippedSteps;   /**< steps skipped for non-finite gradients since the optimizer was
+                               made (scapeOptimNonFinite_t; not in checkpoints, kept by
+                               scapeOptimLoad). A skipped step leaves the other fields as the
+                               last completed step set them, except gradNorm (NaN), clipScale
+                               (1), the phase times and the byte counters (what it sent) */
+  double maskWaitSeconds; /**< of phaseSeconds[scapeOptimPhaseSyncWait], the time the last step
+                               blocked on the previous step's mask sync (0 when it had already
+                               completed in the background, and at the first step): the part
+                               of the sync that the work between the steps did not hide. The
+                               rest of that phase is the non-finite check and agreement and
+                               the advance to the new mask */
 } scapeOptimInfo_t;
 
 /** Fills *info. Local. */

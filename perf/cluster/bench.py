@@ -177,6 +177,11 @@ def install(study: "scaling.Study") -> None:
         for inf in infos:
             for kk, v in inf["phase_seconds"].items():
                 ph[kk] = ph.get(kk, 0.0) + v
+            # the part of sync_wait spent blocked on the mask sync (a library that predates
+            # the field: None, and the hidden fraction falls back to sync_wait)
+            mw = inf.get("mask_wait_seconds")
+            ph["mask_wait"] = None if mw is None or ph.get("mask_wait", 0) is None else \
+                ph.get("mask_wait", 0.0) + mw
         T.phases.append(ph)
         T.lib_bytes.append({kk: sum(int(inf[kk]) for inf in infos)
                             for kk in ("bytes_sent", "mask_bytes", "payload_bytes",
@@ -253,7 +258,11 @@ def summarize(res: Dict[str, Any], warmup: int, method: str, world: int,
         lb = [T.lib_bytes[i] for i in idx]
         for k in lb[0]:
             out["lib_" + k + "_per_step"] = float(np.mean([b[k] for b in lb]))
-        out["phase_seconds"] = {k: float(np.mean([p[k] for p in ph])) for k in ph[0]}
+        out["phase_seconds"] = {k: float(np.mean([p[k] for p in ph]))
+                                for k in ph[0] if k != "mask_wait"}
+        mw = [p.get("mask_wait") for p in ph]
+        if mw and all(x is not None for x in mw):
+            out["mask_wait_s"] = float(np.mean(mw))
     if optim is None:  # torch's optimizer: the rest of the step after compute and exchange
         optim = out["step_s"] - compute - exchange - wait
         other = 0.0
@@ -369,9 +378,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             scape_001_bytes = s["lib_bytes_sent_per_step"]
         if method.startswith("scape"):
             s.update(sync_probe(study, s["lib_mask_bytes_per_step"], a.probe_reps))
-            exposed = max(0.0, s["sync_wait_s"] - s["agreement_s"])
-            s["sync_hidden_fraction"] = (max(0.0, 1.0 - exposed / s["mask_sync_blocking_s"])
-                                         if s["mask_sync_blocking_s"] > 0 else None)
+            # exposed: the time the step blocked on the mask sync (scapeOptimInfo_t's
+            # maskWaitSeconds); before the library reported it, the sync_wait phase less the
+            # agreement, which also holds the non-finite scan and the advance (kept beside it)
+            exposed_phase = max(0.0, s["sync_wait_s"] - s["agreement_s"])
+            exposed = s.get("mask_wait_s", exposed_phase)
+            blk = s["mask_sync_blocking_s"]
+            s["sync_hidden_fraction"] = max(0.0, 1.0 - exposed / blk) if blk > 0 else None
+            s["sync_hidden_fraction_phase"] = (max(0.0, 1.0 - exposed_phase / blk)
+                                               if blk > 0 else None)
         # the slowest rank's step and the largest counters are the job's
         keys = ["step_s", "tx_bytes_per_step", "rx_bytes_per_step"]
         mx = allmax(study, [s[k] for k in keys])

@@ -197,13 +197,18 @@ def report(out: str) -> str:
         sc = [r for r in g if r["method"].startswith("scape") and "mask_sync_blocking_s" in r]
         if sc:
             L.append("| mask sync | mask B/step (lib) | blocking sync (s) | agreement (s) | "
-                     "sync_wait (s) | hidden |")
-            L.append("|---|---|---|---|---|---|")
+                     "sync_wait phase (s) | blocked on the sync (s) | hidden | hidden, from "
+                     "the phase less the agreement |")
+            L.append("|---|---|---|---|---|---|---|---|")
             for r in sc:
                 h = r.get("sync_hidden_fraction")
+                hp = r.get("sync_hidden_fraction_phase", h if "mask_wait_s" not in r else None)
+                mw = r.get("mask_wait_s")
                 L.append(f"| {LABEL[r['method']]} | {fmt_b(r['lib_mask_bytes_per_step'])} | "
                          f"{r['mask_sync_blocking_s']:.4f} | {r['agreement_s']:.4f} | "
-                         f"{r['sync_wait_s']:.4f} | {'' if h is None else f'{h:.0%}'} |")
+                         f"{r['sync_wait_s']:.4f} | {'-' if mw is None else f'{mw:.4f}'} | "
+                         f"{'' if h is None else f'{h:.0%}'} | "
+                         f"{'' if hp is None else f'{hp:.0%}'} |")
             L.append("")
     # where SCAPE starts to win
     for P in sorted({k[0] for k in keys}):

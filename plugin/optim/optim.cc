@@ -218,8 +218,11 @@ Status Optimizer::CheckMaskUse() const {
 }
 
 Status Optimizer::AdvanceToAgreedMask() {
+  maskWait_ = 0.0;
   if (pending_) {
+    const int64_t t0 = NowNs();
     SCAPE_RETURN_IF_ERROR(mask_->SyncWait().Prepend("mask sync of the previous step"));
+    maskWait_ = static_cast<double>(NowNs() - t0) * 1e-9;
     SCAPE_RETURN_IF_ERROR(mask_->Advance());
     pending_ = false;
     gen_ = mask_->Generation();
@@ -735,6 +738,7 @@ void Optimizer::GetInfo(scapeOptimInfo_t* info) const {
     x.scratchBytes += dev_->ScratchBytes();
   }
   for (int p = 0; p < scapeOptimNumPhases; ++p) x.phaseSeconds[p] = phase_[p];
+  x.maskWaitSeconds = maskWait_;
   *info = x;
 }
 

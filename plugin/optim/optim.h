@@ -274,6 +274,7 @@ class Optimizer {
   float gradScale_ = 1.0f;
   double localNorm_ = 0.0;
   double phase_[scapeOptimNumPhases] = {};
+  double maskWait_ = 0.0;  // scapeOptimInfo_t.maskWaitSeconds (AdvanceToAgreedMask)
 };
 
 }  // namespace scape

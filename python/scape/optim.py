@@ -53,7 +53,7 @@ class _OptimInfo(Structure):
         ("clipScale", c_float), ("stateBytes", c_uint64), ("maskStateBytes", c_uint64),
         ("scratchBytes", c_uint64), ("phaseSeconds", c_double * NUM_PHASES),
         # appended fields (scape.h keeps the order)
-        ("controlBytes", c_uint64), ("skippedSteps", c_int64),
+        ("controlBytes", c_uint64), ("skippedSteps", c_int64), ("maskWaitSeconds", c_double),
     ]
 
 
@@ -353,7 +353,9 @@ class StepInfo(dict):
     payload_bytes, dense_bytes, control_bytes (the sharded step's all-gather of the norm
     partials), bytes_sent (the sum of the four), grad_norm, clip_scale, state_bytes,
     mask_state_bytes, scratch_bytes, phase_seconds (a dict by phase name), skipped_steps (steps
-    skipped for non-finite gradients since construction; a skipped step leaves ``step``)."""
+    skipped for non-finite gradients since construction; a skipped step leaves ``step``),
+    mask_wait_seconds (of phase_seconds["sync_wait"], the time the step blocked on the previous
+    step's mask sync: the part of the sync not hidden behind the work between the steps)."""
 
 
 def dense_by_default(param: torch.Tensor) -> bool:
@@ -605,7 +607,8 @@ class _Group:
             grad_norm=float(i.gradNorm), clip_scale=float(i.clipScale),
             state_bytes=int(i.stateBytes), mask_state_bytes=int(i.maskStateBytes),
             scratch_bytes=int(i.scratchBytes), skipped_steps=int(i.skippedSteps),
-            phase_seconds={PHASES[k]: float(i.phaseSeconds[k]) for k in range(NUM_PHASES)})
+            phase_seconds={PHASES[k]: float(i.phaseSeconds[k]) for k in range(NUM_PHASES)},
+            mask_wait_seconds=float(i.maskWaitSeconds))
 
     def save(self) -> torch.Tensor:
         if self.handle is None:

@@ -267,6 +267,8 @@ def case_optim_nonfinite(comm, steps=6, bad_step=3):
                 assert info["skipped_steps"] == (1 if mode == "skip" else 0), info
                 continue
             opt.step()
+            info = opt.info()[0]  # the part of sync_wait blocked on the mask sync
+            assert 0.0 <= info["mask_wait_seconds"] <= info["phase_seconds"]["sync_wait"], info
         out = _hash(opt.flat_parameters())
         skipped = opt.info()[0]["skipped_steps"]
         opt.destroy()
