@@ -47,7 +47,7 @@ const ParamInfo kParams[] = {
      INT64_C(1) << 62},
     {"SCAPE_CHUNK_BYTES", "2097152",
      "pipeline chunk of the ring and broadcast (4096 .. 1 GiB). Unset, it is the largest chunk: a "
-     "block smaller than 8 of them is cut into about 8 chunks of at least 256 KiB; set, every "
+     "block smaller than 8 of them is cut into about 8 chunks of at least 64 KiB; set, every "
      "chunk is this size",
      ParamType::kInt, 4096, INT64_C(1) << 30},
     {"SCAPE_BOOTSTRAP_ADDR", "", "`host:port` of the rendezvous root for `scapeCommInitFromEnv`",

@@ -54,9 +54,9 @@ TEST(Schedule, ChunksPartitionABlock) {
 }
 
 // SCAPE_CHUNK_BYTES unset: a block under 8 chunks of the cap is cut into about 8 chunks of at
-// least 256 KiB; large blocks keep the cap; a set value is every chunk's size.
+// least 64 KiB; large blocks keep the cap; a set value is every chunk's size.
 TEST(Schedule, SizeAwareChunk) {
-  const size_t cap = size_t{2} << 20, floor = size_t{256} << 10;
+  const size_t cap = size_t{2} << 20, floor = size_t{64} << 10;
   EXPECT_EQ(coll::AutoChunkBytes(0, cap), floor);
   EXPECT_EQ(coll::AutoChunkBytes(100, cap), floor);
   EXPECT_EQ(coll::AutoChunkBytes(8 * floor, cap), floor);
@@ -64,13 +64,14 @@ TEST(Schedule, SizeAwareChunk) {
   EXPECT_EQ(coll::AutoChunkBytes(8 * cap, cap), cap);
   EXPECT_EQ(coll::AutoChunkBytes(size_t{1} << 40, cap), cap);
   EXPECT_EQ(coll::AutoChunkBytes(size_t{1} << 20, 4096), 4096u);  // never above the cap
-  // The cluster run's case: a 3.3 MB fp32 all-reduce on 2 ranks, 1.67 MB blocks: 7 chunks of
-  // at most 256 KiB instead of one of 2 MiB.
+  // The cluster run's cases: a 3.3 MB fp32 all-reduce on 2 ranks, 1.67 MB blocks: 8 chunks
+  // instead of one of 2 MiB; SCAPE 0.1's 389 kB payload, 195 kB blocks: 3 of 64 KiB.
   const size_t block = 834432 / 2 * 4;
-  EXPECT_EQ(coll::RingChunks(block, coll::AutoChunkBytes(block, cap), 2), 7u);
+  EXPECT_EQ(coll::RingChunks(block, coll::AutoChunkBytes(block, cap), 2), 8u);
   EXPECT_EQ(coll::RingChunks(block, cap, 2), 1u);
+  EXPECT_EQ(coll::RingChunks(194500, coll::AutoChunkBytes(194500, cap), 2), 3u);
   coll::Tuning t;
-  EXPECT_EQ(t.ChunkFor(block), floor);
+  EXPECT_EQ(t.ChunkFor(block), block / 8);
   t.chunkSizeAware = false;
   EXPECT_EQ(t.ChunkFor(block), cap);
   // Whatever the size, the chunks of a block stay within the tag's step field.

@@ -29,12 +29,14 @@ inline size_t ChunkBegin(size_t len, size_t nchunks, size_t c) {
 
 // The chunk when SCAPE_CHUNK_BYTES is left unset (size-aware): at most chunkBytes (its default,
 // 2 MiB), but a block smaller than kAutoRingChunks such chunks is cut into about kAutoRingChunks
-// chunks of at least kAutoChunkFloorBytes, so that an all-reduce of a few MB is pipelined too.
-// With one 2 MiB chunk per block, a 3.3 MB all-reduce on 2 ranks ran at 1.5x its wire time on a
-// rate-limited link, with 256 KiB chunks at 1.1x (perf/RESULTS_cluster.md). Set, the variable's
-// value is every chunk's size, as before.
+// chunks of at least kAutoChunkFloorBytes, so that an all-reduce of a few hundred kB to a few MB
+// is pipelined too. With one 2 MiB chunk per block, a 3.3 MB all-reduce on 2 ranks ran at 1.5x
+// its wire time on a rate-limited link (1.1x in 256 KiB chunks), and SCAPE 0.1's 390-550 kB
+// payload at 1.25-1.35x (1.1x in 64 KiB chunks); on loopback 64 KiB chunks were as fast or
+// faster from 256 kB to 4 MB (perf/RESULTS_cluster.md). Set, the variable's value is every
+// chunk's size, as before.
 constexpr size_t kAutoRingChunks = 8;
-constexpr size_t kAutoChunkFloorBytes = size_t{256} << 10;
+constexpr size_t kAutoChunkFloorBytes = size_t{64} << 10;
 inline size_t AutoChunkBytes(size_t maxBlockBytes, size_t chunkBytes) {
   size_t c = maxBlockBytes / kAutoRingChunks + (maxBlockBytes % kAutoRingChunks ? 1 : 0);
   if (c < kAutoChunkFloorBytes) c = kAutoChunkFloorBytes;
