@@ -27,9 +27,10 @@
 # tables (OUT/summary.md).
 #   bash perf/train/run_quality.sh                      # the whole study, hours: run it with nohup
 #   PLANS=q20 bash perf/train/run_quality.sh            # one plan
-#   SHORT=1 bash perf/train/run_quality.sh              # < 10 min: one point of the length table
-#                                                       # (q-len2, dense AdamS and SCAPE 0.01,
-#                                                       # seed 1) rerun beside what OUT recorded
+#   SHORT=1 bash perf/train/run_quality.sh              # < 10 min: one point of each table
+#                                                       # (length, size, peers, options, kept
+#                                                       # options; seed 1) rerun beside what
+#                                                       # OUT recorded
 #   FULL=1 bash perf/train/run_quality.sh               # + 0.37M and q20-more (~13 CPU-hours)
 # BUILD_DIR, OUT, NPROC, PLANS, SIZES (of q-size), SKIP_BUILD=1 also apply.
 set -euo pipefail
@@ -49,12 +50,21 @@ source perf/train/setup_env.sh
 export SCAPE_TIMEOUT_MS=${SCAPE_TIMEOUT_MS:-600000}  # a shared machine: slow steps are no hang
 mkdir -p "$OUT"
 if [ "${SHORT:-0}" = 1 ]; then
-  # One point rerun into a scratch folder holding OUT's q20 sweep (for the lr), then compared.
+  # One point of each table rerun into a scratch folder holding OUT's q20 sweep (for the lr),
+  # then compared with what OUT recorded: the length table (2 tokens per parameter, dense
+  # AdamS and SCAPE 0.01), the size table, the peers and the kept options (0.022M: dense
+  # AdamS, SCAPE 0.1, PowerSGD-EF at its bytes, the kept stack), the options screen (local
+  # clipping at 0.12M / 20 tokens per parameter, whose method's seed 1 is the sweep's run).
+  # All seed 1; about 7 CPU-minutes.
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   [ -f "$OUT/runs.jsonl" ] && grep '"stage": "sweep"' "$OUT/runs.jsonl" > "$tmp/runs.jsonl" || true
-  /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 3600 perf/train/scaling.py \
-    --plan q-len2 --out "$tmp" --only adams scape-0.01 --seeds 1
+  run() { /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 3600 perf/train/scaling.py \
+            --out "$tmp" --seeds 1 "$@"; }
+  run --plan q-len2 --only adams scape-0.01
+  run --plan q-size --sizes d24L2 --peers powersgd@0.1 \
+      --only adams scape-0.1 powersgd@0.1 scape-0.1-artifact-localclip
+  run --plan q20 --variant-seeds 1 --only scape-0.1-localclip
   /usr/bin/python3 - "$OUT" "$tmp" <<'PY'
 import json, sys
 def rows(d):
@@ -73,9 +83,11 @@ for r in new:
     seeds = [o["final_val_loss"] for o in old if o["group"] == r["group"] and
              o["steps"] == r["steps"] and o["lr"] == r["lr"] and o["size"] == r["size"]]
     spread = (max(seeds) - min(seeds)) if len(seeds) > 1 else float("nan")
-    print(f"short: {r['group']} {r['tokens_per_param']:.0f} tokens/param lr {r['lr']:g}: "
-          f"{r['final_val_loss']:.4f} now, recorded {same[0] if same else 'none'}"
-          f" (seed spread {spread:.4f})")
+    near = ("within it" if abs(r["final_val_loss"] - same[0]) <= spread else "OUTSIDE it") \
+        if same and spread == spread else "no spread to compare"
+    print(f"short: {r['size']} {r['group']} {r['tokens_per_param']:.0f} tokens/param lr "
+          f"{r['lr']:g}: {r['final_val_loss']:.4f} now, recorded "
+          f"{same[0] if same else 'none'} (seed spread {spread:.4f}: {near})")
 PY
   exit 0
 fi
