@@ -68,6 +68,7 @@ class Timers:
         self.opt_step: List[float] = []
         self.ready: List[float] = []           # first communication call of each step
         self.phases: List[Dict[str, float]] = []
+        self.mask_wait: List[float] = []  # per step: time blocked on the mask sync
         self.lib_bytes: List[Dict[str, Any]] = []
         self.end: Optional[float] = None
         self.end_tx = self.end_rx = 0
@@ -177,11 +178,8 @@ def install(study: "scaling.Study") -> None:
         for inf in infos:
             for kk, v in inf["phase_seconds"].items():
                 ph[kk] = ph.get(kk, 0.0) + v
-            # the part of sync_wait spent blocked on the mask sync (a library that predates
-            # the field: None, and the hidden fraction falls back to sync_wait)
-            mw = inf.get("mask_wait_seconds")
-            ph["mask_wait"] = None if mw is None or ph.get("mask_wait", 0) is None else \
-                ph.get("mask_wait", 0.0) + mw
+        # the part of sync_wait spent blocked on the mask sync
+        T.mask_wait.append(sum(inf["mask_wait_seconds"] for inf in infos))
         T.phases.append(ph)
         T.lib_bytes.append({kk: sum(int(inf[kk]) for inf in infos)
                             for kk in ("bytes_sent", "mask_bytes", "payload_bytes",
@@ -258,11 +256,8 @@ def summarize(res: Dict[str, Any], warmup: int, method: str, world: int,
         lb = [T.lib_bytes[i] for i in idx]
         for k in lb[0]:
             out["lib_" + k + "_per_step"] = float(np.mean([b[k] for b in lb]))
-        out["phase_seconds"] = {k: float(np.mean([p[k] for p in ph]))
-                                for k in ph[0] if k != "mask_wait"}
-        mw = [p.get("mask_wait") for p in ph]
-        if mw and all(x is not None for x in mw):
-            out["mask_wait_s"] = float(np.mean(mw))
+        out["phase_seconds"] = {k: float(np.mean([p[k] for p in ph])) for k in ph[0]}
+        out["mask_wait_s"] = float(np.mean([T.mask_wait[i] for i in idx]))
     if optim is None:  # torch's optimizer: the rest of the step after compute and exchange
         optim = out["step_s"] - compute - exchange - wait
         other = 0.0
@@ -379,10 +374,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if method.startswith("scape"):
             s.update(sync_probe(study, s["lib_mask_bytes_per_step"], a.probe_reps))
             # exposed: the time the step blocked on the mask sync (scapeOptimInfo_t's
-            # maskWaitSeconds); before the library reported it, the sync_wait phase less the
-            # agreement, which also holds the non-finite scan and the advance (kept beside it)
+            # maskWaitSeconds); beside it the 2026-12-06 runs' figure, the sync_wait phase less
+            # the agreement (it also holds the non-finite scan and the advance)
             exposed_phase = max(0.0, s["sync_wait_s"] - s["agreement_s"])
-            exposed = s.get("mask_wait_s", exposed_phase)
+            exposed = s["mask_wait_s"]
             blk = s["mask_sync_blocking_s"]
             s["sync_hidden_fraction"] = max(0.0, 1.0 - exposed / blk) if blk > 0 else None
             s["sync_hidden_fraction_phase"] = (max(0.0, 1.0 - exposed_phase / blk)

@@ -93,20 +93,23 @@ PY
 fi
 lscpu | grep -E "^(Model name|CPU\(s\))" || true
 # The estimate first (whole plans, done or not, from what OUT recorded).
+plan_args() {  # sets args: q-size's sizes and peers (none for the other plans)
+  args=()
+  if [ "$1" = q-size ]; then
+    read -r -a args <<<"$SIZES"
+    args=(--sizes "${args[@]}" "${qsize_peers[@]}")
+  fi
+}
 for plan in $PLANS; do
-  sizes=()
-  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" &&
-    sizes=(--sizes "${sizes[@]}" "${qsize_peers[@]}")
+  plan_args "$plan"
   echo "estimate $plan: $(/usr/bin/python3 perf/train/scaling.py --plan "$plan" --out "$OUT" \
-    --world "$NPROC" "${sizes[@]}" --dry-run | tail -1)"
+    --world "$NPROC" "${args[@]}" --dry-run | tail -1)"
 done
 for plan in $PLANS; do
   start=$(date +%s)
-  sizes=()
-  [ "$plan" = q-size ] && read -r -a sizes <<<"$SIZES" &&
-    sizes=(--sizes "${sizes[@]}" "${qsize_peers[@]}")
+  plan_args "$plan"
   /usr/bin/python3 -m scape.launch -n "$NPROC" --timeout 172800 perf/train/scaling.py \
-    --plan "$plan" --out "$OUT" "${sizes[@]}"
+    --plan "$plan" --out "$OUT" "${args[@]}"
   echo "run_quality.sh: plan $plan took $(( $(date +%s) - start )) s"
 done
 /usr/bin/python3 perf/train/quality_summary.py "$OUT" --md "$OUT/summary.md"
