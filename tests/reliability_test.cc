@@ -339,11 +339,12 @@ TEST(UcxStatus, PeerFailuresAreRemoteErrors) {
   EXPECT_FALSE(scape::transport::ucx::IsTruncated(UCS_ERR_NO_MEMORY));
 }
 
-// Shared-memory (CMA) copies run in the worker's progress, a segment per call: a receive
-// cancelled after it matched leaves its copy queued on an endpoint UCX made itself, and UCX
-// 1.13 aborts the process (arbiter.c: "ucs_arbiter_group_is_empty") if the worker is destroyed
+// Shared-memory (CMA) copies run in the worker's progress, a segment per call, and cancelling a
+// receive that has matched does not stop its copy. Destroying such a request used to return at
+// once: the copy went on into the caller's freed buffer on later progress calls, and UCX 1.13
+// aborted the process (arbiter.c: "ucs_arbiter_group_is_empty") if the worker was destroyed
 // with it queued. A collective aborted on a count mismatch did this in 6 of 15 runs; here it is
-// made certain: rank 1 destroys its transport with a 64 MiB copy a segment in.
+// made certain: rank 1 destroys its receive a segment into a 64 MiB copy.
 TEST(UcxLayer, DestroyWithASharedMemoryCopyInFlight) {
   int toPeer[2][2];
   ASSERT_EQ(pipe(toPeer[0]), 0);
@@ -405,7 +406,13 @@ TEST(UcxLayer, DestroyWithASharedMemoryCopyInFlight) {
         while (buf[0] == 0 && MsSince(t0) < 20000) tp->Progress();
         EXPECT_NE(buf[0], 0) << "the copy never started";
         EXPECT_EQ(buf[n - 1], 0) << "the copy finished before the transport was destroyed";
-        req.reset();  // cancels the receive; its copy stays queued
+        // Destroying the request gives the buffer back: nothing may write into it afterwards
+        // (the caller frees it). Then the transport goes with no copy queued.
+        req.reset();
+        const uint8_t last = buf[n - 1];
+        t0 = Clock::now();
+        while (MsSince(t0) < 200) tp->Progress();
+        EXPECT_EQ(buf[n - 1], last) << "UCX wrote into the buffer of a destroyed receive";
         tp.reset();
         const char done = 1;
         EXPECT_TRUE(writeAll(toPeer[1][1], &done, 1));

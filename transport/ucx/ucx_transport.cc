@@ -17,19 +17,18 @@ namespace {
 // Upper bound on a worker address we accept from the network.
 constexpr size_t kMaxAddressBytes = 64 * 1024;
 
+// How long destroying an incomplete receive waits for UCX to give its buffer back.
+constexpr int64_t kCancelWaitNs = 1000ll * 1000 * 1000;
+
+class UcxTransport;
+
 class UcxRequest final : public Request {
  public:
-  UcxRequest(int peer, bool isRecv, ucx::Req ucxReq, ucx::Worker* worker)
-      : Request(peer, isRecv), req_(ucxReq), worker_(worker) {}
-  ~UcxRequest() override {
-    if (req_) {
-      // An incomplete receive is cancelled; UCX releases the request when it completes.
-      if (isRecv() && ucx::Worker::Check(req_) == ucx::kUcsInProgress) worker_->Cancel(req_);
-      ucx::Worker::Free(req_);
-    }
-  }
+  UcxRequest(int peer, bool isRecv, ucx::Req ucxReq, UcxTransport* owner)
+      : Request(peer, isRecv), req_(ucxReq), owner_(owner) {}
+  ~UcxRequest() override;
   ucx::Req req_;  // nullptr once complete (or completed immediately)
-  ucx::Worker* worker_;
+  UcxTransport* owner_;
   bool done_ = false;
   ucx::UcsCode status_ = ucx::kUcsOk;
   size_t length_ = 0;
@@ -52,6 +51,27 @@ class UcxTransport final : public Transport {
   }
 
   void LeakOnDestroy() override { leak_ = true; }
+
+  // Destroys the UCX side of a receive that has not completed. UCX owns the receive's buffer
+  // until the request completes, and cancelling does not stop a copy already under way (a
+  // matched rendezvous: on one host, a shared-memory copy done in later progress calls): wait
+  // for it, bounded, so that the caller may free the buffer. A receive still not complete then
+  // can write into freed memory on any later progress: the worker is never progressed again,
+  // and kept instead of destroyed.
+  void EndReceive(ucx::Req r) {
+    if (!abandoned_) {
+      worker_->Cancel(r);
+      if (!worker_->Wait(r, NowNs() + kCancelWaitNs)) {
+        SCAPE_WARN(
+            "rank %d: a cancelled receive did not end within %lld ms; this rank's UCX "
+            "worker is no longer progressed",
+            opts_.rank, static_cast<long long>(kCancelWaitNs / 1000000));
+        abandoned_ = true;
+        leak_ = true;
+      }
+    }
+    ucx::Worker::Free(r);
+  }
   bool DeviceMemory() const override { return deviceMemory_; }
 
   Status Init(const TransportOptions& opts) {
@@ -106,7 +126,7 @@ class UcxTransport final : public Transport {
     ucx::Req r = nullptr;
     ucx::UcsCode s = worker_->Send(p.ep, buf, len, tag, ucx::Mem::kAny, /*sync=*/false, &r);
     if (s != ucx::kUcsOk) return ucx::CodeError(StrFormat("send to rank %d", peer), s);
-    auto ur = std::make_unique<UcxRequest>(peer, false, r, worker_.get());
+    auto ur = std::make_unique<UcxRequest>(peer, false, r, this);
     if (r == nullptr) ur->done_ = true;
     *req = std::move(ur);
     return Status::Ok();
@@ -114,7 +134,7 @@ class UcxTransport final : public Transport {
 
   Status Irecv(int peer, uint64_t tag, uint64_t tagMask, void* buf, size_t len,
                std::unique_ptr<Request>* req) override {
-    auto ur = std::make_unique<UcxRequest>(peer, true, nullptr, worker_.get());
+    auto ur = std::make_unique<UcxRequest>(peer, true, nullptr, this);
     // Always a request (ucx::Worker::Recv): the sender tag is read from it.
     ucx::Req r = nullptr;
     ucx::UcsCode s = worker_->Recv(buf, len, tag, tagMask, ucx::Mem::kAny, &r);
@@ -154,7 +174,7 @@ class UcxTransport final : public Transport {
     return Status::Ok();
   }
 
-  bool Progress() override { return worker_->Progress(); }
+  bool Progress() override { return !abandoned_ && worker_->Progress(); }
 
   bool Probe(uint64_t wantedTag, uint64_t tagMask, uint64_t* senderTag) override {
     return worker_->Probe(wantedTag, tagMask, senderTag);
@@ -181,7 +201,8 @@ class UcxTransport final : public Transport {
     // Bounded: a flush toward a peer that is gone must not hang us.
     Deadline dl = Deadline::AfterMs(force ? 2000 : opts_.timeoutMs);
     for (ucx::Req r : pending) {
-      while (ucx::Worker::Check(r) == ucx::kUcsInProgress && !dl.Expired()) worker_->Progress();
+      while (!abandoned_ && ucx::Worker::Check(r) == ucx::kUcsInProgress && !dl.Expired())
+        worker_->Progress();
       ucx::Worker::Free(r);
     }
   }
@@ -220,8 +241,17 @@ class UcxTransport final : public Transport {
   std::vector<Peer> peers_;  // UCX's failure reports target them: destroyed after the worker
   std::unique_ptr<ucx::Worker> worker_;  // owns the UCP context
   bool leak_ = false;
+  bool abandoned_ = false;     // a receive outlived its buffer: never progress the worker again
   bool deviceMemory_ = false;  // the UCX context can move CUDA memory
 };
+
+UcxRequest::~UcxRequest() {
+  if (!req_) return;
+  if (isRecv() && ucx::Worker::Check(req_) == ucx::kUcsInProgress)
+    owner_->EndReceive(req_);
+  else
+    ucx::Worker::Free(req_);  // a send: UCX releases it when it completes
+}
 
 }  // namespace
 
