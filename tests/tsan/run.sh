@@ -21,7 +21,9 @@ dir="${SCAPE_TSAN_DIR:-build-tsan}"
 # plugin's entry points (net_v11.cc and the shims) and its UCX engine statically.
 source tests/cmake_generator.sh
 # shellcheck disable=SC2046 # scape_generator prints nothing or two words
-CC=clang-14 CXX=clang++-14 cmake $(scape_generator "$dir") -B "$dir" -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# -O1 -g1 (line tables): what ThreadSanitizer's reports need, at half the compile time of -O2 -g.
+CC=clang-14 CXX=clang++-14 cmake $(scape_generator "$dir") -B "$dir" -S . -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" \
   -DSCAPE_WITH_CUDA=OFF -DSCAPE_BUILD_PERF=OFF -DSCAPE_SANITIZE=thread \
   -DCMAKE_EXE_LINKER_FLAGS= -DCMAKE_SHARED_LINKER_FLAGS= \
   > "$dir.cmake.log" 2>&1 || { cat "$dir.cmake.log"; exit 1; }
