@@ -5,8 +5,10 @@
 // Contract:
 // - Isend/Irecv return a Request the caller owns (unique_ptr). The buffer must stay valid and
 //   untouched until Test reports the request complete. Destroying an incomplete receive
-//   cancels it; destroying an incomplete send is allowed only after CloseAll(force=true) or
-//   when the peer has failed (the transport then no longer touches the buffer).
+//   cancels it and returns once the transport no longer writes into its buffer (a copy already
+//   under way is waited for, bounded; the "Nothing blocks" rule below has this one exception);
+//   destroying an incomplete send is allowed only after CloseAll(force=true) or when the peer
+//   has failed (the transport then no longer touches the buffer).
 // - Receives match on (tag & tagMask) == (wantedTag & tagMask); messages from one peer with
 //   the same tag are matched in the order they were sent. RecvInfo reports the sender's full
 //   tag and the received length.
