@@ -3,6 +3,7 @@
 // after an abort, outputs written on failure. Each test failed before its fix.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <ucs/type/status.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -339,6 +341,60 @@ TEST(UcxStatus, PeerFailuresAreRemoteErrors) {
   EXPECT_FALSE(scape::transport::ucx::IsTruncated(UCS_ERR_NO_MEMORY));
 }
 
+// Two ranks' transports connected over pipes made before the fork (no bootstrap): the UCX
+// transport alone, so a test can hold a transfer where it wants it.
+bool WriteAll(int fd, const void* p, size_t n) {
+  return write(fd, p, n) == static_cast<ssize_t>(n);
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, static_cast<char*>(p) + got, n - got);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+struct TransportPair {
+  int toPeer[2][2];  // toPeer[r]: rank r writes, the other rank reads
+  TransportPair() {
+    EXPECT_EQ(pipe(toPeer[0]), 0);
+    EXPECT_EQ(pipe(toPeer[1]), 0);
+  }
+  // In rank `me`: a transport connected to the other rank, or null (with a test failure).
+  std::unique_ptr<scape::transport::Transport> Connect(int me, const std::string& tls) {
+    const int peer = 1 - me;
+    scape::transport::TransportOptions to;
+    to.rank = me;
+    to.nranks = 2;
+    to.tls = tls;
+    scape::Status st;
+    std::unique_ptr<scape::transport::Transport> tp = scape::transport::CreateUcxTransport(to, &st);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!tp) return nullptr;
+    const std::vector<uint8_t>& mine = tp->LocalAddress();
+    const uint32_t len = static_cast<uint32_t>(mine.size());
+    EXPECT_TRUE(WriteAll(toPeer[me][1], &len, sizeof(len)));
+    EXPECT_TRUE(WriteAll(toPeer[me][1], mine.data(), mine.size()));
+    uint32_t peerLen = 0;
+    EXPECT_TRUE(ReadAll(toPeer[peer][0], &peerLen, sizeof(peerLen)));
+    std::vector<uint8_t> blob(peerLen);
+    EXPECT_TRUE(ReadAll(toPeer[peer][0], blob.data(), blob.size()));
+    st = tp->Connect(peer, blob.data(), blob.size(), /*sameHost=*/true);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return st.ok() ? std::move(tp) : nullptr;
+  }
+  // Rank 0: progresses its transport until rank 1 writes a byte (bounded), then closes.
+  void ProgressUntilRank1IsDone(scape::transport::Transport* tp) {
+    EXPECT_EQ(fcntl(toPeer[1][0], F_SETFL, O_NONBLOCK), 0);
+    char done = 0;
+    auto t0 = Clock::now();
+    while (read(toPeer[1][0], &done, 1) != 1 && MsSince(t0) < 20000) tp->Progress();
+    EXPECT_EQ(done, 1) << "rank 1 did not finish";
+    tp->CloseAll(/*force=*/true);
+  }
+};
+
 // Shared-memory (CMA) copies run in the worker's progress, a segment per call, and cancelling a
 // receive that has matched does not stop its copy. Destroying such a request used to return at
 // once: the copy went on into the caller's freed buffer on later progress calls, and UCX 1.13
@@ -346,58 +402,21 @@ TEST(UcxStatus, PeerFailuresAreRemoteErrors) {
 // with it queued. A collective aborted on a count mismatch did this in 6 of 15 runs; here it is
 // made certain: rank 1 destroys its receive a segment into a 64 MiB copy.
 TEST(UcxLayer, DestroyWithASharedMemoryCopyInFlight) {
-  int toPeer[2][2];
-  ASSERT_EQ(pipe(toPeer[0]), 0);
-  ASSERT_EQ(pipe(toPeer[1]), 0);
+  TransportPair pair;
   RankOptions o;
   o.initComm = false;
   RunResult res = RunRanks(
       2,
       [&](RankCtx& c) {
-        const int me = c.rank, peer = 1 - c.rank;
-        auto writeAll = [](int fd, const void* p, size_t n) {
-          return write(fd, p, n) == static_cast<ssize_t>(n);
-        };
-        auto readAll = [](int fd, void* p, size_t n) {
-          size_t got = 0;
-          while (got < n) {
-            ssize_t r = read(fd, static_cast<char*>(p) + got, n - got);
-            if (r <= 0) return false;
-            got += static_cast<size_t>(r);
-          }
-          return true;
-        };
-        scape::transport::TransportOptions to;
-        to.rank = me;
-        to.nranks = 2;
-        scape::Status st;
-        std::unique_ptr<scape::transport::Transport> tp =
-            scape::transport::CreateUcxTransport(to, &st);
-        EXPECT_TRUE(st.ok()) << st.message();
+        std::unique_ptr<scape::transport::Transport> tp = pair.Connect(c.rank, "");
         if (!tp) return false;
-        const std::vector<uint8_t>& mine = tp->LocalAddress();
-        const uint32_t len = static_cast<uint32_t>(mine.size());
-        EXPECT_TRUE(writeAll(toPeer[me][1], &len, sizeof(len)));
-        EXPECT_TRUE(writeAll(toPeer[me][1], mine.data(), mine.size()));
-        uint32_t peerLen = 0;
-        EXPECT_TRUE(readAll(toPeer[peer][0], &peerLen, sizeof(peerLen)));
-        std::vector<uint8_t> blob(peerLen);
-        EXPECT_TRUE(readAll(toPeer[peer][0], blob.data(), blob.size()));
-        st = tp->Connect(peer, blob.data(), blob.size(), /*sameHost=*/true);
-        EXPECT_TRUE(st.ok()) << st.message();
         const size_t n = size_t{64} << 20;
-        std::vector<uint8_t> buf(n, me == 0 ? 0xab : 0);
+        std::vector<uint8_t> buf(n, c.rank == 0 ? 0xab : 0);
         std::unique_ptr<scape::transport::Request> req;
         const uint64_t tag = 7;
-        if (me == 0) {
+        if (c.rank == 0) {
           EXPECT_TRUE(tp->Isend(1, tag, buf.data(), n, &req).ok());
-          // Progress until rank 1 says it is done with its transport.
-          EXPECT_EQ(fcntl(toPeer[1][0], F_SETFL, O_NONBLOCK), 0);
-          char done = 0;
-          auto t0 = Clock::now();
-          while (read(toPeer[1][0], &done, 1) != 1 && MsSince(t0) < 20000) tp->Progress();
-          EXPECT_EQ(done, 1) << "rank 1 did not finish";
-          tp->CloseAll(/*force=*/true);
+          pair.ProgressUntilRank1IsDone(tp.get());
           req.reset();
           return true;
         }
@@ -415,7 +434,79 @@ TEST(UcxLayer, DestroyWithASharedMemoryCopyInFlight) {
         EXPECT_EQ(buf[n - 1], last) << "UCX wrote into the buffer of a destroyed receive";
         tp.reset();
         const char done = 1;
-        EXPECT_TRUE(writeAll(toPeer[1][1], &done, 1));
+        EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &done, 1));
+        return true;
+      },
+      o);
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// The other side of that wait: a receive that cannot end (its sender is stopped mid-transfer,
+// over TCP) is waited for 1 s, then the transport never progresses its worker again, so the
+// buffer the caller frees is never written, and the transport's destruction keeps the worker.
+TEST(UcxLayer, AReceiveThatCannotEndStopsTheWorkersProgress) {
+  TransportPair pair;
+  RankOptions o;
+  o.initComm = false;
+  RunResult res = RunRanks(
+      2,
+      [&](RankCtx& c) {
+        std::unique_ptr<scape::transport::Transport> tp = pair.Connect(c.rank, "tcp");
+        if (!tp) return false;
+        const size_t n = size_t{64} << 20;
+        std::vector<uint8_t> buf(n, c.rank == 0 ? 0xab : 0);
+        std::unique_ptr<scape::transport::Request> req;
+        const uint64_t tag = 9;
+        if (c.rank == 0) {
+          EXPECT_TRUE(tp->Isend(1, tag, buf.data(), n, &req).ok());
+          // Progress until rank 1 has the first bytes, then stop (rank 1 continues us).
+          char got = 0;
+          EXPECT_EQ(fcntl(pair.toPeer[1][0], F_SETFL, O_NONBLOCK), 0);
+          auto t0 = Clock::now();
+          while (read(pair.toPeer[1][0], &got, 1) != 1 && MsSince(t0) < 20000) tp->Progress();
+          EXPECT_EQ(got, 2) << "rank 1 never received the first bytes";
+          const pid_t me = getpid();
+          EXPECT_TRUE(WriteAll(pair.toPeer[0][1], &me, sizeof(me)));
+          raise(SIGSTOP);
+          pair.ProgressUntilRank1IsDone(tp.get());
+          req.reset();
+          return true;
+        }
+        EXPECT_TRUE(tp->Irecv(0, tag, ~uint64_t{0}, buf.data(), n, &req).ok());
+        auto t0 = Clock::now();
+        while (buf[0] == 0 && MsSince(t0) < 20000) tp->Progress();
+        EXPECT_NE(buf[0], 0) << "the transfer never started";
+        const char started = 2;
+        EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &started, 1));
+        pid_t sender = 0;
+        EXPECT_TRUE(ReadAll(pair.toPeer[0][0], &sender, sizeof(sender)));
+        // Wait until the sender is stopped (state T in /proc/PID/stat).
+        bool stopped = false;
+        t0 = Clock::now();
+        while (!stopped && MsSince(t0) < 20000) {
+          FILE* f = std::fopen(("/proc/" + std::to_string(sender) + "/stat").c_str(), "r");
+          char state = 0;
+          if (f) {
+            EXPECT_EQ(std::fscanf(f, "%*d %*s %c", &state), 1);
+            std::fclose(f);
+          }
+          stopped = state == 'T';
+          if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        EXPECT_TRUE(stopped);
+        EXPECT_EQ(buf[n - 1], 0) << "the transfer finished before the sender stopped";
+        auto t1 = Clock::now();
+        req.reset();  // waits 1 s, gives up
+        EXPECT_GE(MsSince(t1), 900);
+        const uint8_t last = buf[n - 1];
+        EXPECT_FALSE(tp->Progress());
+        EXPECT_EQ(kill(sender, SIGCONT), 0);
+        t1 = Clock::now();
+        while (MsSince(t1) < 200) tp->Progress();
+        EXPECT_EQ(buf[n - 1], last) << "UCX wrote into the buffer of a destroyed receive";
+        tp.reset();  // keeps the worker: no progress, no abort
+        const char done = 1;
+        EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &done, 1));
         return true;
       },
       o);
