@@ -384,6 +384,34 @@ struct TransportPair {
     EXPECT_TRUE(st.ok()) << st.message();
     return st.ok() ? std::move(tp) : nullptr;
   }
+  // Posts a 64 MiB transfer, rank 0 to rank 1, on `tp`; rank 1 then progresses until the first
+  // bytes are in its buffer (bounded).
+  static constexpr size_t kBytes = size_t{64} << 20;
+  void StartTransfer(int me, scape::transport::Transport* tp, uint64_t tag,
+                     std::vector<uint8_t>* buf, std::unique_ptr<scape::transport::Request>* req) {
+    buf->assign(kBytes, me == 0 ? 0xab : 0);
+    if (me == 0) {
+      EXPECT_TRUE(tp->Isend(1, tag, buf->data(), kBytes, req).ok());
+      return;
+    }
+    EXPECT_TRUE(tp->Irecv(0, tag, ~uint64_t{0}, buf->data(), kBytes, req).ok());
+    auto t0 = Clock::now();
+    while ((*buf)[0] == 0 && MsSince(t0) < 20000) tp->Progress();
+    EXPECT_NE((*buf)[0], 0) << "the transfer never started";
+    EXPECT_EQ((*buf)[kBytes - 1], 0) << "the transfer finished before the test could hold it";
+  }
+  // Rank 1, after destroying its receive: progresses 200 ms; nothing may write into the buffer.
+  static void ExpectUntouched(scape::transport::Transport* tp, const std::vector<uint8_t>& buf) {
+    const uint8_t last = buf[kBytes - 1];
+    auto t0 = Clock::now();
+    while (MsSince(t0) < 200) tp->Progress();
+    EXPECT_EQ(buf[kBytes - 1], last) << "UCX wrote into the buffer of a destroyed receive";
+  }
+  // Rank 1: tells rank 0 it is done.
+  void Done() {
+    const char done = 1;
+    EXPECT_TRUE(WriteAll(toPeer[1][1], &done, 1));
+  }
   // Rank 0: progresses its transport until rank 1 writes a byte (bounded), then closes.
   void ProgressUntilRank1IsDone(scape::transport::Transport* tp) {
     EXPECT_EQ(fcntl(toPeer[1][0], F_SETFL, O_NONBLOCK), 0);
@@ -410,31 +438,20 @@ TEST(UcxLayer, DestroyWithASharedMemoryCopyInFlight) {
       [&](RankCtx& c) {
         std::unique_ptr<scape::transport::Transport> tp = pair.Connect(c.rank, "");
         if (!tp) return false;
-        const size_t n = size_t{64} << 20;
-        std::vector<uint8_t> buf(n, c.rank == 0 ? 0xab : 0);
+        std::vector<uint8_t> buf;
         std::unique_ptr<scape::transport::Request> req;
-        const uint64_t tag = 7;
+        pair.StartTransfer(c.rank, tp.get(), /*tag=*/7, &buf, &req);
         if (c.rank == 0) {
-          EXPECT_TRUE(tp->Isend(1, tag, buf.data(), n, &req).ok());
           pair.ProgressUntilRank1IsDone(tp.get());
           req.reset();
           return true;
         }
-        EXPECT_TRUE(tp->Irecv(0, tag, ~uint64_t{0}, buf.data(), n, &req).ok());
-        auto t0 = Clock::now();
-        while (buf[0] == 0 && MsSince(t0) < 20000) tp->Progress();
-        EXPECT_NE(buf[0], 0) << "the copy never started";
-        EXPECT_EQ(buf[n - 1], 0) << "the copy finished before the transport was destroyed";
-        // Destroying the request gives the buffer back: nothing may write into it afterwards
-        // (the caller frees it). Then the transport goes with no copy queued.
+        // Destroying the request gives the buffer back (the caller frees it). Then the
+        // transport goes with no copy queued.
         req.reset();
-        const uint8_t last = buf[n - 1];
-        t0 = Clock::now();
-        while (MsSince(t0) < 200) tp->Progress();
-        EXPECT_EQ(buf[n - 1], last) << "UCX wrote into the buffer of a destroyed receive";
+        TransportPair::ExpectUntouched(tp.get(), buf);
         tp.reset();
-        const char done = 1;
-        EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &done, 1));
+        pair.Done();
         return true;
       },
       o);
@@ -453,12 +470,10 @@ TEST(UcxLayer, AReceiveThatCannotEndStopsTheWorkersProgress) {
       [&](RankCtx& c) {
         std::unique_ptr<scape::transport::Transport> tp = pair.Connect(c.rank, "tcp");
         if (!tp) return false;
-        const size_t n = size_t{64} << 20;
-        std::vector<uint8_t> buf(n, c.rank == 0 ? 0xab : 0);
+        std::vector<uint8_t> buf;
         std::unique_ptr<scape::transport::Request> req;
-        const uint64_t tag = 9;
+        pair.StartTransfer(c.rank, tp.get(), /*tag=*/9, &buf, &req);
         if (c.rank == 0) {
-          EXPECT_TRUE(tp->Isend(1, tag, buf.data(), n, &req).ok());
           // Progress until rank 1 has the first bytes, then stop (rank 1 continues us).
           char got = 0;
           EXPECT_EQ(fcntl(pair.toPeer[1][0], F_SETFL, O_NONBLOCK), 0);
@@ -472,17 +487,13 @@ TEST(UcxLayer, AReceiveThatCannotEndStopsTheWorkersProgress) {
           req.reset();
           return true;
         }
-        EXPECT_TRUE(tp->Irecv(0, tag, ~uint64_t{0}, buf.data(), n, &req).ok());
-        auto t0 = Clock::now();
-        while (buf[0] == 0 && MsSince(t0) < 20000) tp->Progress();
-        EXPECT_NE(buf[0], 0) << "the transfer never started";
         const char started = 2;
         EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &started, 1));
         pid_t sender = 0;
         EXPECT_TRUE(ReadAll(pair.toPeer[0][0], &sender, sizeof(sender)));
         // Wait until the sender is stopped (state T in /proc/PID/stat).
         bool stopped = false;
-        t0 = Clock::now();
+        auto t0 = Clock::now();
         while (!stopped && MsSince(t0) < 20000) {
           FILE* f = std::fopen(("/proc/" + std::to_string(sender) + "/stat").c_str(), "r");
           char state = 0;
@@ -494,19 +505,16 @@ TEST(UcxLayer, AReceiveThatCannotEndStopsTheWorkersProgress) {
           if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
         EXPECT_TRUE(stopped);
-        EXPECT_EQ(buf[n - 1], 0) << "the transfer finished before the sender stopped";
-        auto t1 = Clock::now();
+        EXPECT_EQ(buf[TransportPair::kBytes - 1], 0)
+            << "the transfer ended before the sender stopped";
+        t0 = Clock::now();
         req.reset();  // waits 1 s, gives up
-        EXPECT_GE(MsSince(t1), 900);
-        const uint8_t last = buf[n - 1];
+        EXPECT_GE(MsSince(t0), 900);
         EXPECT_FALSE(tp->Progress());
         EXPECT_EQ(kill(sender, SIGCONT), 0);
-        t1 = Clock::now();
-        while (MsSince(t1) < 200) tp->Progress();
-        EXPECT_EQ(buf[n - 1], last) << "UCX wrote into the buffer of a destroyed receive";
+        TransportPair::ExpectUntouched(tp.get(), buf);
         tp.reset();  // keeps the worker: no progress, no abort
-        const char done = 1;
-        EXPECT_TRUE(WriteAll(pair.toPeer[1][1], &done, 1));
+        pair.Done();
         return true;
       },
       o);
