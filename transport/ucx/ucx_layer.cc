@@ -152,16 +152,7 @@ Worker::~Worker() {
     new std::shared_ptr<Context>(std::move(ctx_));  // never released: UCX keeps using it
     return;
   }
-  if (!h_) return;
-  // Shared-memory copies (CMA) run asynchronously in the worker's progress: a receive cancelled
-  // after it matched leaves its copy queued on an endpoint UCX created itself, and destroying
-  // that endpoint with the copy still queued trips an assertion inside UCX 1.13 (arbiter.c:
-  // "ucs_arbiter_group_is_empty"). Progress until the worker is idle first; bounded, so a
-  // worker that never goes idle is still destroyed.
-  const int64_t deadline = NowNs() + 1000 * 1000 * 1000LL;
-  for (int idle = 0; idle < 3 && NowNs() < deadline;)
-    idle = ucp_worker_progress(W(h_)) != 0 ? 0 : idle + 1;
-  ucp_worker_destroy(W(h_));
+  if (h_) ucp_worker_destroy(W(h_));
 }
 
 bool Worker::Progress() { return ucp_worker_progress(W(h_)) != 0; }
