@@ -209,7 +209,19 @@ def _checkpoint_state(blob: torch.Tensor, n: int,
 class _StateView:
     """``optimizer.state``: a read-only mapping from each parameter to a dict of CPU tensors
     (see :attr:`ScapeAdamS.state`). Built on access from the library checkpoint of the
-    parameter's group, cached until the group's state changes."""
+    parameter's group, cached until the group's state changes.
+
+    Read-only means no assignment may change the state (it lives in the library; restore it
+    with :meth:`ScapeAdamS.load_state_dict`). An assignment that changes nothing is accepted
+    and ignored: ``state[p] = v`` where `v` is a mapping with exactly the keys of
+    ``state[p]`` and equal values. Tensors are compared on the CPU (same shape and dtype,
+    ``torch.equal``), so a copy of the state moved to another device with equal values counts
+    as nothing changed: frameworks that move every optimizer's state to the training device
+    and back (PyTorch Lightning's ``_optimizers_to_device`` in its strategies' setup and
+    teardown: ``optimizer.state[p] = moved``) work unchanged. Anything else (another key set,
+    a different value, a tensor of another dtype or shape, a key that is not a parameter of
+    this optimizer) raises ``TypeError`` naming what differs; ``del state[p]`` always
+    raises."""
 
     def __init__(self, opt: "ScapeAdamS") -> None:
         self._opt = opt
@@ -276,11 +288,40 @@ class _StateView:
         return sum(len(g.params) for g in self._opt._groups)
 
     def __setitem__(self, p: Any, v: Any) -> None:
-        raise TypeError("ScapeAdamS.state is read-only: the state lives in the library "
-                        "(use load_state_dict to restore it)")
+        from collections.abc import Mapping
+
+        ro = ("ScapeAdamS.state is read-only: the state lives in the library (use "
+              "load_state_dict to restore it); an assignment is accepted only when it changes "
+              "nothing")
+        if p not in self:
+            raise TypeError(f"{ro}, and the key is not a parameter of this optimizer")
+        if not isinstance(v, Mapping):
+            raise TypeError(f"{ro}: state[p] must stay a mapping with the keys "
+                            f"{sorted(self[p])}, got {type(v).__name__}")
+        cur = self[p]
+        if set(v.keys()) != set(cur.keys()):
+            raise TypeError(f"{ro}: the new value has the keys {sorted(map(str, v.keys()))}, "
+                            f"state[p] has {sorted(cur.keys())}")
+        for k, a in cur.items():
+            b = v[k]
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                        and a.shape == b.shape and a.dtype == b.dtype
+                        and torch.equal(a.detach().cpu(), b.detach().cpu()))
+            else:
+                same = bool(a == b)
+            if not same:
+                what = (f"{b.dtype} {tuple(b.shape)} on {b.device}"
+                        if isinstance(b, torch.Tensor) else type(b).__name__)
+                raise TypeError(f"{ro}: state[p][{k!r}] would change (new value: {what}; "
+                                f"equal values of the same dtype and shape, on any device, "
+                                f"are accepted)")
+        # equal on the CPU: nothing changes (a device move of equal values included)
 
     def __delitem__(self, p: Any) -> None:
-        self.__setitem__(p, None)
+        raise TypeError("ScapeAdamS.state is read-only: the state lives in the library and "
+                        "every parameter keeps its entry; del optimizer.state[p] is refused "
+                        "(use load_state_dict to restore a state)")
 
     def __repr__(self) -> str:
         return f"<ScapeAdamS state of {len(self)} parameters (read-only)>"
