@@ -166,7 +166,9 @@ def main() -> int:
             print(f"ranks identical: {same}")
         ok = same and last < first
         if a.optim == "scape":
-            ok = ok and dense_ar == 0
+            # no gradient, and nothing else either: ScapeTrainer turns DDP's used-parameter
+            # map off (find_unused_parameters), so a step sends no gloo all-reduce at all
+            ok = ok and dense_ar == 0 and all_ar == 0
         if a.check_resume:
             if isinstance(t, ScapeTrainer):
                 scape_optimizer(t.optimizer).destroy()

@@ -25,6 +25,12 @@ What it changes in Trainer (docs/frameworks.md, "Hugging Face Trainer"):
 - keeps DistributedDataParallel (which Trainer adds on several ranks) from all-reducing
   gradients: :func:`scape.integrations.keep_gradients_local` registers a communication hook
   that sends nothing, so a step's only gradient traffic is ScapeAdamS's sparse exchange;
+- sets ``ddp_find_unused_parameters=False`` when the arguments leave it unset (Trainer's
+  default for a ``PreTrainedModel`` is True, which makes DDP all-reduce a used-parameter map
+  of one int per parameter tensor every step, although no gradient is reduced). A model with
+  parameters that get no gradient in some steps needs ``ddp_find_unused_parameters=True``
+  given explicitly (DDP then says so in its error); ScapeAdamS itself treats a missing
+  gradient as zero;
 - checkpoints: Trainer writes one ``optimizer.pt``, from rank 0, and every rank loads it. Before
   saving, every rank calls :meth:`ScapeAdamS.consolidate_state_dict`, so that file holds every
   rank's optimizer state (the error-feedback residuals differ per rank), and each rank's
@@ -99,6 +105,9 @@ class ScapeTrainer(transformers.Trainer):
         self.scape_max_grad_norm = float(self.args.max_grad_norm or 0.0)
         self.args.max_grad_norm = 0.0
         compat_training_args(self.args)
+        if self.args.ddp_find_unused_parameters is None:
+            # nothing to find: the hook sends no gradient, so the map is traffic for nothing
+            self.args.ddp_find_unused_parameters = False
         if self.optimizer is not None:
             opt = scape_optimizer(self.optimizer)
             mine = opt.param_groups[0].get("max_grad_norm", 0.0)
