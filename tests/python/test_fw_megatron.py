@@ -1,0 +1,135 @@
+"""megatron-core trains with ScapeAdamS on 2 ranks (issue 43, item 2): examples/megatron_core_scape.py
+with megatron-core's GPTModel, run through tests/python/frameworks/run_patched.py with the
+CPU-only patches of tests/python/frameworks/cpu_patches_megatron.py.
+
+Needs the frameworks venv (``bash tests/install_frameworks.sh``: megatron-core 0.8.0, pinned in
+tests/python/frameworks/requirements-megatron.txt, over Debian's torch); its python is
+``$SCAPE_FRAMEWORKS_PYTHON`` or ``~/.cache/scape/frameworks-venv/bin/python``.
+
+One run of the example (about 10 s on 2 cores) checks, on both ranks: no gradient all-reduce
+by the framework in a training step (counted; the dense baseline's Megatron DDP shows its
+own, so the counter can see them), parameters bit-identical, the loss falls, resume from
+iteration 8 bit-identical to the uninterrupted run, at density 1.0 the losses equal megatron's
+own dense run (its DDP + finalize_model_grads + TorchAdamS) to a relative 1e-5, and the
+refusals (a model in Megatron's DDP, use_distributed_optimizer, fp16, a missing checkpoint).
+
+The tolerance: the two runs average different fp32 quantities (ScapeAdamS the new momentum
+``b1*m + (1-b1)*g``, Megatron's DDP the gradient ``g``), so the updates differ in the last bits
+and the losses drift apart by a few fp32 ulps over 16 steps (4e-7 relative here); 1e-5 is
+well below any real difference (an unaveraged or wrongly clipped gradient moves the loss by
+1e-3 or more within a few steps).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PATCHED = os.path.join(HERE, "frameworks", "run_patched.py")
+EXAMPLE = os.path.join(ROOT, "examples", "megatron_core_scape.py")
+FW_PYTHON = (os.environ.get("SCAPE_FRAMEWORKS_PYTHON")
+             or os.path.expanduser("~/.cache/scape/frameworks-venv/bin/python"))
+STEPS = 16
+
+
+def _env() -> dict:
+    import scape
+
+    env = dict(os.environ)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(scape.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
+    env.setdefault("SCAPE_TIMEOUT_MS", "30000")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("SCAPE_SOCKET_IFNAME", "lo")
+    env.setdefault("UCX_NET_DEVICES", "lo")
+    return env
+
+
+class MegatronCore(unittest.TestCase):
+    out = ""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(FW_PYTHON):
+            raise AssertionError(f"the frameworks venv's python {FW_PYTHON} does not exist: "
+                                 f"run bash tests/install_frameworks.sh (or set "
+                                 f"SCAPE_FRAMEWORKS_PYTHON)")
+        p = subprocess.run([FW_PYTHON, "-c", "import megatron.core, scape.optim; "
+                            "print(megatron.core.__version__)"], env=_env(),
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise AssertionError(f"{FW_PYTHON} cannot import megatron.core and scape: run bash "
+                                 f"tests/install_frameworks.sh\n{p.stderr[-1500:]}")
+        cls.version = p.stdout.strip()
+        timeout = 150
+        p = subprocess.run([FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout",
+                            str(timeout - 10), PATCHED, "cpu_patches_megatron", EXAMPLE,
+                            "--steps", str(STEPS), "--check-resume", "--dense-baseline",
+                            "--check-refusals"],
+                           env=_env(), capture_output=True, text=True, timeout=timeout)
+        cls.out = p.stdout
+        cls.failure = None
+        if p.returncode != 0:
+            cls.failure = (f"megatron_core_scape.py (megatron-core {cls.version}) exited "
+                           f"{p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-3000:]}")
+
+    def _has(self, line: str) -> None:
+        self.assertIn(line, self.out, f"missing {line!r} in the example's output:\n"
+                                      f"{self.out[-4000:]}")
+
+    def test_example_passes_all_its_checks(self):
+        self.assertIsNone(self.failure, self.failure)
+        self._has("all checks passed: True")
+
+    def test_no_gradient_allreduce_by_the_framework(self):
+        self._has(f"framework gradient all-reduces in {STEPS} training steps: 0 (0 elements")
+        # the counter sees Megatron's own: its DDP all-reduces every gradient once per step
+        m = re.search(r"dense baseline \(megatron DDP \+ finalize_model_grads \+ TorchAdamS\): "
+                      r"framework gradient all-reduces in \d+ steps: (\d+) \((\d+) elements\); "
+                      r"ScapeAdamS at density 1.0: (\d+)", self.out)
+        self.assertIsNotNone(m, self.out[-3000:])
+        self.assertGreaterEqual(int(m.group(1)), STEPS)
+        m2 = re.search(r"parameters: (\d+);", self.out)
+        self.assertIsNotNone(m2, self.out[-3000:])
+        self.assertEqual(int(m.group(2)), STEPS * int(m2.group(1)))
+        self.assertEqual(int(m.group(3)), 0)
+
+    def test_megatron_param_groups(self):
+        self._has("param groups equal megatron-core's _get_param_groups: True")
+        self._has("wd_mult 0.0 weight_decay 0.0")  # norms and biases: no weight decay
+
+    def test_ranks_identical_and_loss_falls(self):
+        self._has("ranks identical: True")
+        self._has("loss falls: True")
+
+    def test_resume_bit_identical(self):
+        self._has(f"saved iteration {STEPS // 2}: iter_{STEPS // 2:07d}/mp_rank_00/"
+                  f"scape_optim_dp_rank_000.pt")
+        for r in (0, 1):
+            self._has(f"rank {r}: resume from iteration {STEPS // 2} bit-identical to the "
+                      f"uninterrupted run: True")
+        self._has("resume bit-identical on every rank: True")
+        self._has("resumed losses equal the uninterrupted run's: True")
+
+    def test_density_one_equals_megatron_dense_run(self):
+        self._has("density 1.0 equals the dense run: True")
+        a = re.search(r"density 1.0 losses: ([\d. ]+)\n", self.out)
+        b = re.search(r"dense run losses: +([\d. ]+)\n", self.out)
+        self.assertTrue(a and b, self.out[-3000:])
+        xs, ys = [float(v) for v in a.group(1).split()], [float(v) for v in b.group(1).split()]
+        self.assertEqual(len(xs), STEPS)
+        self.assertEqual(len(ys), STEPS)
+        for x, y in zip(xs, ys):
+            self.assertLessEqual(abs(x - y), 1e-5 * abs(y) + 2e-6)  # + the printed rounding
+        self.assertLess(ys[-1], ys[0] - 0.5)  # the dense run learns: the comparison means something
+
+    def test_refusals(self):
+        self._has("refusals (megatron DDP, use_distributed_optimizer, fp16, lr keyword, missing "
+                  "checkpoint) with clear errors on every rank: True")
+
+
+if __name__ == "__main__":
+    unittest.main()
