@@ -5,9 +5,9 @@
     python3 -m scape.launch -n 2 examples/megatron_core_scape.py --check-resume --dense-baseline
 
 A tiny GPTModel (megatron-core's own, local layer spec, learned absolute positions, built in
-code) learns to count (a synthetic sequence task) on 2 data-parallel ranks (TP = PP = 1). The optimizer
-is `scape.integrations.megatron.scape_optimizer`: ScapeAdamS over megatron-core's parameter
-groups and the data-parallel group's communicator. The model is not wrapped in Megatron's
+code) learns to count (a synthetic sequence task) on 2 data-parallel ranks (TP = PP = 1). The
+optimizer is `scape.integrations.megatron.scape_optimizer`: ScapeAdamS over megatron-core's
+parameter groups and the data-parallel group's communicator. The model is not wrapped in Megatron's
 DistributedDataParallel and finalize_model_grads is not called. The script checks, and exits
 non-zero otherwise:
 
@@ -233,7 +233,7 @@ def train_dense_megatron(a, data, counter, steps: int) -> List[float]:
         torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
         opt.step()
         counter.active = False
-        t = torch.tensor([loss.item()])
+        t = torch.tensor([loss.item()], device=data.device)  # NCCL needs a CUDA tensor
         dist.all_reduce(t)  # outside the counted window
         losses.append(float(t[0]) / dist.get_world_size())
     return losses
@@ -264,10 +264,14 @@ def check_refusals(a, comm, data) -> List[str]:
     expect("a model in megatron's DDP", ValueError,
            ["model_chunks[0]", "megatron-core's DistributedDataParallel", "finalize_model_grads"],
            lambda: scape_optimizer([ddp], OptimizerConfig(lr=1e-3), comm=comm))
+    tddp = torch.nn.parallel.DistributedDataParallel(build_model(a.seed, data.device))
+    expect("a model in torch's DDP", ValueError,
+           ["model_chunks[0]", "torch's DistributedDataParallel"],
+           lambda: scape_optimizer(tddp, OptimizerConfig(lr=1e-3), comm=comm))
     expect("use_distributed_optimizer", ValueError, ["config.use_distributed_optimizer",
                                                      "sharded=True"],
-           lambda: scape_optimizer([model], OptimizerConfig(lr=1e-3, use_distributed_optimizer=True),
-                                   comm=comm))
+           lambda: scape_optimizer([model], OptimizerConfig(
+               lr=1e-3, use_distributed_optimizer=True), comm=comm))
     expect("fp16", ValueError, ["config.fp16"],
            lambda: scape_optimizer([model], OptimizerConfig(lr=1e-3, fp16=True), comm=comm))
     expect("lr as a keyword", ValueError, ["lr: comes from config"],
@@ -418,8 +422,8 @@ def main() -> int:
         for b in bad:
             print(f"rank {comm.rank}: refusal check failed: {b}", flush=True)
         every = mean_over(comm, 0.0 if bad else 1.0) == 1.0
-        say(f"refusals (megatron DDP, use_distributed_optimizer, fp16, lr keyword, missing "
-            f"checkpoint) with clear errors on every rank: {every}")
+        say(f"refusals (megatron DDP, torch DDP, use_distributed_optimizer, fp16, lr "
+            f"keyword, missing checkpoint) with clear errors on every rank: {every}")
         ok &= every
 
     say(f"all checks passed: {bool(ok)}")

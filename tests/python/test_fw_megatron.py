@@ -1,6 +1,7 @@
-"""megatron-core trains with ScapeAdamS on 2 ranks (issue 43, item 2): examples/megatron_core_scape.py
-with megatron-core's GPTModel, run through tests/python/frameworks/run_patched.py with the
-CPU-only patches of tests/python/frameworks/cpu_patches_megatron.py.
+"""megatron-core trains with ScapeAdamS on 2 ranks (issue 43, item 2):
+examples/megatron_core_scape.py with megatron-core's GPTModel, run through
+tests/python/frameworks/run_patched.py with the CPU-only patches of
+tests/python/frameworks/cpu_patches_megatron.py.
 
 Needs the frameworks venv (``bash tests/install_frameworks.sh``: megatron-core 0.8.0, pinned in
 tests/python/frameworks/requirements-megatron.txt, over Debian's torch); its python is
@@ -11,7 +12,8 @@ by the framework in a training step (counted; the dense baseline's Megatron DDP 
 own, so the counter can see them), parameters bit-identical, the loss falls, resume from
 iteration 8 bit-identical to the uninterrupted run, at density 1.0 the losses equal megatron's
 own dense run (its DDP + finalize_model_grads + TorchAdamS) to a relative 1e-5, and the
-refusals (a model in Megatron's DDP, use_distributed_optimizer, fp16, a missing checkpoint).
+refusals (a model in Megatron's or torch's DDP, use_distributed_optimizer, fp16, a missing
+checkpoint).
 
 The tolerance: the two runs average different fp32 quantities (ScapeAdamS the new momentum
 ``b1*m + (1-b1)*g``, Megatron's DDP the gradient ``g``), so the updates differ in the last bits
@@ -127,8 +129,8 @@ class MegatronCore(unittest.TestCase):
         self.assertLess(ys[-1], ys[0] - 0.5)  # the dense run learns: the comparison means something
 
     def test_refusals(self):
-        self._has("refusals (megatron DDP, use_distributed_optimizer, fp16, lr keyword, missing "
-                  "checkpoint) with clear errors on every rank: True")
+        self._has("refusals (megatron DDP, torch DDP, use_distributed_optimizer, fp16, lr "
+                  "keyword, missing checkpoint) with clear errors on every rank: True")
 
 
 if __name__ == "__main__":

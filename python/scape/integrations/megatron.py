@@ -7,8 +7,8 @@ examples/megatron_core_scape.py.
 moment at an agreed mask, values only), so on the data-parallel axis it replaces two pieces of
 Megatron at once:
 
-- the optimizer (``get_megatron_optimizer``: ``FP32Optimizer`` / ``Float16OptimizerWithFloat16Params``
-  / ``DistributedOptimizer`` around Adam), and
+- the optimizer (``get_megatron_optimizer``: ``FP32Optimizer``,
+  ``Float16OptimizerWithFloat16Params`` or ``DistributedOptimizer`` around Adam), and
 - the gradient all-reduce (``megatron.core.distributed.DistributedDataParallel`` and its
   ``finish_grad_sync``, which ``finalize_model_grads`` calls).
 
@@ -33,7 +33,7 @@ The calls, after ``torch.distributed.init_process_group`` and
         opt.zero_grad()
         model(tokens, position_ids, attention_mask, labels=tokens).mean().backward()
         opt.step()                                # no finalize_model_grads
-    save_optimizer(opt, "ckpt", iteration)        # every data-parallel rank, beside Megatron's files
+    save_optimizer(opt, "ckpt", iteration)        # every DP rank, beside Megatron's files
     load_optimizer(opt, "ckpt", iteration)        # every rank (collective)
 
 What it needs: megatron-core (imported lazily, inside the functions; 0.8.0 is what is tested
@@ -87,7 +87,7 @@ rank, so every data-parallel rank saves and loads its own file. Megatron's own
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -129,31 +129,33 @@ def _chunks(model_chunks: Any) -> List[torch.nn.Module]:
 def check_model(model_chunks: Any) -> List[torch.nn.Module]:
     """Checks that `model_chunks` (a module or Megatron's list of model chunks) can train with
     ScapeAdamS and returns them as a list. Refuses (``ValueError`` naming ``model_chunks``) a
-    chunk wrapped in megatron-core's ``DistributedDataParallel`` or torch's: such a wrapper
+    chunk wrapped in megatron-core's ``DistributedDataParallel`` (or its FSDP wrappers) or
+    torch's DistributedDataParallel / FullyShardedDataParallel: such a wrapper
     all-reduces every gradient in its backward hooks (the exchange ScapeAdamS replaces) and,
     Megatron's, moves the gradients into its own ``main_grad`` buffer, which ScapeAdamS does not
     read. Pass the bare model (``GPTModel``, or ``Float16Module(GPTModel)``) and do not call
     ``finalize_model_grads``."""
     chunks = _chunks(model_chunks)
-    wrappers = [torch.nn.parallel.DistributedDataParallel]
-    try:
-        from megatron.core.distributed import DistributedDataParallel as MegatronDDP
-
-        wrappers.append(MegatronDDP)
-    except ImportError:  # an older layout: fall back to the class name below
-        pass
     for i, m in enumerate(chunks):
-        names = {c.__module__ + "." + c.__name__ for c in type(m).__mro__}
-        megatron_ddp = any(n.startswith("megatron.") and n.endswith(".DistributedDataParallel")
-                           for n in names)
-        if megatron_ddp or isinstance(m, tuple(wrappers)):
-            which = "megatron-core's" if megatron_ddp else "torch's"
+        # megatron-core's DistributedDataParallel, and in newer releases its FSDP wrappers
+        # (FullyShardedDataParallel, TorchFullyShardedDataParallel), found by name so that
+        # every release is covered without importing each
+        megatron_dp = [c.__name__ for c in type(m).__mro__
+                       if c.__module__.startswith("megatron.")
+                       and c.__name__.endswith("DataParallel") and not c.__name__.startswith("_")]
+        # torch's FSDP by name: importing torch.distributed.fsdp fails on some torch 1.x
+        # builds (Python 3.11), and a model wrapped in it has imported it already
+        torch_fsdp = any(c.__module__.startswith("torch.distributed.fsdp")
+                         and c.__name__ == "FullyShardedDataParallel" for c in type(m).__mro__)
+        if (megatron_dp or torch_fsdp
+                or isinstance(m, torch.nn.parallel.DistributedDataParallel)):
+            which = (f"megatron-core's {megatron_dp[0]}" if megatron_dp else
+                     f"torch's {type(m).__name__}")
             raise ValueError(
-                f"model_chunks[{i}] is wrapped in {which} DistributedDataParallel "
-                f"({type(m).__name__}): ScapeAdamS does the data-parallel exchange itself, and "
-                f"the wrapper would all-reduce every gradient densely in backward"
-                f"{' into its own main_grad buffer' if megatron_ddp else ''}. Pass the unwrapped "
-                f"model (e.g. `model.module`) and do not call finalize_model_grads")
+                f"model_chunks[{i}] is wrapped in {which}: ScapeAdamS does the data-parallel "
+                f"exchange itself, and the wrapper would reduce every gradient densely in "
+                f"backward{' into its own main_grad buffer' if megatron_dp else ''}. Pass the "
+                f"unwrapped model (e.g. `model.module`) and do not call finalize_model_grads")
     return chunks
 
 
@@ -383,11 +385,14 @@ def save_optimizer(optimizer: Any, directory: str, iteration: int,
 
 
 def load_optimizer(optimizer: Any, directory: str, iteration: int) -> Optional[Dict[str, Any]]:
-    """Restores this rank's ScapeAdamS state saved by :func:`save_optimizer` at `iteration`
-    (collective: every data-parallel rank calls it; ScapeAdamS's load checks every rank's state
-    and changes nothing anywhere if one is bad). Refuses, naming the path, a missing file and a
-    file saved with another data-parallel size or by another rank (re-sharding is not
-    supported). Returns the ``extra`` saved with it."""
+    """Restores this rank's ScapeAdamS state saved by :func:`save_optimizer` at `iteration`.
+    Collective over the optimizer's communicator: every data-parallel rank calls it. The ranks
+    first agree (one small all-reduce) that each found a readable file of its own: a missing
+    file (``FileNotFoundError``), an unreadable one, or one saved by another rank or with
+    another data-parallel size (``ValueError``; re-sharding is not supported) makes **every**
+    rank raise, naming the path on the rank that has the problem, and nothing is loaded
+    anywhere. Then ScapeAdamS's own load validates every rank's state the same way. Returns the
+    ``extra`` saved with it."""
     from ..optim import ScapeAdamS
 
     if not isinstance(optimizer, ScapeAdamS):
