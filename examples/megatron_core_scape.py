@@ -102,7 +102,7 @@ def counting_rows(n: int, seed: int = 1234) -> torch.Tensor:
     return rows
 
 
-def build_model(seed: int, device: torch.device):
+def build_model(seed: int, device: torch.device, bf16: bool = False):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -110,10 +110,17 @@ def build_model(seed: int, device: torch.device):
     torch.manual_seed(seed)
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4,
                             use_cpu_initialization=True, hidden_dropout=0.0,
-                            attention_dropout=0.0, pipeline_dtype=torch.float32)
+                            attention_dropout=0.0, bf16=bf16,
+                            params_dtype=torch.bfloat16 if bf16 else torch.float32,
+                            pipeline_dtype=torch.bfloat16 if bf16 else torch.float32)
     model = GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=VOCAB,
                      max_sequence_length=SEQ, position_embedding_type="learned_absolute")
-    return model.to(device)
+    model = model.to(device)
+    if bf16:  # as Megatron-LM does: the module in bf16, fp32 logits out
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(cfg, model)
+    return model
 
 
 class Batches:
@@ -167,7 +174,7 @@ def train_scape(a, comm, data, counter, steps: range, density: float, resume_fro
     model and optimizer are first loaded from `ckpt` at that iteration; with `save_at`, both
     are saved after that many steps."""
     device = data.device
-    model = build_model(a.seed, device)
+    model = build_model(a.seed, device, bf16=a.bf16)
     opt = scape_optimizer([model], optimizer_config(a), comm=comm, density=density,
                           warmup_steps=a.warmup)
     if resume_from is not None:
@@ -296,9 +303,11 @@ def check_param_groups(model) -> str:
         return f"not compared ({type(e).__name__}: {e})"
     ours = param_groups([model], lr=1.0, weight_decay=1.0)
 
-    def key(gs):
-        return sorted((g["wd_mult"], g["lr_mult"], tuple(sorted(id(p) for p in g["params"])))
-                      for g in gs)
+    def key(gs):  # (wd_mult, lr_mult) -> the parameters (ours may split a key by dtype)
+        out = {}
+        for g in gs:
+            out.setdefault((g["wd_mult"], g["lr_mult"]), set()).update(id(p) for p in g["params"])
+        return out
     return str(key(ours) == key(theirs))
 
 
@@ -311,6 +320,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="ScapeAdamS warmup_steps")
     ap.add_argument("--eps", type=float, default=1e-8, help="OptimizerConfig.adam_eps")
     ap.add_argument("--clip-grad", type=float, default=1.0, help="OptimizerConfig.clip_grad")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 parameters (TransformerConfig bf16, params_dtype); ScapeAdamS "
+                         "keeps the fp32 master weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=4)
     ap.add_argument("--check-resume", action="store_true")
@@ -356,8 +368,10 @@ def main() -> int:
     n_params = sum(p.numel() for p in run["model"].parameters())
     groups = run["opt"].param_groups
     say(f"parameters: {n_params}; groups: " + ", ".join(
-        f"{len(g['params'])} tensors wd_mult {g['wd_mult']} weight_decay {g['weight_decay']}"
-        for g in groups))
+        f"{len(g['params'])} tensors wd_mult {g['wd_mult']} weight_decay {g['weight_decay']} "
+        f"{str(g['params'][0].dtype).replace('torch.', '')}"
+        f"{' (fp32 masters in ScapeAdamS)' if m is not None else ''}"
+        for g, m in zip(groups, run["opt"].master_weights())))
     same_groups = check_param_groups(run["model"])
     say(f"param groups equal megatron-core's _get_param_groups: {same_groups}")
     ok &= same_groups != "False"

@@ -13,7 +13,8 @@ own, so the counter can see them), parameters bit-identical, the loss falls, res
 iteration 8 bit-identical to the uninterrupted run, at density 1.0 the losses equal megatron's
 own dense run (its DDP + finalize_model_grads + TorchAdamS) to a relative 1e-5, and the
 refusals (a model in Megatron's or torch's DDP, use_distributed_optimizer, fp16, a missing
-checkpoint).
+checkpoint). A second, shorter run trains the bf16 model (Megatron-LM's Float16Module) with
+ScapeAdamS's fp32 masters and resumes it bit-identically.
 
 The tolerance: the two runs average different fp32 quantities (ScapeAdamS the new momentum
 ``b1*m + (1-b1)*g``, Megatron's DDP the gradient ``g``), so the updates differ in the last bits
@@ -127,6 +128,23 @@ class MegatronCore(unittest.TestCase):
         for x, y in zip(xs, ys):
             self.assertLessEqual(abs(x - y), 1e-5 * abs(y) + 2e-6)  # + the printed rounding
         self.assertLess(ys[-1], ys[0] - 0.5)  # the dense run learns: the comparison means something
+
+    def test_bf16_with_fp32_masters(self):
+        """Megatron-LM's mixed precision (TransformerConfig bf16, the model in Float16Module):
+        ScapeAdamS holds the fp32 masters, trains, and resumes bit-identically."""
+        p = subprocess.run([FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout", "110",
+                            PATCHED, "cpu_patches_megatron", EXAMPLE, "--steps", "8",
+                            "--bf16", "--check-resume"],
+                           env=_env(), capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, f"megatron_core_scape.py --bf16 exited "
+                                          f"{p.returncode}\n{p.stdout[-4000:]}\n"
+                                          f"{p.stderr[-3000:]}")
+        self.assertIn("bfloat16 (fp32 masters in ScapeAdamS)", p.stdout)
+        self.assertNotIn("float32", p.stdout.split("groups:")[1].split("\n")[0])
+        for line in ("framework gradient all-reduces in 8 training steps: 0 (0 elements",
+                     "ranks identical: True", "resume bit-identical on every rank: True",
+                     "all checks passed: True"):
+            self.assertIn(line, p.stdout, p.stdout[-3000:])
 
     def test_refusals(self):
         self._has("refusals (megatron DDP, torch DDP, use_distributed_optimizer, fp16, lr "

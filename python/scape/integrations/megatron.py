@@ -194,7 +194,10 @@ def param_groups(model_chunks: Any, *, lr: float, weight_decay: float,
       (norms), or where ``no_weight_decay_cond(name, param)`` is true when it is given;
     - ``lr_mult`` for parameters where ``scale_lr_cond(name, param)`` is true (fine-tuning a
       head), 1.0 otherwise;
-    - one group per distinct (wd_mult, lr_mult), in first-seen order.
+    - one group per distinct (wd_mult, lr_mult), in first-seen order, split further by dtype
+      and device where those differ (ScapeAdamS keeps one flat buffer per group; e.g. fp32
+      parameters that a bf16 model keeps in fp32): the same parameters and multipliers as
+      megatron-core's groups.
 
     Each group holds Megatron's keys ``wd_mult``, ``lr_mult``, ``max_lr`` (= `lr`), ``min_lr``,
     ``is_expert_parallel`` (False) and ``is_decoupled_lr`` (False; Megatron's ``decoupled_lr``
@@ -225,14 +228,15 @@ def param_groups(model_chunks: Any, *, lr: float, weight_decay: float,
             else:
                 no_wd = name.endswith(".bias") or len(p.shape) == 1
             scale = bool(scale_lr_cond(name, p)) if scale_lr_cond is not None else False
-            key = (0.0 if no_wd else 1.0, lr_mult if scale else 1.0)
+            # ScapeAdamS flattens each group into one buffer: one dtype and device per group
+            key = (0.0 if no_wd else 1.0, lr_mult if scale else 1.0, p.dtype, str(p.device))
             by_key.setdefault(key, []).append(p)
     if not by_key:
         raise ValueError("model_chunks: no parameter requires a gradient")
     return [{"params": ps, "wd_mult": wd_mult, "lr_mult": lm, "is_expert_parallel": False,
              "is_decoupled_lr": False, "max_lr": lr, "min_lr": min_lr,
              "lr": lr * lm, "weight_decay": weight_decay * wd_mult}
-            for (wd_mult, lm), ps in by_key.items()]
+            for (wd_mult, lm, _, _), ps in by_key.items()]
 
 
 def data_parallel_communicator(**kwargs: Any) -> Any:
