@@ -176,7 +176,7 @@ def train_scape(a, comm, data, counter, steps: range, density: float, resume_fro
     device = data.device
     model = build_model(a.seed, device, bf16=a.bf16)
     opt = scape_optimizer([model], optimizer_config(a), comm=comm, density=density,
-                          warmup_steps=a.warmup)
+                          warmup_steps=a.warmup, sharded=a.sharded)
     if resume_from is not None:
         path = os.path.join(ckpt, f"iter_{resume_from:07d}", "mp_rank_00", "model_optim_rng.pt")
         state = torch.load(path, map_location=device)
@@ -323,6 +323,8 @@ def main() -> int:
     ap.add_argument("--bf16", action="store_true",
                     help="bf16 parameters (TransformerConfig bf16, params_dtype); ScapeAdamS "
                          "keeps the fp32 master weights")
+    ap.add_argument("--sharded", action="store_true",
+                    help="ScapeAdamS(sharded=True): the ZeRO-1 style update (same bits)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=4)
     ap.add_argument("--check-resume", action="store_true")
@@ -363,7 +365,7 @@ def main() -> int:
             print(line, flush=True)
 
     say(f"megatron-core GPTModel, {dp_size} data-parallel ranks (TP = PP = 1), "
-        f"device {device}, density {a.density}")
+        f"device {device}, density {a.density}{', sharded' if a.sharded else ''}")
     run = train_scape(a, comm, data, counter, range(a.steps), a.density)
     n_params = sum(p.numel() for p in run["model"].parameters())
     groups = run["opt"].param_groups
