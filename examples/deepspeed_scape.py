@@ -105,6 +105,8 @@ def config(a) -> dict:
 
 def make_engine(a, comm, kind: str, density: float, seed: int = 0, max_grad_norm=None):
     model = mlp(seed)
+    if a.bf16:  # 16-bit parameters: ScapeAdamS keeps their fp32 masters (no bf16 section)
+        model = model.to(torch.bfloat16)
     hyper = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     if kind == "torch-adams":  # DeepSpeed's own data parallelism, the same AdamS update
         engine, opt, _, _ = deepspeed.initialize(
@@ -137,7 +139,9 @@ def train(engine, counter, a, rank, until: int, save_at: int = -1, ckpt: str = "
         counter.active, before, tot = True, counter.calls, 0.0
         for m in range(a.gas):
             x, y = batch(s, m, rank, a.batch)
-            loss = F.cross_entropy(engine(x), y)
+            x, y = x.to(engine.device, torch.bfloat16 if a.bf16 else torch.float32), \
+                y.to(engine.device)
+            loss = F.cross_entropy(engine(x).float(), y)
             engine.backward(loss)
             if norms is not None and m == a.gas - 1 and not hasattr(engine, "scape_optimizer"):
                 norms.append(float(torch.sqrt(sum(p.grad.double().square().sum()
@@ -186,13 +190,20 @@ def main() -> int:
     ap.add_argument("--dense-rtol", type=float, default=1e-5,
                     help="largest relative loss (and gradient-norm) difference allowed in "
                          "--dense-baseline: fp32 rounding (see docs/frameworks.md)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="train bfloat16 parameters (ScapeAdamS's fp32 masters step them)")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=-1,
+                    help="passed by the deepspeed launcher (LOCAL_RANK is read from the "
+                         "environment)")
     ap.add_argument("--verbose", action="store_true", help="keep DeepSpeed's INFO logging")
     a = ap.parse_args()
     if not a.verbose:
         deepspeed.utils.logger.setLevel(logging.WARNING)
     deepspeed.init_distributed()  # the accelerator's backend: gloo on CPU, NCCL on GPUs
     timeout = int(os.environ.get("SCAPE_TIMEOUT_MS", "120000"))
-    comm = scape.Communicator.from_process_group(timeout_ms=timeout)
+    # the SCAPE communicator of the same ranks: NCCL for CUDA parameters, UCX on CPU
+    backend = "nccl" if deepspeed.get_accelerator().device_name() == "cuda" else "ucx"
+    comm = scape.Communicator.from_process_group(backend=backend, timeout_ms=timeout)
     rank = comm.rank
     counter = AllReduceCounter()
     tmp = [tempfile.mkdtemp(prefix="scape_ds_") if rank == 0 else None]
@@ -211,7 +222,8 @@ def main() -> int:
         if rank == 0:
             print(f"deepspeed {deepspeed.__version__} engine {type(engine).__name__} optimizer "
                   f"{type(engine.optimizer).__name__} density {a.density} steps {a.steps} "
-                  f"gradient_accumulation_steps {a.gas} params {nparams}")
+                  f"gradient_accumulation_steps {a.gas} params {nparams} "
+                  f"{next(engine.module.parameters()).dtype}")
             print(f"loss first {losses[0]:.4f} last {losses[-1]:.4f} falls: {falls}")
             print(f"optimizer steps {nsteps[0]} for {a.steps} global batches of {a.gas} "
                   f"micro-batches (engine.step() calls: {a.steps * a.gas})")

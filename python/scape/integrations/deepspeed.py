@@ -274,8 +274,9 @@ def initialize(model: torch.nn.Module, config: Union[Dict[str, Any], str, os.Pat
         comm: the :class:`scape.Communicator` of the data-parallel ranks. Default: one made
             from the engine's data-parallel process group
             (:meth:`scape.Communicator.from_process_group`: ``mpu.get_data_parallel_group()``
-            with an `mpu`, else every rank), timeout from SCAPE_TIMEOUT_MS if set; it is then
-            the engine's (``engine.scape_destroy()`` frees it).
+            with an `mpu`, else every rank; ``backend="nccl"`` when the engine has put the
+            parameters on a CUDA device, else ``"ucx"``), timeout from SCAPE_TIMEOUT_MS if
+            set; it is then the engine's (``engine.scape_destroy()`` frees it).
         model_parameters: parameters or parameter groups for ScapeAdamS (default: the model's
             parameters that require gradients, one group). Empty groups are dropped.
         training_data, lr_scheduler, collate_fn, mpu, args, dist_init_required: passed to
@@ -314,7 +315,10 @@ def initialize(model: torch.nn.Module, config: Union[Dict[str, Any], str, os.Pat
         if c is None:
             timeout = os.environ.get("SCAPE_TIMEOUT_MS")
             pg = mpu.get_data_parallel_group() if mpu is not None else None
-            c = Communicator.from_process_group(pg, timeout_ms=int(timeout) if timeout else None)
+            first = groups[0]["params"][0] if isinstance(groups[0], dict) else groups[0]
+            backend = "nccl" if first.device.type == "cuda" else "ucx"
+            c = Communicator.from_process_group(pg, backend=backend,
+                                                timeout_ms=int(timeout) if timeout else None)
             made["owned"] = True
         made["comm"] = c
         opt = ScapeAdamS(groups, c, **scape_kwargs)
