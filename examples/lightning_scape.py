@@ -41,7 +41,6 @@ import warnings
 import torch
 import torch.distributed as dist
 
-import scape
 from scape.integrations import ensure_process_group
 from scape.integrations.lightning import strategy_class
 from scape.optim import ScapeAdamS
@@ -49,7 +48,7 @@ from scape.integrations.reference import TorchAdamS
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*Checkpoint directory.*exists and is not empty.*")
-warnings.filterwarnings("ignore", ".*that ended before the epoch ended.*")
+warnings.filterwarnings("ignore", ".*callbacks used to create the checkpoint need to be provided.*")
 
 IN, HIDDEN, OUT = 16, 64, 4
 
