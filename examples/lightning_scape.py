@@ -3,6 +3,12 @@
     python3 -m scape.launch -n 2 examples/lightning_scape.py
     python3 -m scape.launch -n 2 examples/lightning_scape.py --check-resume --dense-baseline
 
+On torch < 2.1 with Python 3.11 (Debian 12's torch 1.13) Lightning needs the CPU-only patch
+the test harness applies (tests/python/test_fw_lightning.py)::
+
+    python3 -m scape.launch -n 2 tests/python/frameworks/run_patched.py \
+        cpu_patches_lightning examples/lightning_scape.py --check-resume --dense-baseline
+
 A small MLP built in code learns a synthetic teacher (nothing is downloaded). The
 LightningModule's ``configure_optimizers`` returns ScapeAdamS from
 ``trainer.strategy.scape_optimizer(...)``; the Trainer accumulates 2 micro-batches per step,
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import importlib.util
 import os
 import shutil
 import sys
