@@ -36,6 +36,9 @@ run_start=$(date +%s)
 
 phase "install deps + format check"
 bash tests/install_deps.sh
+# DeepSpeed, megatron-core and Lightning, pinned, in a venv over Debian's torch (skipped when
+# it is up to date): the python.fw_* tests run the examples with it.
+bash tests/install_frameworks.sh
 # Formatting first (cheap): fails on any file clang-format would change (SCAPE_CHECK_FORMAT=0 skips).
 bash tests/check_format.sh
 
