@@ -7,9 +7,11 @@
 A tiny GPTModel (megatron-core's own, local layer spec, learned absolute positions, built in
 code) learns to count (a synthetic sequence task) on 2 data-parallel ranks (TP = PP = 1). The
 optimizer is `scape.integrations.megatron.scape_optimizer`: ScapeAdamS over megatron-core's
-parameter groups and the data-parallel group's communicator. The model is not wrapped in Megatron's
-DistributedDataParallel and finalize_model_grads is not called. The script checks, and exits
-non-zero otherwise:
+parameter groups and the data-parallel group's communicator. Each step is megatron-core's
+own schedule (`get_forward_backward_func()`, 2 micro-batches whose gradients accumulate)
+followed by `opt.step()`. The model is not wrapped in Megatron's DistributedDataParallel and
+finalize_model_grads is not called (`config.finalize_model_grads_func` stays None). The
+script checks, and exits non-zero otherwise:
 
 - no gradient all-reduce by the framework in a training step (torch.distributed's all_reduce
   and reduce-scatter calls are counted from forward to the end of opt.step(): 0 with ScapeAdamS;
@@ -21,12 +23,20 @@ non-zero otherwise:
   `model_optim_rng.pt`, the optimizer by `save_optimizer` beside it) and resumed into a fresh
   model and optimizer ends with the same bits as the uninterrupted run, on every rank;
 - with --dense-baseline: at density 1.0, the losses equal those of megatron-core's own dense
-  data parallelism (its DistributedDataParallel + finalize_model_grads, gradients averaged by
-  torch.distributed) with the same AdamS update (`scape.integrations.reference.TorchAdamS`)
-  to fp32 rounding (relative tolerance --dense-rtol).
+  data parallelism (its DistributedDataParallel, with the schedule calling
+  finalize_model_grads: gradients averaged by torch.distributed) with the same AdamS update
+  (`scape.integrations.reference.TorchAdamS`) to fp32 rounding (relative tolerance
+  --dense-rtol);
+- with --check-refusals: what the integration refuses (a model in Megatron's or torch's DDP,
+  config.finalize_model_grads_func set, use_distributed_optimizer, fp16, a missing
+  checkpoint) is refused on every rank with an error naming the argument.
 
-On a GPU node it runs as it is (NCCL process group, CUDA parameters, `backend="nccl"`
-communicator). On a CPU-only torch 1.x, megatron-core 0.8.0 needs the patches in
+--bf16 trains Megatron-LM's mixed precision way (bf16 TransformerConfig, Float16Module) with
+ScapeAdamS's fp32 master weights; --sharded uses ScapeAdamS's ZeRO-1 style update.
+
+With CUDA, the script takes the GPU route (NCCL process group, CUDA parameters, a
+`backend="nccl"` communicator, no patches); that route has not been run yet. On a CPU-only
+torch 1.x, megatron-core 0.8.0 needs the patches in
 tests/python/frameworks/cpu_patches_megatron.py, which the test applies through
 tests/python/frameworks/run_patched.py.
 """
@@ -139,11 +149,32 @@ class Batches:
         return self.rows[start:start + self.b].to(self.device)
 
 
-def loss_of(model, tokens: torch.Tensor, data: Batches) -> torch.Tensor:
-    # next-token loss: megatron's GPTModel returns the per-token cross entropy [b, s]
-    per_token = model(tokens[:, :-1], data.pos[:, :-1], data.mask[..., :-1, :-1],
-                      labels=tokens[:, 1:])
-    return per_token.float().mean()
+def forward_backward(model, tokens: torch.Tensor, data: Batches, micro: int) -> float:
+    """One global batch's forward and backward through megatron-core's own schedule
+    (get_forward_backward_func: here forward_backward_no_pipelining), in `micro`
+    micro-batches whose gradients accumulate (each loss divided by `micro`, Megatron's rule).
+    The schedule calls config.finalize_model_grads_func after the last backward when it is set
+    (Megatron's DDP run) and not otherwise (ScapeAdamS). Returns this rank's mean loss."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    n = tokens.shape[0] // micro
+
+    def forward_step(data_iterator, model):
+        mb = next(data_iterator)
+        # next-token loss: megatron's GPTModel returns the per-token cross entropy [b, s]
+        per_token = model(mb[:, :-1], data.pos[:n, :-1], data.mask[..., :-1, :-1],
+                          labels=mb[:, 1:])
+
+        def loss_func(output):
+            loss = output.float().mean()
+            # a copy: the schedule divides `loss` in place by the number of micro-batches
+            return loss, {"lm loss": loss.detach().clone()}
+        return per_token, loss_func
+
+    out = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(tokens.split(n)), model=[model],
+        num_microbatches=micro, seq_length=SEQ - 1, micro_batch_size=n, forward_only=False)
+    return float(sum(float(d["lm loss"]) for d in out) / micro)
 
 
 def mean_over(comm, x: float) -> float:
@@ -187,11 +218,10 @@ def train_scape(a, comm, data, counter, steps: range, density: float, resume_fro
         tokens = data(it)
         opt.zero_grad()
         counter.active = True
-        loss = loss_of(model, tokens, data)
-        loss.backward()
+        loss = forward_backward(model, tokens, data, a.micro)
         opt.step()
         counter.active = False
-        losses.append(mean_over(comm, loss.item()))
+        losses.append(mean_over(comm, loss))
         if a.log_every and (it + 1) % a.log_every == 0 and comm.rank == 0:
             print(f"  step {it + 1}: loss {losses[-1]:.4f}  bytes sent {opt.bytes_sent()}",
                   flush=True)
@@ -223,6 +253,9 @@ def train_dense_megatron(a, data, counter, steps: int) -> List[float]:
 
     model = build_model(a.seed, data.device)
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    # what Megatron-LM's training loop sets: the schedule syncs gradients through these
+    model.config.no_sync_func = ddp.no_sync
+    model.config.finalize_model_grads_func = finalize_model_grads
     cfg = optimizer_config(a)
     opt = TorchAdamS(param_groups([model], lr=cfg.lr, weight_decay=cfg.weight_decay),
                      lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
@@ -232,15 +265,15 @@ def train_dense_megatron(a, data, counter, steps: int) -> List[float]:
         tokens = data(it)
         ddp.zero_grad_buffer()
         counter.active = True
-        loss = loss_of(ddp, tokens, data)
-        loss.backward()
-        finalize_model_grads([ddp])
+        loss = forward_backward(ddp, tokens, data, a.micro)  # finalize_model_grads inside
         for p in params:  # what Megatron's FP32Optimizer does (it needs CUDA in 0.8)
             p.grad = p.main_grad
         torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad)
         opt.step()
-        counter.active = False
-        t = torch.tensor([loss.item()], device=data.device)  # NCCL needs a CUDA tensor
+        for p in params:  # Megatron's optimizer zero_grad(set_to_none=True): else the next
+            p.grad = None  # backward accumulates into main_grad through this alias, and DDP's
+        counter.active = False  # hook adds it to main_grad once more
+        t = torch.tensor([loss], device=data.device)  # NCCL needs a CUDA tensor
         dist.all_reduce(t)  # outside the counted window
         losses.append(float(t[0]) / dist.get_world_size())
     return losses
@@ -275,6 +308,13 @@ def check_refusals(a, comm, data) -> List[str]:
     expect("a model in torch's DDP", ValueError,
            ["model_chunks[0]", "torch's DistributedDataParallel"],
            lambda: scape_optimizer(tddp, OptimizerConfig(lr=1e-3), comm=comm))
+    from megatron.core.distributed import finalize_model_grads
+
+    other = build_model(a.seed, data.device)
+    other.config.finalize_model_grads_func = finalize_model_grads
+    expect("config.finalize_model_grads_func set", ValueError,
+           ["model_chunks[0].config.finalize_model_grads_func"],
+           lambda: scape_optimizer([other], OptimizerConfig(lr=1e-3), comm=comm))
     expect("use_distributed_optimizer", ValueError, ["config.use_distributed_optimizer",
                                                      "sharded=True"],
            lambda: scape_optimizer([model], OptimizerConfig(
@@ -316,6 +356,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--micro", type=int, default=2,
+                    help="micro-batches per step (gradient accumulation in Megatron's schedule)")
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=2, help="ScapeAdamS warmup_steps")
     ap.add_argument("--eps", type=float, default=1e-8, help="OptimizerConfig.adam_eps")
@@ -337,6 +379,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.steps < 2 or a.steps % 2:
         ap.error("--steps: expected an even number >= 2 (resume is checked at half)")
+    if a.micro < 1 or a.batch % a.micro:
+        ap.error(f"--micro: expected a divisor of --batch ({a.batch}), got {a.micro}")
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -438,8 +482,9 @@ def main() -> int:
         for b in bad:
             print(f"rank {comm.rank}: refusal check failed: {b}", flush=True)
         every = mean_over(comm, 0.0 if bad else 1.0) == 1.0
-        say(f"refusals (megatron DDP, torch DDP, use_distributed_optimizer, fp16, lr "
-            f"keyword, missing checkpoint) with clear errors on every rank: {every}")
+        say(f"refusals (megatron DDP, torch DDP, finalize_model_grads_func, "
+            f"use_distributed_optimizer, fp16, lr keyword, missing checkpoint) with clear "
+            f"errors on every rank: {every}")
         ok &= every
 
     say(f"all checks passed: {bool(ok)}")

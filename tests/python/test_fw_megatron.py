@@ -147,8 +147,9 @@ class MegatronCore(unittest.TestCase):
             self.assertIn(line, p.stdout, p.stdout[-3000:])
 
     def test_refusals(self):
-        self._has("refusals (megatron DDP, torch DDP, use_distributed_optimizer, fp16, lr "
-                  "keyword, missing checkpoint) with clear errors on every rank: True")
+        self._has("refusals (megatron DDP, torch DDP, finalize_model_grads_func, "
+                  "use_distributed_optimizer, fp16, lr keyword, missing checkpoint) with clear "
+                  "errors on every rank: True")
 
 
 if __name__ == "__main__":

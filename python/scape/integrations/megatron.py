@@ -13,12 +13,13 @@ Megatron at once:
   ``finish_grad_sync``, which ``finalize_model_grads`` calls).
 
 The model is therefore **not** wrapped in Megatron's ``DistributedDataParallel`` and
-``finalize_model_grads`` is **not** called: backward leaves each rank's own gradients in
-ScapeAdamS's flat buffer (``p.grad`` are views into it), and ``opt.step()`` exchanges and
-updates. :func:`scape_optimizer` refuses a model chunk that is wrapped in Megatron's (or
-torch's) ``DistributedDataParallel``: such a wrapper would all-reduce every gradient densely
-in its backward hooks and keep them in its own ``main_grad`` buffer, which ScapeAdamS never
-reads.
+``finalize_model_grads`` is **not** called (``config.finalize_model_grads_func`` stays None, so
+megatron-core's schedules, ``get_forward_backward_func()``, do not call it either): backward
+leaves each rank's own gradients in ScapeAdamS's flat buffer (``p.grad`` are views into it;
+micro-batches accumulate there), and ``opt.step()`` exchanges and updates.
+:func:`scape_optimizer` refuses a model chunk that is wrapped in Megatron's (or torch's)
+``DistributedDataParallel``: such a wrapper would all-reduce every gradient densely in its
+backward hooks and keep them in its own ``main_grad`` buffer, which ScapeAdamS never reads.
 
 The calls, after ``torch.distributed.init_process_group`` and
 ``parallel_state.initialize_model_parallel(...)``::
@@ -134,7 +135,9 @@ def check_model(model_chunks: Any) -> List[torch.nn.Module]:
     all-reduces every gradient in its backward hooks (the exchange ScapeAdamS replaces) and,
     Megatron's, moves the gradients into its own ``main_grad`` buffer, which ScapeAdamS does not
     read. Pass the bare model (``GPTModel``, or ``Float16Module(GPTModel)``) and do not call
-    ``finalize_model_grads``."""
+    ``finalize_model_grads``. Also refuses a chunk whose ``config.finalize_model_grads_func`` or
+    ``config.grad_sync_func`` is set: megatron-core's schedules (``get_forward_backward_func``)
+    would call them after backward."""
     chunks = _chunks(model_chunks)
     for i, m in enumerate(chunks):
         # megatron-core's DistributedDataParallel, and in newer releases its FSDP wrappers
@@ -156,6 +159,14 @@ def check_model(model_chunks: Any) -> List[torch.nn.Module]:
                 f"exchange itself, and the wrapper would reduce every gradient densely in "
                 f"backward{' into its own main_grad buffer' if megatron_dp else ''}. Pass the "
                 f"unwrapped model (e.g. `model.module`) and do not call finalize_model_grads")
+        cfg = getattr(m, "config", None)
+        for k in ("finalize_model_grads_func", "grad_sync_func"):
+            if cfg is not None and getattr(cfg, k, None) is not None:
+                raise ValueError(
+                    f"model_chunks[{i}].config.{k} is set: megatron-core's schedules "
+                    f"(get_forward_backward_func) call it after backward to reduce the "
+                    f"gradients over the data-parallel group, which ScapeAdamS does itself; "
+                    f"set config.{k} = None (Megatron-LM's training loop sets it in train())")
     return chunks
 
 

@@ -19,6 +19,10 @@ What megatron-core 0.8.0 does that a CPU-only torch cannot:
    gradient all-reduce, ``--dense-baseline``) builds one. Patched: without CUDA, that module's
    ``torch`` is a view of torch whose ``cuda.current_device()`` is "cpu" (everything else is
    torch's own).
+4. ``forward_backward_no_pipelining`` (megatron.core.pipeline_parallel.schedules, what
+   ``get_forward_backward_func()`` returns at PP = 1) counts tokens in
+   ``torch.zeros([], dtype=torch.int, device="cuda")``. Patched: without CUDA, that module's
+   ``torch`` is a view of torch whose ``zeros`` makes a CPU tensor where "cuda" was asked.
 
 Each patch applies only when ``torch.cuda.is_available()`` is False, and checks that the
 function it replaces still exists (so a megatron-core that moved it fails here, loudly).
@@ -64,8 +68,6 @@ def _apply() -> None:
 
     buf.get_tensor = get_tensor
 
-    import types
-
     from megatron.core.distributed import param_and_grad_buffer as pgb
 
     if getattr(pgb, "torch", None) is not torch:
@@ -83,10 +85,32 @@ def _apply() -> None:
         def __getattr__(self, name):
             return getattr(torch.cuda, name)
 
+    pgb.torch = _torch_view(cuda=_CpuCuda())
+
+    from megatron.core.pipeline_parallel import schedules
+
+    if getattr(schedules, "torch", None) is not torch:
+        raise RuntimeError("cpu_patches_megatron: megatron.core.pipeline_parallel.schedules "
+                           "no longer imports torch as `torch` (megatron-core changed): "
+                           "update this patch")
+
+    def zeros(*size, **kw):
+        if str(kw.get("device", "")).startswith("cuda"):
+            kw["device"] = "cpu"
+        return torch.zeros(*size, **kw)
+
+    schedules.torch = _torch_view(zeros=zeros)
+
+
+def _torch_view(**overrides):
+    """A module that is torch except for `overrides` (for one megatron module's `torch`)."""
+    import types
+
     view = types.ModuleType("torch")
     view.__dict__["__getattr__"] = lambda name: getattr(torch, name)
-    view.cuda = _CpuCuda()
-    pgb.torch = view
+    for k, v in overrides.items():
+        setattr(view, k, v)
+    return view
 
 
 _apply()
