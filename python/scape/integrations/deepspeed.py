@@ -231,14 +231,17 @@ class ScapeEngineMixin:
             return load_path, client_state
         opt, comm = self.scape_optimizer, self.scape_comm
         path = scape_optimizer_file(os.path.dirname(load_path), comm.rank, comm.size)
-        have = torch.tensor([1.0 if os.path.isfile(path) else 0.0])
-        comm.all_reduce(have, op="min")
-        if float(have[0]) != 1.0:
+        have = torch.zeros(comm.size, dtype=torch.float32)
+        comm.all_gather(torch.tensor([1.0 if os.path.isfile(path) else 0.0]), have)
+        missing = [r for r in range(comm.size) if float(have[r]) != 1.0]
+        if missing:
             raise FileNotFoundError(
-                f"load_checkpoint: {'this rank' if not os.path.isfile(path) else 'another rank'}"
-                f" lacks its ScapeAdamS state ({path} on rank {comm.rank}): the checkpoint was "
-                f"not saved by an engine of scape.integrations.deepspeed.initialize with "
-                f"{comm.size} ranks; pass load_optimizer_states=False to load the model only")
+                f"load_checkpoint: {os.path.dirname(path)} lacks the ScapeAdamS state of rank"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
+                f"{comm.size} ({os.path.basename(scape_optimizer_file('', missing[0], comm.size))}"
+                f"): it was not saved by an engine of scape.integrations.deepspeed.initialize "
+                f"with {comm.size} ranks; pass load_optimizer_states=False to load the model "
+                f"(and scheduler) only")
         blob = torch.load(path, map_location="cpu")
         opt.load_state_dict(blob["optimizer"])
         return load_path, client_state
