@@ -18,6 +18,8 @@ ScapeAdamS's. The script checks, and exits non-zero otherwise:
 - with --check-resume: a second engine (another initialisation) resumed by
   engine.load_checkpoint from the half-way engine.save_checkpoint ends with the same bits and
   the same losses as the uninterrupted run, on every rank;
+- with --check-bf16-resume: the same for a bfloat16 model (no bf16 section: ScapeAdamS's fp32
+  masters step it), resumed from its own checkpoint;
 - with --dense-baseline: at density 1.0 the losses equal, to fp32 rounding (--dense-rtol), those
   of DeepSpeed's own dense run (its gradient all-reduce, scape.integrations.reference.TorchAdamS
   as the client optimizer, the same config, data and schedule).
@@ -195,6 +197,9 @@ def main() -> int:
     ap.add_argument("--local_rank", "--local-rank", type=int, default=-1,
                     help="passed by the deepspeed launcher (LOCAL_RANK is read from the "
                          "environment)")
+    ap.add_argument("--check-bf16-resume", action="store_true",
+                    help="also train bfloat16 parameters (--bf16-steps) and resume them")
+    ap.add_argument("--bf16-steps", type=int, default=6)
     ap.add_argument("--verbose", action="store_true", help="keep DeepSpeed's INFO logging")
     a = ap.parse_args()
     if not a.verbose:
@@ -249,6 +254,27 @@ def main() -> int:
             ok = ok and all(every) and at == half
             opt2.destroy()
         opt.destroy()
+
+        if a.check_bf16_resume and not a.bf16:
+            # bfloat16 parameters, no DeepSpeed bf16 section: ScapeAdamS's fp32 masters step
+            # them and travel in each rank's checkpoint file
+            b = argparse.Namespace(**dict(vars(a), bf16=True))
+            n, bdir = a.bf16_steps, os.path.join(tmp[0], "ckpt_bf16")
+            e1, o1, _ = make_engine(b, comm, "scape", a.density)
+            l1, ar1 = train(e1, counter, b, rank, n, save_at=n // 2, ckpt=bdir)
+            masters = o1.master_weights()[0] is not None
+            e2, o2, _ = make_engine(b, comm, "scape", a.density, seed=7)
+            e2.load_checkpoint(bdir)
+            l2, _ = train(e2, counter, b, rank, n)
+            same_b = param_hash(e1.module) == param_hash(e2.module) and l2 == l1[n // 2:]
+            every = [None] * comm.size
+            torch.distributed.all_gather_object(every, same_b and masters and max(ar1) == 0)
+            if rank == 0:
+                print(f"bf16 parameters ({next(e1.module.parameters()).dtype}, fp32 masters: "
+                      f"{masters}): resume bit-identical on every rank: {all(every)}")
+            ok = ok and all(every)
+            o1.destroy()
+            o2.destroy()
 
         if a.dense_baseline:
             ref, _, _ = make_engine(a, comm, "torch-adams", 1.0)

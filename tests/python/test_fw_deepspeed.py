@@ -5,7 +5,8 @@ with cpu_patches_deepspeed. It shows: DeepSpeed runs 0 gradient all-reduces (cou
 torch.distributed) while its dense baseline runs one per global batch, ScapeAdamS steps once
 per global batch under gradient accumulation, parameters are bit-identical across ranks, the
 loss falls, engine.load_checkpoint resumes bit-identically on both ranks, and at density 1.0
-the losses and the stepped gradient's norm equal DeepSpeed's own dense run with TorchAdamS.
+the losses and the stepped gradient's norm equal DeepSpeed's own dense run with TorchAdamS; a
+bfloat16 model (ScapeAdamS's fp32 masters, no DeepSpeed bf16 section) resumes bit-identically.
 
 The dense tolerance is a relative 1e-5: both runs average the same fp32 gradients, but in
 another order (DeepSpeed divides each rank's gradient by the world size and sums; ScapeAdamS
@@ -107,8 +108,8 @@ class DeepSpeedTwoRanks(unittest.TestCase):
             raise AssertionError(f"no frameworks venv python at {FW_PYTHON}: {INSTALL}")
 
     def test_train_resume_and_dense_baseline(self):
-        out = run_example("--check-resume", "--dense-baseline", "--steps", "12",
-                          "--dense-steps", "8")
+        out = run_example("--check-resume", "--dense-baseline", "--check-bf16-resume",
+                          "--steps", "12", "--dense-steps", "8", "--bf16-steps", "6")
         self.assertIn("engine ScapeDeepSpeedEngine optimizer ScapeAdamS", out)
         self.assertIn("falls: True", out)
         self.assertIn("optimizer steps 12 for 12 global batches of 2 micro-batches", out)
@@ -119,6 +120,8 @@ class DeepSpeedTwoRanks(unittest.TestCase):
             self.assertIn(f"rank {r}: resume from step6 (global step 6) bit-identical to the "
                           f"uninterrupted run: True", out)
         self.assertIn("resume bit-identical on every rank: True", out)
+        self.assertIn("bf16 parameters (torch.bfloat16, fp32 masters: True): resume "
+                      "bit-identical on every rank: True", out)
         # the counter sees DeepSpeed's own all-reduce where it runs
         self.assertIn("dense baseline (DeepSpeed's all-reduce + TorchAdamS): gradient "
                       "all-reduces per global batch 1; ScapeAdamS density 1.0: 0", out)
