@@ -28,7 +28,8 @@ script checks, and exits non-zero otherwise:
   (`scape.integrations.reference.TorchAdamS`) to fp32 rounding (relative tolerance
   --dense-rtol);
 - with --check-refusals: what the integration refuses (a model in Megatron's or torch's DDP,
-  config.finalize_model_grads_func set, use_distributed_optimizer, fp16, a missing
+  config.finalize_model_grads_func or gradient_accumulation_fusion set,
+  use_distributed_optimizer, fp16, a missing
   checkpoint) is refused on every rank with an error naming the argument.
 
 --bf16 trains Megatron-LM's mixed precision way (bf16 TransformerConfig, Float16Module) with
@@ -315,6 +316,11 @@ def check_refusals(a, comm, data) -> List[str]:
     expect("config.finalize_model_grads_func set", ValueError,
            ["model_chunks[0].config.finalize_model_grads_func"],
            lambda: scape_optimizer([other], OptimizerConfig(lr=1e-3), comm=comm))
+    fused = build_model(a.seed, data.device)
+    fused.config.gradient_accumulation_fusion = True
+    expect("gradient_accumulation_fusion", ValueError,
+           ["model_chunks[0].config.gradient_accumulation_fusion", "grad_dtype=torch.float32"],
+           lambda: scape_optimizer([fused], OptimizerConfig(lr=1e-3), comm=comm))
     expect("use_distributed_optimizer", ValueError, ["config.use_distributed_optimizer",
                                                      "sharded=True"],
            lambda: scape_optimizer([model], OptimizerConfig(
@@ -342,13 +348,20 @@ def check_param_groups(model) -> str:
     except (ImportError, TypeError) as e:
         return f"not compared ({type(e).__name__}: {e})"
     ours = param_groups([model], lr=1.0, weight_decay=1.0)
+    # and with the fine-tuning conditions: the head at half the lr, no decay for embeddings
+    head = lambda n, p: "output_layer." in n  # noqa: E731
+    no_wd = lambda n, p: "embedding" in n or n.endswith(".bias")  # noqa: E731
+    theirs2 = _get_param_groups([model], no_wd, head, 0.5, False)
+    ours2 = param_groups([model], lr=1.0, weight_decay=1.0, no_weight_decay_cond=no_wd,
+                         scale_lr_cond=head, lr_mult=0.5)
 
     def key(gs):  # (wd_mult, lr_mult) -> the parameters (ours may split a key by dtype)
         out = {}
         for g in gs:
             out.setdefault((g["wd_mult"], g["lr_mult"]), set()).update(id(p) for p in g["params"])
         return out
-    return str(key(ours) == key(theirs))
+    return str(key(ours) == key(theirs) and key(ours2) == key(theirs2)
+               and len(key(ours2)) == 3)
 
 
 def main() -> int:
@@ -483,8 +496,8 @@ def main() -> int:
             print(f"rank {comm.rank}: refusal check failed: {b}", flush=True)
         every = mean_over(comm, 0.0 if bad else 1.0) == 1.0
         say(f"refusals (megatron DDP, torch DDP, finalize_model_grads_func, "
-            f"use_distributed_optimizer, fp16, lr keyword, missing checkpoint) with clear "
-            f"errors on every rank: {every}")
+            f"gradient_accumulation_fusion, use_distributed_optimizer, fp16, lr keyword, "
+            f"missing checkpoint) with clear errors on every rank: {every}")
         ok &= every
 
     say(f"all checks passed: {bool(ok)}")

@@ -12,9 +12,10 @@ by the framework in a training step (counted; the dense baseline's Megatron DDP 
 own, so the counter can see them), parameters bit-identical, the loss falls, resume from
 iteration 8 bit-identical to the uninterrupted run, at density 1.0 the losses equal megatron's
 own dense run (its DDP + finalize_model_grads + TorchAdamS) to a relative 1e-5, and the
-refusals (a model in Megatron's or torch's DDP, use_distributed_optimizer, fp16, a missing
-checkpoint). A second, shorter run trains the bf16 model (Megatron-LM's Float16Module) with
-ScapeAdamS's fp32 masters and resumes it bit-identically.
+refusals (a model in Megatron's or torch's DDP, config.finalize_model_grads_func or
+gradient_accumulation_fusion set, use_distributed_optimizer, fp16, a missing checkpoint). A
+second, shorter run trains the bf16 model (Megatron-LM's Float16Module) with ScapeAdamS's fp32
+masters and resumes it bit-identically.
 
 The tolerance: the two runs average different fp32 quantities (ScapeAdamS the new momentum
 ``b1*m + (1-b1)*g``, Megatron's DDP the gradient ``g``), so the updates differ in the last bits
@@ -148,8 +149,8 @@ class MegatronCore(unittest.TestCase):
 
     def test_refusals(self):
         self._has("refusals (megatron DDP, torch DDP, finalize_model_grads_func, "
-                  "use_distributed_optimizer, fp16, lr keyword, missing checkpoint) with clear "
-                  "errors on every rank: True")
+                  "gradient_accumulation_fusion, use_distributed_optimizer, fp16, lr keyword, "
+                  "missing checkpoint) with clear errors on every rank: True")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ What it refuses, and why (each with an error naming the argument):
 - parameters Megatron marks as expert-parallel (``param.allreduce == False``, MoE with expert
   parallelism): they are averaged over another data-parallel group, which needs a second
   communicator; not supported;
+- ``config.gradient_accumulation_fusion`` (Megatron-LM's default where the fused kernel is
+  built) without ``grad_dtype=torch.float32``: the fused linear layers write weight gradients
+  into ``param.main_grad``, which only Megatron's DDP allocates; ScapeAdamS with
+  ``grad_dtype=torch.float32`` (16-bit parameters) provides ``p.main_grad`` as fp32 views of its
+  flat gradient, which is what the fused kernel expects (not run here: it needs CUDA);
 - the other reductions ``finalize_model_grads`` does besides the data-parallel one: with
   tensor parallelism and sequence parallelism (layer-norm gradients all-reduced over the
   tensor-parallel group) or with pipeline parallelism and shared input/output embeddings
@@ -303,6 +308,16 @@ def scape_optimizer(model_chunks: Any, config: Any = None, *, comm: Any = None,
     chunks = check_model(model_chunks)
     ps = _parallel_state()
     _check_other_reductions(chunks, ps)
+    for i, m in enumerate(chunks):
+        cfg = getattr(m, "config", None)
+        if (getattr(cfg, "gradient_accumulation_fusion", False)
+                and scape_kwargs.get("grad_dtype") is not torch.float32):
+            raise ValueError(
+                f"model_chunks[{i}].config.gradient_accumulation_fusion: the fused linear layers "
+                f"write weight gradients into param.main_grad, which Megatron's DDP allocates. "
+                f"Set it False (Megatron-LM: --no-gradient-accumulation-fusion), or, with 16-bit "
+                f"parameters, pass grad_dtype=torch.float32: ScapeAdamS then makes p.main_grad "
+                f"fp32 views of its flat gradient (not run here: the fused kernel needs CUDA)")
     if config is None:
         from megatron.core.optimizer import OptimizerConfig
 
