@@ -29,23 +29,29 @@ The calls, after ``torch.distributed.init_process_group`` and
 
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=..., max_sequence_length=...)
     opt = scape_optimizer([model], OptimizerConfig(lr=3e-3, weight_decay=0.1, clip_grad=1.0),
-                          density=0.1)            # any other ScapeAdamS keyword, e.g. warmup_steps
-    for batch in data:                            # this rank's shard
+                          density=0.1)          # any other ScapeAdamS keyword, e.g. warmup_steps
+    forward_backward = get_forward_backward_func()
+    for it in range(steps):                     # each rank reads its own shard
         opt.zero_grad()
-        model(tokens, position_ids, attention_mask, labels=tokens).mean().backward()
-        opt.step()                                # no finalize_model_grads
-    save_optimizer(opt, "ckpt", iteration)        # every DP rank, beside Megatron's files
-    load_optimizer(opt, "ckpt", iteration)        # every rank (collective)
+        forward_backward(forward_step_func=forward_step, data_iterator=microbatches,
+                         model=[model], num_microbatches=n, seq_length=s,
+                         micro_batch_size=b, forward_only=False)
+        opt.step()                              # no finalize_model_grads
+    save_optimizer(opt, "ckpt", iteration)      # every DP rank, beside Megatron's files
+    load_optimizer(opt, "ckpt", iteration)      # every rank (collective)
 
-What it needs: megatron-core (imported lazily, inside the functions; 0.8.0 is what is tested
-here, on torch 1.13 CPU with gloo; the calls used — ``parallel_state``'s group getters,
-``OptimizerConfig``'s fields, ``megatron.core.distributed.DistributedDataParallel`` — exist in
-current megatron-core on torch 2.x as well), and torch.distributed initialised with Megatron's
-model-parallel groups.
+What it needs: megatron-core (imported lazily, inside the functions; 0.8.0 is what is run
+here, on torch 1.13 CPU with gloo), and torch.distributed initialised with Megatron's
+model-parallel groups (``parallel_state.initialize_model_parallel``). It uses only
+``parallel_state``'s group and rank getters, ``OptimizerConfig``'s fields and the
+``DistributedDataParallel`` class name, which current megatron-core (for torch 2.x) still has
+(read in its source, not run here); nothing in it is specific to 0.8.0 or to the CPU.
 
 What it refuses, and why (each with an error naming the argument):
 
-- a model chunk wrapped in ``DistributedDataParallel`` (above);
+- a model chunk wrapped in ``DistributedDataParallel`` (above), megatron-core's or torch's
+  FSDP, or whose ``config.finalize_model_grads_func`` / ``config.grad_sync_func`` is set (the
+  schedules would call them after backward);
 - ``config.optimizer != "adam"``: ScapeAdamS is AdamS (Adam without a second-moment state);
   Megatron's "sgd" has no counterpart;
 - ``config.fp16``: Megatron's loss scaler lives in the ``Float16OptimizerWithFloat16Params``
@@ -145,12 +151,12 @@ def check_model(model_chunks: Any) -> List[torch.nn.Module]:
     would call them after backward."""
     chunks = _chunks(model_chunks)
     for i, m in enumerate(chunks):
-        # megatron-core's DistributedDataParallel, and in newer releases its FSDP wrappers
-        # (FullyShardedDataParallel, TorchFullyShardedDataParallel), found by name so that
-        # every release is covered without importing each
-        megatron_dp = [c.__name__ for c in type(m).__mro__
+        # megatron-core's DistributedDataParallel and, in newer releases, its FSDP wrappers
+        # (TorchFullyShardedDataParallel, MegatronFSDP; their base _BaseDataParallel), found
+        # by name so that every release is covered without importing each
+        megatron_dp = [type(m).__name__ for c in type(m).__mro__
                        if c.__module__.startswith("megatron.")
-                       and c.__name__.endswith("DataParallel") and not c.__name__.startswith("_")]
+                       and (c.__name__.endswith("DataParallel") or c.__name__ == "MegatronFSDP")]
         # torch's FSDP by name: importing torch.distributed.fsdp fails on some torch 1.x
         # builds (Python 3.11), and a model wrapped in it has imported it already
         torch_fsdp = any(c.__module__.startswith("torch.distributed.fsdp")
