@@ -1053,6 +1053,11 @@ class ScapeAdamS(torch.optim.Optimizer):
                 loss = closure()
         if grad_scaler is not None and self._amp_skip(grad_scaler):
             return loss
+        if self._groups and all(g.handle is None for g in self._groups):
+            self._comm._check_alive("ScapeAdamS.step")  # an aborted communicator says so
+            raise InvalidUsageError("ScapeAdamS.step: this optimizer was destroyed (destroy(), "
+                                    "or its communicator was aborted): its library state is "
+                                    "gone, so a step would change nothing; build a new one")
         for pg, g in zip(self.param_groups, self._groups):
             for k, v in g.fixed.items():
                 if pg.get(k) != v:
@@ -1299,6 +1304,12 @@ class ScapeAdamS(torch.optim.Optimizer):
             g.destroy()
 
     def __del__(self) -> None:
+        # Only the object that made the library optimizers frees them: a framework's wrapper
+        # may be an instance of a ScapeAdamS subclass that forwards its attributes to the real
+        # optimizer (Lightning's LightningOptimizer does), and dropping the wrapper must not
+        # free the live optimizer's state.
+        if "_groups" not in self.__dict__:
+            return
         try:
             self.destroy()
         except Exception:

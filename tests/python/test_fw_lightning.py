@@ -194,10 +194,36 @@ def _state_view_worker() -> None:
         m(torch.randn(8, 4)).square().sum().backward()
         opt.step()
         opt.zero_grad()
+    # A wrapper made the way Lightning's LightningOptimizer makes itself (an instance of a
+    # subclass of the optimizer's class that forwards attributes to it) must not free the
+    # live optimizer's library state when it is dropped.
+    import gc
+
+    wrapper = object.__new__(type("Wrapped", (type(opt),), {
+        "__getattr__": lambda self, k: getattr(self.__dict__["_optimizer"], k)}))
+    wrapper.__dict__["_optimizer"] = opt
+    del wrapper
+    gc.collect()
+    results.append(("a dropped wrapper leaves the optimizer's state",
+                    all(g.handle is not None for g in opt._groups)))
+    before = opt.info()[0]["step"]
+    m(torch.randn(8, 4)).square().sum().backward()
+    opt.step()
+    results.append(("the optimizer still steps after a wrapper is dropped",
+                    opt.info()[0]["step"] == before + 1))
     bad = [w for w, good in results if not good]
     print(f"rank {comm.rank}: state assignments as expected: {not bad} "
           f"({len(results)} cases{'; wrong: ' + ', '.join(bad) if bad else ''})", flush=True)
     opt.destroy()
+    try:
+        opt.step()
+        stepped = True
+    except scape.InvalidUsageError as e:
+        stepped = "destroyed" not in str(e)
+    if stepped:
+        bad.append("a step after destroy() did not raise")
+        print(f"rank {comm.rank}: a step after destroy() did not say it was destroyed",
+              flush=True)
     comm.destroy()
     sys.exit(1 if bad else 0)
 

@@ -146,27 +146,6 @@ def _broadcast_buffers(module: torch.nn.Module, src: int = 0) -> int:
     return n
 
 
-def _no_del(self: Any) -> None:
-    pass
-
-
-def _disarm(wrapper: Any) -> None:
-    """Lightning's ``LightningOptimizer`` wrapper makes itself an instance of a class derived
-    from the wrapped optimizer's class (for isinstance checks) and forwards attributes to it,
-    so it also inherits ``ScapeAdamS.__del__``: when Lightning drops a wrapper (it makes new
-    ones whenever ``strategy.optimizers`` is set), that ``__del__`` would free the library
-    state of the optimizer the wrapper forwards to, which is still training. A wrapper of a
-    ScapeAdamS gets a class whose ``__del__`` does nothing (the optimizer itself still frees
-    its state when it is collected)."""
-    from ..optim import ScapeAdamS
-
-    cls = type(wrapper)
-    if (isinstance(wrapper, ScapeAdamS) and "_groups" not in vars(wrapper)
-            and cls.__dict__.get("__del__") is not _no_del):
-        wrapper.__class__ = type(cls.__name__, (cls,), {"__del__": _no_del,
-                                                         "__module__": cls.__module__})
-
-
 def scape_optimizer(module_or_trainer: Any, params: Any = None, **kwargs: Any) -> Any:
     """ScapeAdamS for a LightningModule trained with :class:`ScapeStrategy`, for use in
     ``configure_optimizers``: ``return scape_optimizer(self, lr=1e-3, density=0.01)``.
@@ -191,11 +170,6 @@ def _build(flavour: str) -> type:
     DDPStrategy = pl.strategies.DDPStrategy
     passthrough = set(inspect.signature(DDPStrategy.__init__).parameters) - {
         "self", "kwargs", *_DDP_ONLY}
-
-    _base_optimizers = inspect.getattr_static(DDPStrategy, "optimizers")
-    if not isinstance(_base_optimizers, property):
-        raise ImportError(f"scape.integrations.lightning: {flavour}'s Strategy.optimizers is "
-                          f"not a property; this Lightning version is not supported")
 
     class ScapeStrategy(DDPStrategy):  # type: ignore[misc, valid-type]
         """Lightning's DDPStrategy without the DistributedDataParallel wrapper: gradients are
@@ -294,18 +268,6 @@ def _build(flavour: str) -> type:
                 if clip:
                     kwargs["max_grad_norm"] = clip
             return ScapeAdamS(params, self.scape_comm, **kwargs)
-
-        # -- Lightning's optimizer wrappers ----------------------------------------------
-
-        @property
-        def optimizers(self) -> Any:
-            return _base_optimizers.fget(self)
-
-        @optimizers.setter
-        def optimizers(self, optimizers: Any) -> None:
-            _base_optimizers.fset(self, optimizers)
-            for w in getattr(self, "_lightning_optimizers", []):
-                _disarm(w)
 
         # -- no DDP wrapper --------------------------------------------------------------
 
