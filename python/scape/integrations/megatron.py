@@ -53,7 +53,8 @@ What it refuses, and why (each with an error naming the argument):
   FSDP, or whose ``config.finalize_model_grads_func`` / ``config.grad_sync_func`` is set (the
   schedules would call them after backward);
 - ``config.optimizer != "adam"``: ScapeAdamS is AdamS (Adam without a second-moment state);
-  Megatron's "sgd" has no counterpart;
+  Megatron's "sgd" has no counterpart; nor has L2 weight decay (newer releases'
+  ``decoupled_weight_decay=False``): ScapeAdamS's is decoupled, as Megatron's default AdamW;
 - ``config.fp16``: Megatron's loss scaler lives in the ``Float16OptimizerWithFloat16Params``
   wrapper this replaces. Use bf16 parameters (``config.bf16`` is accepted: ScapeAdamS keeps the
   fp32 master weights itself) or an fp16 model with ``torch.cuda.amp.GradScaler``, without
@@ -294,9 +295,12 @@ def scape_optimizer(model_chunks: Any, config: Any = None, *, comm: Any = None,
         config: a ``megatron.core.optimizer.OptimizerConfig`` (or None: its defaults). Read:
             ``lr``, ``min_lr``, ``weight_decay``, ``adam_beta1``, ``adam_beta2``, ``adam_eps``,
             ``clip_grad`` (ScapeAdamS's ``max_grad_norm``: the averaged gradient's global norm,
-            as Megatron clips). Refused: ``optimizer`` other than "adam", ``fp16``,
-            ``use_distributed_optimizer``, ``decoupled_lr`` (module docstring). ``bf16`` is
-            fine: give ScapeAdamS the bf16 parameters, it keeps fp32 masters.
+            as Megatron clips) and, where the release has it, ``apply_wd_to_qk_layernorm``.
+            Newer releases' per-parameter overrides of ``get_megatron_optimizer`` are not read:
+            pass ``no_weight_decay_cond`` / ``scale_lr_cond``. Refused: ``optimizer`` other
+            than "adam", ``fp16``, ``use_distributed_optimizer``, ``decoupled_lr``,
+            ``decoupled_weight_decay=False`` (module docstring). ``bf16`` is fine: give
+            ScapeAdamS the bf16 parameters, it keeps fp32 masters.
         comm: a :class:`scape.Communicator` over the data-parallel ranks (default:
             :func:`data_parallel_communicator`). Its size must be the data-parallel size.
         no_weight_decay_cond, scale_lr_cond, lr_mult: as for ``get_megatron_optimizer``
@@ -342,6 +346,9 @@ def scape_optimizer(model_chunks: Any, config: Any = None, *, comm: Any = None,
                          "update work (every rank keeps momentum and residual of every "
                          "parameter). Set use_distributed_optimizer=False, and pass "
                          "sharded=True here if you want the ZeRO-1 style update")
+    if getattr(config, "decoupled_weight_decay", True) is False:
+        raise ValueError("config.decoupled_weight_decay=False: Megatron's L2 (Adam, not AdamW) "
+                         "weight decay; ScapeAdamS's weight decay is decoupled only")
     if getattr(config, "decoupled_lr", None) is not None:
         raise ValueError("config.decoupled_lr: a separate learning rate for the embedding and "
                          "output layer is not supported; use scale_lr_cond / lr_mult")
@@ -349,6 +356,11 @@ def scape_optimizer(model_chunks: Any, config: Any = None, *, comm: Any = None,
         if k in scape_kwargs:
             raise ValueError(f"{k}: comes from config (OptimizerConfig: lr, adam_beta1/2, "
                              f"adam_eps, weight_decay, clip_grad), not a keyword here")
+    if no_weight_decay_cond is None and getattr(config, "apply_wd_to_qk_layernorm", False):
+        # newer megatron-core's option: the classic rule, except that q/k layer norms decay
+        def no_weight_decay_cond(name: str, p: torch.Tensor) -> bool:
+            return ((len(p.shape) == 1 or name.endswith(".bias"))
+                    and not ("q_layernorm." in name or "k_layernorm." in name))
     lr = float(config.lr) if config.lr is not None else 1e-3
     min_lr = float(config.min_lr) if getattr(config, "min_lr", None) is not None else 0.0
     groups = param_groups(chunks, lr=lr, weight_decay=float(config.weight_decay),
