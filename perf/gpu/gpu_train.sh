@@ -39,7 +39,10 @@
 # STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu/gpu_train.py, e.g.
 # segment_rms+clipstay, the quality study's candidates; empty: no variant run), ALLOC_CHECK (1:
 # `run` first runs perf/gpu/gpu_alloc_check.py, device memory per step, its PASS/FAIL lines
-# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget), PYTHON (python3 there,
+# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget; ALLOC_S, 40 s), STREAM_CHECK
+# (1: then perf/gpu/gpu_stream_check.py, ScapeAdamS under torch's current stream, its line to
+# $CHECKS, figures to $STREAM_JSON; STREAM_S, 30 s), TRAIN_CONFIGS (the training configurations
+# to run, in order, instead of all; "none": no training run), PYTHON (python3 there,
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
@@ -224,6 +227,14 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
     else not_run+=("scape-0.01-$variant (this scape's ScapeAdamS has no entering=)"); fi
   fi
   configs+=(adamw adams)
+  # TRAIN_CONFIGS: these configurations instead, in this order (perf/gpu/run.sh's short run)
+  if [ "${TRAIN_CONFIGS:-}" = none ]; then
+    configs=()
+    not_run+=("the training runs (TRAIN_CONFIGS=none)")
+  elif [ -n "${TRAIN_CONFIGS:-}" ]; then
+    read -r -a configs <<<"$TRAIN_CONFIGS"
+    not_run+=("the other configurations (TRAIN_CONFIGS=$TRAIN_CONFIGS)")
+  fi
   local i=0 n=${#configs[@]}
   for c in "${configs[@]}"; do
     local l cap
@@ -320,6 +331,11 @@ run_gpu() {
     echo "== alloc (device memory per step, at most ${ALLOC_S:-40} s)"
     (cd "$work" && timeout -k 5 "${ALLOC_S:-40}" "$py" "$root/perf/gpu/gpu_alloc_check.py" \
       --json "${ALLOC_JSON:-$work/alloc.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
+  fi
+  if [ "${STREAM_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
+    echo "== stream (ScapeAdamS on CUDA tensors under torch's current stream, at most ${STREAM_S:-30} s)"
+    (cd "$work" && timeout -k 5 "${STREAM_S:-30}" "$py" "$root/perf/gpu/gpu_stream_check.py" \
+      --json "${STREAM_JSON:-$work/stream.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
   fi
   if [ "$rehearse" = 1 ]; then
     STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
@@ -639,7 +655,7 @@ EOF
     dry-run) dry_run "$@" ;;
     length) length_gpu "$@" ;;
     length-dry-run) length_dry_run "$@" ;;
-    *) sed -n '2,53p' "$0"; exit 2 ;;
+    *) sed -n '2,56p' "$0"; exit 2 ;;
   esac
   exit $?
 }
