@@ -4,7 +4,8 @@
 # shared libraries a bare GPU machine may lack (UCX and its modules, rdma-core, libnl,
 # libstdc++), so the GPU machine spends its time on the checks, not on installing and building.
 #
-#   bash perf/gpu/gpu_bundle.sh [DIR]                 # default DIR: <repo>/.gpu-bundle
+#   bash perf/gpu/gpu_bundle.sh [DIR]                 # default DIR: <repo>/.gpu-bundle, holding
+#                                                     # COMMIT and bundle.tar.xz (bin/, lib/)
 #   GPU_CHECK_BUNDLE=DIR bash perf/gpu/gpu_check.sh   # then, on the GPU machine
 #   GPU_BUNDLE_FAKE=BUILD bash perf/gpu/gpu_bundle.sh DIR   # the dry run's bundle (below)
 #
@@ -43,9 +44,11 @@ soname=$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 cp "$so" "$out/lib/libnccl-net-scape.so"
 # Programs linked to the library need it under its soname (a symbolic link: one copy travels).
 [ -n "$soname" ] && [ "$soname" != libnccl-net-scape.so ] && ln -s libnccl-net-scape.so "$out/lib/$soname"
+# cp_in SRC DST: a copy (the dry run's bundle: a hard link where it can, nothing travels)
+cp_in() { if [ -n "$fake" ]; then cp -l "$1" "$2" 2>/dev/null || cp "$1" "$2"; else cp "$1" "$2"; fi; }
 for f in tests/kernels/scape_kernels_cuda_test tests/kernels/scape_kernels_cpu_test \
          tests/kernels/scape_fatbin_check perf/kernels/scape_kernels_gpu_bench; do
-  if [ -x "$build/$f" ]; then cp "$build/$f" "$out/bin/"
+  if [ -x "$build/$f" ]; then cp_in "$build/$f" "$out/bin/"
   elif [ -z "$fake" ]; then echo "gpu_bundle: no $build/$f" >&2; exit 1; fi
 done
 if [ -n "$fake" ]; then
@@ -73,7 +76,7 @@ else
       -L"$cuda/lib64" -lcudart_static -lnccl -ldl -lrt -lpthread -Wl,-rpath,'$ORIGIN/../lib'
   done
 fi
-strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so 2>/dev/null || true
+[ -n "$fake" ] || strip --strip-unneeded "$out"/bin/* "$out/lib/libnccl-net-scape.so"
 
 # Shared libraries from this machine's system folders that the programs need, except glibc's
 # own (the GPU machine's glibc must be as new as this one's) and CUDA's/NCCL's.
@@ -99,5 +102,13 @@ for f in "$out"/lib/ucx/*.so*; do
 done
 git -C "$root" rev-parse --short HEAD >"$out/COMMIT" 2>/dev/null || echo unknown >"$out/COMMIT"
 [ -n "$fake" ] && echo "$(cat "$out/COMMIT") (FAKE: the dry run's bundle)" >"$out/COMMIT"
-echo "bundle: $out ($(du -sh "$out" | cut -f1)), commit $(cat "$out/COMMIT")"
 ls "$out/bin"
+echo "bundle: $out ($(du -sh "$out" | cut -f1) unpacked), commit $(cat "$out/COMMIT")"
+# The real bundle travels packed: its kernels (sm_80 + sm_90 + PTX in the library and in the two
+# kernel programs) are ~55 MB as they are, ~9 MB as xz (the device tool carries 64 MiB with the
+# working tree). gpu_check.sh unpacks it (a second or two). The dry run's stays unpacked.
+if [ -z "$fake" ]; then
+  tar -C "$out" -cf - bin lib | xz -T0 -6 >"$out/bundle.tar.xz"
+  rm -rf "$out/bin" "$out/lib"
+  echo "packed: $out/bundle.tar.xz ($(du -sh "$out/bundle.tar.xz" | cut -f1))"
+fi

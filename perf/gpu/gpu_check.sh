@@ -62,8 +62,19 @@ if [ -z "$bundle" ]; then
   timeout 1200 bash "$root/perf/gpu/gpu_bundle.sh" "$bundle" >"$logs/bundle.log" 2>&1 ||
     { tail -30 "$logs/bundle.log"; echo "FAIL build: perf/gpu/gpu_bundle.sh (log: $logs/bundle.log)" | tee -a "$checks"; exit 1; }
 fi
+bundle=$(cd "$bundle" && pwd) || { echo "FAIL bundle: no folder $GPU_CHECK_BUNDLE" | tee -a "$checks"; exit 1; }
+if [ ! -d "$bundle/bin" ] && [ -f "$bundle/bundle.tar.xz" ]; then
+  # packed (gpu_bundle.sh): unpacked next to the logs, never into the carried folder
+  mkdir -p "$logs/bundle"
+  timeout 60 tar -C "$logs/bundle" -xJf "$bundle/bundle.tar.xz" 2>"$logs/unpack.log" ||
+    timeout 60 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$bundle/bundle.tar.xz" "$logs/bundle" 2>>"$logs/unpack.log" ||
+    { cat "$logs/unpack.log"; echo "FAIL bundle: cannot unpack $bundle/bundle.tar.xz" | tee -a "$checks"; exit 1; }
+  cp "$bundle/COMMIT" "$logs/bundle/" 2>/dev/null
+  echo "unpacked $bundle/bundle.tar.xz into $logs/bundle in $(( $(date +%s) - start )) s"
+  bundle=$logs/bundle
+fi
 [ -d "$bundle/bin" ] || { echo "FAIL bundle: no $bundle/bin" | tee -a "$checks"; exit 1; }
-bundle=$(cd "$bundle" && pwd)
 
 # One PASS/FAIL line per check: `check NAME` starts a check (ending the one before), `check ""`
 # ends the last; `skip NAME WHY` records a check the dry run cannot run.
@@ -332,7 +343,7 @@ extra mixed-precision mixed 30 1 "${small[@]}"
 extra fp8-over-nccl fp8-nccl 25 1 "${small[@]}"
 extra teardown-order teardown 40 1 "${small[@]}"
 extra abort-during-step abort-step 40 1 "${small[@]}"
-extra abort-race abort-race 40 1 "${small[@]}"
+extra abort-race abort-race "$([ "$dry" = 1 ] && echo 60 || echo 40)" 1 "${small[@]}"
 extra host-wait-deadline held-stream 40 0 "${small[@]}"
 extra device-pool pool 30 0 "${small[@]}"
 if [ "$dry" = 1 ]; then extra large-n large 30 1 262147

@@ -221,12 +221,16 @@ bool SameOnEveryRank(const void* buf, size_t bytes, scapeComm_t comm) {
 }
 
 // ---- nccl-rank --------------------------------------------------------------------------
-// The fp32 device step against the host step, `steps` steps (params and checkpoints).
-bool StepMatchesHost(scapeComm_t comm, cudaStream_t s, uint64_t n, int steps, int payload,
-                     std::string* refused) {
+// The device step on `comm` against the host step on `ref` (a UCX communicator of the same
+// ranks: the host step's bits do not depend on the backend), `steps` steps, params and
+// checkpoints. The host optimizer is not on `comm`: two optimizers on one communicator made by
+// scapeCommInitNcclRank, one stepped on host and one on device buffers, disagree on the fakes
+// (reported with issue 44's script work); this check is about the device step.
+bool StepMatchesHost(scapeComm_t comm, scapeComm_t ref, cudaStream_t s, uint64_t n, int steps,
+                     int payload, std::string* refused) {
   std::vector<uint64_t> offs, offs2;
   std::vector<uint8_t> df, dummy;
-  scapeOptim_t host = MakeOptim(comm, n, &offs, &df, payload);
+  scapeOptim_t host = MakeOptim(ref, n, &offs, &df, payload);
   scapeResult_t rc = scapeSuccess;
   scapeOptim_t dev = MakeOptim(comm, n, &offs2, &dummy, payload, &rc);
   std::vector<float> hp = Params(n), back(n);
@@ -240,7 +244,7 @@ bool StepMatchesHost(scapeComm_t comm, cudaStream_t s, uint64_t n, int steps, in
   CUDA_OK(cudaDeviceSynchronize());
   for (int t = 0; t < steps && ok; ++t) {
     std::vector<float> g = Grad(static_cast<unsigned>(t), n);
-    SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), comm);
+    SCAPE_OK(scapeOptimStep(host, hp.data(), g.data(), n), ref);
     CUDA_OK(cudaMemcpyAsync(dg.p, g.data(), 4 * n, cudaMemcpyHostToDevice, s));
     scapeResult_t r = scapeOptimStepStream(dev, dp.as<float>(), dg.as<float>(), n, s);
     if (r != scapeSuccess) {
@@ -250,10 +254,10 @@ bool StepMatchesHost(scapeComm_t comm, cudaStream_t s, uint64_t n, int steps, in
     }
     CUDA_OK(cudaMemcpyAsync(back.data(), dp.p, 4 * n, cudaMemcpyDeviceToHost, s));
     MustDrain(s, comm, "device step");
-    ok = std::memcmp(back.data(), hp.data(), 4 * n) == 0 && Save(dev, comm) == Save(host, comm);
+    ok = std::memcmp(back.data(), hp.data(), 4 * n) == 0 && Save(dev, comm) == Save(host, ref);
   }
   if (dev) SCAPE_OK(scapeOptimDestroy(dev), comm);
-  SCAPE_OK(scapeOptimDestroy(host), comm);
+  SCAPE_OK(scapeOptimDestroy(host), ref);
   return ok;
 }
 
@@ -290,6 +294,7 @@ void CheckCollectives(scapeComm_t comm, cudaStream_t s, size_t n, const char* la
 }
 
 void ModeNcclRank(cudaStream_t s, uint64_t n) {
+  scapeComm_t ref = MakeComm(false);
   scapeComm_t c = MakeComm(true);
   int backend = -1, size = 0, rank = -1;
   SCAPE_OK(scapeCommGetBackend(c, &backend), c);
@@ -299,18 +304,20 @@ void ModeNcclRank(cudaStream_t s, uint64_t n) {
         "scapeCommInitNcclRank: NCCL backend, size and rank");
   CheckCollectives(c, s, n, "scapeCommInitNcclRank");
   std::string why;
-  Check(StepMatchesHost(c, s, n, 5, scapeFloat32, &why),
+  Check(StepMatchesHost(c, ref, s, n, 5, scapeFloat32, &why),
         "scapeCommInitNcclRank: device optimizer step = host step, 5 steps, params and "
         "checkpoint bit for bit" + (why.empty() ? "" : " (" + why + ")"));
   Check(scapeCommDestroy(c) == scapeSuccess, "scapeCommInitNcclRank: scapeCommDestroy");
+  SCAPE_OK(scapeCommDestroy(ref), ref);
 }
 
 // ---- mixed ------------------------------------------------------------------------------
 void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
+  scapeComm_t ref = MakeComm(false);  // the host step's (see StepMatchesHost)
   scapeComm_t c = MakeComm(nccl);
   std::vector<uint64_t> o1, o2;
   std::vector<uint8_t> d1, d2;
-  scapeOptim_t host = MakeOptim(c, n, &o1, &d1), dev = MakeOptim(c, n, &o2, &d2);
+  scapeOptim_t host = MakeOptim(ref, n, &o1, &d1), dev = MakeOptim(c, n, &o2, &d2);
   const std::vector<float> p32 = Params(n);
   std::vector<uint16_t> hp(n), back(n), hg(n);
   for (size_t i = 0; i < n; ++i) hp[i] = ToBf16(p32[i]);
@@ -323,7 +330,7 @@ void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
     const std::vector<float> g = Grad(static_cast<unsigned>(t), n);
     for (size_t i = 0; i < n; ++i) hg[i] = ToBf16(g[i]);
     SCAPE_OK(scapeOptimStepMixed(host, hp.data(), scapeBfloat16, hg.data(), scapeBfloat16, n,
-                                 nullptr), c);
+                                 nullptr), ref);
     CUDA_OK(cudaMemcpyAsync(dg.p, hg.data(), 2 * n, cudaMemcpyHostToDevice, s));
     SCAPE_OK(scapeOptimStepMixed(dev, dp.p, scapeBfloat16, dg.p, scapeBfloat16, n, s), c);
     CUDA_OK(cudaMemcpyAsync(back.data(), dp.p, 2 * n, cudaMemcpyDeviceToHost, s));
@@ -331,7 +338,7 @@ void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
     same = std::memcmp(back.data(), hp.data(), 2 * n) == 0;
     across = SameOnEveryRank(back.data(), 2 * n, c);
   }
-  const std::vector<uint8_t> cd = Save(dev, c), ch = Save(host, c);
+  const std::vector<uint8_t> cd = Save(dev, c), ch = Save(host, ref);
   const std::string label = std::string(Name(nccl)) + ": mixed step on device (bf16 params and "
                             "grads, fp32 masters), " + std::to_string(steps) + " steps";
   Check(same, label + ": the host mixed step's params, bit for bit");
@@ -343,8 +350,9 @@ void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
     std::printf("RESULT mixed_%s_mean_abs_change %.3g\n", nccl ? "nccl" : "ucx", moved / n);
   }
   SCAPE_OK(scapeOptimDestroy(dev), c);
-  SCAPE_OK(scapeOptimDestroy(host), c);
+  SCAPE_OK(scapeOptimDestroy(host), ref);
   SCAPE_OK(scapeCommDestroy(c), c);
+  SCAPE_OK(scapeCommDestroy(ref), ref);
 }
 
 // ---- fp8-nccl ---------------------------------------------------------------------------
@@ -595,7 +603,11 @@ void ModeAbortRace(cudaStream_t s, uint64_t n) {
   CUDA_OK(cudaDeviceSynchronize());
   int bad = 0, rounds = 0, totalCalls = 0;
   const double delaysMs[] = {0, 1, 2, 4, 7};
-  for (int round = 0; round < 5; ++round, ++rounds) {
+  // The dry run's fake libnccl cannot end a collective in flight on abort (a rank whose peer
+  // stopped issuing waits 20 s for it): one round there.
+  const char* dry = std::getenv("GPU_CHECK_DRY");
+  const int nrounds = dry && *dry == '1' ? 1 : 5;
+  for (int round = 0; round < nrounds; ++round, ++rounds) {
     scapeComm_t c = MakeComm(true);
     scapeResult_t first, ab = scapeInternalError;
     int calls = 0;

@@ -11,9 +11,11 @@ same gradients:
            on another stream, or waited on the wrong one, reads the previous step's gradients
            (or half-written ones) and ends with other bits.
 
-PASS when default and side end with the host run's parameters bit for bit (a 1-rank UCX
-communicator: the device step gives the host step's bits). One line "PASS stream-side" or "FAIL stream-side: why"; with --json the figures. Needs
-torch with CUDA and the scape package built with CUDA; says what is missing otherwise, exit 2.
+PASS when side ends with the default run's parameters bit for bit (the stream ordering), and
+both with the host run's (a 1-rank UCX communicator: the device step gives the host step's
+bits; no clipping, whose norm is summed in another order on the device). One line
+"PASS stream-side" or "FAIL stream-side: why"; with --json the figures. Needs torch with CUDA
+and the scape package built with CUDA; says what is missing otherwise, exit 2.
 
   python3 perf/gpu/gpu_stream_check.py [--params N] [--steps S] [--json FILE]
 """
@@ -39,7 +41,7 @@ def run(where: str, shapes, grads, steps: int, init) -> Dict[str, Any]:
     G = [[g.to(dev) for g in gs] for gs in grads]
     if cuda:
         torch.cuda.synchronize()
-    opt = ScapeAdamS(params, comm, lr=1e-3, density=0.05, max_grad_norm=1.0)
+    opt = ScapeAdamS(params, comm, lr=1e-3, density=0.05)
     side = torch.cuda.Stream() if where == "side" else None
     for t in range(steps):
         if side is not None:
@@ -94,6 +96,11 @@ def main() -> int:
         except Exception as e:  # this run's failure
             why.append(f"{where}: {type(e).__name__}: {e}")
     figures: Dict[str, Any] = {"params": sum(t.numel() for t in init), "steps": a.steps}
+    if "default" in res and "side" in res:
+        diff = sum(int((x != y).sum()) for x, y in zip(res["default"]["params"], res["side"]["params"]))
+        figures["side_vs_default_elements_differing"] = diff
+        if diff:
+            why.append(f"side: {diff} parameters differ from the default stream's run")
     if "host" in res:
         for where in ("default", "side"):
             if where not in res:

@@ -17,7 +17,7 @@
 #                                           # $OUT (default perf/out/gpu_train)
 #   bash perf/gpu/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
 #                                           # gloo + UCX, tiny sizes, a few steps (ctest
-#                                           # GpuTrain.DryRun); not a measurement
+#                                           # GpuRun.DryRun's train part); not a measurement
 #   GPU_TRAIN_CPU=1 bash perf/gpu/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
 #                                           # the bundle (its wheel, libraries and corpus)
 #   bash perf/gpu/gpu_train.sh length [DIR]     # on the GPU machine: the length axis of issue 30

@@ -56,7 +56,7 @@ elapsed() { echo $(( $(date +%s) - start )); }
 # were mostly those) and their data.
 plan=(
   "preflight:8:nvidia-smi, the NCCL search, import torch, in parallel"
-  "packaging:2:measured, H200"
+  "packaging:4:measured 2 s, H200; + unpacking the bundle (~9 MB of xz)"
   "cuda-kernels:17:measured 15 s, H200; +HBM"
   "device-data-path:78:measured ~25 s a run, 3 runs, H200; +HBM on the data"
   "kernel-timings:18:measured 15 s, H200 (64 Mi floats); +HBM"
@@ -172,9 +172,11 @@ tb=${2:-$root/.gpu-train-bundle}
 [ "$mode" = dry ] && tb=""
 out=${OUT:-$root/perf/out/gpu_run}
 dry=${GPU_CHECK_DRY:-0}
-rm -rf "$out"
+# $OUT may be the device tool's folder: only this script's own files are removed from it
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+rm -f "$out"/gpu_run.json "$out"/gpu_run.log "$out"/gpu_figures.md "$out"/gpu_train.md \
+  "$out"/train_loss.png "$out"/step_bench.png
 work=$(mktemp -d /tmp/gpu_run.XXXXXX)
 checks=$work/checks.txt timings=$work/timings.txt
 : >"$checks"; : >"$timings"
@@ -187,13 +189,14 @@ if [ "$dry" = 1 ]; then
   echo "dry run: no driver or CUDA torch probed; NCCL is the fake ($NCCL_LIBRARY_DIR)"
 else
   ( timeout 10 nvidia-smi -L >"$work/smi.txt" 2>&1 ) & p_smi=$!
-  ( timeout 12 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  ( timeout 14 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
       >/dev/null 2>&1 ) & p_torch=$!
   nccl=${NCCL_LIBRARY_DIR:-}
   if [ -z "$nccl" ]; then
-    nccl=$( (timeout 8 "$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
-             xargs -r -I{} timeout 3 find {} -maxdepth 2 -name 'libnccl.so.2' 2>/dev/null
-             timeout 10 find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -maxdepth 6 \
+    # 5 + 2 + 7 s at most, beside the other two probes
+    nccl=$( (timeout 5 "$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} timeout 2 find {} -maxdepth 2 -name 'libnccl.so.2' 2>/dev/null
+             timeout 7 find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -maxdepth 6 \
                -name 'libnccl.so.2' 2>/dev/null) | head -1)
     [ -n "$nccl" ] && nccl=$(dirname "$nccl")
   fi
@@ -203,7 +206,7 @@ else
   export NCCL_LIBRARY_DIR=$nccl
   [ -d "$tb/dist" ] || missing+=("the train bundle $tb (bash perf/gpu/gpu_train.sh bundle)")
 fi
-[ -d "$cb/bin" ] || missing+=("the check bundle $cb (bash perf/gpu/gpu_bundle.sh)")
+[ -d "$cb/bin" ] || [ -f "$cb/bundle.tar.xz" ] || missing+=("the check bundle $cb (bash perf/gpu/gpu_bundle.sh)")
 if [ ${#missing[@]} -gt 0 ]; then
   msg=$(printf '%s; ' "${missing[@]}")
   echo "gpu run: cannot run: missing ${msg%; }"
@@ -220,6 +223,8 @@ CHECKS=$checks TIMINGS=$timings FIGURES=$out/gpu_figures.md GPU_CHECK_BUNDLE=$cb
   ITERS=${ITERS:-10} N=${N:-$([ "$dry" = 1 ] && echo 65536 || echo 67108864)} \
   BUDGET_S=$((check_s - 10)) timeout -k 5 "$check_s" bash "$here/gpu_check.sh" >"$work/gpu_check.log" 2>&1
 rc=$?
+# killed by its timeout: its figures so far
+[ -f "$out/gpu_figures.md.tmp" ] && mv "$out/gpu_figures.md.tmp" "$out/gpu_figures.md"
 grep -E '^(PASS|FAIL|SKIP) ' "$work/gpu_check.log" | sed 's/^/  /'
 { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && echo "FAIL checks: gpu_check.sh ran past $check_s s" >>"$checks"
 grep -q . "$checks" || echo "FAIL checks: gpu_check.sh reported nothing" >>"$checks"
@@ -356,6 +361,8 @@ sys.exit(1 if errors else 0)
 EOF
   vrc=${PIPESTATUS[0]}
   [ "$vrc" -eq 0 ] || rc=1
+  # CI leaves nothing in /tmp when it passed; on a failure the per-rank logs stay, named above
+  [ $rc -eq 0 ] && rm -rf "$work"
   echo "gpu run dry run: $([ $rc -eq 0 ] && echo ok || echo FAILED) in $(elapsed) s" |
     tee -a "$out/gpu_run.log"
 fi
