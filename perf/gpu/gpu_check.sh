@@ -200,9 +200,10 @@ say "packaging of the shipped library"
 fig ""
 fig "## Packaging"
 fig '```'
-bash "$root/tests/device/check_needed.sh" "$so" >>"$figures.tmp" 2>&1 || fail "NEEDED of $so"
+timeout 30 bash "$root/tests/device/check_needed.sh" "$so" >>"$figures.tmp" 2>&1 || fail "NEEDED of $so"
 if [ -x "$bin/scape_fatbin_check" ]; then
-  "$bin/scape_fatbin_check" "$so" 80 90 ptx90 containers=3 >>"$figures.tmp" 2>&1 || fail "fatbin of $so"
+  timeout 30 "$bin/scape_fatbin_check" "$so" 80 90 ptx90 containers=3 >>"$figures.tmp" 2>&1 ||
+    fail "fatbin of $so"
 else
   fail "no $bin/scape_fatbin_check"
 fi

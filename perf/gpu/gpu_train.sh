@@ -269,9 +269,11 @@ find_nccl_dir() {
   local nccl_dir=${NCCL_LIBRARY_DIR:-}
   if [ -z "$nccl_dir" ]; then
     local nccl
-    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
-             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
-             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    # bounded (run.sh passes NCCL_LIBRARY_DIR, so this runs only when used alone)
+    nccl=$( (timeout 10 "$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} timeout 5 find {} -maxdepth 2 -name 'libnccl.so.2' 2>/dev/null
+             timeout 10 find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -maxdepth 6 \
+               -name 'libnccl.so.2' 2>/dev/null) | head -1)
     [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
   fi
   echo "$nccl_dir"
@@ -283,8 +285,8 @@ find_nccl_dir() {
 install_bundle() {
   local bdir=$1 rehearse=$2
   local site=$work/site
-  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
-    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
+  timeout 90 "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed (or took over 90 s)"
   nccl_dir=$(find_nccl_dir)
   [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
@@ -295,7 +297,7 @@ install_bundle() {
   export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
   export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-  (cd "$work" && "$py" -c 'import sys, scape, torch
+  (cd "$work" && timeout 60 "$py" -c 'import sys, scape, torch
 p = scape.library_path()
 print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
       "| python", sys.version.split()[0])
@@ -324,7 +326,7 @@ run_gpu() {
   [ "$rehearse" = 1 ] && { dry_flag=--dry-run; ranks=${RANKS:-2}; }
   exec > >(tee -a "$out/gpu_train.log") 2>&1
   echo "== device"
-  [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
+  [ "$rehearse" = 1 ] || timeout 20 nvidia-smi -L || die "no GPU (nvidia-smi)"
   install_bundle "$bdir" "$rehearse"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
   if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
@@ -342,7 +344,7 @@ run_gpu() {
       run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
       --shape dry --dtype auto --corpus "$bdir/corpus" --steps "${STEPS:-8}" --eval-every 4
   else
-    gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
+    gpu=$(timeout 20 nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
     run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
       --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
   fi
