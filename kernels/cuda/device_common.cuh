@@ -45,9 +45,15 @@ inline unsigned GridFor(uint64_t work, uint64_t per_block, unsigned max_blocks =
 inline size_t AlignUp(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 
 // ---- element types: kernels/dtypes.h's, the one type system ---------------------------------
-// The conversions are dtypes.h's SCAPE_HD functions, the host's own code, so the device gives
+// The conversions are dtypes.h's SCAPE_HD functions, the host's own code, so a conversion gives
 // the host's bits for every value, NaN payloads included (an fp16 NaN keeps the top of its
-// payload, as on the host). The payload types a kernel takes directly are visited through
+// payload, as on the host). What is not the same is fp32 arithmetic on a NaN: the GPU returns
+// its canonical NaN (0x7fffffff, stored as fp16 0x7fff, bf16 0x7fff), x86 keeps an operand's
+// payload and sign (a quiet NaN 0x7fc00000 input stays 0x7fc00000: fp16 0x7e00). So with
+// nonFinite = Ignore a NaN that went through the step's arithmetic may differ in its bits
+// between the device and the host step (never in being a NaN); the host's reductions make
+// every NaN result canonical (kernels/cpu/reduce.cc), so reduced values agree again. The
+// payload types a kernel takes directly are visited through
 // dtypes.h's one switch (VisitUnscaledPayload): a kernel is instantiated on dtypes' traits
 // (F32T, Bf16T, F16T), and any other type is kUnsupported at the call, never a default.
 using ::scape::dtypes::Bf16ToFloat;
