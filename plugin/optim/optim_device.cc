@@ -232,6 +232,7 @@ Optimizer::DeviceState::~DeviceState() {
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
   if (hFlag) rt->HostFree(hFlag);
+  if (hStay) rt->HostFree(hStay);
   if (selDone) rt->EventDestroy(selDone);
 }
 
@@ -671,12 +672,35 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
                                                   o->stayBounds_.data(), nb, d->dStaySum,
                                                   d->dStayCnt, st)
                               .Prepend("segment_rms sums"));
-    // Through page-locked staging with the deadline (a copy into the pageable staySum_ would
-    // wait for the stream with none); the sums are written only once the wait succeeded.
-    device::HostStaging stage(rt, st);
-    SCAPE_RETURN_IF_ERROR(stage.Download(o->staySum_.data(), d->dStaySum, 8 * nb));
-    SCAPE_RETURN_IF_ERROR(stage.Download(o->stayCnt_.data(), d->dStayCnt, 8 * nb));
-    return stage.Wait(TimeoutMs(), "segment_rms sums (host wait)");
+    // Into the state's page-locked copy, waited for with the deadline (a copy into the pageable
+    // staySum_ would wait for the stream with none); the sums are read only once the wait
+    // succeeded, and a copy that timed out keeps its buffer (leaked, a new one next time).
+    const size_t bytes = 16 * nb;
+    if (bytes > d->hStayCap) {
+      if (d->hStay) rt->HostFree(d->hStay);  // idle: its last copies were waited for
+      d->hStay = nullptr;
+      d->hStayCap = 0;
+      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(bytes, &d->hStay).Prepend("segment_rms sums"));
+      d->hStayCap = bytes;
+    }
+    char* h = static_cast<char*>(d->hStay);
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h, d->dStaySum, 8 * nb, st));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h + 8 * nb, d->dStayCnt, 8 * nb, st));
+    Status w = device::StreamWaitFor(rt, st, TimeoutMs(), "segment_rms sums (host wait)");
+    if (!w.ok()) {
+      if (w.code() == scapeTimeout) {
+        SCAPE_WARN(
+            "%zu bytes of page-locked memory leaked: a segment_rms copy may still write "
+            "them",
+            bytes);
+        d->hStay = nullptr;
+        d->hStayCap = 0;
+      }
+      return w;
+    }
+    std::memcpy(o->staySum_.data(), h, 8 * nb);
+    std::memcpy(o->stayCnt_.data(), h + 8 * nb, 8 * nb);
+    return Status::Ok();
   }
 
   Status Update(const kernels::AdamSParams& ap) override {
