@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -84,7 +85,7 @@ void ExpectEveryCallRefuses(scapeOptim_t h, uint64_t n, const char* what) {
   refused(scapeOptimSetWeightDecay(h, 0.01f), "scapeOptimSetWeightDecay");
   refused(scapeOptimStep(h, theta.data(), g.data(), n), "scapeOptimStep");
   refused(scapeOptimStepStream(h, theta.data(), g.data(), n, nullptr), "scapeOptimStepStream");
-  scapeOptimInfo_t info;
+  scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
   std::memset(&info, 0x5a, sizeof(info));
   refused(scapeOptimGetInfo(h, &info), "scapeOptimGetInfo");
   scapeMask_t mask = reinterpret_cast<scapeMask_t>(0x1);
@@ -164,8 +165,10 @@ TEST(OptimCounters, MaskWaitIsPartOfTheSyncWaitPhase) {
     scapeOptim_t opt = nullptr;
     EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
     if (!opt) return false;
-    scapeOptimInfo_t info;
+    scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
     std::memset(&info, 0x7f, sizeof(info));
+    info.size = sizeof(info);
+    info.magic = SCAPE_OPTIM_INFO_MAGIC;
     EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
     EXPECT_EQ(info.maskWaitSeconds, 0.0) << "before the first step";
     std::vector<float> theta = Theta(n);
@@ -179,6 +182,71 @@ TEST(OptimCounters, MaskWaitIsPartOfTheSyncWaitPhase) {
       EXPECT_GE(info.maskWaitSeconds, 0.0) << "step " << step;
       EXPECT_LE(info.maskWaitSeconds, info.phaseSeconds[scapeOptimPhaseSyncWait])
           << "step " << step;
+    }
+    EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
+    return true;
+  });
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// scapeOptimInfo_t is versioned through its size (issue 44 item 6): a caller built against an
+// older header (here: the struct as it was before the appended controlBytes, skippedSteps and
+// maskWaitSeconds) passes a smaller struct and gets the fields it knows, with nothing written
+// past it and size set to what was filled; a struct that was never initialised (no magic) or
+// too small to hold the size and magic fields is an argument error with nothing written.
+TEST(OptimCounters, InfoIsVersionedBySize) {
+  RunResult res = RunRanks(1, [&](RankCtx& c) {
+    Layout l;
+    const uint64_t n = l.n();
+    scapeOptimConfig_t cfg = Config(l, scapeOptimReplicated, scapeFloat32);
+    scapeOptim_t opt = nullptr;
+    EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
+    if (!opt) return false;
+    std::vector<float> theta = Theta(n);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<float> g = Grads(5, c.rank, step, n);
+      EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
+    }
+    scapeOptimInfo_t full = SCAPE_OPTIM_INFO_INITIALIZER;
+    EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &full), c.comm);
+    EXPECT_EQ(full.size, sizeof(scapeOptimInfo_t));
+    EXPECT_EQ(full.step, 2);
+    // The older caller's struct: everything before the appended fields, then a guard zone.
+    const size_t oldSize = offsetof(scapeOptimInfo_t, controlBytes);
+    std::vector<unsigned char> buf(sizeof(scapeOptimInfo_t) + 64, 0xA5);
+    scapeOptimInfo_t head = SCAPE_OPTIM_INFO_INITIALIZER;
+    head.size = oldSize;
+    std::memcpy(buf.data(), &head, offsetof(scapeOptimInfo_t, step));
+    EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, reinterpret_cast<scapeOptimInfo_t*>(buf.data())),
+                    c.comm);
+    for (size_t i = oldSize; i < buf.size(); ++i)
+      if (buf[i] != 0xA5) {
+        ADD_FAILURE() << "byte " << i << " past the caller's " << oldSize << "-byte struct written";
+        break;
+      }
+    scapeOptimInfo_t got;
+    std::memcpy(&got, buf.data(), sizeof(got));
+    EXPECT_EQ(got.size, oldSize) << "size says what was filled";
+    EXPECT_EQ(got.magic, SCAPE_OPTIM_INFO_MAGIC);
+    EXPECT_EQ(got.step, full.step);
+    EXPECT_EQ(got.maskCount, full.maskCount);
+    EXPECT_EQ(got.payloadBytes, full.payloadBytes);
+    EXPECT_EQ(std::memcmp(got.phaseSeconds, full.phaseSeconds, sizeof(got.phaseSeconds)), 0);
+    // Not initialised (no magic), and too small for its own header: refused, nothing written.
+    for (int bad = 0; bad < 2; ++bad) {
+      std::vector<unsigned char> b2(sizeof(scapeOptimInfo_t), 0x3C);
+      scapeOptimInfo_t h2 = SCAPE_OPTIM_INFO_INITIALIZER;
+      if (bad == 0) h2.magic = 0;
+      if (bad == 1) h2.size = sizeof(size_t);
+      std::memcpy(b2.data(), &h2, offsetof(scapeOptimInfo_t, step));
+      const std::vector<unsigned char> before = b2;
+      EXPECT_EQ(scapeOptimGetInfo(opt, reinterpret_cast<scapeOptimInfo_t*>(b2.data())),
+                scapeInvalidArgument)
+          << (bad == 0 ? "no magic" : "size too small");
+      EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("SCAPE_OPTIM_INFO_INITIALIZER"),
+                std::string::npos)
+          << scapeGetLastError(c.comm);
+      EXPECT_TRUE(b2 == before) << "nothing written";
     }
     EXPECT_SCAPE_OK(scapeOptimDestroy(opt), c.comm);
     return true;
@@ -204,7 +272,7 @@ TEST(OptimCounters, BytesByCategory) {
           scapeOptim_t opt = nullptr;
           EXPECT_SCAPE_OK(scapeOptimCreate(&opt, &cfg, c.comm), c.comm);
           if (!opt) return false;
-          scapeOptimInfo_t info;
+          scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
           EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
           EXPECT_EQ(info.controlBytes, 0u) << "before the first step";
           EXPECT_EQ(info.skippedSteps, 0);
@@ -457,7 +525,7 @@ void NonFiniteCase(int P, int ownership) {
               << "the skipped step changed the parameters";
           EXPECT_TRUE(Checkpoint(opt, c.comm) == before)
               << "the skipped step changed the checkpointable state";
-          scapeOptimInfo_t info;
+          scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
           EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
           EXPECT_EQ(info.step, kBadStep);
           EXPECT_EQ(info.skippedSteps, 1);
@@ -520,7 +588,7 @@ TEST(OptimNonFiniteOptions, ErrorModeFailsOnEveryRankAndChangesNothing) {
     }
     EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
     EXPECT_TRUE(Checkpoint(opt, c.comm) == before);
-    scapeOptimInfo_t info;
+    scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
     EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
     EXPECT_EQ(info.step, 3);
     EXPECT_EQ(info.skippedSteps, 0);
@@ -590,7 +658,7 @@ TEST(OptimNonFiniteOptions, PayloadOverflowAfterTheExchangeIsSkipped) {
       if (c.rank == 0) g[705] = 1e7f;  // finite; (1 - b1) * g = 1e6 > 65504
       EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
       EXPECT_EQ(std::memcmp(theta.data(), thetaBefore.data(), 4 * n), 0);
-      scapeOptimInfo_t info;
+      scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
       EXPECT_EQ(info.step, 3);
       EXPECT_EQ(info.skippedSteps, 1);

@@ -117,7 +117,7 @@ void RanksCase(int P) {
       // exactly-summing test inputs make happen, counts as entering.)
       EXPECT_GE(firstDiff, 1) << "segment_rms differs from the paper's form at step 0";
       EXPECT_GT(firstDiff, -1) << "segment_rms never changed anything";
-      scapeOptimInfo_t ir, is;
+      scapeOptimInfo_t ir = SCAPE_OPTIM_INFO_INITIALIZER, is = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(rep, &ir), c.comm);
       EXPECT_SCAPE_OK(scapeOptimGetInfo(sh, &is), c.comm);
       EXPECT_EQ(ir.gradNorm, is.gradNorm);

@@ -109,7 +109,7 @@ std::vector<std::vector<float>> Grads(unsigned seed, int rank, int t, const Set&
 }
 
 scapeOptimInfo_t Info(scapeOptim_t o, scapeComm_t comm) {
-  scapeOptimInfo_t info{};
+  scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
   EXPECT_SCAPE_OK(scapeOptimGetInfo(o, &info), comm);
   return info;
 }

@@ -211,7 +211,7 @@ void FiftySteps(int P) {
         }
         if (::testing::Test::HasFailure()) return false;
       }
-      scapeOptimInfo_t info;
+      scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(mix, &info), c.comm);
       // Residual and masters (n floats each), the momentum packed at the mask.
       EXPECT_EQ(info.stateBytes, 8 * n + 4 * info.maskCount);
@@ -444,7 +444,7 @@ TEST(OptimMixed, BadArgumentsAreRefused) {
     EXPECT_EQ(scapeOptimStepMixed(o, p16.data(), scapeBfloat16, g.data(), scapeFloat32, n, &dummy),
               scapeInvalidArgument);
     EXPECT_NE(last().find("stream"), std::string::npos) << last();
-    scapeOptimInfo_t info;
+    scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
     EXPECT_SCAPE_OK(scapeOptimGetInfo(o, &info), c.comm);
     EXPECT_EQ(info.step, 0) << "a refused call changed the optimizer";
     EXPECT_EQ(info.stateBytes, 4 * n + 4 * info.maskCount) << "a refused call made masters";

@@ -421,7 +421,7 @@ void ReferenceCase(int P, int ownership, int clipNorm = scapeOptimClipNormRecove
       for (int step = 0; step < kSteps; ++step) {
         std::vector<float> g = Grads(seed, c.rank, step, n);
         EXPECT_SCAPE_OK(scapeOptimStep(opt, theta.data(), g.data(), n), c.comm);
-        scapeOptimInfo_t info;
+        scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(opt, &info), c.comm);
         ref.Step(seed, info.clipScale);
         const bool sameTheta = std::memcmp(theta.data(), ref.theta.data(), 4 * n) == 0;
@@ -505,7 +505,7 @@ TEST(Optim, ShardedEqualsReplicated) {
               << "sharded != replicated at step " << step << " (mask ownership " << mo << ")";
           if (std::memcmp(t1.data(), t2.data(), 4 * n) != 0) break;
         }
-        scapeOptimInfo_t i1, i2;
+        scapeOptimInfo_t i1 = SCAPE_OPTIM_INFO_INITIALIZER, i2 = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(rep, &i1), c.comm);
         EXPECT_SCAPE_OK(scapeOptimGetInfo(sh, &i2), c.comm);
         EXPECT_EQ(i1.gradNorm, i2.gradNorm);
@@ -568,7 +568,7 @@ TEST(Optim, CheckpointResumeIsBitIdentical) {
         EXPECT_SCAPE_OK(scapeOptimCreate(&b, &cfg2, c.comm), c.comm);
         if (!b) return false;
         EXPECT_SCAPE_OK(scapeOptimLoad(b, ck.data(), ck.size()), c.comm);
-        scapeOptimInfo_t info;
+        scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(b, &info), c.comm);
         EXPECT_EQ(info.step, 17);
         for (int step = 17; step < kSteps; ++step) {
@@ -778,7 +778,7 @@ TEST(Optim, CorruptCheckpointsAreRefused) {
     EXPECT_EQ(std::memcmp(ta.data(), tt.data(), 4 * n), 0);
     // A good load still works afterwards, and the run goes on from it.
     EXPECT_SCAPE_OK(scapeOptimLoad(a, good.data(), good.size()), c.comm);
-    scapeOptimInfo_t info;
+    scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
     EXPECT_SCAPE_OK(scapeOptimGetInfo(a, &info), c.comm);
     EXPECT_EQ(info.step, 5);
     EXPECT_SCAPE_OK(scapeOptimDestroy(a), c.comm);

@@ -1308,8 +1308,22 @@ typedef enum {
   scapeOptimNumPhases = 7
 } scapeOptimPhase_t;
 
-/** What the optimizer is doing; see scapeOptimGetInfo. */
+/**
+ * What the optimizer is doing; see scapeOptimGetInfo. Versioned through `size`: initialise it
+ * with SCAPE_OPTIM_INFO_INITIALIZER (or set size = sizeof(scapeOptimInfo_t) and magic =
+ * SCAPE_OPTIM_INFO_MAGIC) before each scapeOptimGetInfo. The library fills the first
+ * min(size, its own sizeof) bytes and sets size to that count, so a caller built against an
+ * older header (a smaller struct: fewer appended fields) gets the fields it knows and nothing
+ * past its struct is written, and a caller built against a newer header than the library can
+ * tell from size which fields were filled (the rest keep what the caller put there). A struct
+ * whose magic is not SCAPE_OPTIM_INFO_MAGIC (never initialised, or built against a header
+ * from before the size field) or whose size is smaller than the size and magic fields
+ * themselves is scapeInvalidArgument, with nothing written.
+ */
 typedef struct {
+  size_t size;         /**< in: sizeof(scapeOptimInfo_t) of the caller's header; out: the
+                            bytes the library filled. Set by SCAPE_OPTIM_INFO_INITIALIZER */
+  unsigned magic;      /**< SCAPE_OPTIM_INFO_MAGIC; set by SCAPE_OPTIM_INFO_INITIALIZER */
   int64_t step;        /**< steps completed */
   double density;      /**< scheduled density of the mask the last step used (1 before
                             the first step) */
@@ -1359,7 +1373,14 @@ typedef struct {
                                the advance to the new mask */
 } scapeOptimInfo_t;
 
-/** Fills *info. Local. */
+#define SCAPE_OPTIM_INFO_MAGIC 0x5CA91u
+/** Initialiser of scapeOptimInfo_t: `scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;`
+ *  (the other fields zero). */
+#define SCAPE_OPTIM_INFO_INITIALIZER \
+  { sizeof(scapeOptimInfo_t), SCAPE_OPTIM_INFO_MAGIC }
+
+/** Fills *info (see scapeOptimInfo_t for `size` and `magic`, which must be set). Local.
+ *  scapeInvalidArgument: info NULL, magic not SCAPE_OPTIM_INFO_MAGIC, or size too small. */
 SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* info);
 
 /** The optimizer's mask, for the mask queries (scapeMaskGetCount, scapeMaskGetIndices, ...).
@@ -1434,8 +1455,15 @@ SCAPE_API scapeResult_t scapeOptimLoad(scapeOptim_t optim, const void* buf, size
  * may differ from it in the last bits (another order of the additions). A chunk size at
  * least the buffer's size gives the whole-buffer host collective's exact bits.
  * Rules of this path:
- *  - The stream is blocked (a host function waits) while its chunk is on the wire: other work
- *    on that stream waits, work on other streams does not.
+ *  - The stream is blocked (a device-side wait on a host flag: one spinning thread per chunk)
+ *    while its chunk is on the wire: other work on that stream waits, work on other streams
+ *    does not, as long as the device runs them concurrently: with
+ *    CUDA_DEVICE_MAX_CONNECTIONS=1 all streams share one hardware queue, and work of another
+ *    stream queued behind the wait waits for it too (a deadlock if the exchange needs that
+ *    work; keep the default connections with the UCX backend's device collectives).
+ *  - Not in a CUDA graph: a staged device collective issued while its stream captures is
+ *    scapeUnsupported (its stream waits on a flag that the library sets when the exchange
+ *    runs; a graph replay would wait on one nobody sets). Use the NCCL backend in graphs.
  *  - Issue device collectives in an order the streams can satisfy: if stream A's collective
  *    is issued first, A must not wait for a later collective on stream B (as with NCCL).
  *  - Errors found after the call returned (a peer that fails, a timeout) leave the receive

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/kernel_status.h"
+#include "kernels/dtypes.h"
 #include "scape/scape.h"
 
 namespace scape {
@@ -43,89 +44,45 @@ inline unsigned GridFor(uint64_t work, uint64_t per_block, unsigned max_blocks =
 
 inline size_t AlignUp(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 
-// ---- dtype conversions: bit-for-bit the same as kernels/cpu/dtype.h ------------------------
+// ---- element types: kernels/dtypes.h's, the one type system ---------------------------------
+// The conversions are dtypes.h's SCAPE_HD functions, the host's own code, so a conversion gives
+// the host's bits for every value, NaN payloads included (an fp16 NaN keeps the top of its
+// payload, as on the host). What is not the same is fp32 arithmetic on a NaN: the GPU returns
+// its canonical NaN (0x7fffffff, stored as fp16 0x7fff, bf16 0x7fff), x86 keeps an operand's
+// payload and sign (a quiet NaN 0x7fc00000 input stays 0x7fc00000: fp16 0x7e00). So with
+// nonFinite = Ignore a NaN that went through the step's arithmetic may differ in its bits
+// between the device and the host step (never in being a NaN); the host's reductions make
+// every NaN result canonical (kernels/cpu/reduce.cc), so reduced values agree again. The
+// payload types a kernel takes directly are visited through
+// dtypes.h's one switch (VisitUnscaledPayload): a kernel is instantiated on dtypes' traits
+// (F32T, Bf16T, F16T), and any other type is kUnsupported at the call, never a default.
+using ::scape::dtypes::Bf16ToFloat;
+using ::scape::dtypes::FloatToBf16;
+using ::scape::dtypes::FloatToFp16;
+using ::scape::dtypes::Fp16ToFloat;
 
-__device__ __forceinline__ float Bf16ToFloat(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-__device__ __forceinline__ uint16_t FloatToBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-__device__ __forceinline__ float Fp16ToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    const float mag = __fmul_rn(static_cast<float>(mant), 5.9604644775390625e-8f);
-    return __uint_as_float(sign | __float_as_uint(mag));
-  }
-  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
-  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-__device__ __forceinline__ uint16_t FloatToFp16(float f) {
-  uint32_t u = __float_as_uint(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
-  uint32_t out;
-  if (u >= 0x47800000u) {
-    out = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (u < 0x38800000u) {
-    const float t = __fadd_rn(__uint_as_float(u), 0.5f);
-    out = __float_as_uint(t) - 0x3f000000u;
-  } else {
-    const uint32_t odd = (u >> 13) & 1u;
-    u += 0xc8000fffu + odd;
-    out = u >> 13;
-    if (out > 0x7c00u) out = 0x7c00u;
-  }
-  return static_cast<uint16_t>(out | sign);
-}
-
-// Payload element access by runtime type (0 = fp32, 1 = bf16, 2 = fp16 as template parameter).
-// StorePayload returns the value as stored (v for fp32), for the rounding-error feedback.
-template <int kType>
+// The payload traits' element access. StorePayload returns the value as stored (v for fp32),
+// for the rounding-error feedback.
+template <typename Tr>
 __device__ __forceinline__ float StorePayload(void* p, uint64_t j, float v) {
-  if (kType == 0) {
-    static_cast<float*>(p)[j] = v;
-    return v;
-  } else if (kType == 1) {
-    const uint16_t h = FloatToBf16(v);
-    static_cast<uint16_t*>(p)[j] = h;
-    return Bf16ToFloat(h);
-  } else {
-    const uint16_t h = FloatToFp16(v);
-    static_cast<uint16_t*>(p)[j] = h;
-    return Fp16ToFloat(h);
-  }
+  using S = typename Tr::Storage;
+  const S h = Tr::Store(v);
+  static_cast<S*>(p)[j] = h;
+  return Tr::Load(h);
 }
-template <int kType>
+template <typename Tr>
 __device__ __forceinline__ float LoadPayload(const void* p, uint64_t j) {
-  if (kType == 0) return static_cast<const float*>(p)[j];
-  if (kType == 1) return Bf16ToFloat(static_cast<const uint16_t*>(p)[j]);
-  return Fp16ToFloat(static_cast<const uint16_t*>(p)[j]);
+  return Tr::Load(static_cast<const typename Tr::Storage*>(p)[j]);
 }
+// fp32: no rounding on store (the residual's rounding error is +0).
+template <typename Tr>
+constexpr bool kIsF32 = std::is_same<Tr, ::scape::dtypes::F32T>::value;
 
-inline int PayloadKind(scapeDataType_t t) {
-  return t == scapeFloat32 ? 0 : (t == scapeBfloat16 ? 1 : (t == scapeFloat16 ? 2 : -1));
-}
-
-// The one dispatch of a payload kind onto a template argument (host code, around launches):
-// f(std::integral_constant<int, K>{}) with K = kind for 0 and 1, K = 2 otherwise.
+// Host code, around launches: f(Traits{}) for fp32, bf16 and fp16; false (f not called) for
+// any other value.
 template <typename F>
-void VisitKind(int kind, F&& f) {
-  if (kind == 0) {
-    f(std::integral_constant<int, 0>{});
-  } else if (kind == 1) {
-    f(std::integral_constant<int, 1>{});
-  } else {
-    f(std::integral_constant<int, 2>{});
-  }
+bool VisitPayloadType(int t, F&& f) {
+  return ::scape::dtypes::VisitUnscaledPayload(t, f);
 }
 
 // ---- block-wide scans (blockDim.x a multiple of 32, at most 1024) ---------------------------

@@ -75,8 +75,8 @@ __device__ void MarkTile(const Index* mask, uint64_t k, uint64_t t0, uint64_t t1
 
 // keep: the residual at a masked element is the rounding error c - stored (+0 when the stored
 // value is not finite; always +0 for fp32), else +0 (the contract's keep_rounding).
-// kG: the gradients' type (dev::PayloadKind: 0 fp32, 1 bf16, 2 fp16), widened exactly as read.
-template <typename Index, int kType, bool kCOut, int kG>
+// kG: the gradients' type (dtypes' traits: F32T, Bf16T, F16T), widened exactly as read.
+template <typename Index, typename kType, bool kCOut, typename kG>
 __global__ void __launch_bounds__(kThreads)
     CandidateKernel(const float* m, const void* g, float* e, uint64_t n, float b1, float omb1,
                     const Index* mask, uint64_t k, void* payload, float* c_out, bool keep) {
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads)
       const int s = slot[i - t0];
       if (s >= 0 && jb + static_cast<uint64_t>(s) < k) {
         const float q = dev::StorePayload<kType>(payload, jb + static_cast<uint64_t>(s), c);
-        e[i] = (kType == 0 || !keep || !isfinite(q)) ? 0.0f : __fsub_rn(c, q);
+        e[i] = (dev::kIsF32<kType> || !keep || !isfinite(q)) ? 0.0f : __fsub_rn(c, q);
       } else {
         e[i] = c;
       }
@@ -140,7 +140,7 @@ __device__ __forceinline__ float EnterVs(const EnterTable& et, uint64_t i, float
   return et.vs[lo];
 }
 
-template <int kType>
+template <typename kType>
 __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, float mp, float th,
                                               const AdamSScalars& s, float* m_out,
                                               float vs = -1.0f) {
@@ -175,7 +175,7 @@ __device__ __forceinline__ float MaskedUpdate(const void* payload, uint64_t j, f
 // point(j, i, th, m, s, &m_out) returns theta_t at position i (mask entry j, theta_{t-1} = th)
 // and sets m_out = m_t. kReadsTheta: whether it uses th (else the scalar path does not load it).
 // The AdamS update (UnpackAdamSUpdate): m_{t-1} = m[i], payload value j.
-template <int kType>
+template <typename kType>
 struct AdamSPointOp {
   static constexpr bool kReadsTheta = true;
   const void* payload;
@@ -204,18 +204,18 @@ struct PairsPointOp {
 // elements, unaligned pointers) element by element as before. Same results either way.
 // Point: the work at a masked element (AdamSPointOp, PairsPointOp); outside the mask
 // theta *= decay and m = +0 whatever Point is.
-// kCopy (mixed precision, kernels::ModelCopy): 0 none, 1 bf16, 2 fp16; the 16-bit copy of
-// theta is stored at every element in the same pass (also where decay == 1 leaves theta).
-template <int kCopy>
+// kCopy (mixed precision, kernels::ModelCopy): void (none), dtypes::Bf16T or F16T; the 16-bit copy
+// of theta is stored at every element in the same pass (also where decay == 1 leaves theta).
+template <typename kCopy>
 __device__ __forceinline__ void StoreCopy(void* copy, uint64_t i, float v) {
-  if (kCopy == 1) static_cast<uint16_t*>(copy)[i] = dev::FloatToBf16(v);
-  if (kCopy == 2) static_cast<uint16_t*>(copy)[i] = dev::FloatToFp16(v);
+  if constexpr (!std::is_void<kCopy>::value)
+    static_cast<typename kCopy::Storage*>(copy)[i] = kCopy::Store(v);
 }
 
 // Launch bounds: 3 blocks per SM (85 registers a thread) rather than 4 (64), under which ptxas
 // spilled (8 bytes stored, 56 loaded per thread in every instantiation on sm_80 and sm_90;
 // issue 31 item 9): tests/kernels/spill_check.sh fails on any spill here.
-template <typename Index, typename Point, bool kVec, int kCopy>
+template <typename Index, typename Point, bool kVec, typename kCopy>
 __global__ void __launch_bounds__(kThreads, 3)
     UpdateKernel(Point point, const Index* mask, uint64_t k, float* theta, float* m, uint64_t n,
                  AdamSScalars s, void* copy) {
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
         th4[v] = make_float4(t[0], t[1], t[2], t[3]);
         m4[v] = make_float4(mo[0], mo[1], mo[2], mo[3]);
-        if (kCopy != 0) {
+        if (!std::is_void<kCopy>::value) {
 #pragma unroll
           for (int q = 0; q < 4; ++q)
             StoreCopy<kCopy>(copy, t0 + static_cast<uint64_t>(v) * 4 + q, t[q]);
@@ -274,11 +274,11 @@ __global__ void __launch_bounds__(kThreads, 3)
           const float t = point(jb + static_cast<uint64_t>(sl), i, th_i, m, s, &mn);
           theta[i] = t;
           m[i] = mn;
-          if (kCopy != 0) StoreCopy<kCopy>(copy, i, t);
+          if (!std::is_void<kCopy>::value) StoreCopy<kCopy>(copy, i, t);
         } else {
           if (do_decay) theta[i] = __fmul_rn(theta[i], s.decay);
           m[i] = 0.0f;
-          if (kCopy != 0) StoreCopy<kCopy>(copy, i, theta[i]);
+          if (!std::is_void<kCopy>::value) StoreCopy<kCopy>(copy, i, theta[i]);
         }
       }
     }
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 // AdamSUpdatePairs: one thread per mask entry j (any order), theta and m only read. An entry
 // >= n (a device precondition) is skipped: its pair is not written.
-template <int kType>
+template <typename kType>
 __global__ void __launch_bounds__(kThreads)
     PairsKernel(const void* payload, const uint64_t* idx, uint64_t k, const float* theta,
                 const float* m, uint64_t n, AdamSScalars s, EnterTable et, float* pairs) {
@@ -334,7 +334,7 @@ __device__ __forceinline__ void SumBlocks(uint64_t count, double* out, Value val
 }
 
 // Level 0: the squares of the recovered gradients.
-template <typename Index, int kType>
+template <typename Index, typename kType>
 __global__ void __launch_bounds__(kSqNormBlock)
     SqNormLevel0(const void* payload, const Index* mask, uint64_t k, const float* m, uint64_t n,
                  float b1, float omb1, double* out) {
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kSqNormBlock)
 
 // "segment_rms" staying sums (StayingGradSqBlocks): one thread per block of at most
 // kSqNormBlock slots, left to right in double from +0.0, the contract's order.
-template <int kType>
+template <typename kType>
 __global__ void StayingBlocksKernel(const void* payload, const uint64_t* idx, const float* m,
                                     uint64_t n, float b1, float omb1, const uint64_t* bounds,
                                     uint64_t nb, double* sums, uint64_t* counts) {
@@ -373,7 +373,7 @@ __global__ void StayingBlocksKernel(const void* payload, const uint64_t* idx, co
 }
 
 // Level 0 of a rank's own gradient (GradSqNorm): the squares of the widened gradients.
-template <int kG>
+template <typename kG>
 __global__ void __launch_bounds__(kSqNormBlock)
     GradSqLevel0(const void* g, uint64_t n, double* out) {
   SumBlocks(n, out, [&](uint64_t j) {
@@ -388,12 +388,12 @@ __global__ void __launch_bounds__(kSqNormBlock)
   SumBlocks(count, out, [&](uint64_t j) { return in[j]; });
 }
 
-template <typename Index, int kG>
+template <typename Index, typename kG>
 void LaunchCandidate(const float* m, const void* g, float* e, size_t n, float beta1, float omb1,
-                     const Index* mask, size_t k, int kind, void* payload, float* c_out,
+                     const Index* mask, size_t k, scapeDataType_t type, void* payload, float* c_out,
                      bool keep_rounding, unsigned grid, cudaStream_t stream) {
-  dev::VisitKind(kind, [&](auto t) {
-    constexpr int kType = decltype(t)::value;
+  dev::VisitPayloadType(type, [&](auto t) {
+    using kType = decltype(t);
     if (c_out) {
       CandidateKernel<Index, kType, true, kG><<<grid, kThreads, 0, stream>>>(
           m, g, e, n, beta1, omb1, mask, k, payload, c_out, keep_rounding);
@@ -409,10 +409,9 @@ KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, fl
                            const Index* mask, size_t k, scapeDataType_t type, void* payload,
                            float* c_out, bool keep_rounding, cudaStream_t stream,
                            scapeDataType_t grad_type, float grad_scale) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
-  const int gkind = dev::PayloadKind(grad_type);
-  if (gkind < 0) return KernelStatus::kUnsupported;
+  if (!::scape::dtypes::VisitUnscaledPayload(type, [](auto) {})) return KernelStatus::kUnsupported;
+  if (!::scape::dtypes::VisitUnscaledPayload(grad_type, [](auto) {}))
+    return KernelStatus::kUnsupported;
   if (k > n) return KernelStatus::kInvalidArgument;
   if (!(grad_scale > 0.0f && grad_scale <= 1.0f)) return KernelStatus::kInvalidArgument;
   if (n > 0 && (m == nullptr || g == nullptr || e == nullptr)) {
@@ -424,15 +423,15 @@ KernelStatus CandidateImpl(const float* m, const void* g, float* e, size_t n, fl
   // x 1.0f is exact).
   const float omb1 = (1.0f - beta1) * grad_scale;
   const unsigned grid = dev::GridFor(n, kTile);
-  dev::VisitKind(gkind, [&](auto gk) {
-    LaunchCandidate<Index, decltype(gk)::value>(m, g, e, n, beta1, omb1, mask, k, kind, payload,
-                                                c_out, keep_rounding, grid, stream);
+  dev::VisitPayloadType(grad_type, [&](auto gk) {
+    LaunchCandidate<Index, decltype(gk)>(m, g, e, n, beta1, omb1, mask, k, type, payload, c_out,
+                                         keep_rounding, grid, stream);
   });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
 
-template <typename Index, typename Point, int kCopy>
+template <typename Index, typename Point, typename kCopy>
 void LaunchUpdatePass(const Point& point, const Index* mask, size_t k, float* theta, float* m,
                       size_t n, const AdamSScalars& s, void* copy, bool vec, unsigned grid,
                       cudaStream_t stream) {
@@ -445,28 +444,34 @@ void LaunchUpdatePass(const Point& point, const Index* mask, size_t k, float* th
   }
 }
 
-// The update pass over n with `point` at the masked elements; ckind: 0 no copy, 1 bf16, 2 fp16.
+// The update pass over n with `point` at the masked elements; copy: the 16-bit copy's type
+// (bf16 or fp16, checked by UpdateArgs), nullptr for none.
 template <typename Index, typename Point>
-void LaunchUpdatePass(const Point& point, int ckind, const Index* mask, size_t k, float* theta,
-                      float* m, size_t n, const AdamSScalars& s, void* copy, cudaStream_t stream) {
+void LaunchUpdatePass(const Point& point, const scapeDataType_t* copy_type, const Index* mask,
+                      size_t k, float* theta, float* m, size_t n, const AdamSScalars& s, void* copy,
+                      cudaStream_t stream) {
   const unsigned grid = dev::GridFor(n, kUTile);
   const bool vec = (reinterpret_cast<uintptr_t>(theta) | reinterpret_cast<uintptr_t>(m)) % 16 == 0;
-  dev::VisitKind(ckind, [&](auto ck) {
-    LaunchUpdatePass<Index, Point, decltype(ck)::value>(point, mask, k, theta, m, n, s, copy, vec,
-                                                        grid, stream);
+  if (copy_type == nullptr) {
+    LaunchUpdatePass<Index, Point, void>(point, mask, k, theta, m, n, s, copy, vec, grid, stream);
+    return;
+  }
+  dev::VisitPayloadType(*copy_type, [&](auto ck) {
+    if constexpr (!dev::kIsF32<decltype(ck)>)  // fp32 is no copy type (UpdateArgs)
+      LaunchUpdatePass<Index, Point, decltype(ck)>(point, mask, k, theta, m, n, s, copy, vec, grid,
+                                                   stream);
   });
 }
 
 // The update kernels' common checks (the CPU kernels' UpdatePrologue, device form), in this
-// order: the payload type (`type` nullptr: the kernel takes none) into *kind, the 16-bit copy
-// into *ckind, the AdamS scalars into *s, k <= n.
+// order: the payload type (`type` nullptr: the kernel takes none), the 16-bit copy's type (bf16
+// or fp16), the AdamS scalars into *s, k <= n.
 KernelStatus UpdateArgs(const scapeDataType_t* type, const ModelCopy* copy,
-                        const AdamSParams& params, size_t k, size_t n, int* kind, int* ckind,
-                        AdamSScalars* s) {
-  *kind = type ? dev::PayloadKind(*type) : 0;
-  if (*kind < 0) return KernelStatus::kUnsupported;
-  *ckind = copy ? dev::PayloadKind(copy->type) : 0;
-  if (copy && *ckind <= 0) return KernelStatus::kUnsupported;  // bf16 or fp16 only
+                        const AdamSParams& params, size_t k, size_t n, AdamSScalars* s) {
+  if (type && !::scape::dtypes::VisitUnscaledPayload(*type, [](auto) {}))
+    return KernelStatus::kUnsupported;
+  if (copy && copy->type != scapeBfloat16 && copy->type != scapeFloat16)
+    return KernelStatus::kUnsupported;  // bf16 or fp16 only
   if (copy && n > 0 && copy->p == nullptr) return KernelStatus::kInvalidArgument;
   const KernelStatus st = MakeAdamSScalars(params, s);
   if (st != KernelStatus::kOk) return st;
@@ -484,9 +489,8 @@ template <typename Index>
 KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         float* theta, float* m, size_t n, const AdamSParams& params,
                         cudaStream_t stream, const ModelCopy* copy = nullptr) {
-  int kind = 0, ckind = 0;
   AdamSScalars s;
-  KernelStatus st = UpdateArgs(&type, copy, params, k, n, &kind, &ckind, &s);
+  KernelStatus st = UpdateArgs(&type, copy, params, k, n, &s);
   if (st != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || payload == nullptr)) return KernelStatus::kInvalidArgument;
@@ -494,9 +498,10 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
   EnterTable et;
   if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   void* cp = copy ? copy->p : nullptr;
-  dev::VisitKind(kind, [&](auto t) {
-    LaunchUpdatePass(AdamSPointOp<decltype(t)::value>{payload, et}, ckind, mask, k, theta, m, n, s,
-                     cp, stream);
+  const scapeDataType_t* ct = copy ? &copy->type : nullptr;
+  dev::VisitPayloadType(type, [&](auto t) {
+    LaunchUpdatePass(AdamSPointOp<decltype(t)>{payload, et}, ct, mask, k, theta, m, n, s, cp,
+                     stream);
   });
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
@@ -505,9 +510,8 @@ KernelStatus UpdateImpl(const void* payload, scapeDataType_t type, const Index* 
 KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t* idx, size_t k,
                        const float* theta, const float* m, size_t n, const AdamSParams& params,
                        float* pairs, cudaStream_t stream) {
-  int kind = 0, ckind = 0;
   AdamSScalars s;
-  KernelStatus st = UpdateArgs(&type, nullptr, params, k, n, &kind, &ckind, &s);
+  KernelStatus st = UpdateArgs(&type, nullptr, params, k, n, &s);
   if (st != KernelStatus::kOk) return st;
   if (k > 0 && (payload == nullptr || idx == nullptr || theta == nullptr || m == nullptr ||
                 pairs == nullptr)) {
@@ -517,8 +521,8 @@ KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t
   if ((st = EnterTableOf(params, &et)) != KernelStatus::kOk) return st;
   if (k == 0) return KernelStatus::kOk;
   const unsigned grid = dev::GridFor(k, kThreads);
-  dev::VisitKind(kind, [&](auto t) {
-    PairsKernel<decltype(t)::value>
+  dev::VisitPayloadType(type, [&](auto t) {
+    PairsKernel<decltype(t)>
         <<<grid, kThreads, 0, stream>>>(payload, idx, k, theta, m, n, s, et, pairs);
   });
   SCAPE_CUDA_LAUNCH_CHECK();
@@ -528,15 +532,14 @@ KernelStatus PairsImpl(const void* payload, scapeDataType_t type, const uint64_t
 KernelStatus UnpackPairsImpl(const float* pairs, const uint64_t* mask, size_t k, float* theta,
                              float* m, size_t n, const AdamSParams& params, const ModelCopy* copy,
                              cudaStream_t stream) {
-  int kind = 0, ckind = 0;
   AdamSScalars s;
-  const KernelStatus st = UpdateArgs(nullptr, copy, params, k, n, &kind, &ckind, &s);
+  const KernelStatus st = UpdateArgs(nullptr, copy, params, k, n, &s);
   if (st != KernelStatus::kOk) return st;
   if (n > 0 && (theta == nullptr || m == nullptr)) return KernelStatus::kInvalidArgument;
   if (k > 0 && (mask == nullptr || pairs == nullptr)) return KernelStatus::kInvalidArgument;
   if (n == 0) return KernelStatus::kOk;
-  LaunchUpdatePass(PairsPointOp{pairs}, ckind, mask, k, theta, m, n, s, copy ? copy->p : nullptr,
-                   stream);
+  LaunchUpdatePass(PairsPointOp{pairs}, copy ? &copy->type : nullptr, mask, k, theta, m, n, s,
+                   copy ? copy->p : nullptr, stream);
   SCAPE_CUDA_LAUNCH_CHECK();
   return KernelStatus::kOk;
 }
@@ -593,15 +596,14 @@ template <typename Index>
 KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* mask, size_t k,
                         const float* m, size_t n, float beta1, double* d_out, void* d_temp,
                         size_t* temp_bytes, cudaStream_t stream) {
-  const int kind = dev::PayloadKind(type);
-  if (kind < 0) return KernelStatus::kUnsupported;
+  if (!::scape::dtypes::VisitUnscaledPayload(type, [](auto) {})) return KernelStatus::kUnsupported;
   const bool args = beta1 >= 0.0f && beta1 < 1.0f && d_out != nullptr && k <= n &&
                     (k == 0 || (payload != nullptr && mask != nullptr && m != nullptr));
   const float omb1 = 1.0f - beta1;
   return SqNormLevels(k, d_out, d_temp, temp_bytes, args, stream,
                       [&](unsigned grid, unsigned threads, double* dst) {
-                        dev::VisitKind(kind, [&](auto t) {
-                          SqNormLevel0<Index, decltype(t)::value><<<grid, threads, 0, stream>>>(
+                        dev::VisitPayloadType(type, [&](auto t) {
+                          SqNormLevel0<Index, decltype(t)><<<grid, threads, 0, stream>>>(
                               payload, mask, k, m, n, beta1, omb1, dst);
                         });
                       });
@@ -610,13 +612,13 @@ KernelStatus SqNormImpl(const void* payload, scapeDataType_t type, const Index* 
 // GradSqNormCuda: the same blocked order over a rank's own (widened) gradients.
 KernelStatus GradSqNormImpl(const void* g, scapeDataType_t type, size_t n, double* d_out,
                             void* d_temp, size_t* temp_bytes, cudaStream_t stream) {
-  const int kind = dev::PayloadKind(type);  // fp32, bf16, fp16: the gradient types
-  if (kind < 0) return KernelStatus::kUnsupported;
+  // fp32, bf16, fp16: the gradient types
+  if (!::scape::dtypes::VisitUnscaledPayload(type, [](auto) {})) return KernelStatus::kUnsupported;
   const bool args = d_out != nullptr && (n == 0 || g != nullptr);
   return SqNormLevels(n, d_out, d_temp, temp_bytes, args, stream,
                       [&](unsigned grid, unsigned threads, double* dst) {
-                        dev::VisitKind(kind, [&](auto t) {
-                          GradSqLevel0<decltype(t)::value><<<grid, threads, 0, stream>>>(g, n, dst);
+                        dev::VisitPayloadType(type, [&](auto t) {
+                          GradSqLevel0<decltype(t)><<<grid, threads, 0, stream>>>(g, n, dst);
                         });
                       });
 }
@@ -627,8 +629,8 @@ KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payl
                                      const uint64_t* d_idx, const float* d_m, size_t n, float beta1,
                                      const uint64_t* d_bounds, size_t nb, double* d_sums,
                                      uint64_t* d_counts, cudaStream_t stream) {
-  const int kind = dev::PayloadKind(payload_type);
-  if (kind < 0) return KernelStatus::kUnsupported;
+  if (!::scape::dtypes::VisitUnscaledPayload(payload_type, [](auto) {}))
+    return KernelStatus::kUnsupported;
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return KernelStatus::kInvalidArgument;
   if (nb == 0) return KernelStatus::kOk;
   if (d_bounds == nullptr || d_sums == nullptr || d_counts == nullptr || d_idx == nullptr ||
@@ -637,8 +639,8 @@ KernelStatus StayingGradSqBlocksCuda(const void* d_payload, scapeDataType_t payl
   }
   const float omb1 = 1.0f - beta1;
   const unsigned grid = dev::GridFor(nb, kThreads);
-  dev::VisitKind(kind, [&](auto t) {
-    StayingBlocksKernel<decltype(t)::value><<<grid, kThreads, 0, stream>>>(
+  dev::VisitPayloadType(payload_type, [&](auto t) {
+    StayingBlocksKernel<decltype(t)><<<grid, kThreads, 0, stream>>>(
         d_payload, d_idx, d_m, n, beta1, omb1, d_bounds, nb, d_sums, d_counts);
   });
   SCAPE_CUDA_LAUNCH_CHECK();

@@ -44,6 +44,11 @@ namespace {
 using gpu_check::g_rank;
 using gpu_check::Now;
 double g_deadline = 0;  // PublishOrRead waits until then
+// The fixed sizes of the collective and optimizer checks. The dry run (perf/gpu/run.sh
+// --dry-run: this source linked against perf/gpu/fake_cudart.cc and the fake libnccl, whose
+// messages are at most 1 MiB a rank) sets GPU_CHECK_DRY=1 for smaller ones.
+size_t g_collN = 1000003;
+uint64_t g_optimN = (uint64_t{1} << 20) + 3;
 int g_fail = 0;
 void Check(bool ok, const char* what) {
   if (!ok) {
@@ -409,7 +414,7 @@ void CheckOptim(scapeComm_t comm, cudaStream_t stream, int P, size_t N, int iter
     SCAPE_OK(scapeOptimSave(o, b.data(), b.size(), &written), comm);
     return b;
   };
-  const uint64_t n = (uint64_t{1} << 20) + 3;
+  const uint64_t n = g_optimN;
   const std::vector<uint64_t> offs{0, n / 7, n / 7 + 4099, n / 2, n};
   const std::vector<uint8_t> dense{0, 1, 0, 0};
   float *dp = nullptr, *dg = nullptr;
@@ -490,6 +495,10 @@ int main(int argc, char** argv) {
   const size_t N = std::strtoull(argv[4], nullptr, 0);
   const int iters = std::atoi(argv[5]);
   g_deadline = Now() + std::atof(argv[6]);
+  if (const char* dry = std::getenv("GPU_CHECK_DRY"); dry && *dry == '1') {
+    g_collN = 50021;
+    g_optimN = 65539;
+  }
   int built = 0, avail = 0;
   SCAPE_OK(scapeGetDeviceSupport(&built, &avail), nullptr);
   if (!built || !avail) {
@@ -508,7 +517,7 @@ int main(int argc, char** argv) {
   scapeComm_t ucx = nullptr;
   SCAPE_OK(scapeCommInitRank(&ucx, P, sid, g_rank), nullptr);
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, size_t{1000003}})
+    for (size_t n : {size_t{1}, g_collN})
       CheckColl(c, n, P, ucx, stream, false, true, "UCX");
   CheckColl(kAR, 1, P, ucx, stream, false, true, "UCX (after a large broadcast)");
   {
@@ -574,7 +583,7 @@ int main(int argc, char** argv) {
   SCAPE_OK(scapeCommUserRank(sc, &r2), sc);
   Check(backend == scapeBackendNccl && n2 == P && r2 == g_rank, "NCCL: backend, size and rank");
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, size_t{1000003}})
+    for (size_t n : {size_t{1}, g_collN})
       CheckColl(c, n, P, sc, stream, true, false, "NCCL");
   CheckMasked(sc, stream, P, N, iters, "NCCL");
   CheckOptim(sc, stream, P, N, iters, "NCCL", true);

@@ -17,7 +17,7 @@
 #                                           # $OUT (default perf/out/gpu_train)
 #   bash perf/gpu/gpu_train.sh dry-run [OUTDIR] # here, no GPU: the same scripts on the CPU, 2 ranks,
 #                                           # gloo + UCX, tiny sizes, a few steps (ctest
-#                                           # GpuTrain.DryRun); not a measurement
+#                                           # GpuRun.DryRun's train part); not a measurement
 #   GPU_TRAIN_CPU=1 bash perf/gpu/gpu_train.sh run [DIR]   # here: rehearses `run` on the CPU with
 #                                           # the bundle (its wheel, libraries and corpus)
 #   bash perf/gpu/gpu_train.sh length [DIR]     # on the GPU machine: the length axis of issue 30
@@ -39,7 +39,10 @@
 # STEP_BUDGET_S (150), VARIANT (segment_rms; "+"-joined options of perf/gpu/gpu_train.py, e.g.
 # segment_rms+clipstay, the quality study's candidates; empty: no variant run), ALLOC_CHECK (1:
 # `run` first runs perf/gpu/gpu_alloc_check.py, device memory per step, its PASS/FAIL lines
-# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget), PYTHON (python3 there,
+# appended to $CHECKS and its figures to $ALLOC_JSON, within the budget; ALLOC_S, 40 s), STREAM_CHECK
+# (1: then perf/gpu/gpu_stream_check.py, ScapeAdamS under torch's current stream, its line to
+# $CHECKS, figures to $STREAM_JSON; STREAM_S, 30 s), TRAIN_CONFIGS (the training configurations
+# to run, in order, instead of all; "none": no training run), PYTHON (python3 there,
 # /usr/bin/python3 here), NCCL_LIBRARY_DIR (found under python3's nvidia.nccl, /usr, /opt
 # otherwise). bundle: BUILD_DIR (<repo>/build-gpu-wheel, the wheel's CMake build folder, kept
 # for incremental rebuilds), CUDA_HOME (/usr/local/cuda), WHEELHOUSE (a folder holding
@@ -224,6 +227,14 @@ run_all() {  # DEVICE BACKEND FAKE_HOSTS STEP_ARGS... -- TRAIN_ARGS...
     else not_run+=("scape-0.01-$variant (this scape's ScapeAdamS has no entering=)"); fi
   fi
   configs+=(adamw adams)
+  # TRAIN_CONFIGS: these configurations instead, in this order (perf/gpu/run.sh's short run)
+  if [ "${TRAIN_CONFIGS:-}" = none ]; then
+    configs=()
+    not_run+=("the training runs (TRAIN_CONFIGS=none)")
+  elif [ -n "${TRAIN_CONFIGS:-}" ]; then
+    read -r -a configs <<<"$TRAIN_CONFIGS"
+    not_run+=("the other configurations (TRAIN_CONFIGS=$TRAIN_CONFIGS)")
+  fi
   local i=0 n=${#configs[@]}
   for c in "${configs[@]}"; do
     local l cap
@@ -258,9 +269,11 @@ find_nccl_dir() {
   local nccl_dir=${NCCL_LIBRARY_DIR:-}
   if [ -z "$nccl_dir" ]; then
     local nccl
-    nccl=$( ("$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
-             xargs -r -I{} find {} -name 'libnccl.so.2' 2>/dev/null
-             find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -name 'libnccl.so.2' 2>/dev/null) | head -1)
+    # bounded (run.sh passes NCCL_LIBRARY_DIR, so this runs only when used alone)
+    nccl=$( (timeout 10 "$py" -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null |
+             xargs -r -I{} timeout 5 find {} -maxdepth 2 -name 'libnccl.so.2' 2>/dev/null
+             timeout 10 find /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /opt /usr/local -maxdepth 6 \
+               -name 'libnccl.so.2' 2>/dev/null) | head -1)
     [ -n "$nccl" ] && nccl_dir=$(dirname "$nccl")
   fi
   echo "$nccl_dir"
@@ -272,8 +285,8 @@ find_nccl_dir() {
 install_bundle() {
   local bdir=$1 rehearse=$2
   local site=$work/site
-  "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
-    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed"
+  timeout 90 "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
+    --target "$site" "$bdir"/dist/*.whl || die "pip install of the bundled wheel failed (or took over 90 s)"
   nccl_dir=$(find_nccl_dir)
   [ -n "$nccl_dir" ] || [ "$rehearse" = 1 ] || die "no libnccl.so.2 on this machine (set NCCL_LIBRARY_DIR)"
   export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONNOUSERSITE=1 PYTHONUNBUFFERED=1
@@ -284,7 +297,7 @@ install_bundle() {
   export SCAPE_NCCL_DEVICES="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH
   export SCAPE_SOCKET_IFNAME=lo UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-  (cd "$work" && "$py" -c 'import sys, scape, torch
+  (cd "$work" && timeout 60 "$py" -c 'import sys, scape, torch
 p = scape.library_path()
 print("scape", scape.__version__, "from", scape.__file__, "library", p, "| torch", torch.__version__,
       "| python", sys.version.split()[0])
@@ -313,7 +326,7 @@ run_gpu() {
   [ "$rehearse" = 1 ] && { dry_flag=--dry-run; ranks=${RANKS:-2}; }
   exec > >(tee -a "$out/gpu_train.log") 2>&1
   echo "== device"
-  [ "$rehearse" = 1 ] || nvidia-smi -L || die "no GPU (nvidia-smi)"
+  [ "$rehearse" = 1 ] || timeout 20 nvidia-smi -L || die "no GPU (nvidia-smi)"
   install_bundle "$bdir" "$rehearse"
   local gpu="none (GPU_TRAIN_CPU=1 rehearsal)"
   if [ "${ALLOC_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
@@ -321,12 +334,17 @@ run_gpu() {
     (cd "$work" && timeout -k 5 "${ALLOC_S:-40}" "$py" "$root/perf/gpu/gpu_alloc_check.py" \
       --json "${ALLOC_JSON:-$work/alloc.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
   fi
+  if [ "${STREAM_CHECK:-0}" = 1 ] && [ "$rehearse" != 1 ]; then
+    echo "== stream (ScapeAdamS on CUDA tensors under torch's current stream, at most ${STREAM_S:-30} s)"
+    (cd "$work" && timeout -k 5 "${STREAM_S:-30}" "$py" "$root/perf/gpu/gpu_stream_check.py" \
+      --json "${STREAM_JSON:-$work/stream.json}") | grep -v ' NCCL INFO ' | tee -a "${CHECKS:-/dev/null}"
+  fi
   if [ "$rehearse" = 1 ]; then
     STEP_BUDGET_S=${STEP_BUDGET_S:-180} MIN_CONFIG_S=${MIN_CONFIG_S:-1} \
       run_all cpu ucx 0 --params "${PARAMS:-262144}" --segments 4 --warmup 2 --iters 2 -- \
       --shape dry --dtype auto --corpus "$bdir/corpus" --steps "${STEPS:-8}" --eval-every 4
   else
-    gpu=$(nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
+    gpu=$(timeout 20 nvidia-smi -i 0 --query-gpu=name,memory.total --format=csv,noheader)
     run_all cuda nccl 1 --params "${PARAMS:-268435456}" -- --shape gpu --dtype bfloat16 \
       --corpus "$bdir/corpus" ${STEPS:+--steps "$STEPS"}
   fi
@@ -639,7 +657,7 @@ EOF
     dry-run) dry_run "$@" ;;
     length) length_gpu "$@" ;;
     length-dry-run) length_dry_run "$@" ;;
-    *) sed -n '2,53p' "$0"; exit 2 ;;
+    *) sed -n '2,56p' "$0"; exit 2 ;;
   esac
   exit $?
 }

@@ -238,7 +238,7 @@ bool scapeRow(Bench& b, uint64_t n, double density, double memcpyBps, StepRow* w
   std::vector<float> theta(n), g(n);
   for (size_t i = 0; i < n; ++i) theta[i] = patternValue(~uint64_t{0} ^ i);
   std::vector<int64_t> ns(1 + scapeOptimNumPhases, 0);
-  scapeOptimInfo_t info{};
+  scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
   for (int it = 0; it < warm + iters; ++it) {
     fillGrads(&g, b.rank(), it);
     PERF_CHECK(b, "scapeBarrier", scapeBarrier(b.comm()));

@@ -273,7 +273,10 @@ Status SelectNextTopk(scapeMask_t mask, const float* statistic, double density, 
     return d->SelectTopk(*mask->impl, statistic, density, stream);
   }
   // A host statistic with a stream: what the caller queued there must finish first.
-  if (stream) SCAPE_RETURN_IF_ERROR(scape::device::GetRuntime()->StreamSynchronize(stream));
+  if (stream)
+    SCAPE_RETURN_IF_ERROR(scape::device::StreamWaitFor(
+        scape::device::GetRuntime(), stream, mask->comm->impl->config().timeoutMs,
+        "the work queued on the stream before the host statistic's top-k"));
   return mask->impl->SelectNextTopk(statistic, density);
 }
 
@@ -379,7 +382,8 @@ Status PackOrUnpack(scapeMask_t mask, const void* dense, const void* packed, sca
   scape::backend::Backend* b = nullptr;
   SCAPE_RETURN_IF_ERROR(mask->comm->data->RouteBuffers(dense, packed, &b));
   return scape::backend::MaskPack(*b, *mask->impl, dense, const_cast<void*>(packed),
-                                  scapeTypeSize(dtype), unpack, stream);
+                                  scapeTypeSize(dtype), unpack, stream,
+                                  mask->comm->impl->config().timeoutMs);
 }
 
 }  // namespace
@@ -497,8 +501,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
     std::vector<char> inIdx, inVal, outDense, outIdx, outVal;
     const void* idxView = nullptr;
     const void* valView = nullptr;
-    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(indices, nnz * 8, &inIdx, &idxView));
-    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(values, nnz * esz, &inVal, &valView));
+    const int tmo = comm->impl->config().timeoutMs;
+    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(indices, nnz * 8, &inIdx, &idxView, tmo));
+    SCAPE_RETURN_IF_ERROR(scape::backend::StageIn(values, nnz * esz, &inVal, &valView, tmo));
     indices = static_cast<const uint64_t*>(idxView);
     values = valView;
     void* denseDev = denseOut;
@@ -548,9 +553,9 @@ SCAPE_API scapeResult_t scapeSparseAllReduce(const uint64_t* indices, const void
                     res.Nnz(), capacity));
     if (denseOut) res.ToDense(denseOut, esz);
     if (outIndices) res.ToList(outIndices, outValues, esz);
-    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(denseDev, outDense, n * esz));
-    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outIdxDev, outIdx, res.Nnz() * 8));
-    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outValDev, outVal, res.Nnz() * esz));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(denseDev, outDense, n * esz, tmo));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outIdxDev, outIdx, res.Nnz() * 8, tmo));
+    SCAPE_RETURN_IF_ERROR(scape::backend::FinishOut(outValDev, outVal, res.Nnz() * esz, tmo));
     if (bytesSent) *bytesSent = res.bytesSent;
     if (outIndices) *outNnz = res.Nnz();
     return Status::Ok();

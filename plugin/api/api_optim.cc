@@ -2,6 +2,7 @@
 // strings, and the guarantee that no exception crosses into the caller. A call that fails its
 // checks changes nothing.
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -495,7 +496,19 @@ SCAPE_API scapeResult_t scapeOptimGetInfo(scapeOptim_t optim, scapeOptimInfo_t* 
   return Guard(CommOf(optim), "scapeOptimGetInfo", [&]() -> Status {
     SCAPE_RETURN_IF_ERROR(CheckOptim(optim));
     if (!info) return scape::InvalidArgument("info is NULL");
-    optim->impl->GetInfo(info);
+    // Versioned (scape.h): the caller's struct holds info->size bytes; fill no more.
+    constexpr size_t kHeader = offsetof(scapeOptimInfo_t, magic) + sizeof(unsigned);
+    if (info->magic != SCAPE_OPTIM_INFO_MAGIC || info->size < kHeader)
+      return scape::InvalidArgument(StrFormat(
+          "info (size %zu, magic %#x) was not initialised with SCAPE_OPTIM_INFO_INITIALIZER "
+          "(size >= %zu, this library's %zu; magic %#x)",
+          info->size, info->magic, kHeader, sizeof(scapeOptimInfo_t), SCAPE_OPTIM_INFO_MAGIC));
+    scapeOptimInfo_t full;
+    optim->impl->GetInfo(&full);
+    const size_t n = info->size < sizeof(full) ? info->size : sizeof(full);
+    full.size = n;
+    full.magic = SCAPE_OPTIM_INFO_MAGIC;
+    std::memcpy(info, &full, n);
     return Status::Ok();
   });
 }

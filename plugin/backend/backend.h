@@ -324,10 +324,12 @@ Status BufferKinds(const coll::CollArgs& a, int rank, Buffers* out);
 // StageIn copies `bytes` of a device `p` to *copy and points *view at it (host memory: *view
 // = p, nothing copied); StageOut gives a host *view for an output `p` of up to `bytes`, and
 // FinishOut copies its first `bytes` back when `p` is device memory. Copies run on the default
-// stream and are waited for (host waits).
-Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view);
+// stream through page-locked staging and are waited for within timeoutMs (host waits with the
+// communicator's deadline: scapeTimeout past it, never a hang; device::HostStaging).
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view,
+               int timeoutMs);
 void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view);
-Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes);
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes, int timeoutMs);
 
 }  // namespace backend
 }  // namespace scape

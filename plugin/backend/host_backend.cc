@@ -12,7 +12,8 @@ namespace backend {
 Status HostBackend::Admit(const coll::CollArgs& a, Stream s, bool) {
   if (a.type == coll::CollType::kBarrier || !s) return Status::Ok();
   // Host buffers on a stream: what the caller queued on the stream must finish first.
-  Status st = device::GetRuntime()->StreamSynchronize(s);
+  Status st = device::StreamWaitFor(device::GetRuntime(), s, comm_->config().timeoutMs,
+                                    "the work queued on the stream before the host buffers' call");
   if (!st.ok()) st.Prepend(StrFormat("rank %d: host buffers with a non-NULL stream", rank()));
   return st;
 }
@@ -180,15 +181,17 @@ Status DataPath::AsyncError() const {
   return device_ ? device_->AsyncError() : Status::Ok();
 }
 
-Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view) {
+Status StageIn(const void* p, size_t bytes, std::vector<char>* copy, const void** view,
+               int timeoutMs) {
   *view = p;
   if (!p || bytes == 0) return Status::Ok();
   device::Runtime* rt = device::GetRuntime();
   if (rt->Kind(p) == device::PtrKind::kHost) return Status::Ok();
   copy->resize(bytes);
-  Status st = rt->CopyAsync(copy->data(), p, bytes, nullptr);
-  if (st.ok()) st = rt->StreamSynchronize(nullptr);
-  if (!st.ok()) return st.Prepend("copying a device input to the host");
+  // Through page-locked staging, with a deadline (a pageable copy would wait without one).
+  Status st = device::DownloadWithin(rt, copy->data(), p, bytes, nullptr, timeoutMs,
+                                     "copying a device input to the host");
+  if (!st.ok()) return st;
   *view = copy->data();
   return Status::Ok();
 }
@@ -200,11 +203,11 @@ void StageOut(void* p, size_t bytes, std::vector<char>* copy, void** view) {
   *view = copy->data();
 }
 
-Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes) {
+Status FinishOut(void* p, const std::vector<char>& copy, size_t bytes, int timeoutMs) {
   if (!p || bytes == 0 || copy.empty()) return Status::Ok();
-  device::Runtime* rt = device::GetRuntime();
-  Status st = rt->CopyAsync(p, copy.data(), bytes, nullptr);
-  if (st.ok()) st = rt->StreamSynchronize(nullptr);
+  device::HostStaging h(device::GetRuntime(), nullptr);
+  Status st = h.Upload(p, copy.data(), bytes);
+  if (st.ok()) st = h.Wait(timeoutMs, "copying an output to the device");
   if (!st.ok()) return st.Prepend("copying an output to the device");
   return Status::Ok();
 }

@@ -52,10 +52,13 @@ Status MaskedAllReduce(Backend& b, Mask& m, const coll::CollArgs& dense, Stream 
 }
 
 Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz, bool unpack,
-                Stream s) {
-  // Host buffers with a stream: what the caller queued there must finish first.
+                Stream s, int timeoutMs) {
+  // Host buffers with a stream: what the caller queued there must finish first (within the
+  // communicator's deadline).
   const bool ordered = b.StreamOrdered();
-  if (s && !ordered) SCAPE_RETURN_IF_ERROR(device::GetRuntime()->StreamSynchronize(s));
+  if (s && !ordered)
+    SCAPE_RETURN_IF_ERROR(device::StreamWaitFor(device::GetRuntime(), s, timeoutMs,
+                                                "the work queued on the stream before the pack"));
   const size_t k = m.Current().size();
   if (k == 0) return Status::Ok();
   if (!dense || !packed) return InvalidArgument(dense ? "packed is NULL" : "dense is NULL");

@@ -34,10 +34,11 @@ Status MaskedAllReduce(Backend& b, Mask& m, const coll::CollArgs& dense, Stream 
 
 // scapeMaskPack[Stream] (unpack = false: dense -> packed) and scapeMaskUnpack[Stream] (packed ->
 // dense) of m's current positions, on `b` (DataPath::RouteBuffers), on stream `s` (NULL: the
-// default stream; host buffers with a stream wait for it first): nothing when the mask is
-// empty; a NULL buffer otherwise is scapeInvalidArgument naming it.
+// default stream; host buffers with a stream wait for it first, at most timeoutMs, the
+// communicator's: scapeTimeout past it): nothing when the mask is empty; a NULL buffer
+// otherwise is scapeInvalidArgument naming it.
 Status MaskPack(Backend& b, const Mask& m, const void* dense, void* packed, size_t esz, bool unpack,
-                Stream s = nullptr);
+                Stream s, int timeoutMs);
 
 }  // namespace backend
 }  // namespace scape

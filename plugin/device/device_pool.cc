@@ -115,7 +115,10 @@ void DevicePool::FreeBlock(const Block& b) {
 }
 
 bool DevicePool::ReturnNow(const Block& b, Stream s) {
-  if (!External() || !b.d || s != b.s0) return false;
+  if (!External() || !b.d || s != b.s0 || !b.s0Known) return false;
+  // The handle alone is not the stream: it may have been destroyed and reused for a new one.
+  uint64_t id = 0;
+  if (!rt_->StreamId(s, &id) || id != b.s0Id) return false;
   std::lock_guard<std::mutex> lk(mu_);
   FreeBlock(b);
   return true;
@@ -141,6 +144,7 @@ Status DevicePool::Acquire(size_t bytes, Stream s, Block* out, bool exact) {
     out->bytes = bytes;
     out->s0 = s;
     out->dev = dev;
+    out->s0Known = rt_->StreamId(s, &out->s0Id);
     return Status::Ok();
   }
   // The smallest that fits among the blocks last released on `s` (whatever their work's

@@ -29,7 +29,9 @@
 // With the caller's allocator (scapeConfig_t.deviceAllocator) the pool keeps nothing: Acquire
 // asks the allocator for every block (on the stream it is for), and a block goes back to it
 // as soon as the pool would have kept it: at once (stream-ordered) when it is handed back on
-// the stream it was allocated for, else once an event says the work on the other stream has
+// the stream it was allocated for (the same stream, by Runtime::StreamId, not only the same
+// handle: a destroyed stream's handle may name a new stream, which the allocator's ordering
+// knows nothing of), else once an event says the work on the other stream has
 // finished (so the allocator, which reuses a block on its allocation stream, never hands it to
 // work that could overlap ours). The caching is then the allocator's (torch's caching
 // allocator from Python), which also sees the memory. Allocations() counts the driver
@@ -58,9 +60,13 @@ class DevicePool final : public TempSource {
   struct Block {
     void* d = nullptr;
     size_t bytes = 0;  // capacity
-    // With the caller's allocator: the stream and device it was allocated for.
+    // With the caller's allocator: the stream and device it was allocated for, and that
+    // stream's id (Runtime::StreamId; s0Known false: the runtime cannot tell, and the block
+    // never goes back at once).
     Stream s0 = nullptr;
     int dev = 0;
+    uint64_t s0Id = 0;
+    bool s0Known = false;
   };
 
   // ext: the caller's allocator (copied), or nullptr / one without alloc: the runtime's memory.

@@ -38,7 +38,10 @@ Status MaskPositions::Get(const Mask& m, Stream s, const uint64_t** dPos) {
     Runtime* rt = pool_->runtime();
     Status st = pool_->Acquire(bytes, s, &e.blk);
     // The source is the generation's own list, held (never changed) until the upload has run.
-    if (st.ok() && bytes) st = rt->CopyAsync(e.blk.d, cur->data(), bytes, s);
+    // Staged through page-locked memory (no host wait: a pageable source may make the copy
+    // wait for the stream); the list stays held too, for a runtime whose UploadStaged is a
+    // plain copy.
+    if (st.ok() && bytes) st = rt->UploadStaged(e.blk.d, cur->data(), bytes, s);
     if (st.ok()) st = rt->EventCreate(&e.uploaded);
     if (st.ok()) st = rt->EventRecord(e.uploaded, s);
     if (!st.ok()) {

@@ -194,9 +194,58 @@ Status NcclComm::CheckOpen(const char* what) const {
       aborted_.load() ? "Abort" : "Destroy"));
 }
 
+// A use of the communicator for the scope of one call of NcclComm (see Close).
+class NcclComm::Use {
+ public:
+  Use(NcclComm* c, const char* what) : c_(c), st_(c->BeginUse(what)) {}
+  ~Use() {
+    if (st_.ok()) c_->EndUse();
+  }
+  const Status& status() const { return st_; }
+
+ private:
+  NcclComm* c_;
+  Status st_;
+};
+
+Status NcclComm::BeginUse(const char* what) {
+  std::lock_guard<std::mutex> lk(useMu_);
+  // closed_ is set under useMu_ in Close: a use begun here is seen by Close's wait.
+  SCAPE_RETURN_IF_ERROR(CheckOpen(what));
+  ++uses_;
+  return Status::Ok();
+}
+
+void NcclComm::EndUse() {
+  std::lock_guard<std::mutex> lk(useMu_);
+  if (--uses_ == 0) useCv_.notify_all();
+}
+
+bool NcclComm::WaitUses(int ms) {
+  std::unique_lock<std::mutex> lk(useMu_);
+  return useCv_.wait_for(lk, std::chrono::milliseconds(ms < 0 ? 0 : ms),
+                         [&] { return uses_ == 0; });
+}
+
 void NcclComm::Close(bool abort, int timeoutMs) {
   if (abort) aborted_.store(true);
-  if (closed_.exchange(true, std::memory_order_acq_rel) || !owned_) return;
+  bool already;
+  {
+    std::lock_guard<std::mutex> lk(useMu_);
+    already = closed_.exchange(true, std::memory_order_acq_rel);
+  }
+  if (already) return;
+  // No use starts from here on; wait for those in progress (a caller's communicator too: the
+  // caller may free it as soon as scapeCommAbort / scapeCommDestroy returns).
+  const int waitMs = timeoutMs > 0 && timeoutMs < kUseWaitMs ? timeoutMs : kUseWaitMs;
+  if (!WaitUses(waitMs))
+    SCAPE_WARN(
+        "scapeComm%s: rank %d: a call on the NCCL communicator from another thread has not "
+        "returned from NCCL within %d ms (blocked on a peer?); the communicator is %s "
+        "regardless, which NCCL documents as the way to end such a call",
+        abort ? "Abort" : "Destroy", rank_, waitMs,
+        owned_ ? (abort && api_->commAbort ? "aborted" : "destroyed") : "released to its owner");
+  if (!owned_) return;
   void* comm = comm_;
   const NcclApi* api = api_;
   if (abort && api->commAbort) {
@@ -317,9 +366,29 @@ Status RunV(const NcclComm& self, const NcclApi& api, void* comm, int rank, cons
 
 Status NcclComm::Run(const coll::CollArgs& a, Stream stream) {
   using coll::CollType;
-  SCAPE_RETURN_IF_ERROR(CheckOpen(coll::CollName(a.type)));
-  const int dt = NcclDataType(a.dtype);
+  Use use(this, coll::CollName(a.type));  // held until the last NCCL call (Fail included)
+  SCAPE_RETURN_IF_ERROR(use.status());
+  int dt = NcclDataType(a.dtype);
   if (dt < 0) return InvalidArgument(StrFormat("datatype %d has no NCCL type", a.dtype));
+  if (dtypes::IsScaled(a.dtype)) {
+    const bool reduces = a.type == CollType::kAllReduce || a.type == CollType::kReduceScatter;
+    if (!reduces) {
+      dt = kNcclUint8;  // moved, not computed: the bytes as they are
+    } else {
+      const int cc = GetRuntime()->ComputeCapability();
+      if (api_->version < kNcclFp8Version || cc < 90) {
+        const int v = api_->version;
+        return Unsupported(StrFormat(
+            "rank %d: %s of %s on the NCCL backend: NCCL reduces 8-bit floats only from "
+            "version 2.24 and on devices of compute capability 9.0 or later, and this is NCCL "
+            "%d.%d.%d (%s) on a device of compute capability %s; use a payload of 16 bits or "
+            "more (scapeOptimConfig_t.payloadType = scapeBfloat16), or a UCX communicator "
+            "(scapeCommInitRank), whose staged device path reduces them as the host does",
+            rank_, coll::CollName(a.type), dtypes::Name(a.dtype), v / 10000, v / 100 % 100, v % 100,
+            api_->path.c_str(), cc > 0 ? StrFormat("%d.%d", cc / 10, cc % 10).c_str() : "unknown"));
+      }
+    }
+  }
   int r = kNcclSuccess;
   const char* what = "";
   if (!a.counts.empty()) {
@@ -356,7 +425,7 @@ Status NcclComm::Run(const coll::CollArgs& a, Stream stream) {
 }
 
 Status NcclComm::BroadcastHostBytes(void* bytes, size_t n, int root, int timeoutMs) {
-  SCAPE_RETURN_IF_ERROR(CheckOpen("broadcast"));
+  SCAPE_RETURN_IF_ERROR(CheckOpen("broadcast"));  // the NCCL call itself holds a use below
   Runtime* rt = GetRuntime();
   // Page-locked host memory: a device-to-pageable copy would block the host until NCCL has
   // finished, past any deadline.
@@ -383,7 +452,11 @@ Status NcclComm::BroadcastHostBytes(void* bytes, size_t n, int root, int timeout
     std::memcpy(h, bytes, n);
     st = rt->CopyAsync(d, h, n, s);
   }
-  if (st.ok()) st = Fail(api_->broadcast(d, d, n, kNcclInt8, root, comm_, s), "ncclBroadcast");
+  if (st.ok()) {
+    Use use(this, "broadcast");
+    st = use.status();
+    if (st.ok()) st = Fail(api_->broadcast(d, d, n, kNcclInt8, root, comm_, s), "ncclBroadcast");
+  }
   if (st.ok()) st = rt->CopyAsync(h, d, n, s);
   if (st.ok()) st = rt->EventRecord(ev, s);
   bool done = false;
@@ -421,7 +494,8 @@ Status NcclComm::BroadcastHostBytes(void* bytes, size_t n, int root, int timeout
 }
 
 Status NcclComm::AsyncError() {
-  SCAPE_RETURN_IF_ERROR(CheckOpen("ncclCommGetAsyncError"));
+  Use use(this, "ncclCommGetAsyncError");
+  SCAPE_RETURN_IF_ERROR(use.status());
   int e = kNcclSuccess;
   int r = api_->commGetAsyncError(comm_, &e);
   if (r != kNcclSuccess) return FromNccl(r, "ncclCommGetAsyncError", api_->getErrorString(r));

@@ -8,8 +8,10 @@
 #define SCAPE_PLUGIN_DEVICE_NCCL_COMM_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "base/status.h"
@@ -23,6 +25,7 @@ namespace device {
 // NCCL ABI values (nccl.h).
 enum : int {
   kNcclInt8 = 0,
+  kNcclUint8 = 1,
   kNcclInt32 = 2,
   kNcclInt64 = 4,
   kNcclFloat16 = 6,
@@ -109,9 +112,15 @@ class NcclComm {
   // call of this object that would reach NCCL (Run, BroadcastHostBytes, AsyncError) is
   // scapeInvalidUsage saying so, without touching the NCCL communicator, which ncclCommAbort /
   // ncclCommDestroy has freed. Close may come from another thread (scapeCommAbort) while a call
-  // is in progress: that call makes no NCCL call after it has seen the close; one already
-  // inside NCCL is NCCL's to end (ncclCommAbort is made for that).
+  // is in progress: every call of this object holds a use of the communicator (Use below) from
+  // its check that it is open until it has left its last NCCL call, and Close, after marking
+  // the object closed (so no use starts any more), waits until the uses in progress have
+  // ended before it ends the communicator: a call that passed the check never reaches NCCL
+  // with a freed communicator. That wait is bounded (min(timeoutMs, kUseWaitMs)): an NCCL call
+  // that does not return by then (blocked inside NCCL on a peer) is left to NCCL, and
+  // ncclCommAbort, which is made to end such calls, is called with a warning naming it.
   void Close(bool abort, int timeoutMs);
+  static constexpr int kUseWaitMs = 5000;
   bool closed() const { return closed_.load(std::memory_order_acquire); }
   // scapeInvalidUsage naming `what` when closed, else Ok.
   Status CheckOpen(const char* what) const;
@@ -126,7 +135,15 @@ class NcclComm {
   //     non-empty block (root = the block's rank) inside ncclGroupStart / ncclGroupEnd;
   //   all-gather: ncclAllGather when all blocks are equal, else one ncclBroadcast per non-empty
   //     block (root = its rank) inside a group.
+  // 8-bit float payloads (e4m3, e5m2): an all-gather or a broadcast moves them as bytes
+  // (ncclUint8: any NCCL, the bits unchanged); a reduction needs NCCL's own fp8 types, which
+  // NCCL has only from 2.24 and on devices of compute capability 9.0 or later: elsewhere it is
+  // scapeUnsupported naming the NCCL version, the device and what to use instead (checked
+  // before any NCCL call). Where NCCL has them, its fp8 reduction is every rank's same result
+  // but rounds as NCCL does, not necessarily to the bits of the UCX path's (the device script
+  // compares them).
   Status Run(const coll::CollArgs& a, Stream stream);
+  static constexpr int kNcclFp8Version = 22400;  // NCCL 2.24.0
   // Broadcasts `bytes` host bytes from rank `root` to every rank over this communicator (a
   // host wait, for init): the bytes go through a small device buffer on a stream made for
   // the call, which is waited for with a deadline of timeoutMs (an error, never a hang: a
@@ -138,6 +155,16 @@ class NcclComm {
 
  private:
   Status Fail(int r, const char* what);
+  // A use of the communicator (see Close): Begin fails with CheckOpen's error once closed,
+  // else counts the use until End.
+  Status BeginUse(const char* what);
+  void EndUse();
+  class Use;
+  // Waits (at most ms) for the uses in progress to end; false on the deadline.
+  bool WaitUses(int ms);
+  mutable std::mutex useMu_;
+  std::condition_variable useCv_;
+  int uses_ = 0;  // under useMu_
   const NcclApi* api_ = nullptr;
   void* comm_ = nullptr;
   bool owned_ = false;

@@ -51,6 +51,24 @@ class Runtime {
   virtual void HostFree(void* p) = 0;
   // Stream-ordered copy; the direction follows from the pointers (cudaMemcpyDefault).
   virtual Status CopyAsync(void* dst, const void* src, size_t bytes, Stream s) = 0;
+  // A host-to-device copy of a host table whose source may be pageable, without a host wait:
+  // `src` is copied into page-locked memory the runtime owns (reused once the stream has run
+  // the copy) before the copy is enqueued, so the caller may reuse `src` at once and the copy
+  // never makes the host wait for the stream (cudaMemcpyAsync from pageable memory may). The
+  // default is CopyAsync (a runtime without page-locked memory of its own).
+  virtual Status UploadStaged(void* dDst, const void* src, size_t bytes, Stream s);
+  // The current device's compute capability, major * 10 + minor (90: sm_90); 0 when unknown
+  // (no device). The default is 0.
+  virtual int ComputeCapability() { return 0; }
+  // A process-unique id of the stream `s` names now (cudaStreamGetId): unlike the handle, never
+  // reused for a stream created after `s` was destroyed. False (and *id = 0) when the runtime
+  // cannot tell (the default; CUDA before 12.0).
+  // True while `s` is capturing into a CUDA graph (cudaStreamIsCapturing); the default false.
+  virtual bool StreamCapturing(Stream /*s*/) { return false; }
+  virtual bool StreamId(Stream /*s*/, uint64_t* id) {
+    *id = 0;
+    return false;
+  }
   // Events: recorded on a stream, queried from any thread.
   virtual Status EventCreate(Event* e) = 0;
   virtual void EventDestroy(Event e) = 0;
@@ -265,6 +283,47 @@ class OpTemp {
 // Every host wait of a call that has a communicator's deadline uses it, never an unbounded
 // StreamSynchronize.
 Status StreamWaitFor(Runtime* rt, Stream s, int timeoutMs, const char* what);
+
+// Host <-> device copies that a host wait with a deadline finishes (issue 44): a copy into or
+// out of pageable host memory (a std::vector) makes cudaMemcpyAsync itself wait for the stream
+// to drain, with no deadline, and a source or destination that goes out of scope while the copy
+// is still queued is a use after free. HostStaging routes each copy through a page-locked
+// buffer of its own (HostAlloc): Download / Upload queue the copies on `s` (an upload's bytes
+// are copied into its buffer at once, so the caller's source may change), Wait waits for them
+// with StreamWaitFor and then copies the downloads to their destinations. On a timeout (or any
+// error after a copy was queued) the destinations are left as they were and the page-locked
+// buffers are leaked with a warning (the stream may still write into or read from them), never
+// freed under a queued copy. Not thread-safe; one stream.
+class HostStaging {
+ public:
+  HostStaging(Runtime* rt, Stream s) : rt_(rt), s_(s) {}
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  // Queues a copy of `bytes` from `src` (device) to host `dst` (written by Wait).
+  Status Download(void* dst, const void* src, size_t bytes);
+  // Queues a copy of `bytes` from host `src` (copied now) to `dst` (device).
+  Status Upload(void* dst, const void* src, size_t bytes);
+  // Waits (at most timeoutMs) for every copy queued so far, then fills the downloads'
+  // destinations. scapeTimeout naming `what` on the deadline.
+  Status Wait(int timeoutMs, const char* what);
+
+ private:
+  struct Buf {
+    void* pinned;
+    void* dst;  // download destination, nullptr for an upload
+    size_t bytes;
+  };
+  Status Stage(size_t bytes, void** pinned);
+  Runtime* rt_;
+  Stream s_;
+  std::vector<Buf> bufs_;
+  bool queued_ = false;  // a copy was queued and not yet waited for
+};
+
+// One download through HostStaging, waited for at once.
+Status DownloadWithin(Runtime* rt, void* dst, const void* src, size_t bytes, Stream s,
+                      int timeoutMs, const char* what);
 
 // The process's runtime: the CUDA runtime in CUDA builds, else "none".
 Runtime* GetRuntime();

@@ -8,6 +8,7 @@
 // is checked before anything is enqueued and returned with the op's name; errors on the device
 // surface as CUDA's sticky errors at the next EventQuery / StreamSynchronize.
 #include <cuda_runtime_api.h>
+#include <time.h>
 
 #include <cstring>
 #include <deque>
@@ -16,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "kernels/cpu/topk_common.h"
 #include "kernels/cuda/finite.cuh"
 #include "kernels/cuda/scaled.cuh"
@@ -205,8 +208,18 @@ Status CheckTopkTable(const kn::TopkSegments& sg, const kn::TopkOptions& o) {
 // DeviceAllocAsync / DeviceFreeAsync are stream-ordered: cudaMallocAsync / cudaFreeAsync on the
 // op's stream. The free is enqueued right after the kernels and takes effect when the stream
 // reaches it, so the call returns without waiting; cudaFree would instead synchronise the
-// whole device. A device without memory pools (old drivers, some virtualised GPUs) gets
-// cudaMalloc, and the stream is synchronised before cudaFree.
+// whole device. They come from a memory pool of the library's own per device (not the device's
+// default pool, which other code in the process may use and tune), whose release threshold
+// keeps up to kKeepPoolBytes reserved across synchronisations: the same temporaries at every
+// step are served again from the pool instead of from the driver (the default pool's
+// threshold, 0, returns everything at each synchronisation), and no more than that stays
+// reserved when idle. A device without memory pools (old drivers, some virtualised GPUs) gets
+// cudaMalloc, and cudaFree once the stream has passed the free (a bounded wait; past it the
+// block is leaked with a warning rather than freed under a kernel).
+constexpr uint64_t kKeepPoolBytes = uint64_t{512} << 20;
+constexpr int kMaxPoolDevices = 64;
+constexpr int kFreeWaitMs = 60000;
+
 bool MemoryPools() {
   int dev = 0, pools = 0;
   if (cudaGetDevice(&dev) == cudaSuccess &&
@@ -214,6 +227,38 @@ bool MemoryPools() {
     return pools != 0;
   cudaGetLastError();  // a failed attribute query is not an error here
   return false;
+}
+
+// The library's pool of the current device (nullptr: none could be made; then the device's
+// default pool serves, as before). Made once per device, never destroyed (the process's).
+cudaMemPool_t OwnPool() {
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxPoolDevices] = {};
+  static bool tried[kMaxPoolDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxPoolDevices) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  if (!tried[dev]) {
+    tried[dev] = true;
+    cudaMemPoolProps props;
+    std::memset(&props, 0, sizeof(props));
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t p = nullptr;
+    if (cudaMemPoolCreate(&p, &props) == cudaSuccess) {
+      uint64_t keep = kKeepPoolBytes;
+      if (cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+        cudaGetLastError();  // the pool still works, releasing at each synchronisation
+      pools[dev] = p;
+    } else {
+      cudaGetLastError();
+    }
+  }
+  return pools[dev];
 }
 
 // Host tables a kernel reads (the top-k's segment table, the "segment_rms" enter table, the
@@ -350,6 +395,34 @@ class Cuda final : public Runtime {
         cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped));
   }
   void HostFree(void* p) override { cudaFreeHost(p); }
+  bool StreamId(Stream s, uint64_t* id) override {
+    *id = 0;
+#if CUDART_VERSION >= 12000
+    unsigned long long v = 0;  // NOLINT(runtime/int): cudaStreamGetId's type
+    if (cudaStreamGetId(static_cast<cudaStream_t>(s), &v) == cudaSuccess) {
+      *id = static_cast<uint64_t>(v);
+      return true;
+    }
+    cudaGetLastError();
+#else
+    (void)s;
+#endif
+    return false;
+  }
+  int ComputeCapability() override {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major * 10 + minor;
+  }
+  Status UploadStaged(void* dDst, const void* src, size_t bytes, Stream s) override {
+    return uploads_.Upload("uploading a host table", dDst, src, bytes,
+                           static_cast<cudaStream_t>(s));
+  }
   Status CopyAsync(void* dst, const void* src, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();
     return CudaCheck("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
@@ -393,7 +466,25 @@ class Cuda final : public Runtime {
     return CudaCheck("cudaStreamWaitEvent", cudaStreamWaitEvent(static_cast<cudaStream_t>(s),
                                                                 static_cast<cudaEvent_t>(e), 0));
   }
+  bool StreamCapturing(Stream s) override {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &cap) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return cap != cudaStreamCaptureStatusNone;
+  }
   Status StreamWaitValue(Stream s, const uint32_t* flag, uint32_t value) override {
+    // The wait is a kernel spinning on a host flag that the library's worker sets when the
+    // exchange has run: captured in a CUDA graph, a replay would spin on a flag nobody sets for
+    // it (or pass on a stale one). Refused while the stream captures (the staging channel
+    // refuses the collective before enqueueing anything; this is the backstop).
+    if (StreamCapturing(s))
+      return Unsupported(
+          "a staged device collective (UCX backend) cannot be captured in a CUDA graph: its "
+          "stream waits for the host exchange on a flag the library sets when that exchange "
+          "runs, which a graph replay never does; run it outside the capture (or use the NCCL "
+          "backend)");
     return KernelFail("stream wait on a host flag",
                       kc::WaitHostFlagCuda(flag, value, static_cast<cudaStream_t>(s)));
   }
@@ -428,9 +519,14 @@ class Cuda final : public Runtime {
   }
   Status DeviceAllocAsync(size_t bytes, Stream s, void** d) override {
     *d = nullptr;
-    cudaError_t e = MemoryPools()
-                        ? cudaMallocAsync(d, bytes ? bytes : 1, static_cast<cudaStream_t>(s))
-                        : cudaMalloc(d, bytes ? bytes : 1);
+    cudaError_t e = cudaSuccess;
+    if (MemoryPools()) {
+      cudaMemPool_t pool = OwnPool();
+      e = pool ? cudaMallocFromPoolAsync(d, bytes ? bytes : 1, pool, static_cast<cudaStream_t>(s))
+               : cudaMallocAsync(d, bytes ? bytes : 1, static_cast<cudaStream_t>(s));
+    } else {
+      e = cudaMalloc(d, bytes ? bytes : 1);
+    }
     if (e != cudaSuccess) {
       *d = nullptr;
       return CudaFail(StrFormat("allocating %zu bytes of device memory", bytes).c_str(), e);
@@ -441,10 +537,23 @@ class Cuda final : public Runtime {
     if (!d) return;
     if (MemoryPools()) {
       cudaFreeAsync(d, static_cast<cudaStream_t>(s));
-    } else {
-      cudaStreamSynchronize(static_cast<cudaStream_t>(s));
-      cudaFree(d);
+      return;
     }
+    // No pools: the block is the kernels' until the stream has passed them (bounded).
+    Deadline dl = Deadline::AfterMs(kFreeWaitMs);
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(static_cast<cudaStream_t>(s));
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady || dl.Expired()) {
+        cudaGetLastError();
+        SCAPE_WARN("a device temporary (%p) is leaked: its stream did not finish within %d ms", d,
+                   kFreeWaitMs);
+        return;
+      }
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, nullptr);
+    }
+    cudaFree(d);
   }
   Status Memset(void* d, int value, size_t bytes, Stream s) override {
     if (bytes == 0) return Status::Ok();

@@ -3,9 +3,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "base/clock.h"
+#include "base/log.h"
 
 #include "plugin/device/runtime.h"
 #include "scape_config.h"
@@ -100,6 +102,68 @@ Status StreamWaitFor(Runtime* rt, Stream s, int timeoutMs, const char* what) {
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+HostStaging::~HostStaging() {
+  if (queued_) {
+    size_t total = 0;
+    for (const Buf& b : bufs_) total += b.bytes;
+    if (total)
+      SCAPE_WARN(
+          "%zu bytes of page-locked staging leaked: copies queued on a stream that was not "
+          "waited for to the end (a timeout or an error), which may still use them",
+          total);
+    return;
+  }
+  for (const Buf& b : bufs_) rt_->HostFree(b.pinned);
+}
+
+Status HostStaging::Stage(size_t bytes, void** pinned) {
+  *pinned = nullptr;
+  Status st = rt_->HostAlloc(bytes, pinned);
+  if (!st.ok()) return st.Prepend(StrFormat("%zu bytes of page-locked staging", bytes));
+  return Status::Ok();
+}
+
+Status HostStaging::Download(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  void* p = nullptr;
+  SCAPE_RETURN_IF_ERROR(Stage(bytes, &p));
+  bufs_.push_back(Buf{p, dst, bytes});
+  queued_ = true;  // from here on, the buffer is the stream's until a wait says otherwise
+  return rt_->CopyAsync(p, src, bytes, s_);
+}
+
+Status HostStaging::Upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  void* p = nullptr;
+  SCAPE_RETURN_IF_ERROR(Stage(bytes, &p));
+  std::memcpy(p, src, bytes);
+  bufs_.push_back(Buf{p, nullptr, bytes});
+  queued_ = true;
+  return rt_->CopyAsync(dst, p, bytes, s_);
+}
+
+Status HostStaging::Wait(int timeoutMs, const char* what) {
+  if (!queued_) return Status::Ok();
+  SCAPE_RETURN_IF_ERROR(StreamWaitFor(rt_, s_, timeoutMs, what));
+  queued_ = false;
+  for (Buf& b : bufs_) {
+    if (b.dst) std::memcpy(b.dst, b.pinned, b.bytes);
+    b.dst = nullptr;
+  }
+  return Status::Ok();
+}
+
+Status DownloadWithin(Runtime* rt, void* dst, const void* src, size_t bytes, Stream s,
+                      int timeoutMs, const char* what) {
+  HostStaging h(rt, s);
+  SCAPE_RETURN_IF_ERROR(h.Download(dst, src, bytes).Prepend(what));
+  return h.Wait(timeoutMs, what);
+}
+
+Status Runtime::UploadStaged(void* dDst, const void* src, size_t bytes, Stream s) {
+  return CopyAsync(dDst, src, bytes, s);
 }
 
 Status Runtime::StreamCreate(Stream* s) {

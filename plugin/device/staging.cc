@@ -385,6 +385,14 @@ void StagingChannel::Reap() {
 
 Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
   SCAPE_RETURN_IF_ERROR(error());
+  // The stream waits for the host exchange on a flag the worker sets when it runs: a CUDA graph
+  // replay would wait on a flag nobody sets for it. Refused before anything is enqueued.
+  if (rt_->StreamCapturing(stream))
+    return Unsupported(StrFormat(
+        "rank %d: %s on device buffers: a staged device collective (UCX backend) cannot be "
+        "captured in a CUDA graph (its stream waits for the host exchange, which a replay never "
+        "runs); issue it outside the capture, or use the NCCL backend",
+        rank_, coll::CollName(a.type)));
   Reap();
   auto job = std::make_shared<Job>();
   job->args = a;
@@ -466,13 +474,18 @@ Status StagingChannel::Enqueue(const coll::CollArgs& a, Stream stream) {
     // The worker must not run the job: release the stream's waits at once. Without a host
     // function on the stream, copies into the stages may still be pending: wait for them
     // before the stages can be reused.
-    if (!job->doneFnQueued && !anyWait) (void)rt_->StreamSynchronize(stream);
+    // (With a deadline: a copy that has not run by then is the stream's, and the job is then
+    // leaked below with its stages instead of freed under it.)
+    bool copiesDone = true;
+    if (!job->doneFnQueued && !anyWait)
+      copiesDone =
+          StreamWaitFor(rt_, stream, timeoutMs_, "the staged copies of a failed enqueue").ok();
     {
       std::lock_guard<std::mutex> jl(job->m);
       job->enqueueFailed = true;
       job->failed = true;
-      if (!queued) job->workerDone = true;                         // never handed over
-      if (!job->doneFnQueued && !anyWait) job->streamDone = true;  // nothing on the stream
+      if (!queued) job->workerDone = true;  // never handed over
+      if (!job->doneFnQueued && !anyWait && copiesDone) job->streamDone = true;  // stream idle
       job->cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu_);

@@ -39,6 +39,17 @@
 //
 // Thread safety: every call is safe from any thread. All calls on comms of one worker are
 // serialised by that worker's mutex.
+//
+// Known limitation (issue 44 item 6, not fixed): the comms of one device share that device's
+// UCP worker. Closing a receive comm cancels its receives still in flight and waits for them
+// at most kCancelWaitNs (1 s, DrainRequests); a receive UCX has not ended by then is released
+// to UCX (ucp_request_free: freed when it completes) and the comm is freed. Its buffer is
+// NCCL's, which NCCL may free or reuse once closeRecv returns; a later progress of the shared
+// worker (by another comm of the device) can still complete that receive into it (only a
+// receive whose cancel UCX did not honour within 1 s: a rendezvous already under way with a
+// peer that stopped mid-transfer). A worker per receive comm would bound it to the comm's own
+// lifetime at the cost of a worker (threads, memory) per connection; the device script does
+// not exercise it.
 #ifndef SCAPE_PLUGIN_NCCL_UCX_ENGINE_H_
 #define SCAPE_PLUGIN_NCCL_UCX_ENGINE_H_
 

@@ -232,6 +232,7 @@ Optimizer::DeviceState::~DeviceState() {
   if (hTop) rt->HostFree(hTop);
   if (hSq) rt->HostFree(hSq);
   if (hFlag) rt->HostFree(hFlag);
+  if (hStay) rt->HostFree(hStay);
   if (selDone) rt->EventDestroy(selDone);
 }
 
@@ -280,18 +281,25 @@ Status Optimizer::DevicePull() {
   // packed form (PackMomentum: on the current mask unless values lie outside it).
   std::vector<float> mp(d.kMom), dense(n, 0.0f);
   std::vector<uint64_t> idx(d.kMom);
+  // Through page-locked staging, waited for with the communicator's deadline: the copies never
+  // write into these locals or the state after a timeout (the staging is leaked instead), and
+  // a pageable destination would make each copy wait for the stream with no deadline.
+  std::vector<float> e(n), master;
+  device::HostStaging stage(d.rt, d.stream);
   if (d.kMom) {
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(mp.data(), d.dMp, 4 * d.kMom, d.stream));
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(idx.data(), d.dMomIdx, 8 * d.kMom, d.stream));
+    SCAPE_RETURN_IF_ERROR(stage.Download(mp.data(), d.dMp, 4 * d.kMom));
+    SCAPE_RETURN_IF_ERROR(stage.Download(idx.data(), d.dMomIdx, 8 * d.kMom));
   }
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(e_.data(), d.dE, 4 * n, d.stream));
-  if (masterType_ != scapeFloat32 && d.dMaster) {
-    master_.resize(n);
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(master_.data(), d.dMaster, 4 * n, d.stream));
+  SCAPE_RETURN_IF_ERROR(stage.Download(e.data(), d.dE, 4 * n));
+  const bool masters = masterType_ != scapeFloat32 && d.dMaster;
+  if (masters) {
+    master.resize(n);
+    SCAPE_RETURN_IF_ERROR(stage.Download(master.data(), d.dMaster, 4 * n));
   }
-  // Unbounded: the copies write into locals, which must outlive them (the stream was idle
-  // just before, so only these copies are waited for).
-  SCAPE_RETURN_IF_ERROR(d.rt->StreamSynchronize(d.stream));
+  SCAPE_RETURN_IF_ERROR(
+      stage.Wait(comm_->config().timeoutMs, "copying the device state to the host"));
+  e_.swap(e);
+  if (masters) master_.swap(master);
   for (uint64_t j = 0; j < d.kMom; ++j) {
     if (idx[j] >= n) return InternalError("the device momentum has a position beyond n");
     dense[idx[j]] = mp[j];
@@ -320,21 +328,23 @@ Status Optimizer::DevicePush() {
   SCAPE_RETURN_IF_ERROR(d.FitMom(mv.k));
   d.kMom = mv.k;
   d.statIsMomentum = false;  // a new momentum (a loaded checkpoint, the host's state)
+  // Through page-locked staging (the sources are copied at once), waited for with the
+  // communicator's deadline.
+  device::HostStaging stage(d.rt, d.stream);
   if (mv.k) {
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMp, mp.data(), 4 * mv.k, d.stream));
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMomIdx, idx.data(), 8 * mv.k, d.stream));
+    SCAPE_RETURN_IF_ERROR(stage.Upload(d.dMp, mp.data(), 4 * mv.k));
+    SCAPE_RETURN_IF_ERROR(stage.Upload(d.dMomIdx, idx.data(), 8 * mv.k));
   }
-  SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dE, e_.data(), 4 * n, d.stream));
+  SCAPE_RETURN_IF_ERROR(stage.Upload(d.dE, e_.data(), 4 * n));
   // The master weights live beside the state while the optimizer has them.
   if (masterType_ != scapeFloat32) {
     if (!d.dMaster) SCAPE_RETURN_IF_ERROR(Alloc(&d, n, &d.dMaster));
-    SCAPE_RETURN_IF_ERROR(d.rt->CopyAsync(d.dMaster, master_.data(), 4 * n, d.stream));
+    SCAPE_RETURN_IF_ERROR(stage.Upload(d.dMaster, master_.data(), 4 * n));
   } else if (d.dMaster) {
     d.Unhold(d.dMaster);
     d.dMaster = nullptr;
   }
-  // Unbounded: the copies read locals, which must outlive them (the stream was idle before).
-  return d.rt->StreamSynchronize(d.stream);
+  return stage.Wait(comm_->config().timeoutMs, "copying the state to the device");
 }
 
 Status Optimizer::DeviceToHost() {
@@ -364,8 +374,9 @@ Status Optimizer::PrepareDeviceMixed(void* dParams, scapeDataType_t paramType, c
     // params come to the host after the work queued before them on the stream.
     if (dev_) SCAPE_RETURN_IF_ERROR(DevicePull().Prepend("finishing the previous device step"));
     std::vector<uint16_t> h(n);
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h.data(), dParams, 2 * n, stream));
-    SCAPE_RETURN_IF_ERROR(rt->StreamSynchronize(stream).Prepend("copying params to the host"));
+    SCAPE_RETURN_IF_ERROR(device::DownloadWithin(rt, h.data(), dParams, 2 * n, stream,
+                                                 comm_->config().timeoutMs,
+                                                 "copying params to the host"));
     master_.resize(n);
     if (paramType == scapeBfloat16)
       kernels::ConvertBf16ToFloat(h.data(), master_.data(), n);
@@ -512,10 +523,12 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
                                  dtypes::IsScaled(wire) ? scapeTypeSize(wire) : 0, !identity,
                                  sharded));
     if (k) {
-      Status st2 = rt->CopyAsync(d->dMaskOrder, hMaskOrder, 8 * k, st);
-      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dSorted, hSorted, 8 * k, st);
-      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dPerm, hPerm, 8 * k, st);
-      if (st2.ok() && !identity) st2 = rt->CopyAsync(d->dInv, hInv, 8 * k, st);
+      // Staged through the runtime's page-locked buffers (no host wait; the pool still holds
+      // `up` for a runtime without them, whose UploadStaged is a plain copy).
+      Status st2 = rt->UploadStaged(d->dMaskOrder, hMaskOrder, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->UploadStaged(d->dSorted, hSorted, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->UploadStaged(d->dPerm, hPerm, 8 * k, st);
+      if (st2.ok() && !identity) st2 = rt->UploadStaged(d->dInv, hInv, 8 * k, st);
       d->pool->Release(device::DevicePool::Block(), st, std::move(up));
       SCAPE_RETURN_IF_ERROR(st2);
     }
@@ -659,9 +672,35 @@ struct Optimizer::DeviceKernels final : Optimizer::StepKernels {
                                                   o->stayBounds_.data(), nb, d->dStaySum,
                                                   d->dStayCnt, st)
                               .Prepend("segment_rms sums"));
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->staySum_.data(), d->dStaySum, 8 * nb, st));
-    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(o->stayCnt_.data(), d->dStayCnt, 8 * nb, st));
-    return device::StreamWaitFor(rt, st, TimeoutMs(), "segment_rms sums (host wait)");
+    // Into the state's page-locked copy, waited for with the deadline (a copy into the pageable
+    // staySum_ would wait for the stream with none); the sums are read only once the wait
+    // succeeded, and a copy that timed out keeps its buffer (leaked, a new one next time).
+    const size_t bytes = 16 * nb;
+    if (bytes > d->hStayCap) {
+      if (d->hStay) rt->HostFree(d->hStay);  // idle: its last copies were waited for
+      d->hStay = nullptr;
+      d->hStayCap = 0;
+      SCAPE_RETURN_IF_ERROR(rt->HostAlloc(bytes, &d->hStay).Prepend("segment_rms sums"));
+      d->hStayCap = bytes;
+    }
+    char* h = static_cast<char*>(d->hStay);
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h, d->dStaySum, 8 * nb, st));
+    SCAPE_RETURN_IF_ERROR(rt->CopyAsync(h + 8 * nb, d->dStayCnt, 8 * nb, st));
+    Status w = device::StreamWaitFor(rt, st, TimeoutMs(), "segment_rms sums (host wait)");
+    if (!w.ok()) {
+      if (w.code() == scapeTimeout) {
+        SCAPE_WARN(
+            "%zu bytes of page-locked memory leaked: a segment_rms copy may still write "
+            "them",
+            bytes);
+        d->hStay = nullptr;
+        d->hStayCap = 0;
+      }
+      return w;
+    }
+    std::memcpy(o->staySum_.data(), h, 8 * nb);
+    std::memcpy(o->stayCnt_.data(), h + 8 * nb, 8 * nb);
+    return Status::Ok();
   }
 
   Status Update(const kernels::AdamSParams& ap) override {

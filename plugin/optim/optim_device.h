@@ -93,6 +93,11 @@ struct Optimizer::DeviceState {
   double* dStaySum = nullptr;
   uint64_t* dStayCnt = nullptr;
   size_t stayCap = 0;
+  // Their pinned copy (sums then counts, 16 bytes a block, hStayCap bytes), kept between steps
+  // (a cudaHostAlloc / cudaFreeHost per step would cost a device-wide synchronisation); given up
+  // (leaked) when a wait for its copies timed out, since they may still write it.
+  void* hStay = nullptr;
+  size_t hStayCap = 0;
   // The state's other device buffers (dE, dMaster, dSq, dFlag, dCounts, dStaySum, dStayCnt):
   // pool blocks as well (exact size, held while the state lives or until Unhold), so that with
   // the caller's allocator (scapeConfig_t.deviceAllocator) every device buffer comes from it.

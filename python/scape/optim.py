@@ -45,8 +45,10 @@ class _OptimConfig(Structure):
     ]
 
 
-class _OptimInfo(Structure):
+class _OptimInfo(Structure):  # scapeOptimInfo_t, versioned by size (SCAPE_OPTIM_INFO_INITIALIZER)
+    MAGIC = 0x5CA91  # SCAPE_OPTIM_INFO_MAGIC
     _fields_ = [
+        ("size", c_size_t), ("magic", c_uint),
         ("step", c_int64), ("density", c_double), ("nextDensity", c_double),
         ("maskCount", c_uint64), ("denseCount", c_uint64), ("maskBytes", c_uint64),
         ("payloadBytes", c_uint64), ("denseBytes", c_uint64), ("gradNorm", c_double),
@@ -55,6 +57,14 @@ class _OptimInfo(Structure):
         # appended fields (scape.h keeps the order)
         ("controlBytes", c_uint64), ("skippedSteps", c_int64), ("maskWaitSeconds", c_double),
     ]
+
+    def __init__(self, *args, **kw):
+        # What SCAPE_OPTIM_INFO_INITIALIZER sets: the library fills at most `size` bytes.
+        super().__init__(*args, **kw)
+        if not self.size:
+            self.size = ctypes.sizeof(_OptimInfo)
+        if not self.magic:
+            self.magic = _OptimInfo.MAGIC
 
 
 class _StepArgs(Structure):  # scapeOptimStepArgs_t

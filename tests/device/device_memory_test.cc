@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "plugin/device/device_pool.h"
 #include "plugin/device/runtime.h"
 #include "scape/scape.h"
 #include "tests/device/fake_device.h"
@@ -304,6 +305,49 @@ TEST(DeviceMemoryHook, AFailedAllocationFailsTheCallNotTheCommunicator) {
       },
       NoComm());
   EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// With the caller's allocator, a block handed back on the stream it was allocated for goes back
+// to the allocator at once (stream-ordered), but only on that very stream (issue 44 item 6): a
+// stream destroyed and a new one created at the same handle (the fake, like CUDA, reuses it) is
+// another stream, and the block then goes back only once an event on the new stream says the
+// work there has finished. Before: matched on the raw handle, returned at once.
+TEST(DeviceMemoryHook, ReturnNowMatchesTheStreamNotItsHandle) {
+  FakeRuntime& rt = Fake();
+  TestAllocator a;
+  const scapeDeviceAllocator_t hook = a.Hook();
+  {
+    scape::device::DevicePool pool(&rt, 5000, &hook);
+    scape::device::Stream s1 = nullptr;
+    ASSERT_TRUE(rt.StreamCreate(&s1).ok());
+    // Same stream: back at once.
+    scape::device::DevicePool::Block b;
+    ASSERT_TRUE(pool.Acquire(4096, s1, &b).ok());
+    fake_device::Gate g1;
+    rt.HoldStream(s1, &g1);
+    pool.Release(b, s1);
+    EXPECT_EQ(a.frees, 1u) << "a block handed back on its own stream goes back at once";
+    g1.Open();
+    EXPECT_TRUE(rt.StreamSynchronize(s1).ok());
+    // Allocated on s1; s1 destroyed; s2 made at the same handle; handed back on s2.
+    ASSERT_TRUE(pool.Acquire(4096, s1, &b).ok());
+    rt.StreamDestroy(s1);
+    scape::device::Stream s2 = nullptr;
+    ASSERT_TRUE(rt.StreamCreate(&s2).ok());
+    ASSERT_EQ(s2, s1) << "the fake reuses a destroyed stream's handle";
+    fake_device::Gate g2;
+    rt.HoldStream(s2, &g2);
+    pool.Release(b, s2);
+    pool.Sweep();
+    EXPECT_EQ(a.frees, 1u) << "returned at once on a new stream that only shares the handle";
+    g2.Open();
+    EXPECT_TRUE(rt.StreamSynchronize(s2).ok());
+    pool.Sweep();
+    EXPECT_EQ(a.frees, 2u) << "not returned once the new stream's work had finished";
+    EXPECT_EQ(a.mismatches, 0u);
+    rt.StreamDestroy(s2);
+  }
+  a.Drain();
 }
 
 // Half a hook is refused at init.

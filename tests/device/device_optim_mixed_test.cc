@@ -223,7 +223,7 @@ TEST_P(DeviceOptimMixed, NonFiniteSixteenBitGradientIsSkippedLikeOnTheHost) {
         EXPECT_EQ(std::memcmp(p.dp, p.hp.data(), 2 * p.n), 0) << "params after step " << t;
         EXPECT_EQ(Save(p.host, ctx.comm), Save(p.dev, ctx.comm)) << "state after step " << t;
       }
-      scapeOptimInfo_t hi, di;
+      scapeOptimInfo_t hi = SCAPE_OPTIM_INFO_INITIALIZER, di = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &hi), ctx.comm);
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &di), ctx.comm);
       EXPECT_EQ(hi.skippedSteps, 1u);

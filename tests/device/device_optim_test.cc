@@ -166,7 +166,7 @@ void TwentySteps(int P, int payload) {
         Pair p(ctx, k, seed);
         for (int t = 0; t < 20; ++t)
           if (!p.Step(seed, t, true)) return false;
-        scapeOptimInfo_t a, b;
+        scapeOptimInfo_t a = SCAPE_OPTIM_INFO_INITIALIZER, b = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
         EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
         // One algorithm, one byte count: the payload, its always-dense part and the mask the
@@ -262,7 +262,7 @@ TEST_P(DeviceOptim, LocalClipMatchesTheHostStepBitForBit) {
         for (int t = 0; t < 20; ++t)
           if (!p.Step(seed, t, true)) return false;
         EXPECT_EQ(Fake().localNorms.load(), norms0 + 20);  // one per step, on the device
-        scapeOptimInfo_t a, b;
+        scapeOptimInfo_t a = SCAPE_OPTIM_INFO_INITIALIZER, b = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &a), ctx.comm);
         EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &b), ctx.comm);
         EXPECT_EQ(a.gradNorm, b.gradNorm);
@@ -296,7 +296,7 @@ TEST_P(DeviceOptim, EverySegmentDenseIsADenseAdamSStep) {
       for (int t = 0; t < 6; ++t)
         if (!p.Step(seed, t, true)) return false;
       EXPECT_EQ(Fake().topks.load(), topks) << "a top-k ran for always-dense segments";
-      scapeOptimInfo_t info;
+      scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
       EXPECT_EQ(info.denseCount, p.n);
       return !::testing::Test::HasFailure();
@@ -473,7 +473,7 @@ TEST_P(DeviceOptim, DeviceMemoryFollowsTheMask) {
       // of n floats) from one update to the next.
       EXPECT_EQ(rt.memsets.load(), memsets) << "the momentum was rebuilt between updates";
       const uint64_t used = rt.LiveBytes() - before;
-      scapeOptimInfo_t dev, host;
+      scapeOptimInfo_t dev = SCAPE_OPTIM_INFO_INITIALIZER, host = SCAPE_OPTIM_INFO_INITIALIZER;
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &dev), ctx.comm);
       EXPECT_SCAPE_OK(scapeOptimGetInfo(p.host, &host), ctx.comm);
       const uint64_t n = p.n, km = dev.maskCount;
@@ -536,7 +536,7 @@ TEST_P(DeviceOptim, NonFiniteGradientsSkipTheStepOnEveryRank) {
           EXPECT_TRUE(Fake().StreamSynchronize(p.s).ok());
           if (!SameBits(p.dp, dpBefore.data(), p.n, "params after a skipped step")) return false;
           EXPECT_EQ(Save(p.dev, ctx.comm), before) << "the skipped step changed the state";
-          scapeOptimInfo_t info;
+          scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
           EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
           EXPECT_EQ(info.step, 4);
           EXPECT_EQ(info.skippedSteps, static_cast<int64_t>(w + 1));
@@ -557,7 +557,7 @@ TEST_P(DeviceOptim, NonFiniteGradientsSkipTheStepOnEveryRank) {
           for (size_t w = 1; w < where.size(); ++w) outside += in(where[w]) ? 0 : 1;
           EXPECT_GT(outside, 0) << "every sparse bad position was inside the mask";
         }
-        scapeOptimInfo_t info;
+        scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(p.dev, &info), ctx.comm);
         EXPECT_EQ(info.step, 8);
         EXPECT_EQ(info.skippedSteps, static_cast<int64_t>(where.size()));

@@ -136,7 +136,7 @@ TEST(DeviceTeardown, AbortWithTheOptimizerAndAMaskAlive) {
           EXPECT_EQ(scapeCommAbort(ctx.comm), scapeSuccess);
           ctx.comm = nullptr;
           // The handles died with the communicator.
-          scapeOptimInfo_t info;
+          scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
           EXPECT_EQ(scapeOptimGetInfo(o, &info), scapeInvalidArgument);
           uint64_t k = 0;
           EXPECT_EQ(scapeMaskGetCount(m, &k), scapeInvalidArgument);

@@ -30,8 +30,12 @@ thread_local int t_device = 0;         // the thread's current device (SetDevice
 thread_local bool t_inHostFn = false;  // the thread is the host-function thread
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_streamIds{0};
+}  // namespace
+
 FakeStream::FakeStream(int device, bool blocking)
-    : device_(device), blocking_(blocking), th_([this] { Main(); }) {}
+    : device_(device), blocking_(blocking), id_(++g_streamIds), th_([this] { Main(); }) {}
 
 FakeStream::~FakeStream() {
   {
@@ -423,6 +427,21 @@ Status FakeRuntime::StreamError(Stream s) { return StreamOf(s)->Error(); }
 
 void FakeRuntime::ClearStreamError(Stream s) { StreamOf(s)->ClearError(); }
 
+Status FakeRuntime::UploadStaged(void* dDst, const void* src, size_t bytes, Stream s) {
+  SCAPE_RETURN_IF_ERROR(Refuse("UploadStaged"));
+  if (bytes == 0) return Status::Ok();
+  ++stagedUploads;
+  // As the CUDA runtime's page-locked uploads: the source is copied at the call.
+  auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                  static_cast<const char*>(src) + bytes);
+  ++h2dCopies;
+  copiedBytes += bytes;
+  SCAPE_RETURN_IF_ERROR(CheckRange("UploadStaged", "dDst", dDst, bytes));
+  FakeStream* st = StreamOf(s);
+  Submit(st, [dDst, snap] { std::memcpy(dDst, snap->data(), snap->size()); });
+  return Status::Ok();
+}
+
 Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s) {
   SCAPE_RETURN_IF_ERROR(Refuse("CopyAsync"));
   const bool dd = Kind(dst) != PtrKind::kHost, sd = Kind(src) != PtrKind::kHost;
@@ -455,7 +474,9 @@ Status FakeRuntime::CopyAsync(void* dst, const void* src, size_t bytes, Stream s
   }
   if (bytes && dd && !sd && !Pinned(src, bytes)) {
     // From pageable memory: CUDA may read the source when the stream reaches the copy. The
-    // source must not change (or be freed) before then.
+    // source must not change (or be freed) before then. (And the driver may make the host wait
+    // for the stream first: counted, for the paths documented as having no host wait.)
+    ++pageableUploads;
     auto snap = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                     static_cast<const char*>(src) + bytes);
     Submit(st, [delay, st, dst, src, bytes, snap] {
@@ -578,6 +599,11 @@ Status FakeRuntime::StreamSynchronize(Stream s) {
   return st->Error();
 }
 
+bool FakeRuntime::StreamId(Stream s, uint64_t* id) {
+  *id = StreamOf(s)->id();
+  return true;
+}
+
 Status FakeRuntime::StreamQuery(Stream s, bool* done) {
   SCAPE_RETURN_IF_ERROR(Refuse("StreamQuery"));
   FakeStream* st = StreamOf(s);
@@ -589,8 +615,29 @@ Status FakeRuntime::StreamQuery(Stream s, bool* done) {
 
 // ---- device ops --------------------------------------------------------------------------------
 
+void FakeRuntime::HoldAfterNextOp(const char* op, Gate* gate) {
+  std::lock_guard<std::mutex> lk(holdMu_);
+  holdOp_ = op;
+  holdGate_ = gate;
+}
+
 void FakeRuntime::Enqueue(Stream s, const char* op, std::function<Status()> fn) {
   ++kernelLaunches;
+  Gate* hold = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(holdMu_);
+    if (holdGate_ && holdOp_ == op) {
+      hold = holdGate_;
+      holdGate_ = nullptr;
+      holdOp_.clear();
+    }
+  }
+  if (hold) {
+    // The op, then the gate behind it on the same stream.
+    Enqueue(s, op, std::move(fn));
+    HoldStream(s, hold);
+    return;
+  }
   FakeStream* st = StreamOf(s);
   Submit(st, [this, st, op, fn = std::move(fn)] {
     if (!st->Error().ok()) {

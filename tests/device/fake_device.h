@@ -52,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -66,6 +67,8 @@ class FakeStream {
   ~FakeStream();  // runs what is queued, then stops
   int device() const { return device_; }
   bool blocking() const { return blocking_; }
+  // Unique in the process (never reused, unlike handles): the fake's StreamId.
+  uint64_t id() const { return id_; }
   // Queues fn. With a queue depth set (SetQueueDepth), blocks while that many entries are
   // queued and not yet run, as a CUDA stream's bounded queue of pending work blocks the
   // enqueueing call.
@@ -90,6 +93,7 @@ class FakeStream {
   void Main();
   const int device_;
   const bool blocking_;
+  const uint64_t id_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> q_;
@@ -122,6 +126,9 @@ class FakeRuntime final : public scape::device::Runtime {
   void HostFree(void* p) override;
   scape::Status CopyAsync(void* dst, const void* src, size_t bytes,
                           scape::device::Stream s) override;
+  // The source is copied at the call (as the CUDA runtime's page-locked uploads); counted.
+  scape::Status UploadStaged(void* dDst, const void* src, size_t bytes,
+                             scape::device::Stream s) override;
   scape::Status EventCreate(scape::device::Event* e) override;
   void EventDestroy(scape::device::Event e) override;
   scape::Status EventRecord(scape::device::Event e, scape::device::Stream s) override;
@@ -129,6 +136,8 @@ class FakeRuntime final : public scape::device::Runtime {
   scape::Status LaunchHostFunc(scape::device::Stream s, scape::device::HostFn fn,
                                void* arg) override;
   scape::Status StreamSynchronize(scape::device::Stream s) override;
+  // The FakeStream's id: a handle reused for a new stream gets a new id.
+  bool StreamId(scape::device::Stream s, uint64_t* id) override;
   // Done when everything queued on the stream so far has run; its sticky error once failed.
   scape::Status StreamQuery(scape::device::Stream s, bool* done) override;
   // A new stream (owned by the runtime; counted). Its handle is not the FakeStream: like a CUDA
@@ -228,6 +237,18 @@ class FakeRuntime final : public scape::device::Runtime {
   FakeStream* StreamOf(scape::device::Stream s);
   // Queues a gate on stream s: the stream holds there until gate->Open().
   void HoldStream(scape::device::Stream s, Gate* gate);
+  // Once: the next device op named `op` (its Enqueue name, e.g. "StayingGradSqBlocks") queues
+  // `gate` right behind it on its stream, so a test can hold a stream in the middle of a call.
+  void HoldAfterNextOp(const char* op, Gate* gate);
+  // The compute capability the fake reports (ComputeCapability): 90 (an H100) unless a test
+  // sets another.
+  std::atomic<int> computeCapability{90};
+  int ComputeCapability() override { return computeCapability.load(); }
+  // The stream a test says is capturing into a CUDA graph (StreamCapturing; none by default).
+  std::atomic<scape::device::Stream> capturing{nullptr};
+  bool StreamCapturing(scape::device::Stream s) override {
+    return s != nullptr && s == capturing.load();
+  }
   // The stream's sticky error (Ok while it has not failed), and its reset.
   scape::Status StreamError(scape::device::Stream s);
   void ClearStreamError(scape::device::Stream s);
@@ -250,6 +271,8 @@ class FakeRuntime final : public scape::device::Runtime {
   std::atomic<uint64_t> streamsCreated{0}, streamsLive{0}, streamWaits{0}, valueWaits{0};
   // Runtime calls refused inside a host function; copies into pageable memory that waited.
   std::atomic<uint64_t> callsInHostFn{0}, pageableSyncCopies{0};
+  // Copies from pageable memory to the device (CopyAsync), and UploadStaged's.
+  std::atomic<uint64_t> pageableUploads{0}, stagedUploads{0};
   // Fault injection: the next failNextOps device ops fail on their stream instead of running
   // (as a kernel fault would), so callers' error paths can be tested.
   std::atomic<int> failNextOps{0};
@@ -279,6 +302,9 @@ class FakeRuntime final : public scape::device::Runtime {
   void* NewHandleLocked(std::vector<void*>* freeList);
 
   std::shared_mutex memMu_;  // exclusive in DeviceFree, shared while a device op runs
+  std::mutex holdMu_;        // HoldAfterNextOp
+  std::string holdOp_;
+  Gate* holdGate_ = nullptr;
   std::mutex mu_;
   std::map<uintptr_t, size_t> device_;  // base -> bytes
   std::vector<std::unique_ptr<FakeStream>> streams_;

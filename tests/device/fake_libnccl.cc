@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <set>
@@ -102,6 +103,35 @@ static bool Ended(const void* comm) {
 }
 
 FAKE_API int fakeNcclCallsOnEndedComms() { return g_callsOnEnded.load(); }
+
+// Calls in progress per communicator (a collective from its entry to its return), and the
+// communicators ended (ncclCommDestroy / ncclCommAbort) while a call on them was in progress:
+// real NCCL frees the communicator under that call. FAKE_NCCL_CALL_US=u makes every collective
+// take u microseconds inside the call (read at each call), so that a test can end a
+// communicator while another thread is inside NCCL with it.
+static std::map<const void*, int> g_inCall;  // under g_endedMu
+static std::atomic<int> g_endedDuringCall{0};
+FAKE_API int fakeNcclEndedDuringCall() { return g_endedDuringCall.load(); }
+
+struct InCall {
+  explicit InCall(const void* c) : comm(c) {
+    std::lock_guard<std::mutex> lk(g_endedMu);
+    ++g_inCall[comm];
+  }
+  ~InCall() {
+    std::lock_guard<std::mutex> lk(g_endedMu);
+    if (--g_inCall[comm] == 0) g_inCall.erase(comm);
+  }
+  const void* comm;
+};
+
+static void CallDelay() {
+  const char* e = getenv("FAKE_NCCL_CALL_US");
+  const long us = e && *e ? atol(e) : 0;
+  if (us <= 0) return;
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, nullptr);
+}
 FAKE_API const FakeNcclCall* fakeNcclLastCall() { return &g_last; }
 FAKE_API void fakeNcclSetEnqueue(FakeNcclEnqueue e) { g_enqueue = e; }
 
@@ -328,6 +358,8 @@ static void Issue(Op* o) {
 
 static int Record(Kind kind, const char* fn, const void* s, void* r, size_t n, int dt, int op,
                   int root, void* comm, void* stream, size_t recvElems) {
+  InCall inCall(comm);
+  CallDelay();
   std::memset(g_last.fn, 0, sizeof(g_last.fn));
   std::strncpy(g_last.fn, fn, sizeof(g_last.fn) - 1);
   g_last.send = s;
@@ -522,6 +554,8 @@ static int EndComm(void* comm, std::atomic<int>* counter) {
     // Poisoned, not freed (the struct and its segment stay: g_ended keeps them reachable).
     std::lock_guard<std::mutex> lk(g_endedMu);
     g_ended.insert(c);
+    auto it = g_inCall.find(c);
+    if (it != g_inCall.end() && it->second > 0) ++g_endedDuringCall;
   }
   --g_live;
   ++*counter;

@@ -202,6 +202,93 @@ TEST_F(NcclBackend, EveryCollectiveGoesToItsNcclCallOnTheCallersStream) {
   rt.DeviceFree(r);
 }
 
+// 8-bit floats on the NCCL backend (issue 44 item 5): an all-gather or a broadcast moves them as
+// bytes (ncclUint8, any NCCL); a reduction goes to NCCL's fp8 types only where NCCL has them
+// (2.24 or later, compute capability 9.0 or later), else scapeUnsupported naming the NCCL
+// version, the device and what to use instead, with no NCCL call. Before: every fp8 call went
+// to NCCL as ncclFloat8e4m3 / e5m2 (10, 11), which NCCL before 2.24 and sm_80 do not have.
+void CheckFp8(scapeComm_t comm, void* fc, int version, int cc) {
+  auto& rt = Fake();
+  const int cc0 = rt.computeCapability.load();
+  rt.computeCapability.store(cc);
+  const size_t n = 257;
+  char* s = static_cast<char*>(rt.DeviceMalloc(n * 4));
+  char* r = static_cast<char*>(rt.DeviceMalloc(n * 4));
+  void* stream = rt.NewStream();
+  const bool hasFp8 = version >= 22400 && cc >= 90;
+  for (scapeDataType_t t : {scapeFloat8E4M3, scapeFloat8E5M2}) {
+    SCOPED_TRACE(testing::Message() << "type " << t << ", NCCL " << version << ", cc " << cc);
+    ASSERT_EQ(scapeAllGather(s, r, n, t, comm, stream), scapeSuccess) << scapeGetLastError(comm);
+    EXPECT_STREQ(LastCall()->fn, "ncclAllGather");
+    EXPECT_EQ(LastCall()->dtype, 1) << "fp8 moved as ncclUint8";
+    EXPECT_EQ(LastCall()->comm, fc);
+    ASSERT_EQ(scapeBroadcast(s, r, n, t, 2, comm, stream), scapeSuccess) << scapeGetLastError(comm);
+    EXPECT_STREQ(LastCall()->fn, "ncclBroadcast");
+    EXPECT_EQ(LastCall()->dtype, 1);
+    const int calls = LastCall()->calls;
+    const scapeResult_t ar = scapeAllReduce(s, r, n, t, scapeSum, nullptr, comm, stream);
+    const std::string msg = scapeGetLastError(comm);
+    const scapeResult_t rs = scapeReduceScatter(s, r, n / 4, t, scapeAvg, comm, stream);
+    if (hasFp8) {
+      EXPECT_EQ(ar, scapeSuccess) << msg;
+      EXPECT_EQ(rs, scapeSuccess) << scapeGetLastError(comm);
+      EXPECT_EQ(LastCall()->dtype, t == scapeFloat8E4M3 ? 10 : 11);
+    } else {
+      EXPECT_EQ(ar, scapeUnsupported) << msg;
+      EXPECT_EQ(rs, scapeUnsupported);
+      EXPECT_EQ(LastCall()->calls, calls) << "a refused fp8 reduction reached NCCL";
+      EXPECT_NE(msg.find("2.24"), std::string::npos) << msg;
+      EXPECT_NE(
+          msg.find("compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10)),
+          std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("scapeBfloat16"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(t == scapeFloat8E4M3 ? "scapeFloat8E4M3" : "scapeFloat8E5M2"),
+                std::string::npos)
+          << msg;
+    }
+  }
+  EXPECT_TRUE(rt.StreamSynchronize(stream).ok());
+  rt.DeviceFree(s);
+  rt.DeviceFree(r);
+  rt.computeCapability.store(cc0);
+}
+
+TEST_F(NcclBackend, Fp8MovesAsBytesAndReducesOnlyWhereNcclHasTheType) {
+  CheckFp8(comm_, &fc_, 22809, 90);  // NCCL 2.28 on sm_90: NCCL's fp8
+  CheckFp8(comm_, &fc_, 22809, 80);  // sm_80 (an A100): refused
+}
+
+TEST(NcclBackendFp8, AnNcclBefore224RefusesFp8Reductions) {
+  Fake();
+  setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_222_PATH, 1);
+  setenv("SCAPE_NCCL_HOST_COMM", "0", 1);
+  FakeNcclComm fc = {4, 2, 0, 0, nullptr, 0, 0, 0};
+  scapeComm_t comm = nullptr;
+  ASSERT_EQ(scapeCommInitNccl(&comm, &fc, nullptr), scapeSuccess) << scapeGetLastError(nullptr);
+  // LastCall() reads the default fake; this one's record is its own.
+  void* h = dlopen(FAKE_NCCL_222_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr);
+  auto last = reinterpret_cast<const FakeNcclCall* (*)()>(dlsym(h, "fakeNcclLastCall"));
+  ASSERT_NE(last, nullptr);
+  auto& rt = Fake();
+  char* s = static_cast<char*>(rt.DeviceMalloc(64));
+  char* r = static_cast<char*>(rt.DeviceMalloc(64));
+  const int calls = last()->calls;
+  EXPECT_EQ(scapeAllReduce(s, r, 64, scapeFloat8E4M3, scapeSum, nullptr, comm, nullptr),
+            scapeUnsupported);
+  const std::string msg = scapeGetLastError(comm);
+  EXPECT_NE(msg.find("NCCL 2.22.3"), std::string::npos) << msg;
+  EXPECT_EQ(last()->calls, calls);
+  EXPECT_EQ(scapeAllGather(s, r, 16, scapeFloat8E5M2, comm, nullptr), scapeSuccess)
+      << scapeGetLastError(comm);
+  EXPECT_EQ(last()->dtype, 1);
+  EXPECT_EQ(scapeCommDestroy(comm), scapeSuccess);
+  rt.DeviceFree(s);
+  rt.DeviceFree(r);
+  setenv("SCAPE_NCCL_LIBRARY", FAKE_NCCL_PATH, 1);
+}
+
 TEST_F(NcclBackend, HostBuffersMixesAndMissingFormsAreClearErrors) {
   auto& rt = Fake();
   const size_t n = 64;

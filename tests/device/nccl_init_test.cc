@@ -14,10 +14,13 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/device/runtime.h"
@@ -262,6 +265,63 @@ TEST(NcclInitEnv, FromEnvThenAbortEndsTheNcclCommunicator) {
         EXPECT_EQ(f.live(), 0);
         EXPECT_EQ(f.aborted(), 1) << "scapeCommAbort did not call ncclCommAbort";
         EXPECT_EQ(f.destroyed(), 0);
+        return true;
+      },
+      Opts());
+  EXPECT_TRUE(res.AllOk()) << res.Describe();
+}
+
+// scapeCommAbort from another thread while device collectives are being issued (issue 44 item
+// 1): every NCCL call of the library holds a use of the communicator from its open check to
+// its return, and the abort waits for those uses (bounded) before ncclCommAbort. The fake NCCL
+// keeps each collective inside the call for 3 ms (FAKE_NCCL_CALL_US) and counts communicators
+// ended while a call on them was in progress (real NCCL frees it under that call) and calls
+// that reach an ended communicator. Before the fix the abort landed inside a call (the check
+// passed, then ncclCommAbort freed the communicator under it).
+TEST(NcclInitAbort, ConcurrentAbortNeverEndsTheCommunicatorUnderAnNcclCall) {
+  auto res = RunRanks(
+      1,
+      [&](RankCtx& ctx) {
+        FakeNccl f = RankSetup(FAKE_NCCL_PATH);
+        if (!f.live) return false;
+        auto endedDuringCall = reinterpret_cast<int (*)()>(dlsym(f.h, "fakeNcclEndedDuringCall"));
+        auto callsOnEnded = reinterpret_cast<int (*)()>(dlsym(f.h, "fakeNcclCallsOnEndedComms"));
+        EXPECT_TRUE(endedDuringCall && callsOnEnded);
+        if (!endedDuringCall || !callsOnEnded) return false;
+        scapeConfig_t cfg = Config(8000);
+        scapeComm_t comm = nullptr;
+        EXPECT_SCAPE_OK(scapeCommInitNcclRank(&comm, 1, ctx.id, 0, &cfg), nullptr);
+        if (!comm) return false;
+        void* stream = Fake().NewStream();
+        std::vector<int32_t> h(64, 1);
+        void* d = ToDevice(h.data(), h.size() * 4);
+        const int before = callsOnEnded();
+        setenv("FAKE_NCCL_CALL_US", "3000", 1);
+        std::atomic<int> issued{0};
+        std::atomic<int> lastResult{scapeSuccess};
+        std::thread caller([&] {
+          for (int i = 0; i < 100000; ++i) {
+            const scapeResult_t r =
+                scapeAllReduce(d, d, h.size(), scapeInt32, scapeSum, nullptr, comm, stream);
+            if (r != scapeSuccess) {
+              lastResult.store(r);
+              return;
+            }
+            issued.fetch_add(1);
+          }
+        });
+        while (issued.load() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_EQ(scapeCommAbort(comm), scapeSuccess);
+        caller.join();
+        unsetenv("FAKE_NCCL_CALL_US");
+        EXPECT_NE(lastResult.load(), scapeSuccess) << "the calls after the abort did not fail";
+        EXPECT_EQ(f.aborted(), 1) << "scapeCommAbort did not call ncclCommAbort";
+        EXPECT_EQ(endedDuringCall(), 0)
+            << "ncclCommAbort ended the communicator while another thread was inside an NCCL "
+               "call with it";
+        EXPECT_EQ(callsOnEnded() - before, 0) << "an NCCL call reached the aborted communicator";
+        EXPECT_TRUE(Fake().StreamSynchronize(stream).ok());
+        Fake().DeviceFree(d);
         return true;
       },
       Opts());
