@@ -293,7 +293,7 @@ TEST(Schedule, BudgetGivesTheLongestRampWithinIt) {
             EXPECT_EQ(w, n);
           }
         }
-  // The numbers: 1000 steps at 0.01, a 100-step geometric ramp averages 0.0314.
+  // The setting: 1000 steps at 0.01; a 100-step geometric ramp averages 0.0310.
   int64_t w = 0;
   const double avg100 = static_cast<double>(Average(scapeDensityGeometric, 0.01, 100, 1000));
   ASSERT_EQ(scapeOptimScheduleForBudget(scapeDensityGeometric, 0.01, avg100, 1000, &w),
