@@ -84,6 +84,7 @@ class ProbeStep(vs.SimStep):
                 sparse[a0:b0] = False
         self.sparse = sparse
         self.rows: List[Dict[str, float]] = []
+        self.theta_init = self.theta.clone()
 
     def density_at(self, t: int) -> float:
         return density_at(self.schedule, self.density, self.warmup, t)
@@ -129,7 +130,11 @@ class ProbeStep(vs.SimStep):
                "turnover": float((ent & self.sparse).sum()) / max(1, int((cur & self.sparse).sum())),
                }
         del g_norm2
-        row.update(clip=clip, enter_share=enter_share, move_over_lr=move)
+        row.update(clip=clip, enter_share=enter_share, move_over_lr=move,
+                   # how far the parameters are from their initial values, relative, and the
+                   # fraction of the coordinates that have moved at all
+                   drift=float((self.theta - self.theta_init).norm() / self.theta_init.norm()),
+                   moved=float((self.theta != self.theta_init).double().mean()))
         self.rows.append(row)
 
 
