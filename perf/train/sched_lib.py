@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +40,12 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "out-sched"))
     a = ap.parse_args()
     torch.set_num_threads(1)
+    path = os.path.join(a.out, "lib.jsonl")
+    for r in vs.read_runs(path):  # resumable: a finished run is not run again
+        if (r["schedule"], r["warmup"], r["density"], r["seed"], r["steps"], r["lr"]) == \
+                (a.schedule, a.warmup, a.density, a.seed, a.steps, a.lr):
+            print(f"have {path}: {r['final_val_loss']:.4f}", flush=True)
+            return 0
     comm = scape.Communicator.from_env()
     rank, world = comm.rank, comm.size
     corpus = data.load()
@@ -68,7 +73,7 @@ def main() -> int:
              "cpu_seconds_rank0": time.process_time() - cpu0, "library": True,
              "param_hash": same}
         os.makedirs(a.out, exist_ok=True)
-        vs.append(os.path.join(a.out, "lib.jsonl"), r)
+        vs.append(path, r)
         print(json.dumps({k: v for k, v in r.items() if k != "param_hash"}), flush=True)
     opt.destroy()
     comm.destroy()
