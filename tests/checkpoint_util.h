@@ -49,7 +49,7 @@ inline std::vector<uint8_t> ToVersion3(const std::vector<uint8_t>& v4,
   std::memcpy(&header, v4.data() + 12, 4);
   std::memcpy(&km, v4.data() + 144, 8);
   std::memcpy(&own, v4.data() + 152, 8);
-  if ((ver != 4 && ver != 5) || header != 160 || own != 0 || km != mask.size()) return {};
+  if ((ver < 4 || ver > 6) || header != 160 || own != 0 || km != mask.size()) return {};
   uint16_t mt = 0;
   std::memcpy(&mt, v4.data() + 108, 2);
   const size_t masters = mt != 0 ? 4 * n : 0;

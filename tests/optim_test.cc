@@ -614,7 +614,7 @@ TEST(Optim, Version4CheckpointsClipByTheRecoveredNorm) {
     std::vector<uint8_t> ck = Save(a, c.comm);
     uint32_t ver = 0;
     std::memcpy(&ver, ck.data() + 8, 4);
-    EXPECT_EQ(ver, 5u);
+    EXPECT_EQ(ver, 6u);  // version 6: the density schedule's shape (issue 42)
     EXPECT_EQ(ck[111], scapeOptimClipNormRecovered);
     const uint32_t v4 = 4;
     std::memcpy(ck.data() + 8, &v4, 4);

@@ -978,17 +978,25 @@ typedef enum {
  * | maxGradNorm    | clip to this L2 norm (g^, or each rank's g: clipNorm); 0 = none | 0       |
  * | biasCorrection | a scapeBiasCorrection_t                                    | none         |
  * | density        | target density rho* of sparse segments, 0 < rho* <= 1      | 0.01         |
- * | warmupSteps    | W >= 0: rho(t) = rho*^(t/W) for t < W, then rho* (0: fixed) | 0           |
+ * | warmupSteps    | W >= 0: the density warm-up's length in steps (0: fixed)   | 0            |
  * | payloadType    | scapeFloat32, scapeBfloat16, scapeFloat16, scapeFloat8E4M3 | fp32         |
  * |                | or scapeFloat8E5M2 (8-bit: a shared scale, step 2 above)   |              |
  * | maskEncoding   | a scapeMaskEncoding_t                                      | auto         |
  * | entering       | a scapeOptimEntering_t (docs/ALGORITHM.md 4.13)            | payload      |
  * | clipNorm       | a scapeOptimClipNorm_t: what maxGradNorm is compared with  | recovered    |
+ * | densitySchedule| a scapeDensitySchedule_t: the warm-up's shape (issue 42)   | geometric    |
  *
  * (1) -1: segments for replicated ownership, shards for sharded.
  *
  * The mask used at step t (counting from 0) was selected at step t-1 with density rho(t);
  * step 0 uses the full mask. Each segment piece keeps max(1, floor(rho*len)) positions.
+ * The density schedule rho(t) (docs/ALGORITHM.md 4.10): rho(0) = 1; for 0 < t < W the
+ * warm-up of densitySchedule (scapeDensitySchedule_t) from 1 to rho*; rho* from step W on.
+ * W = 0 and W = 1 are the same schedule (step 0 is dense either way). The schedule is a
+ * function of the step counter alone, computed on the host; the host and the device step
+ * (scapeOptimStepStream) read the same value, checkpoints carry W and the shape, and
+ * scapeOptimGetInfo reports rho of the last and the next step. scapeOptimScheduleForBudget
+ * sizes W from an average density (a byte budget) over a planned number of steps.
  *
  * nonFinite: a scapeOptimNonFinite_t, what a step with an inf or NaN in some rank's gradients
  * does (default scapeOptimNonFiniteSkip: skipped on every rank, nothing changes).
@@ -1016,7 +1024,46 @@ typedef struct {
   int nonFinite;    /**< scapeOptimNonFinite_t: a step with non-finite gradients (default: skip) */
   int entering;     /**< scapeOptimEntering_t (default scapeOptimEnteringPayload) */
   int clipNorm;     /**< scapeOptimClipNorm_t (default scapeOptimClipNormRecovered) */
+  int densitySchedule; /**< scapeDensitySchedule_t (default scapeDensityGeometric) */
 } scapeOptimConfig_t;
+
+/**
+ * The shape of the density warm-up (config.densitySchedule; issue 42, docs/ALGORITHM.md
+ * 4.10). rho* = config.density, W = config.warmupSteps; every shape has rho(0) = 1 and
+ * rho(t) = rho* for t >= W, and differs only for 0 < t < W:
+ */
+typedef enum {
+  /** rho(t) = rho*^(t/W): the authors' geometric ramp (default; the only shape before issue
+   *  42, same bits). Half of the ramp's steps run below sqrt(rho*): at rho* = 0.01 the
+   *  density is 0.1 at t = W/2. */
+  scapeDensityGeometric = 0,
+  /** rho(t) = 1 - (1 - rho*) t/W: linear in the step. Sends more than the geometric ramp of
+   *  the same W (about (1 + rho*)/2 on average over the ramp against (1 - rho*)/ln(1/rho*)):
+   *  at equal bytes its W is shorter (scapeOptimScheduleForBudget). */
+  scapeDensityLinear = 1,
+  scapeNumDensitySchedules = 2
+} scapeDensitySchedule_t;
+
+/**
+ * The byte-budget form of the density schedule: the longest warm-up W (0 <= W <= totalSteps)
+ * of shape `schedule` whose average density over the planned steps, (1/N) sum_{t<N} rho(t)
+ * with N = totalSteps (step 0's 1 included), is at most `averageDensity`. The payload values
+ * of sparse segments a run sends are about that average times their size times N (the mask
+ * sync's bytes follow the same k; always-dense segments are outside the schedule), so a total
+ * byte budget B for N steps of a model whose sparse segments hold n_s values at s bytes per
+ * value is averageDensity = B / (N n_s s). The same W on every rank (a pure function). Put the
+ * result in config.warmupSteps with config.densitySchedule = schedule.
+ *
+ * @param averageDensity  at least the fixed-density run's (1 + (N - 1) rho*)/N, at most 1
+ *                        (1: W = N, a warm-up as long as the run).
+ * @return scapeSuccess; scapeInvalidArgument (NULL warmupSteps, a schedule that is not a
+ *         scapeDensitySchedule_t, density outside (0, 1], totalSteps < 1, averageDensity NaN,
+ *         above 1 or below what a fixed density sends; the message gives that floor).
+ *         Thread-safe; no communicator.
+ */
+SCAPE_API scapeResult_t scapeOptimScheduleForBudget(int schedule, double density,
+                                                    double averageDensity, int64_t totalSteps,
+                                                    int64_t* warmupSteps);
 
 /**
  * What a step does when a rank's gradients hold an inf or NaN (config.nonFinite).

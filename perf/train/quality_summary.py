@@ -37,19 +37,8 @@ NEAR = 0.05  # nats: "on the plateau" of the unigram / bigram model
 
 def ngram_baselines(corpus: Optional[data.Corpus] = None) -> Dict[str, float]:
     """Cross-entropy (nats per token) on the validation documents of the unigram and bigram
-    models fit on the training documents (add-one smoothing over the 257-token vocabulary),
-    over the tokens a model predicts (every token after the first of the stream)."""
-    c = corpus or data.load()
-    tr, va = data.encode(c.train_docs), data.encode(c.val_docs)
-    V = data.VOCAB
-    uni = np.bincount(tr, minlength=V).astype(np.float64) + 1.0
-    uni /= uni.sum()
-    big = np.ones((V, V), dtype=np.float64)
-    np.add.at(big, (tr[:-1], tr[1:]), 1.0)
-    big /= big.sum(axis=1, keepdims=True)
-    x, y = va[:-1], va[1:]
-    return {"unigram": float(-np.log(uni[y]).mean()),
-            "bigram": float(-np.log(big[x, y]).mean())}
+    models fit on the training documents (data.ngram_baselines)."""
+    return data.ngram_baselines(corpus or data.load())
 
 
 def flag(loss: float, base: Dict[str, float]) -> str:

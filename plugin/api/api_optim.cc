@@ -116,6 +116,7 @@ Status ResolveConfig(const scapeOptimConfig_t* c, scape::OptimLayout* layout,
   h.payload = c->payloadType;
   h.entering = c->entering;
   h.clipNorm = c->clipNorm;
+  h.schedule = c->densitySchedule;
   SCAPE_RETURN_IF_ERROR(scape::ValidateHyper(h).Prepend("config"));
   layout->n = c->n;
   layout->offsets.assign(o, o + c->nsegments + 1);
@@ -173,7 +174,16 @@ SCAPE_API scapeResult_t scapeOptimConfigInit(scapeOptimConfig_t* c) {
     c->nonFinite = scapeOptimNonFiniteSkip;
     c->entering = scapeOptimEnteringPayload;
     c->clipNorm = scapeOptimClipNormRecovered;
+    c->densitySchedule = scapeDensityGeometric;
     return Status::Ok();
+  });
+}
+
+SCAPE_API scapeResult_t scapeOptimScheduleForBudget(int schedule, double density,
+                                                    double averageDensity, int64_t totalSteps,
+                                                    int64_t* warmupSteps) {
+  return Guard(nullptr, "scapeOptimScheduleForBudget", [&]() -> Status {
+    return scape::ScheduleForBudget(schedule, density, averageDensity, totalSteps, warmupSteps);
   });
 }
 

@@ -72,6 +72,10 @@ Status ValidateHyper(const OptimHyper& h) {
   if (h.warmupSteps < 0)
     return InvalidArgument(
         StrFormat("warmupSteps = %lld: expected >= 0", static_cast<long long>(h.warmupSteps)));
+  if (h.schedule < 0 || h.schedule >= scapeNumDensitySchedules)
+    return InvalidArgument(
+        StrFormat("densitySchedule = %d: expected a scapeDensitySchedule_t (0..%d)", h.schedule,
+                  scapeNumDensitySchedules - 1));
   if (!dtypes::IsPayload(h.payload))
     return InvalidArgument(
         StrFormat("payloadType = %d: expected %s", h.payload, dtypes::PayloadNames()));
@@ -124,6 +128,7 @@ Status Optimizer::Create(Comm* comm, Mask* mask, const OptimLayout& layout, cons
   h = Fnv(h, static_cast<uint64_t>(layout.nonFinite));
   h = Fnv(h, static_cast<uint64_t>(hyper.entering));
   h = Fnv(h, static_cast<uint64_t>(hyper.clipNorm));
+  h = Fnv(h, static_cast<uint64_t>(hyper.schedule));
   int64_t mine = static_cast<int64_t>(h);
   std::vector<int64_t> all(static_cast<size_t>(o->nranks_));
   coll::CollArgs ag;
@@ -197,12 +202,70 @@ Status Optimizer::SetHyper(const OptimHyper& h) {
   return Status::Ok();
 }
 
-double Optimizer::Density(int64_t t) const {
+double ScheduleDensity(int schedule, double density, int64_t warmupSteps, int64_t t) {
   if (t <= 0) return 1.0;
-  if (hyper_.warmupSteps > 0 && t < hyper_.warmupSteps)
-    return std::pow(hyper_.density,
-                    static_cast<double>(t) / static_cast<double>(hyper_.warmupSteps));
-  return hyper_.density;
+  if (warmupSteps <= 0 || t >= warmupSteps) return density;
+  const double x = static_cast<double>(t) / static_cast<double>(warmupSteps);
+  if (schedule == scapeDensityLinear) return 1.0 - (1.0 - density) * x;
+  return std::pow(density, x);  // geometric: the expression of the only schedule before issue 42
+}
+
+namespace {
+
+// (1/N) sum_{t<N} rho(t) for warm-up length w (0 <= w <= N), in closed form: the ramp's terms
+// t = 0..w-1 are rho*^(t/w) (a geometric series of ratio q = rho*^(1/w)) or 1 - (1-rho*) t/w.
+double AverageDensity(int schedule, double density, int64_t w, int64_t n) {
+  double ramp;  // sum over t = 0..w-1 (w >= 1; t = 0 gives 1 in both shapes)
+  if (w <= 1) {
+    ramp = 1.0;
+    w = 1;
+  } else if (schedule == scapeDensityLinear) {
+    ramp = static_cast<double>(w) - (1.0 - density) * static_cast<double>(w - 1) / 2.0;
+  } else {
+    const double q = std::pow(density, 1.0 / static_cast<double>(w));
+    ramp = q < 1.0 ? (1.0 - density) / (1.0 - q) : static_cast<double>(w);
+  }
+  return (ramp + static_cast<double>(n - w) * density) / static_cast<double>(n);
+}
+
+}  // namespace
+
+Status ScheduleForBudget(int schedule, double density, double averageDensity,
+                         int64_t totalSteps, int64_t* warmupSteps) {
+  if (!warmupSteps) return InvalidArgument("warmupSteps is NULL");
+  if (schedule < 0 || schedule >= scapeNumDensitySchedules)
+    return InvalidArgument(StrFormat("schedule = %d: expected a scapeDensitySchedule_t (0..%d)",
+                                     schedule, scapeNumDensitySchedules - 1));
+  if (!(density > 0.0 && density <= 1.0))
+    return InvalidArgument(StrFormat("density = %g: expected 0 < density <= 1", density));
+  if (totalSteps < 1)
+    return InvalidArgument(StrFormat("totalSteps = %lld: expected >= 1 (the planned steps)",
+                                     static_cast<long long>(totalSteps)));
+  const double floor0 = AverageDensity(schedule, density, 0, totalSteps);
+  if (!(averageDensity <= 1.0) || !(averageDensity >= floor0 * (1.0 - 1e-12)))
+    return InvalidArgument(StrFormat(
+        "averageDensity = %g: expected between %.9g (a fixed density %g over %lld steps, step "
+        "0 dense) and 1",
+        averageDensity, floor0, density, static_cast<long long>(totalSteps)));
+  // The average grows with w (every ramp term grows with w and stays above rho*): bisect for
+  // the largest w within the budget, give or take the closed forms' rounding (1e-12 relative:
+  // a budget computed as a ramp's own average gives that ramp back).
+  const double within = averageDensity * (1.0 + 1e-12);
+  int64_t lo = 0, hi = totalSteps;
+  if (AverageDensity(schedule, density, hi, totalSteps) <= within) lo = hi;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (AverageDensity(schedule, density, mid, totalSteps) <= within)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  *warmupSteps = lo;
+  return Status::Ok();
+}
+
+double Optimizer::Density(int64_t t) const {
+  return ScheduleDensity(hyper_.schedule, hyper_.density, hyper_.warmupSteps, t);
 }
 
 Status Optimizer::CheckMaskUse() const {

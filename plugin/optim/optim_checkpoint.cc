@@ -44,10 +44,14 @@ using optim_internal::Fnv;
 // Version 5 (written now; issue 30) is version 4 with the u16 at 110 split: 110 u8 the entering
 // rule, 111 u8 the clip norm (scapeOptimClipNorm_t). Earlier versions load with the
 // recovered-gradient norm (their byte 111 is the high half of the entering rule: 0).
+// Version 6 (written now; issue 42) is version 5 with the i32 at 104 split: 104 u8 next mask
+// present (0 or 1), 105 u8 the density schedule's shape (scapeDensitySchedule_t), 106 u16 0.
+// Earlier versions load with the geometric shape (their bytes 105-107 are the high bytes of a
+// 0 or 1: 0), the only one they could have run.
 constexpr char kMagic[8] = {'S', 'C', 'A', 'P', 'E', 'O', 'P', 'T'};
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 constexpr size_t kHeaderV3 = 144;  // versions 1 to 3
-constexpr size_t kHeader = 160;    // versions 4 and 5
+constexpr size_t kHeader = 160;    // versions 4 to 6
 
 template <typename T>
 void Put(uint8_t* b, size_t off, T v) {
@@ -145,7 +149,8 @@ Status Optimizer::Save(void* buf, size_t capacity, size_t* written) {
   Put<int32_t>(b, 92, dtypes::Row(hyper_.payload)->checkpointCode);  // a validated payload type
   Put<int32_t>(b, 96, static_cast<int32_t>(layout_.ownership));
   Put<int32_t>(b, 100, static_cast<int32_t>(layout_.maskOwnership));
-  Put<int32_t>(b, 104, pending_ ? 1 : 0);
+  Put<uint8_t>(b, 104, pending_ ? 1 : 0);
+  Put<uint8_t>(b, 105, static_cast<uint8_t>(hyper_.schedule));  // version 6
   // Version 3: 108 u16 master type, 110 u16 entering rule (version 2 wrote an i32 master type
   // there, whose high half is 0: the paper's entering rule).
   Put<uint16_t>(b, 108, static_cast<uint16_t>(masterType_));
@@ -269,13 +274,16 @@ Status Optimizer::ValidateCheckpoint(const uint8_t* b, size_t size, OptimHyper* 
   h.warmupSteps = Get<int64_t>(b, 120);
   h.entering = Get<uint8_t>(b, 110);
   h.clipNorm = Get<uint8_t>(b, 111);
+  h.schedule = Get<uint8_t>(b, 105);
   SCAPE_RETURN_IF_ERROR(ValidateHyper(h).Prepend("checkpoint"));
   const int64_t st = Get<int64_t>(b, 56);
-  const int32_t nx = Get<int32_t>(b, 104);
+  const int32_t nx = Get<uint8_t>(b, 104);
+  const uint16_t pad106 = Get<uint16_t>(b, 106);
   const int32_t mt = Get<uint16_t>(b, 108);
   if (st < 0 || (nx != 0 && nx != 1) ||
       (mt != scapeFloat32 && (ver < 2 || (mt != scapeBfloat16 && mt != scapeFloat16))) ||
-      (ver < 3 && h.entering != 0) || (ver < 5 && h.clipNorm != 0))
+      (ver < 3 && h.entering != 0) || (ver < 5 && h.clipNorm != 0) ||
+      (ver < 6 && h.schedule != 0) || pad106 != 0)
     return InvalidArgument("checkpoint: bad step counter or flags");
   const uint64_t c = Get<uint64_t>(b, 128), x = Get<uint64_t>(b, 136);
   const uint64_t n = layout_.n;

@@ -30,6 +30,7 @@ BIAS_CORRECTIONS = {"none": 0, "adams": 1, "artifact": 2}
 NONFINITE = {"skip": 0, "error": 1, "ignore": 2}  # scapeOptimNonFinite_t
 ENTERINGS = {"payload": 0, "segment_rms": 1, "segment_rms_masked": 2}  # scapeOptimEntering_t
 CLIP_NORMS = {"recovered": 0, "staying": 1, "local": 2}  # scapeOptimClipNorm_t
+DENSITY_SCHEDULES = {"geometric": 0, "linear": 1}  # scapeDensitySchedule_t
 
 
 class _OptimConfig(Structure):
@@ -41,7 +42,7 @@ class _OptimConfig(Structure):
         ("maxGradNorm", c_float), ("biasCorrection", c_int), ("density", c_double),
         ("warmupSteps", c_int64), ("payloadType", c_int), ("maskEncoding", c_int),
         ("nonFinite", c_int),
-        ("entering", c_int), ("clipNorm", c_int),
+        ("entering", c_int), ("clipNorm", c_int), ("densitySchedule", c_int),
     ]
 
 
@@ -110,6 +111,9 @@ def _L() -> ctypes.CDLL:
             d("scapeOptimStepJoint", POINTER(_StepArgs), c_int, p)
         if _lib.has_symbol("scapeGetDeviceSupport"):
             d("scapeGetDeviceSupport", POINTER(c_int), POINTER(c_int))
+        if _lib.has_symbol("scapeOptimScheduleForBudget"):
+            d("scapeOptimScheduleForBudget", c_int, c_double, c_double, c_int64,
+              POINTER(c_int64))
         _declared = True
     return L
 
@@ -487,6 +491,7 @@ class _Group:
         cfg.nonFinite = NONFINITE[group["nonfinite"]]
         cfg.entering = ENTERINGS[group["entering"]]
         cfg.clipNorm = CLIP_NORMS[group["clip_norm"]]
+        cfg.densitySchedule = DENSITY_SCHEDULES[group["density_schedule"]]
         h = c_void_p()
         self._check(L.scapeOptimCreate(byref(h), byref(cfg),
                                        self.comm._check_alive("scapeOptimCreate")),
@@ -736,15 +741,32 @@ class ScapeAdamS(torch.optim.Optimizer):
         eps: added outside the square root.
         weight_decay: decoupled (``theta *= 1 - lr*wd`` on every coordinate).
         density: target fraction of each sparse tensor exchanged per step (0 < density <= 1).
-        warmup_steps: geometric density warm-up from 1.0 to ``density`` over this many steps
-            (0: fixed density from step 1; step 0 is always dense).
+        warmup_steps: density warm-up from 1.0 to ``density`` over this many steps, in the
+            shape ``density_schedule`` (0: fixed density from step 1; step 0 is always dense;
+            1 is the same as 0). The density of step t is rho(t) = 1 at t = 0, the ramp for
+            0 < t < W, ``density`` from W on (scape.h: scapeDensitySchedule_t). The default
+            0 is what the issue-42 study found best at 0.01 (a 100-step ramp cost 0.3 nats
+            there; at 0.1 a ramp over 70% of the run helped): docs/ALGORITHM.md 4.10a.
         warmup_fraction: the same warm-up over this fraction of ``total_steps`` (the authors'
             artifact ramps over the first 10% of training): ``warmup_steps`` becomes
             ``round(warmup_fraction * total_steps)``. A float in [0, 1]; needs
             ``total_steps`` and excludes a non-zero ``warmup_steps``. Kept in checkpoints as
             the step count it resolves to.
-        total_steps: the planned number of optimizer steps, for ``warmup_fraction`` (Hugging
-            Face's ``ScapeTrainer`` passes its ``max_steps``). An int > 0.
+        total_steps: the planned number of optimizer steps, for ``warmup_fraction`` and
+            ``density_budget`` (Hugging Face's ``ScapeTrainer`` passes its ``max_steps``). An
+            int > 0.
+        density_schedule: the warm-up's shape: ``"geometric"`` (default), rho(t) =
+            density^(t/W), the authors' ramp; or ``"linear"``, rho(t) = 1 - (1 - density) t/W,
+            which stays dense longer and sends more bytes for the same W. Kept in checkpoints.
+        density_budget: the byte-budget form: the average density over ``total_steps`` (step 0
+            and the warm-up included; a float in (0, 1]), from which ``warmup_steps`` follows:
+            the longest warm-up of this shape whose average is at most the budget
+            (``scapeOptimScheduleForBudget``). The payload a run sends is about the budget
+            times the sparse parameters times ``total_steps`` values, so a total of B payload
+            bytes is ``density_budget = B / (total_steps * sparse_params * value_bytes)``.
+            Needs ``total_steps``; excludes ``warmup_fraction`` and a different non-zero
+            ``warmup_steps``; below what a fixed density sends it is refused (the message says
+            the floor).
         max_grad_norm: clip the recovered (averaged) gradient to this global L2 norm over
             every parameter group and rank (0: off), as ``torch.nn.utils.clip_grad_norm_`` over
             all parameters does (the groups step together, ``scapeOptimStepJoint``); the
@@ -831,7 +853,8 @@ class ScapeAdamS(torch.optim.Optimizer):
 
     _FIXED = ("density", "warmup_steps", "warmup_fraction", "total_steps", "max_grad_norm",
               "bias_correction", "payload_dtype", "sharded", "mask_ownership", "mask_encoding",
-              "dense", "nonfinite", "master_weights", "grad_dtype", "entering", "clip_norm")
+              "dense", "nonfinite", "master_weights", "grad_dtype", "entering", "clip_norm",
+              "density_schedule", "density_budget")
 
     def __init__(self, params: Iterable[Any], comm: Communicator, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.95), eps: float = 1e-8,
@@ -845,7 +868,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                  master_weights: Optional[bool] = None,
                  grad_dtype: Optional[torch.dtype] = None, entering: str = "payload",
                  clip_norm: str = "recovered", warmup_fraction: Optional[float] = None,
-                 total_steps: Optional[int] = None) -> None:
+                 total_steps: Optional[int] = None, density_schedule: str = "geometric",
+                 density_budget: Optional[float] = None) -> None:
         if not isinstance(comm, Communicator):
             raise bad_arg("comm", f"expected a scape.Communicator, got {type(comm).__name__}",
                           type_error=True)
@@ -867,7 +891,8 @@ class ScapeAdamS(torch.optim.Optimizer):
                         mask_ownership=mask_ownership, dense=None, nonfinite=nonfinite,
                         master_weights=master_weights, grad_dtype=grad_dtype, entering=entering,
                         clip_norm=clip_norm, warmup_fraction=warmup_fraction,
-                        total_steps=total_steps)
+                        total_steps=total_steps, density_schedule=density_schedule,
+                        density_budget=density_budget)
         super().__init__(params, defaults)
         self._loads = 0  # load_state_dict calls (the state view's cache key)
         self._consolidated: Optional[Dict[str, Any]] = None  # consolidate_state_dict's result
@@ -946,6 +971,45 @@ class ScapeAdamS(torch.optim.Optimizer):
                 raise bad_arg("warmup_steps", f"give warmup_steps or warmup_fraction, not both "
                                               f"(got {w} and {frac!r})")
             group["warmup_steps"] = int(round(f * total))
+        ds = group.get("density_schedule", "geometric")
+        if not isinstance(ds, str) or ds.lower() not in DENSITY_SCHEDULES:
+            raise bad_arg("density_schedule", f"{ds!r} is not one of "
+                                              f"{', '.join(DENSITY_SCHEDULES)}")
+        group["density_schedule"] = ds = ds.lower()
+        budget = group.get("density_budget")
+        if budget is not None:
+            try:
+                bf = float(budget)
+            except (TypeError, ValueError):
+                raise bad_arg("density_budget", f"expected None or a float in (0, 1] (the "
+                                                f"average density over total_steps), got "
+                                                f"{budget!r}") from None
+            if isinstance(budget, bool) or not 0.0 < bf <= 1.0:
+                raise bad_arg("density_budget", f"expected None or a float in (0, 1] (the "
+                                                f"average density over total_steps), got "
+                                                f"{budget!r}")
+            if total is None:
+                raise bad_arg("total_steps", "density_budget needs total_steps (the planned "
+                                             "number of optimizer steps)")
+            if frac is not None:
+                raise bad_arg("density_budget", "give density_budget or warmup_fraction, not "
+                                                "both")
+            L = _L()
+            if not _lib.has_symbol("scapeOptimScheduleForBudget"):
+                raise InvalidUsageError(f"the loaded library ({_lib.library_path()}) has no "
+                                        f"scapeOptimScheduleForBudget: rebuild it",
+                                        function="ScapeAdamS")
+            out = c_int64()
+            rc = L.scapeOptimScheduleForBudget(DENSITY_SCHEDULES[ds], d, bf, int(total),
+                                               byref(out))
+            if rc != 0:
+                msg = _lib.last_error(None)
+                raise bad_arg("density_budget", f"{bf!r} for density {d!r} over {total} steps: "
+                                                f"{msg}")
+            if w and w != out.value:
+                raise bad_arg("warmup_steps", f"give warmup_steps or density_budget, not both "
+                                              f"(got {w}; the budget gives {out.value})")
+            group["warmup_steps"] = int(out.value)
         bc = str(group["bias_correction"]).lower()
         if bc not in BIAS_CORRECTIONS:
             raise bad_arg("bias_correction", f"{group['bias_correction']!r} is not one of "
