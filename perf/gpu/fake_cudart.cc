@@ -46,8 +46,9 @@ __attribute__((constructor)) void Install() {
   auto set = reinterpret_cast<void* (*)(void*)>(
       dlsym(RTLD_DEFAULT, "scapeInternalTestingSetDeviceRuntime"));
   if (!set) {
-    std::fprintf(stderr, "fake CUDA: libnccl-net-scape.so has no "
-                         "scapeInternalTestingSetDeviceRuntime\n");
+    std::fprintf(stderr,
+                 "fake CUDA: libnccl-net-scape.so has no "
+                 "scapeInternalTestingSetDeviceRuntime\n");
     std::abort();
   }
   set(static_cast<scape::device::Runtime*>(&Fake()));
@@ -86,7 +87,9 @@ cudaError_t CUDARTAPI cudaFree(void* p) {
 cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   return Of(Fake().HostAlloc(bytes, p));
 }
-cudaError_t CUDARTAPI cudaMallocHost(void** p, size_t bytes) { return Of(Fake().HostAlloc(bytes, p)); }
+cudaError_t CUDARTAPI cudaMallocHost(void** p, size_t bytes) {
+  return Of(Fake().HostAlloc(bytes, p));
+}
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
   Fake().HostFree(p);
   return cudaSuccess;
