@@ -90,8 +90,7 @@ std::vector<uint8_t> Save(scapeOptim_t opt, scapeComm_t comm) {
 }
 
 // Runs `steps` steps from theta and returns the final parameters.
-std::vector<float> RunSteps(RankCtx& c, const scapeOptimConfig_t& cfg, unsigned seed,
-                            int steps) {
+std::vector<float> RunSteps(RankCtx& c, const scapeOptimConfig_t& cfg, unsigned seed, int steps) {
   scapeOptim_t o = nullptr;
   EXPECT_SCAPE_OK(scapeOptimCreate(&o, &cfg, c.comm), c.comm);
   std::vector<float> t = Theta0(seed);
@@ -324,8 +323,7 @@ TEST(Schedule, BadArgumentsAreRefused) {
       scapeOptimConfig_t cfg = Config(bad, 10);
       scapeOptim_t o = nullptr;
       EXPECT_EQ(scapeOptimCreate(&o, &cfg, c.comm), scapeInvalidArgument);
-      EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("densitySchedule"),
-                std::string::npos)
+      EXPECT_NE(std::string(scapeGetLastError(c.comm)).find("densitySchedule"), std::string::npos)
           << scapeGetLastError(c.comm);
       EXPECT_EQ(o, nullptr);
     }

@@ -517,8 +517,7 @@ int main(int argc, char** argv) {
   scapeComm_t ucx = nullptr;
   SCAPE_OK(scapeCommInitRank(&ucx, P, sid, g_rank), nullptr);
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, g_collN})
-      CheckColl(c, n, P, ucx, stream, false, true, "UCX");
+    for (size_t n : {size_t{1}, g_collN}) CheckColl(c, n, P, ucx, stream, false, true, "UCX");
   CheckColl(kAR, 1, P, ucx, stream, false, true, "UCX (after a large broadcast)");
   {
     // The call enqueues: it returns while a long kernel-free wait holds the stream.
@@ -583,8 +582,7 @@ int main(int argc, char** argv) {
   SCAPE_OK(scapeCommUserRank(sc, &r2), sc);
   Check(backend == scapeBackendNccl && n2 == P && r2 == g_rank, "NCCL: backend, size and rank");
   for (Coll c : {kAR, kRS, kAG, kBC})
-    for (size_t n : {size_t{1}, g_collN})
-      CheckColl(c, n, P, sc, stream, true, false, "NCCL");
+    for (size_t n : {size_t{1}, g_collN}) CheckColl(c, n, P, sc, stream, true, false, "NCCL");
   CheckMasked(sc, stream, P, N, iters, "NCCL");
   CheckOptim(sc, stream, P, N, iters, "NCCL", true);
   {

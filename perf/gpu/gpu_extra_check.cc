@@ -147,7 +147,9 @@ struct Dev {  // a device buffer, freed at scope end
   explicit Dev(size_t bytes) { CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1)); }
   ~Dev() { cudaFree(p); }
   template <typename T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 uint16_t ToBf16(float f) {  // round to nearest even (finite inputs)
@@ -262,7 +264,9 @@ bool StepMatchesHost(scapeComm_t comm, scapeComm_t ref, cudaStream_t s, uint64_t
 }
 
 void CheckCollectives(scapeComm_t comm, cudaStream_t s, size_t n, const char* label) {
-  auto val = [](int r, size_t j) { return static_cast<float>((j * 7 + static_cast<size_t>(r) * 3) % 1001); };
+  auto val = [](int r, size_t j) {
+    return static_cast<float>((j * 7 + static_cast<size_t>(r) * 3) % 1001);
+  };
   const int P = g_P;
   for (int c = 0; c < 4; ++c) {
     const size_t sendN = c == 1 ? P * n : n, recvN = c == 2 ? P * n : n;
@@ -270,8 +274,10 @@ void CheckCollectives(scapeComm_t comm, cudaStream_t s, size_t n, const char* la
     for (size_t i = 0; i < sendN; ++i) in[i] = val(g_rank, i);
     for (size_t i = 0; i < recvN; ++i) {
       double v = 0;
-      if (c == 0) for (int r = 0; r < P; ++r) v += val(r, i);
-      if (c == 1) for (int r = 0; r < P; ++r) v += val(r, static_cast<size_t>(g_rank) * n + i);
+      if (c == 0)
+        for (int r = 0; r < P; ++r) v += val(r, i);
+      if (c == 1)
+        for (int r = 0; r < P; ++r) v += val(r, static_cast<size_t>(g_rank) * n + i);
       if (c == 2) v = val(static_cast<int>(i / n), i % n);
       if (c == 3) v = val(0, i);
       ref[i] = static_cast<float>(v);
@@ -280,10 +286,14 @@ void CheckCollectives(scapeComm_t comm, cudaStream_t s, size_t n, const char* la
     CUDA_OK(cudaMemcpy(ds.p, in.data(), 4 * sendN, cudaMemcpyHostToDevice));
     CUDA_OK(cudaDeviceSynchronize());
     scapeResult_t r;
-    if (c == 0) r = scapeAllReduce(ds.p, dr.p, n, scapeFloat32, scapeSum, nullptr, comm, s);
-    else if (c == 1) r = scapeReduceScatter(ds.p, dr.p, n, scapeFloat32, scapeSum, comm, s);
-    else if (c == 2) r = scapeAllGather(ds.p, dr.p, n, scapeFloat32, comm, s);
-    else r = scapeBroadcast(ds.p, dr.p, n, scapeFloat32, 0, comm, s);
+    if (c == 0)
+      r = scapeAllReduce(ds.p, dr.p, n, scapeFloat32, scapeSum, nullptr, comm, s);
+    else if (c == 1)
+      r = scapeReduceScatter(ds.p, dr.p, n, scapeFloat32, scapeSum, comm, s);
+    else if (c == 2)
+      r = scapeAllGather(ds.p, dr.p, n, scapeFloat32, comm, s);
+    else
+      r = scapeBroadcast(ds.p, dr.p, n, scapeFloat32, 0, comm, s);
     SCAPE_OK(r, comm);
     CUDA_OK(cudaMemcpyAsync(got.data(), dr.p, 4 * recvN, cudaMemcpyDeviceToHost, s));
     MustDrain(s, comm, "collective");
@@ -306,7 +316,8 @@ void ModeNcclRank(cudaStream_t s, uint64_t n) {
   std::string why;
   Check(StepMatchesHost(c, ref, s, n, 5, scapeFloat32, &why),
         "scapeCommInitNcclRank: device optimizer step = host step, 5 steps, params and "
-        "checkpoint bit for bit" + (why.empty() ? "" : " (" + why + ")"));
+        "checkpoint bit for bit" +
+            (why.empty() ? "" : " (" + why + ")"));
   Check(scapeCommDestroy(c) == scapeSuccess, "scapeCommInitNcclRank: scapeCommDestroy");
   SCAPE_OK(scapeCommDestroy(ref), ref);
 }
@@ -329,8 +340,9 @@ void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
   for (int t = 0; t < 8 && same && across; ++t, ++steps) {
     const std::vector<float> g = Grad(static_cast<unsigned>(t), n);
     for (size_t i = 0; i < n; ++i) hg[i] = ToBf16(g[i]);
-    SCAPE_OK(scapeOptimStepMixed(host, hp.data(), scapeBfloat16, hg.data(), scapeBfloat16, n,
-                                 nullptr), ref);
+    SCAPE_OK(
+        scapeOptimStepMixed(host, hp.data(), scapeBfloat16, hg.data(), scapeBfloat16, n, nullptr),
+        ref);
     CUDA_OK(cudaMemcpyAsync(dg.p, hg.data(), 2 * n, cudaMemcpyHostToDevice, s));
     SCAPE_OK(scapeOptimStepMixed(dev, dp.p, scapeBfloat16, dg.p, scapeBfloat16, n, s), c);
     CUDA_OK(cudaMemcpyAsync(back.data(), dp.p, 2 * n, cudaMemcpyDeviceToHost, s));
@@ -339,8 +351,10 @@ void ModeMixed(cudaStream_t s, uint64_t n, bool nccl) {
     across = SameOnEveryRank(back.data(), 2 * n, c);
   }
   const std::vector<uint8_t> cd = Save(dev, c), ch = Save(host, ref);
-  const std::string label = std::string(Name(nccl)) + ": mixed step on device (bf16 params and "
-                            "grads, fp32 masters), " + std::to_string(steps) + " steps";
+  const std::string label = std::string(Name(nccl)) +
+                            ": mixed step on device (bf16 params and "
+                            "grads, fp32 masters), " +
+                            std::to_string(steps) + " steps";
   Check(same, label + ": the host mixed step's params, bit for bit");
   Check(cd == ch, label + ": the host step's checkpoint (masters included), byte for byte");
   Check(across, label + ": the same params on every rank");
@@ -370,7 +384,8 @@ void ModeFp8Nccl(cudaStream_t s, uint64_t n) {
   std::vector<uint8_t> in(n), got(n * g_P), want(n * g_P);
   for (int r = 0; r < g_P; ++r) {
     std::mt19937 rng(99u + static_cast<unsigned>(r));
-    for (uint64_t i = 0; i < n; ++i) want[r * n + i] = static_cast<uint8_t>(rng() & 0x7f);  // no NaN
+    for (uint64_t i = 0; i < n; ++i)
+      want[r * n + i] = static_cast<uint8_t>(rng() & 0x7f);  // no NaN
   }
   std::memcpy(in.data(), want.data() + g_rank * n, n);
   {
@@ -395,8 +410,9 @@ void ModeFp8Nccl(cudaStream_t s, uint64_t n) {
       CUDA_OK(cudaMemcpyAsync(sum.data(), dr.p, n, cudaMemcpyDeviceToHost, s));
       MustDrain(s, c, "e4m3 all-reduce");
       scapeComm_t u = MakeComm(false);
-      SCAPE_OK(scapeAllReduce(in.data(), ref.data(), n, scapeFloat8E4M3, scapeSum, nullptr, u,
-                              nullptr), u);
+      SCAPE_OK(
+          scapeAllReduce(in.data(), ref.data(), n, scapeFloat8E4M3, scapeSum, nullptr, u, nullptr),
+          u);
       SCAPE_OK(scapeCommDestroy(u), u);
       Check(SameOnEveryRank(sum.data(), n, c),
             "e4m3 all-reduce on the NCCL backend (NCCL's fp8): the same bits on every rank");
@@ -404,8 +420,10 @@ void ModeFp8Nccl(cudaStream_t s, uint64_t n) {
         std::printf("RESULT fp8_nccl_allreduce computed\nRESULT fp8_nccl_allreduce_equals_ucx %d\n",
                     sum == ref ? 1 : 0);
     } else {
-      Check(Refused(r, c, &why), "e4m3 all-reduce on the NCCL backend refused with a clear "
-                                 "error: " + why);
+      Check(Refused(r, c, &why),
+            "e4m3 all-reduce on the NCCL backend refused with a clear "
+            "error: " +
+                why);
       if (g_rank == 0) std::printf("RESULT fp8_nccl_allreduce refused\n");
     }
   }
@@ -433,8 +451,10 @@ void ModeFp8Nccl(cudaStream_t s, uint64_t n) {
             "e4m3 optimizer steps on the NCCL backend (5): the same params on every rank");
       if (g_rank == 0) std::printf("RESULT fp8_nccl_optim computed\n");
     } else {
-      Check(Refused(r, c, &why), "e4m3 optimizer on the NCCL backend refused with a clear "
-                                 "error: " + why);
+      Check(Refused(r, c, &why),
+            "e4m3 optimizer on the NCCL backend refused with a clear "
+            "error: " +
+                why);
       if (g_rank == 0) std::printf("RESULT fp8_nccl_optim refused\n");
     }
     if (o) scapeOptimDestroy(o);
@@ -457,7 +477,8 @@ Work DoWork(cudaStream_t s, uint64_t n, bool nccl, int optimSteps) {
   // a mask of its own, selected from a host statistic, and a masked device all-reduce on it
   const std::vector<uint64_t> moffs{0, n};
   SCAPE_OK(scapeMaskCreate(&w.mask, n, 1, moffs.data(), nullptr, scapeOwnershipShards,
-                           scapeMaskEncodingAuto, w.comm), w.comm);
+                           scapeMaskEncodingAuto, w.comm),
+           w.comm);
   std::vector<float> stat = Params(n);
   SCAPE_OK(scapeMaskSelectNextTopk(w.mask, stat.data(), 0.05), w.comm);
   SCAPE_OK(scapeMaskSyncStart(w.mask), w.comm);
@@ -574,22 +595,28 @@ void ModeAbortStep(cudaStream_t s, uint64_t n) {
     CUDA_OK(cudaMemcpy(dp.p, hp.data(), 4 * n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dg.p, hp.data(), 4 * n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaDeviceSynchronize());
-    for (int t = 0; t < 2; ++t) SCAPE_OK(scapeOptimStepStream(o, dp.as<float>(), dg.as<float>(), n, s), c);
+    for (int t = 0; t < 2; ++t)
+      SCAPE_OK(scapeOptimStepStream(o, dp.as<float>(), dg.as<float>(), n, s), c);
     MustDrain(s, c, "steps before the abort");
     scapeResult_t first, ab = scapeInternalError;
     int calls = 0;
     double abMs = 0;
-    AbortDuring(c, 20, [&] {
-      scapeResult_t r = scapeOptimStepStream(o, dp.as<float>(), dg.as<float>(), n, s);
-      if (r == scapeSuccess) StreamDone(s, 5, "step", true);  // a step at a time, as training
-      return r;
-    }, &first, &ab, &calls, &abMs);
+    AbortDuring(
+        c, 20,
+        [&] {
+          scapeResult_t r = scapeOptimStepStream(o, dp.as<float>(), dg.as<float>(), n, s);
+          if (r == scapeSuccess) StreamDone(s, 5, "step", true);  // a step at a time, as training
+          return r;
+        },
+        &first, &ab, &calls, &abMs);
     const bool drained = StreamDone(s, 30, "drain after abort", true);
     Check(ab == scapeSuccess && abMs < 10000 && drained,
-          std::string(Name(nccl)) + ": scapeCommAbort from a watchdog during device optimizer "
-          "steps: abort " + scapeGetErrorString(ab) + " in " + std::to_string(int(abMs)) +
-          " ms after " + std::to_string(calls) + " steps (the step's result: " +
-          scapeGetErrorString(first) + "), the stream drained");
+          std::string(Name(nccl)) +
+              ": scapeCommAbort from a watchdog during device optimizer "
+              "steps: abort " +
+              scapeGetErrorString(ab) + " in " + std::to_string(int(abMs)) + " ms after " +
+              std::to_string(calls) + " steps (the step's result: " + scapeGetErrorString(first) +
+              "), the stream drained");
     // the optimizer went with the communicator (scapeCommAbort frees what it owns)
   }
   scapeComm_t c = MakeComm(false);
@@ -613,16 +640,17 @@ void ModeAbortRace(cudaStream_t s, uint64_t n) {
     scapeResult_t first, ab = scapeInternalError;
     int calls = 0;
     double abMs = 0;
-    AbortDuring(c, delaysMs[round], [&] {
-      return scapeAllReduce(d.p, d.p, n, scapeFloat32, scapeSum, nullptr, c, s);
-    }, &first, &ab, &calls, &abMs);
+    AbortDuring(
+        c, delaysMs[round],
+        [&] { return scapeAllReduce(d.p, d.p, n, scapeFloat32, scapeSum, nullptr, c, s); }, &first,
+        &ab, &calls, &abMs);
     totalCalls += calls;
     maxAbortMs = std::max(maxAbortMs, abMs);
     // scapeCommAbort waits at most min(timeout, 5 s) for a call inside NCCL, then aborts
     if (ab != scapeSuccess || abMs > 10000 || !StreamDone(s, 30, "drain after abort", true)) {
       ++bad;
-      std::fprintf(stderr, "rank %d: round %d: abort %s in %.0f ms after %d calls\n", g_rank,
-                   round, scapeGetErrorString(ab), abMs, calls);
+      std::fprintf(stderr, "rank %d: round %d: abort %s in %.0f ms after %d calls\n", g_rank, round,
+                   scapeGetErrorString(ab), abMs, calls);
     }
   }
   Check(bad == 0, "NCCL: scapeCommAbort racing device all-reduces issued without waiting, " +
@@ -667,7 +695,8 @@ void ModeLarge(cudaStream_t s, uint64_t n) {
                           " bf16 (" + (n > (uint64_t{1} << 31) ? "> 2^31" : "<= 2^31, dry run") +
                           "), every element exact" +
                           (wrong ? " (" + std::to_string(wrong) + " wrong, first at " +
-                                       std::to_string(firstWrong) + ")" : ""));
+                                       std::to_string(firstWrong) + ")"
+                                 : ""));
     if (g_rank == 0) std::printf("RESULT large_%s_allreduce_ms %.1f\n", nccl ? "nccl" : "ucx", ms);
     SCAPE_OK(scapeCommDestroy(c), c);
   }
@@ -683,7 +712,10 @@ struct Hold {
     CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(const_cast<int**>(&flag)), 4, 0));
     *flag = 0;
     CUDA_OK(cudaLaunchHostFunc(
-        s, [](void* f) { while (!*static_cast<volatile int*>(f)) usleep(100); },
+        s,
+        [](void* f) {
+          while (!*static_cast<volatile int*>(f)) usleep(100);
+        },
         const_cast<int*>(flag)));
   }
   void Release() { *flag = 1; }
@@ -717,7 +749,8 @@ void ModeHeldStream(cudaStream_t s, uint64_t n) {
     scapeMask_t m = nullptr;
     const std::vector<uint64_t> offs{0, n};
     SCAPE_OK(scapeMaskCreate(&m, n, 1, offs.data(), nullptr, scapeOwnershipShards,
-                             scapeMaskEncodingAuto, c), c);
+                             scapeMaskEncodingAuto, c),
+             c);
     std::vector<float> h = Params(n);
     SCAPE_OK(scapeMaskSelectNextTopk(m, h.data(), 0.05), c);
     SCAPE_OK(scapeMaskSyncStart(m), c);
@@ -769,8 +802,10 @@ void ModePool(cudaStream_t s, uint64_t n) {
     lo = std::min(lo, used[i]);
     hi = std::max(hi, used[i]);
   }
-  Check(lo == hi, "20 device optimizer steps, the library's pool: device memory in use the same "
-                  "after steps 3 to 20 (range " + std::to_string(hi - lo) + " B)");
+  Check(lo == hi,
+        "20 device optimizer steps, the library's pool: device memory in use the same "
+        "after steps 3 to 20 (range " +
+            std::to_string(hi - lo) + " B)");
   if (g_rank == 0)
     std::printf("RESULT pool_used_bytes_step1 %zu\nRESULT pool_used_bytes_step20 %zu\n", used[0],
                 used.back());
@@ -782,10 +817,12 @@ void ModePool(cudaStream_t s, uint64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s RANK NRANKS DIR MODE TIMEOUT_S [N]\n"
-                 "  MODE: nccl-rank, mixed, fp8-nccl, teardown, abort-step, abort-race, large, held-stream, "
-                 "pool\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s RANK NRANKS DIR MODE TIMEOUT_S [N]\n"
+        "  MODE: nccl-rank, mixed, fp8-nccl, teardown, abort-step, abort-race, large, held-stream, "
+        "pool\n",
+        argv[0]);
     return 1;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -796,7 +833,8 @@ int main(int argc, char** argv) {
   g_deadline = Now() + std::atof(argv[5]);
   const bool large = mode == "large";
   uint64_t n = argc > 6 ? std::strtoull(argv[6], nullptr, 0)
-                        : large ? (uint64_t{1} << 31) + 4099 : (uint64_t{1} << 18) + 3;
+               : large  ? (uint64_t{1} << 31) + 4099
+                        : (uint64_t{1} << 18) + 3;
   if (g_P < 1 || g_rank < 0 || g_rank >= g_P || n < 64) {
     std::fprintf(stderr, "%s: RANK must be in [0, NRANKS) and N >= 64 (got %s %s %s)\n", argv[0],
                  argv[1], argv[2], argc > 6 ? argv[6] : "-");
@@ -812,15 +850,25 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaSetDevice(0));
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  if (mode == "nccl-rank") ModeNcclRank(s, n);
-  else if (mode == "mixed") { ModeMixed(s, n, false); ModeMixed(s, n, true); }
-  else if (mode == "fp8-nccl") ModeFp8Nccl(s, n);
-  else if (mode == "teardown") ModeTeardown(s, n);
-  else if (mode == "abort-step") ModeAbortStep(s, n);
-  else if (mode == "abort-race") ModeAbortRace(s, n);
-  else if (large) ModeLarge(s, n);
-  else if (mode == "held-stream") ModeHeldStream(s, n);
-  else if (mode == "pool") ModePool(s, n);
+  if (mode == "nccl-rank")
+    ModeNcclRank(s, n);
+  else if (mode == "mixed") {
+    ModeMixed(s, n, false);
+    ModeMixed(s, n, true);
+  } else if (mode == "fp8-nccl")
+    ModeFp8Nccl(s, n);
+  else if (mode == "teardown")
+    ModeTeardown(s, n);
+  else if (mode == "abort-step")
+    ModeAbortStep(s, n);
+  else if (mode == "abort-race")
+    ModeAbortRace(s, n);
+  else if (large)
+    ModeLarge(s, n);
+  else if (mode == "held-stream")
+    ModeHeldStream(s, n);
+  else if (mode == "pool")
+    ModePool(s, n);
   else {
     std::fprintf(stderr, "%s: unknown MODE '%s'\n", argv[0], mode.c_str());
     return 1;

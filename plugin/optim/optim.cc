@@ -230,8 +230,8 @@ double AverageDensity(int schedule, double density, int64_t w, int64_t n) {
 
 }  // namespace
 
-Status ScheduleForBudget(int schedule, double density, double averageDensity,
-                         int64_t totalSteps, int64_t* warmupSteps) {
+Status ScheduleForBudget(int schedule, double density, double averageDensity, int64_t totalSteps,
+                         int64_t* warmupSteps) {
   if (!warmupSteps) return InvalidArgument("warmupSteps is NULL");
   if (schedule < 0 || schedule >= scapeNumDensitySchedules)
     return InvalidArgument(StrFormat("schedule = %d: expected a scapeDensitySchedule_t (0..%d)",

@@ -35,7 +35,7 @@ struct OptimHyper {
   int payload = scapeFloat32;
   int entering = scapeOptimEnteringPayload;    // a scapeOptimEntering_t (issue 23)
   int clipNorm = scapeOptimClipNormRecovered;  // a scapeOptimClipNorm_t (issue 30)
-  int schedule = scapeDensityGeometric;         // a scapeDensitySchedule_t (issue 42)
+  int schedule = scapeDensityGeometric;        // a scapeDensitySchedule_t (issue 42)
 };
 
 // The density schedule (scape.h, scapeDensitySchedule_t): rho(t) of step t for target density
@@ -44,8 +44,8 @@ struct OptimHyper {
 double ScheduleDensity(int schedule, double density, int64_t warmupSteps, int64_t t);
 // scapeOptimScheduleForBudget: the longest warm-up whose average density over totalSteps
 // steps is at most averageDensity; the message names the argument that is out of range.
-Status ScheduleForBudget(int schedule, double density, double averageDensity,
-                         int64_t totalSteps, int64_t* warmupSteps);
+Status ScheduleForBudget(int schedule, double density, double averageDensity, int64_t totalSteps,
+                         int64_t* warmupSteps);
 
 // Checks every hyperparameter; the message names the field ("beta1 = 1: expected ...").
 Status ValidateHyper(const OptimHyper& h);
