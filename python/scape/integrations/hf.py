@@ -91,7 +91,8 @@ class ScapeTrainer(transformers.Trainer):
             :meth:`scape.Communicator.from_env`, timeout from SCAPE_TIMEOUT_MS if set).
         scape_kwargs: keywords for ScapeAdamS on top of those taken from ``args`` (e.g.
             ``density``, ``warmup_steps``, ``payload_dtype``, ``sharded``, ``entering``).
-            ``warmup_fraction`` without ``total_steps`` takes Trainer's ``max_steps``.
+            ``warmup_fraction`` or ``density_budget`` without ``total_steps`` takes
+            Trainer's ``max_steps``.
     """
 
     def __init__(self, *args: Any, comm: Any = None,
@@ -134,7 +135,8 @@ class ScapeTrainer(transformers.Trainer):
                                       eps=self.args.adam_epsilon,
                                       max_grad_norm=self.scape_max_grad_norm)
             kw.update(self.scape_kwargs)
-            if kw.get("warmup_fraction") is not None and kw.get("total_steps") is None:
+            if ((kw.get("warmup_fraction") is not None or kw.get("density_budget") is not None)
+                    and kw.get("total_steps") is None):
                 kw["total_steps"] = self._scape_total_steps
             self.optimizer = ScapeAdamS(groups, self.scape_comm, **kw)
         return self.optimizer
