@@ -123,7 +123,7 @@ TEST(Schedule, DensityPerStepMatchesTheReference) {
         if (!o) return false;
         std::vector<float> t = Theta0(seed);
         for (int s = 0; s < 18; ++s) {
-          scapeOptimInfo_t info;
+          scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
           EXPECT_SCAPE_OK(scapeOptimGetInfo(o, &info), c.comm);
           EXPECT_EQ(info.step, s);
           const long double want = Reference(sch, rho, w, s);
@@ -198,7 +198,7 @@ TEST(Schedule, ResumeMidRampIsBitIdentical) {
       if (!b) return false;
       EXPECT_SCAPE_OK(scapeOptimLoad(b, ck.data(), ck.size()), c.comm);
       for (int s = 7; s < 30; ++s) {
-        scapeOptimInfo_t info;
+        scapeOptimInfo_t info = SCAPE_OPTIM_INFO_INITIALIZER;
         EXPECT_SCAPE_OK(scapeOptimGetInfo(b, &info), c.comm);
         EXPECT_NEAR(info.nextDensity,
                     static_cast<double>(Reference(scapeDensityLinear, 0.03, 20, s)), 1e-14);
