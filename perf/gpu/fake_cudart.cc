@@ -156,5 +156,14 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* 
   return Of(Fake().LaunchHostFunc(s, fn, arg));
 }
 
+// The fake libnccl's work queue when it is loaded after this library (the library dlopens NCCL
+// at scapeCommInitNcclRank / FromEnv, RTLD_LOCAL, and a program that calls no NCCL entry point
+// has no fake_libnccl in its NEEDED): it looks this up at its load (fake_libnccl.cc), since
+// Install above found no fakeNcclSetEnqueue then. Without it the fake ran each collective at the
+// call, ahead of the copies and kernels queued before it on the stream.
+void fakeCudartNcclEnqueue(void* stream, void (*fn)(void*), void* arg) {
+  EnqueueOnFake(stream, fn, arg);
+}
+
 }  // extern "C"
 #pragma GCC visibility pop

@@ -22,6 +22,7 @@
 // Built in five flavours: complete, without the init entry points (FAKE_NCCL_NO_INIT), without
 // ncclAllGather (FAKE_NCCL_NO_ALLGATHER), without ncclReduce and the group calls
 // (FAKE_NCCL_NO_GROUP), and reporting an old version (FAKE_NCCL_VERSION).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -135,6 +136,16 @@ static void CallDelay() {
 FAKE_API const FakeNcclCall* fakeNcclLastCall() { return &g_last; }
 FAKE_API void fakeNcclSetEnqueue(FakeNcclEnqueue e) { g_enqueue = e; }
 
+// Loaded after the dry run's fake CUDA runtime (perf/gpu/fake_cudart.cc: the library dlopens
+// NCCL, RTLD_LOCAL, so the runtime's load-time fakeNcclSetEnqueue did not find this one): the
+// work goes on its streams all the same, as real NCCL's goes on the caller's stream. Elsewhere
+// (no such runtime in the process) nothing changes: the tests set the hook themselves.
+__attribute__((constructor)) static void FindFakeRuntime() {
+  if (g_enqueue) return;
+  auto e = reinterpret_cast<FakeNcclEnqueue>(dlsym(RTLD_DEFAULT, "fakeCudartNcclEnqueue"));
+  if (e) g_enqueue = e;
+}
+
 // A shared segment for nranks processes (inherited across fork), slotBytes per rank.
 FAKE_API FakeNcclShared* fakeNcclSharedCreate(int nranks, size_t slotBytes) {
   const size_t bytes = sizeof(FakeNcclShared) + static_cast<size_t>(nranks) * slotBytes;
@@ -187,6 +198,14 @@ static char* Slot(FakeNcclShared* s, int r) {
   return reinterpret_cast<char*>(s + 1) + static_cast<size_t>(r) * s->slotBytes;
 }
 
+static bool EndedQuiet(const void* comm) {  // as Ended, not counted (the fake's own check)
+  std::lock_guard<std::mutex> lk(g_endedMu);
+  return g_ended.count(comm) != 0;
+}
+
+// False at the deadline, or once the communicator is ended: as ncclCommAbort ends this rank's
+// kernels in flight, a collective of an ended communicator waiting here for a rank whose part
+// was skipped (queued behind the abort there) stops waiting instead of holding its stream.
 static bool Barrier(FakeNcclComm* c) {
   const uint64_t target = ++c->barriers * static_cast<uint64_t>(c->nranks);
   c->shared->arrived.fetch_add(1);
@@ -194,6 +213,7 @@ static bool Barrier(FakeNcclComm* c) {
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (c->shared->arrived.load() < target) {
+    if (EndedQuiet(c)) return false;
     struct timespec ts = {0, 20000}, now;
     nanosleep(&ts, nullptr);
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -463,7 +483,9 @@ FAKE_API int ncclGroupEnd() {
 // (made and not yet destroyed/aborted), fakeNcclCommsDestroyed, fakeNcclCommsAborted,
 // fakeNcclLastInitNranks.
 static const int kFakeMaxRanks = 8;
-static const size_t kFakeSlotBytes = size_t{1} << 20;
+// 16 MiB a rank (the segment is sparse: only what the collectives write takes memory); the
+// dry run's teardown check all-reduces 262147 floats (1 MiB + 12 bytes) on such communicators.
+static const size_t kFakeSlotBytes = size_t{16} << 20;
 static const char kFakeIdMagic[] = "fake-nccl-id";
 
 struct FakeUniqueId {
