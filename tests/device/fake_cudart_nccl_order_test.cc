@@ -29,12 +29,12 @@ void CUDART_CB Gate(void*) {  // holds the stream until released (at most 10 s)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-#define OK(x)                                                          \
-  do {                                                                 \
-    if (!(x)) {                                                        \
-      std::fprintf(stderr, "FAILED: %s (line %d)\n", #x, __LINE__);    \
-      return 1;                                                        \
-    }                                                                  \
+#define OK(x)                                                       \
+  do {                                                              \
+    if (!(x)) {                                                     \
+      std::fprintf(stderr, "FAILED: %s (line %d)\n", #x, __LINE__); \
+      return 1;                                                     \
+    }                                                               \
   } while (0)
 
 }  // namespace
@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
   cudaFreeHost(out);
   cudaFree(dSend);
   cudaFree(dRecv);
-  std::printf("ok: an all-reduce of the fake NCCL loaded after the fake runtime ran in stream "
-              "order\n");
+  std::printf(
+      "ok: an all-reduce of the fake NCCL loaded after the fake runtime ran in stream "
+      "order\n");
   return 0;
 }
