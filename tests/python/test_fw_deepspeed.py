@@ -22,37 +22,16 @@ import unittest
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-FW_PYTHON = (os.environ.get("SCAPE_FRAMEWORKS_PYTHON")
-             or os.path.expanduser("~/.cache/scape/frameworks-venv/bin/python"))
-INSTALL = "run bash tests/install_frameworks.sh"
-
-
-def scape_path() -> str:
-    """The folder holding the `scape` package this test imports (alone on the venv's
-    PYTHONPATH: Debian's site-packages must stay behind the venv's own pins)."""
-    import scape
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(scape.__file__)))
+from _fw_harness import FW_PYTHON, INSTALL, fw_env, run_example as launch
 
 
 def run_example(*extra: str, timeout: float = 110) -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = scape_path()
-    env.setdefault("SCAPE_TIMEOUT_MS", "30000")
-    env["OMP_NUM_THREADS"] = "1"
-    env["SCAPE_SOCKET_IFNAME"] = "lo"
-    env["UCX_NET_DEVICES"] = "lo"
-    cmd = [FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout", str(int(timeout - 10)),
-           os.path.join(HERE, "frameworks", "run_patched.py"), "cpu_patches_deepspeed",
-           os.path.join(ROOT, "examples", "deepspeed_scape.py"), *extra]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = launch("cpu_patches_deepspeed", "deepspeed_scape.py", extra, timeout=timeout)
     if p.returncode != 0:
         # say so plainly when the venv lacks DeepSpeed (checked only then: an import costs
         # seconds)
         q = subprocess.run([FW_PYTHON, "-c", "import deepspeed, pydantic"], capture_output=True,
-                           text=True, env=env, timeout=120)
+                           text=True, env=fw_env(), timeout=120)
         if q.returncode != 0:
             raise AssertionError(f"{FW_PYTHON} cannot import deepspeed: {INSTALL}\n"
                                  f"{q.stderr[-1500:]}")

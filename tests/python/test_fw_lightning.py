@@ -37,28 +37,9 @@ import subprocess
 import sys
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-PATCHED = os.path.join(HERE, "frameworks", "run_patched.py")
-EXAMPLE = os.path.join(ROOT, "examples", "lightning_scape.py")
-FW_PYTHON = (os.environ.get("SCAPE_FRAMEWORKS_PYTHON")
-             or os.path.expanduser("~/.cache/scape/frameworks-venv/bin/python"))
+from _fw_harness import fw_env as _env, require, run_example
+
 SYS_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-
-
-def _env() -> dict:
-    import importlib.util
-
-    env = dict(os.environ)
-    spec = importlib.util.find_spec("scape")
-    if spec is not None and spec.origin:
-        pkg = os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
-    env.setdefault("SCAPE_TIMEOUT_MS", "30000")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("SCAPE_SOCKET_IFNAME", "lo")
-    env.setdefault("UCX_NET_DEVICES", "lo")
-    return env
 
 
 class Lightning(unittest.TestCase):
@@ -66,23 +47,10 @@ class Lightning(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        if not os.path.exists(FW_PYTHON):
-            raise AssertionError(f"the frameworks venv's python {FW_PYTHON} does not exist: "
-                                 f"run bash tests/install_frameworks.sh (or set "
-                                 f"SCAPE_FRAMEWORKS_PYTHON)")
-        p = subprocess.run([FW_PYTHON, "-c", "import pytorch_lightning, scape.optim; "
-                            "print(pytorch_lightning.__version__)"], env=_env(),
-                           capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            raise AssertionError(f"{FW_PYTHON} cannot import pytorch_lightning and scape: run "
-                                 f"bash tests/install_frameworks.sh\n{p.stderr[-1500:]}")
-        cls.version = p.stdout.strip()
-        timeout = 150
-        p = subprocess.run([FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout",
-                            str(timeout - 10), PATCHED, "cpu_patches_lightning", EXAMPLE,
-                            "--samples", "128", "--check-resume", "--dense-baseline",
-                            "--check-refusals"],
-                           env=_env(), capture_output=True, text=True, timeout=timeout)
+        cls.version = require("pytorch_lightning")
+        p = run_example("cpu_patches_lightning", "lightning_scape.py",
+                        ["--samples", "128", "--check-resume", "--dense-baseline",
+                         "--check-refusals"])
         cls.out = p.stdout
         cls.failure = None
         if p.returncode != 0:

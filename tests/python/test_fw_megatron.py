@@ -25,31 +25,12 @@ well below any real difference (an unaveraged or wrongly clipped gradient moves 
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-PATCHED = os.path.join(HERE, "frameworks", "run_patched.py")
-EXAMPLE = os.path.join(ROOT, "examples", "megatron_core_scape.py")
-FW_PYTHON = (os.environ.get("SCAPE_FRAMEWORKS_PYTHON")
-             or os.path.expanduser("~/.cache/scape/frameworks-venv/bin/python"))
+from _fw_harness import require, run_example
+
 STEPS = 16
-
-
-def _env() -> dict:
-    import scape
-
-    env = dict(os.environ)
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(scape.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
-    env.setdefault("SCAPE_TIMEOUT_MS", "30000")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("SCAPE_SOCKET_IFNAME", "lo")
-    env.setdefault("UCX_NET_DEVICES", "lo")
-    return env
 
 
 class MegatronCore(unittest.TestCase):
@@ -57,23 +38,10 @@ class MegatronCore(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        if not os.path.exists(FW_PYTHON):
-            raise AssertionError(f"the frameworks venv's python {FW_PYTHON} does not exist: "
-                                 f"run bash tests/install_frameworks.sh (or set "
-                                 f"SCAPE_FRAMEWORKS_PYTHON)")
-        p = subprocess.run([FW_PYTHON, "-c", "import megatron.core, scape.optim; "
-                            "print(megatron.core.__version__)"], env=_env(),
-                           capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            raise AssertionError(f"{FW_PYTHON} cannot import megatron.core and scape: run bash "
-                                 f"tests/install_frameworks.sh\n{p.stderr[-1500:]}")
-        cls.version = p.stdout.strip()
-        timeout = 150
-        p = subprocess.run([FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout",
-                            str(timeout - 10), PATCHED, "cpu_patches_megatron", EXAMPLE,
-                            "--steps", str(STEPS), "--check-resume", "--dense-baseline",
-                            "--check-refusals"],
-                           env=_env(), capture_output=True, text=True, timeout=timeout)
+        cls.version = require("megatron.core")
+        p = run_example("cpu_patches_megatron", "megatron_core_scape.py",
+                        ["--steps", str(STEPS), "--check-resume", "--dense-baseline",
+                         "--check-refusals"])
         cls.out = p.stdout
         cls.failure = None
         if p.returncode != 0:
@@ -133,10 +101,8 @@ class MegatronCore(unittest.TestCase):
     def test_bf16_with_fp32_masters(self):
         """Megatron-LM's mixed precision (TransformerConfig bf16, the model in Float16Module):
         ScapeAdamS holds the fp32 masters, trains, and resumes bit-identically."""
-        p = subprocess.run([FW_PYTHON, "-m", "scape.launch", "-n", "2", "--timeout", "110",
-                            PATCHED, "cpu_patches_megatron", EXAMPLE, "--steps", "8",
-                            "--bf16", "--check-resume"],
-                           env=_env(), capture_output=True, text=True, timeout=120)
+        p = run_example("cpu_patches_megatron", "megatron_core_scape.py",
+                        ["--steps", "8", "--bf16", "--check-resume"], timeout=120)
         self.assertEqual(p.returncode, 0, f"megatron_core_scape.py --bf16 exited "
                                           f"{p.returncode}\n{p.stdout[-4000:]}\n"
                                           f"{p.stderr[-3000:]}")
