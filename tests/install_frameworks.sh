@@ -12,7 +12,9 @@
 # checkout: a clean clone on the same machine reuses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${SCAPE_FRAMEWORKS_VENV:-$HOME/.cache/scape/frameworks-venv}
+# HOME may be unset (a CI environment): the passwd entry's home, as Python's expanduser uses
+home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
+venv=${SCAPE_FRAMEWORKS_VENV:-$home/.cache/scape/frameworks-venv}
 reqs=(tests/python/frameworks/requirements-*.txt)
 [ -e "${reqs[0]}" ] || { echo "install_frameworks: no requirement files" >&2; exit 1; }
 stamp=$(cat /usr/bin/python3 --version 2>&1; cat "${reqs[@]}" | sha256sum)
