@@ -55,7 +55,7 @@ class Lightning(unittest.TestCase):
         cls.failure = None
         if p.returncode != 0:
             cls.failure = (f"lightning_scape.py (pytorch-lightning {cls.version}) exited "
-                           f"{p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-3000:]}")
+                           f"{p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-12000:]}")
 
     def _has(self, line: str) -> None:
         if self.failure:
